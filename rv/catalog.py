@@ -1,0 +1,116 @@
+"""The GPU catalog: what GPU types a cluster offers and how to ask Slurm for each.
+
+Two sources:
+
+* ``RIVANNA``: built-in knowledge of UVA's Rivanna (partitions, SU rates, limits), because those
+  facts cannot be read from ``sinfo`` (SU rates and per-user limits live in policy, not Slurm).
+* discovery (:func:`rv.slurm.parse.discover_catalog`) for any other cluster, from ``sinfo``.
+
+Compute capability decides BF16 vs FP16 at job start when ``nvidia-smi`` cannot tell, so every
+type carries one when the model is known (:func:`compute_capability_for`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One selectable GPU type: ``rv run -t NAME``."""
+
+    name: str
+    partition: str
+    gres: str  # the gres type, as in --gres=gpu:<gres>:N
+    gpus_per_node: int
+    compute_capability: float | None = None
+    constraint: str | None = None  # --constraint, for clusters that tell models apart by feature
+    vram_gb: float | None = None
+    su_per_gpu_hour: float | None = None  # None: unknown (cost shows "?"); 0: free
+    max_gpus_per_job: int | None = None
+    max_gpus_per_user: int | None = None
+    max_time: str | None = None  # Slurm time string, e.g. "3-00:00:00"
+    cpus_per_gpu: int | None = None  # None: let the cluster default apply
+    mem_per_gpu: str | None = None  # e.g. "16G"; MIG slices need modest memory or the QOS rejects them
+    fixed_cpus: int | None = None  # a job on this type gets exactly this many CPUs (MIG: 1)
+    nodes: int | None = None  # how many nodes carry this type (from discovery)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict without the ``None`` fields, in field order, for TOML and JSON."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+# Facts about Rivanna's GPU partitions (UVA Research Computing, 2025-2026). SU rates are per GPU-hour.
+# `a100` means the 80 GB card; the 40 GB one is `a100-40`. MIG slices are free and take 1 CPU.
+RIVANNA: dict[str, GpuType] = {
+    t.name: t
+    for t in [
+        GpuType("mig", "gpu-mig", "1g.10gb", 56, 8.0, vram_gb=10, su_per_gpu_hour=0.0,
+                max_gpus_per_job=1, max_gpus_per_user=28, max_time="3-00:00:00",
+                fixed_cpus=1, mem_per_gpu="16G"),
+        GpuType("rtx3090", "interactive-rtx3090", "rtx3090", 4, 8.6, vram_gb=24,
+                su_per_gpu_hour=113.23, max_gpus_per_job=2, max_gpus_per_user=2,
+                max_time="12:00:00"),
+        GpuType("a6000", "gpu-a6000", "a6000", 8, 8.6, vram_gb=48, su_per_gpu_hour=142.73,
+                max_gpus_per_job=8, max_gpus_per_user=32, max_time="3-00:00:00"),
+        GpuType("a40", "gpu-a40", "a40", 8, 8.6, vram_gb=48, su_per_gpu_hour=186.69,
+                max_gpus_per_job=8, max_gpus_per_user=32, max_time="3-00:00:00"),
+        GpuType("a100-40", "gpu-a100-40", "a100", 8, 8.0, vram_gb=40, su_per_gpu_hour=463.81,
+                max_gpus_per_job=8, max_gpus_per_user=32, max_time="3-00:00:00"),
+        GpuType("a100", "gpu-a100-80", "a100", 8, 8.0, constraint="a100_80gb", vram_gb=80,
+                su_per_gpu_hour=508.89, max_gpus_per_job=8, max_gpus_per_user=32,
+                max_time="3-00:00:00"),
+        GpuType("v100", "gpu-v100", "v100", 4, 7.0, vram_gb=32, su_per_gpu_hour=20.96,
+                max_gpus_per_job=4, max_gpus_per_user=32, max_time="3-00:00:00"),
+        GpuType("h200", "gpu-h200", "h200", 8, 9.0, vram_gb=141, su_per_gpu_hour=816.67,
+                max_gpus_per_job=4, max_gpus_per_user=4, max_time="3-00:00:00"),
+    ]
+}
+
+BUILTIN_CATALOGS: dict[str, dict[str, GpuType]] = {"rivanna": RIVANNA}
+
+# Compute capability of common models, keyed by a normalised model name (lowercase alphanumerics).
+# Longer keys are tried first so "a100" wins over "a10" and "l40s" over "l4".
+_COMPUTE_CAPABILITY: dict[str, float] = {
+    "k80": 3.7, "p100": 6.0, "p40": 6.1, "titanxp": 6.1, "1080ti": 6.1, "gtx1080": 6.1,
+    "v100": 7.0, "titanv": 7.0,
+    "t4": 7.5, "rtx2080": 7.5, "2080ti": 7.5, "rtx6000": 7.5, "rtx8000": 7.5, "titanrtx": 7.5,
+    "a100": 8.0, "a30": 8.0, "a800": 8.0, "1g10gb": 8.0, "2g20gb": 8.0, "3g40gb": 8.0,
+    "a6000": 8.6, "a5000": 8.6, "a4000": 8.6, "a40": 8.6, "a10": 8.6, "a16": 8.6, "a2": 8.6,
+    "rtx3090": 8.6, "3090": 8.6, "rtx3080": 8.6,
+    "l4": 8.9, "l40": 8.9, "l40s": 8.9, "rtx4090": 8.9, "4090": 8.9, "rtx6000ada": 8.9,
+    "h100": 9.0, "h200": 9.0, "gh200": 9.0, "h800": 9.0,
+    "b200": 10.0, "gb200": 10.0, "b100": 10.0,
+}
+_KEYS_LONGEST_FIRST = sorted(_COMPUTE_CAPABILITY, key=len, reverse=True)
+_VENDOR_WORDS = re.compile(r"nvidia|tesla|geforce|quadro")
+
+
+def normalise_model_name(name: str) -> str:
+    """``"NVIDIA_A100-SXM4-80GB"`` -> ``"a100sxm480gb"``: lowercase alphanumerics, vendor words dropped."""
+    return re.sub(r"[^a-z0-9]", "", _VENDOR_WORDS.sub("", name.lower()))
+
+
+def compute_capability_for(model: str) -> float | None:
+    """Compute capability of a GPU model or gres type name, or None when the model is unknown."""
+    norm = normalise_model_name(model)
+    if norm in _COMPUTE_CAPABILITY:
+        return _COMPUTE_CAPABILITY[norm]
+    for key in _KEYS_LONGEST_FIRST:
+        # Short keys ("a2", "t4", "l4") only match as the whole leading token, not inside another name.
+        if len(key) <= 2:
+            if norm.startswith(key) and not norm[len(key):len(key) + 1].isdigit():
+                return _COMPUTE_CAPABILITY[key]
+        elif key in norm:
+            return _COMPUTE_CAPABILITY[key]
+    return None
+
+
+def precision_for(compute_capability: float | None) -> str:
+    """BF16 needs compute capability 8.0 (Ampere) or newer; older cards train in FP16 with a scaler."""
+    return "bf16" if compute_capability is not None and compute_capability >= 8.0 else "fp16"
