@@ -1,16 +1,16 @@
 """Where rv keeps things under a profile's remote root. One place, so every module agrees.
 
-    <root>/objects/ab/abcdef...     content-addressed file store (git blob ids)
-    <root>/snapshots/<id>/          immutable tree of hard links into objects/ (read-only)
-    <root>/snapshots/<id>.json      the snapshot's manifest and provenance, beside it
-    <root>/workspaces/<project>/<branch>/   mutable mirror for `rv sync push`
-    <root>/jobs/<jobid>/            RV_JOB_DIR: the job's script, work tree and output
-    <root>/jobs/<jobid>/output/     RV_OUTPUT_DIR
-    <root>/checkpoints/<project>/<name>/    RV_CHECKPOINT_DIR: stable across resubmits of one run
-    <root>/logs/<name>-<jobid>.out|.err     batch logs; per node: <name>-<jobid>-node<i>.out|.err
-    <root>/secrets/<uuid>.env       env for one job, mode 0600, deleted when the job ends
-    <root>/cache/{hf,torch,triton,pip,wandb,xdg}   caches kept off the home quota
-    <root>/tmp/                     staging for uploads; renamed into place when complete
+<root>/objects/ab/abcdef...     content-addressed file store (git blob ids)
+<root>/snapshots/<id>/          immutable tree of hard links into objects/ (read-only)
+<root>/snapshots/<id>.json      the snapshot's manifest and provenance, beside it
+<root>/workspaces/<project>/<branch>/   mutable mirror for `rv sync push`
+<root>/jobs/<jobid>/            RV_JOB_DIR: the job's script, work tree and output
+<root>/jobs/<jobid>/output/     RV_OUTPUT_DIR
+<root>/checkpoints/<project>/<name>/    RV_CHECKPOINT_DIR: stable across resubmits of one run
+<root>/logs/<name>-<jobid>.out|.err     batch logs; per node: <name>-<jobid>-node<i>.out|.err
+<root>/secrets/<uuid>.env       env for one job, mode 0600, deleted when the job ends
+<root>/cache/{hf,torch,triton,pip,wandb,xdg}   caches kept off the home quota
+<root>/tmp/                     staging for uploads; renamed into place when complete
 """
 
 from __future__ import annotations

@@ -1,0 +1,3 @@
+from rv.cli.main import main
+
+main()

@@ -1,0 +1,165 @@
+"""`rv init`: connect to a cluster, learn what it has, save a profile."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from rv.cli.common import err_console, note, print_json
+from rv.errors import UsageError
+
+RIVANNA_HOST = "login.hpc.virginia.edu"
+
+
+def _default_profile_name(host: str) -> str:
+    from rv.setup import is_rivanna
+
+    return "rivanna" if is_rivanna(host) else host.split(".")[0] or "default"
+
+
+@click.command()
+@click.option("--profile", "profile_name", help="Name of the profile to write (default: from the host).")
+@click.option("--host", help=f"Login node, or a Host alias from ~/.ssh/config (e.g. {RIVANNA_HOST}).")
+@click.option("--port", type=click.IntRange(1, 65535), help="SSH port (default: ~/.ssh/config, else 22).")
+@click.option("--user", help="User on the cluster (default: ~/.ssh/config, else your local user).")
+@click.option(
+    "--identity-file", type=click.Path(dir_okay=False), help="Private key (default: agent and ~/.ssh)."
+)
+@click.option(
+    "--known-hosts", type=click.Path(dir_okay=False), help="known_hosts file (default ~/.ssh/known_hosts)."
+)
+@click.option("--account", help="Slurm account to charge (default: found with sacctmgr/allocations).")
+@click.option(
+    "--remote-root", help="Where rv keeps snapshots, logs and checkpoints (default /scratch/$USER/rv)."
+)
+@click.option(
+    "--setup", "setup", multiple=True, help="Shell line run at the start of every job (repeatable)."
+)
+@click.option(
+    "--catalog",
+    type=click.Choice(["auto", "rivanna", "discovered"]),
+    default="auto",
+    show_default=True,
+    help="GPU catalog: built-in Rivanna, or discovered from sinfo.",
+)
+@click.option(
+    "--default/--no-default",
+    "make_default",
+    default=None,
+    help="Make this the default profile (default: yes if it is the first).",
+)
+@click.option("--yes", "-y", is_flag=True, help="Non-interactive: accept the host key, ask nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the saved profile as JSON.")
+def init(
+    profile_name: str | None,
+    host: str | None,
+    port: int | None,
+    user: str | None,
+    identity_file: str | None,
+    known_hosts: str | None,
+    account: str | None,
+    remote_root: str | None,
+    setup: tuple[str, ...],
+    catalog: str,
+    make_default: bool | None,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Connect rv to a Slurm cluster and save a profile.
+
+    Interactive by default; fully non-interactive with --yes:
+
+    \b
+      rv init --profile mylab --host login.example.edu --user me --yes
+    """
+    from pathlib import Path
+
+    from rv.config import load_config, save_config
+    from rv.setup import build_profile, prepare_remote_root, probe
+    from rv.transport import SSHTransport, resolve_target
+
+    interactive = not yes and sys.stdin.isatty()
+    if host is None:
+        if not interactive:
+            raise UsageError(
+                "--host is required with --yes (or without a terminal)",
+                hint=f"rv init --host {RIVANNA_HOST} --yes",
+            )
+        host = click.prompt("Cluster login host", default=RIVANNA_HOST, err=True)
+        user = user or click.prompt("User on the cluster", default="", show_default=False, err=True) or None
+    assert host is not None
+    name = profile_name or _default_profile_name(host)
+    config = load_config(missing_ok=True)  # a broken config fails here, before we connect
+    for path in (identity_file, known_hosts):
+        if path and not Path(path).expanduser().parent.exists():
+            raise UsageError(f"folder of {path} does not exist")
+    if identity_file and not Path(identity_file).expanduser().is_file():
+        raise UsageError(
+            f"identity file {identity_file} does not exist",
+            hint="pass the path of your private key, e.g. ~/.ssh/id_ed25519",
+        )
+
+    def confirm(host_name: str, key_type: str, fp: str) -> bool:
+        err_console.print(f"Host key of [bold]{host_name}[/]: {key_type} {fp}")
+        if yes:
+            note("accepted (--yes) and saved to known_hosts")
+            return True
+        return interactive and click.confirm("Trust this host key?", default=False, err=True)
+
+    target = resolve_target(host, port=port, user=user, identity_file=identity_file, known_hosts=known_hosts)
+    started = time.monotonic()
+    with SSHTransport(target, confirm).connect() as transport:
+        latency_ms = (time.monotonic() - started) * 1000
+        with err_console.status("Asking the cluster what it has..."):
+            facts = probe(transport)
+        if interactive and not account and len(facts.accounts) > 1:
+            account = click.prompt(
+                "Slurm account", type=click.Choice(list(facts.accounts)), default=facts.account, err=True
+            )
+        profile = build_profile(
+            name=name,
+            host=host,
+            port=port,
+            user=user,
+            identity_file=identity_file,
+            known_hosts=known_hosts,
+            account=account,
+            remote_root=remote_root,
+            setup=setup,
+            catalog=catalog,
+            facts=facts,
+        )
+        prepare_remote_root(transport, profile.require_remote_root())
+    first = not config.profiles
+    save_config(config.with_profile(profile, make_default if make_default is not None else first))
+
+    if as_json:
+        print_json(
+            {
+                "profile": profile.name,
+                "config": str(config.path),
+                "host": host,
+                "user": facts.user,
+                "account": profile.account,
+                "remote_root": profile.remote_root,
+                "catalog": profile.catalog,
+                "gpus": {n: g.to_dict() for n, g in profile.gpu_catalog().items()},
+            }
+        )
+        return
+    gpus = profile.gpu_catalog()
+    gpu_line = (
+        ", ".join(f"{n} ({g.gpus_per_node}/node, {g.partition})" for n, g in gpus.items()) or "none found"
+    )
+    click.echo(f"Saved profile {profile.name!r} to {config.path}")
+    click.echo(
+        f"  host         {facts.user}@{target.hostname}:{target.port} ({latency_ms:.0f} ms to connect)"
+    )
+    click.echo(f"  account      {profile.account or '(none found: pass --account)'}")
+    click.echo(f"  remote root  {profile.remote_root}")
+    click.echo(f"  catalog      {profile.catalog}: {gpu_line}")
+    if profile.setup:
+        click.echo(f"  setup        {'; '.join(profile.setup)}")
+    click.echo("Next: rv exec sinfo    rv run -g 1 -- python train.py")

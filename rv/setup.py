@@ -1,0 +1,143 @@
+"""What `rv init` learns about a cluster, in one round trip, and the profile it builds from that."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+from rv.catalog import GpuType
+from rv.config import Profile
+from rv.errors import RemoteCommandMissing, UsageError
+from rv.slurm.parse import SINFO_DISCOVER_FORMAT, discover_catalog, parse_account
+from rv.transport import Transport, quote
+
+REQUIRED_COMMANDS = ("sbatch", "squeue", "sacct")
+_OPTIONAL_COMMANDS = ("sinfo", "scontrol", "sacctmgr", "allocations", "python3")
+
+# One shell script, one round trip. Sections are introduced by marker lines so a command that prints
+# nothing (or fails) cannot shift the others.
+PROBE_SCRIPT = f"""
+echo @@user; id -un
+echo @@home; printf '%s\\n' "$HOME"
+echo @@commands
+for c in {" ".join(REQUIRED_COMMANDS + _OPTIONAL_COMMANDS)}; do command -v "$c" >/dev/null 2>&1 && echo "$c"; done
+echo @@scratch; u=$(id -un); [ -d "/scratch/$u" ] && [ -w "/scratch/$u" ] && printf '%s\\n' "/scratch/$u"
+echo @@allocations; command -v allocations >/dev/null 2>&1 && allocations 2>/dev/null
+echo @@assoc
+command -v sacctmgr >/dev/null 2>&1 && sacctmgr -nP show assoc user="$(id -un)" format=account 2>/dev/null
+echo @@sinfo; command -v sinfo >/dev/null 2>&1 && sinfo -h -N -o {quote(SINFO_DISCOVER_FORMAT)} 2>/dev/null
+echo @@end
+"""
+
+
+def parse_probe(text: str) -> dict[str, list[str]]:
+    """Split the probe's output into its sections: {"user": [...], "commands": [...], ...}."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("@@"):
+            current = sections.setdefault(line[2:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    user: str
+    home: str
+    commands: frozenset[str]
+    scratch: str | None
+    account: str | None
+    accounts: tuple[str, ...]
+    catalog: dict[str, GpuType] = field(default_factory=dict)
+
+    @property
+    def default_remote_root(self) -> str:
+        # Scratch first: home quotas on HPC systems are small and fill up with checkpoints and caches.
+        return posixpath.join(self.scratch or self.home, "rv")
+
+
+def facts_from_probe(text: str) -> ClusterFacts:
+    s = parse_probe(text)
+    if "end" not in s:
+        raise RemoteCommandMissing(
+            "the cluster's shell did not run rv's probe to the end",
+            hint="check that your login shell on the cluster is bash-compatible and prints nothing on "
+            "non-interactive logins",
+        )
+    commands = frozenset(c.strip() for c in s.get("commands", []) if c.strip())
+    missing = [c for c in REQUIRED_COMMANDS if c not in commands]
+    if missing:
+        raise RemoteCommandMissing(
+            f"{', '.join(missing)} not found on the cluster's login node",
+            hint="load Slurm in your shell startup on the cluster (e.g. `module load slurm` in ~/.bashrc) "
+            "or check that this host is a Slurm login node",
+        )
+    accounts = parse_account("\n".join(s.get("allocations", [])), "\n".join(s.get("assoc", [])))
+    user = (s.get("user") or [""])[0].strip()
+    home = (s.get("home") or [""])[0].strip()
+    scratch = (s.get("scratch") or [None])[0]
+    return ClusterFacts(
+        user=user,
+        home=home,
+        commands=commands,
+        scratch=scratch.strip() if scratch else None,
+        account=accounts[0] if accounts else None,
+        accounts=tuple(accounts),
+        catalog=discover_catalog("\n".join(s.get("sinfo", []))),
+    )
+
+
+def probe(transport: Transport) -> ClusterFacts:
+    return facts_from_probe(transport.run(PROBE_SCRIPT, timeout=60).out)
+
+
+def is_rivanna(host: str) -> bool:
+    h = host.lower()
+    return h.endswith("hpc.virginia.edu") or "rivanna" in h
+
+
+def build_profile(
+    *,
+    name: str,
+    host: str,
+    port: int | None,
+    user: str | None,
+    identity_file: str | None,
+    known_hosts: str | None,
+    account: str | None,
+    remote_root: str | None,
+    setup: tuple[str, ...],
+    catalog: str,
+    facts: ClusterFacts,
+) -> Profile:
+    """The profile `rv init` saves: explicit options win, then what the probe found."""
+    if catalog == "auto":
+        catalog = "rivanna" if is_rivanna(host) else "discovered"
+    gpus = facts.catalog if catalog == "discovered" else {}
+    if account and facts.accounts and account not in facts.accounts:
+        raise UsageError(
+            f"account {account!r} is not one of yours on this cluster; yours: {', '.join(facts.accounts)}"
+        )
+    return Profile(
+        name=name,
+        host=host,
+        port=port,
+        user=user,
+        identity_file=identity_file,
+        known_hosts=known_hosts,
+        account=account or facts.account,
+        remote_root=remote_root or facts.default_remote_root,
+        catalog=catalog,
+        setup=setup,
+        gpus=gpus,
+    )
+
+
+def prepare_remote_root(transport: Transport, remote_root: str) -> None:
+    """Create the remote root; a test write proves it is writable (quota, permissions)."""
+    q = quote(remote_root)
+    transport.run(f"mkdir -p {q} && touch {q}/.rv-write-test && rm -f {q}/.rv-write-test", timeout=60).check(
+        f"creating the remote root {remote_root}"
+    )
