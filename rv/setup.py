@@ -20,7 +20,9 @@ PROBE_SCRIPT = f"""
 echo @@user; id -un
 echo @@home; printf '%s\\n' "$HOME"
 echo @@commands
-for c in {" ".join(REQUIRED_COMMANDS + _OPTIONAL_COMMANDS)}; do command -v "$c" >/dev/null 2>&1 && echo "$c"; done
+for c in {" ".join(REQUIRED_COMMANDS + _OPTIONAL_COMMANDS)}; do
+  command -v "$c" >/dev/null 2>&1 && echo "$c"
+done
 echo @@scratch; u=$(id -un); [ -d "/scratch/$u" ] && [ -w "/scratch/$u" ] && printf '%s\\n' "/scratch/$u"
 echo @@allocations; command -v allocations >/dev/null 2>&1 && allocations 2>/dev/null
 echo @@assoc
