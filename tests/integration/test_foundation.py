@@ -1,0 +1,135 @@
+"""Issue 2 against the real cluster: init, exec, exit codes, host keys, auth and connection errors."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+
+from conftest import base_env, run_cli
+
+
+def init_args(cluster, known_hosts, *extra):
+    return [
+        "init", "--profile", "tc", "--host", "127.0.0.1", "--port", cluster["RV_TESTCLUSTER_SSH_PORT"],
+        "--user", "root", "--identity-file", cluster["RV_TESTCLUSTER_KEY"], "--known-hosts", str(known_hosts),
+        "--remote-root", cluster["RV_TESTCLUSTER_REMOTE_ROOT"] + "/tests/init", *extra,
+    ]  # fmt: skip
+
+
+def test_init_yes_then_exec_sinfo_lists_both_nodes(cluster, tmp_path):
+    env = base_env(tmp_path, tmp_path / "rv.toml")
+    known = tmp_path / "known_hosts"  # empty: init must show the key and accept it only with --yes
+    refused = run_cli(init_args(cluster, known), env)
+    assert refused.returncode == 6, refused.stderr
+    assert "is not known" in refused.stderr and "SHA256:" in refused.stderr
+    assert not (tmp_path / "rv.toml").exists()
+
+    ok = run_cli([*init_args(cluster, known), "--yes", "--json"], env)
+    assert ok.returncode == 0, ok.stderr
+    assert "[127.0.0.1]:" in known.read_text()
+    import json
+
+    saved = json.loads(ok.stdout)
+    assert saved["account"] == "rv"
+    assert set(saved["gpus"]) == {"a6000", "v100"}
+    assert saved["gpus"]["a6000"]["partition"] == "gpu-a6000" and saved["gpus"]["a6000"]["gpus_per_node"] == 2
+    assert saved["gpus"]["v100"]["compute_capability"] == 7.0
+
+    out = run_cli(["exec", "sinfo", "-N", "-h", "-o", "%N"], env)
+    assert out.returncode == 0, out.stderr
+    assert set(out.stdout.split()) == {"node1", "node2"}
+
+
+def test_exec_exit_code_and_streams(run_rv):
+    r = run_rv("exec", "exit 7")
+    assert r.returncode == 7
+    r = run_rv("exec", "echo out; echo err >&2; exit 3")
+    assert (r.returncode, r.stdout, r.stderr) == (3, "out\n", "err\n")
+
+
+def test_exec_timeout(run_rv):
+    start = time.monotonic()
+    r = run_rv("exec", "--timeout", "1", "sleep 30")
+    assert r.returncode == 8 and "timed out" in r.stderr
+    assert time.monotonic() - start < 20
+
+
+def test_changed_host_key_is_refused(run_rv, rv_env, tmp_path, cluster):
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    fake_pub = (tmp_path / "other_key.pub").read_text().split()[1]
+    known = tmp_path / "known_changed"
+    known.write_text(f"[127.0.0.1]:{cluster['RV_TESTCLUSTER_SSH_PORT']} ssh-ed25519 {fake_pub}\n")
+    # Point the profile at the known_hosts file holding the wrong key.
+    cfg_path = rv_env["RV_CONFIG"]
+    text = open(cfg_path).read().replace(cluster["RV_TESTCLUSTER_KNOWN_HOSTS"], str(known))
+    open(cfg_path, "w").write(text)
+    r = run_rv("exec", "true")
+    assert r.returncode == 6
+    assert "has CHANGED" in r.stderr and "refusing to connect" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert known.read_text().count("\n") == 1  # nothing was added or replaced
+
+
+def test_wrong_key_gives_auth_error(run_rv, rv_env, tmp_path, cluster):
+    wrong = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
+    cfg_path = rv_env["RV_CONFIG"]
+    text = open(cfg_path).read().replace(cluster["RV_TESTCLUSTER_KEY"], str(wrong))
+    open(cfg_path, "w").write(text)
+    r = run_rv("exec", "true")
+    assert r.returncode == 5, r.stderr
+    assert r.stderr.startswith("rv: error: authentication refused by root@127.0.0.1:")
+    assert "next:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_closed_port_gives_connection_error(run_rv, rv_env):
+    with socket.socket() as s:  # a port nothing listens on: bind, read its number, close
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg_path = rv_env["RV_CONFIG"]
+    text = open(cfg_path).read()
+    import re
+
+    open(cfg_path, "w").write(re.sub(r"port = \d+", f"port = {port}", text, count=1))
+    r = run_rv("exec", "true")
+    assert r.returncode == 4, r.stderr
+    assert f"cannot connect to root@127.0.0.1:{port}" in r.stderr
+
+
+def test_silent_server_times_out_within_limit(run_rv, rv_env):
+    # A server that accepts and never speaks: the SSH banner never comes.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    held = []
+    threading.Thread(target=lambda: held.append(server.accept()), daemon=True).start()
+    cfg_path = rv_env["RV_CONFIG"]
+    import re
+
+    text = open(cfg_path).read()
+    open(cfg_path, "w").write(re.sub(r"port = \d+", f"port = {port}", text, count=1))
+    start = time.monotonic()
+    r = run_rv("exec", "true", env_extra={"RV_CONNECT_TIMEOUT": "2"})
+    elapsed = time.monotonic() - start
+    server.close()
+    assert r.returncode == 4, r.stderr
+    assert "127.0.0.1" in r.stderr
+    assert elapsed < 15  # bounded by the 2 s connect timeout, not by a hang
+
+
+def test_no_config_yet(tmp_path):
+    r = run_cli(["exec", "true"], base_env(tmp_path, tmp_path / "none.toml"))
+    assert r.returncode == 3
+    assert r.stderr == (
+        f"rv: error: no rv config yet ({tmp_path / 'none.toml'})\n"
+        "  next: run `rv init` to connect rv to your cluster\n"
+    )
+
+
+def test_exec_of_a_missing_program_passes_the_shell_code(run_rv):
+    r = run_rv("exec", "definitely-not-a-command-rv")
+    assert r.returncode == 127 and "not found" in r.stderr
