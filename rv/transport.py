@@ -483,7 +483,7 @@ def resolve_target(
     identity_file: str | None = None,
     known_hosts: str | None = None,
     ssh_config_path: str | Path | None = None,
-    connect_timeout: float = 10.0,
+    connect_timeout: float | None = None,
     _depth: int = 0,
 ) -> SSHTarget:
     """Merge what the profile says with ~/.ssh/config, using paramiko's own parser.
@@ -492,6 +492,8 @@ def resolve_target(
     fills the rest: Host aliases, HostName, User, Port, IdentityFile, UserKnownHostsFile, ProxyJump.
     """
     path = Path(ssh_config_path or os.environ.get("RV_SSH_CONFIG") or "~/.ssh/config").expanduser()
+    if connect_timeout is None:
+        connect_timeout = float(os.environ.get("RV_CONNECT_TIMEOUT", "10"))
     cfg = paramiko.SSHConfig.from_path(str(path)) if path.exists() else paramiko.SSHConfig()
     entry = cfg.lookup(host)
     identities = (identity_file,) if identity_file else tuple(entry.get("identityfile", ()))
