@@ -72,6 +72,7 @@ class Transport(Protocol):
         on_stderr: Callable[[bytes], None] | None = None,
         stdin: Stdin = None,
         timeout: float | None = None,
+        keep_stdin_open: bool = False,
     ) -> int: ...
 
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None: ...
@@ -290,8 +291,13 @@ class SSHTransport:
         on_stderr: Callable[[bytes], None] | None = None,
         stdin: Stdin = None,
         timeout: float | None = None,
+        keep_stdin_open: bool = False,
     ) -> int:
-        """Run ``command``, handing output to the callbacks as it arrives; return the exit code."""
+        """Run ``command``, handing output to the callbacks as it arrives; return the exit code.
+
+        ``keep_stdin_open`` leaves the command's stdin open until we close the channel, so a remote
+        watchdog reading stdin learns at once when rv goes away (Ctrl-C, a dropped laptop lid).
+        """
         channel = self._open(command)
         feeder = None
         if stdin is not None:
@@ -307,7 +313,7 @@ class SSHTransport:
 
             feeder = threading.Thread(target=feed, daemon=True)
             feeder.start()
-        else:
+        elif not keep_stdin_open:
             channel.shutdown_write()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -401,11 +407,12 @@ class LocalTransport:
         on_stderr: Callable[[bytes], None] | None = None,
         stdin: Stdin = None,
         timeout: float | None = None,
+        keep_stdin_open: bool = False,
     ) -> int:
         self.calls.append(command)
         proc = subprocess.Popen(
             ["bash", "-c", command],
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin is not None or keep_stdin_open else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=self.env,

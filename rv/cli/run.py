@@ -1,0 +1,181 @@
+"""`rv run [OPTIONS] -- CMD...`: validate, snapshot and sync, submit, record, and optionally follow."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from rv.cli.common import err_console, note, print_json, session, warn
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")
+@click.option(
+    "-t", "--type", "gpu_type", help="GPU type from the profile's catalog (`rv status` lists them)."
+)
+@click.option("--mig", is_flag=True, help="A free MIG slice (1 GPU, 1 CPU).")
+@click.option("--time", "time_", help="Wall time: 30m, 2h, 1d12h, 2:59:00, 1-12:00:00 (default 2:59:00).")
+@click.option("--mem", help="Memory per node, e.g. 64G.")
+@click.option("--cpus", type=int, help="CPUs per node.")
+@click.option("--name", help="Job name (default: from the command).")
+@click.option("--nodes", type=int, help="Nodes (default: as few as hold the GPUs).")
+@click.option("--setup", multiple=True, help="Extra shell line run before the program (repeatable).")
+@click.option(
+    "-o", "--output", "outputs", multiple=True, help="Copy PATH to the job's output dir at the end."
+)
+@click.option("--signal", help="Signal before the time limit: NAME[@SECONDS] (default USR1@300).")
+@click.option("-f", "--follow", is_flag=True, help="Wait for the job, stream its output, exit with its code.")
+@click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
+@click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
+@click.option("--json", "as_json", is_flag=True, help="Print the job record as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run(
+    ctx: click.Context,
+    gpus: int | None,
+    gpu_type: str | None,
+    mig: bool,
+    time_: str | None,
+    mem: str | None,
+    cpus: int | None,
+    name: str | None,
+    nodes: int | None,
+    setup: tuple[str, ...],
+    outputs: tuple[str, ...],
+    signal: str | None,
+    follow: bool,
+    dry_run: bool,
+    allow_large: bool,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Snapshot this repo, sync it, and submit COMMAND as a Slurm job.
+
+    \b
+      rv run -g 2 -t a6000 -- torchrun train.py --lr 3e-4
+      rv run --mig -f -- python eval.py
+    """
+    from rv.cli.common import load_profile
+    from rv.request import build_request, detect_misplaced_flags
+
+    _, profile = load_profile(ctx)
+    catalog = profile.gpu_catalog()
+    for message in detect_misplaced_flags(command, catalog):
+        warn(message)
+    # Everything is validated here, before the first network call.
+    req = build_request(
+        catalog, command=command, gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus,
+        name=name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, signal=signal,
+    )  # fmt: skip
+    for message in req.warnings:
+        warn(message)
+    from rv.config import state_dir
+    from rv.jobs import JobStore
+    from rv.secrets import SecretStore
+
+    secrets = SecretStore(state_dir() / "secrets.json").load()
+    cwd = Path.cwd()
+
+    if dry_run:
+        _print_dry_run(req, profile, cwd, secrets, allow_large)
+        return
+
+    from rv import launch
+    from rv.snapshot import snapshot_and_upload
+
+    with session(ctx) as s:
+        snap = snapshot_and_upload(s.transport, s.layout, cwd, allow_large=allow_large, report=note)
+        secrets_path = f"{s.layout.secrets}/{req.name}-{snap.id[:8]}-{_nonce()}.env" if secrets else None
+        context = launch.script_context(
+            req, layout=s.layout, account=profile.account, snapshot_id=snap.id, project=snap.project,
+            secrets_path=secrets_path,
+        )  # fmt: skip
+        prepared = launch.Prepared(
+            request=req, script=_render(req, context), snapshot_id=snap.id, project=snap.project,
+            branch=snap.branch, commit=snap.commit, dirty=snap.dirty, secrets_path=secrets_path,
+        )  # fmt: skip
+        record = launch.submit(s.transport, s.layout, prepared, profile=profile.name, secrets=secrets)
+        JobStore(state_dir() / "jobs.json").add(record)
+        if as_json:
+            from dataclasses import asdict
+
+            print_json(asdict(record))
+        else:
+            click.echo(record.job_id)
+        where = f"{req.gpus}x {req.type.name}" if req.type else "CPU"
+        note(
+            f"submitted job {record.job_id} ({req.name}, {where}, {req.nodes} node(s)) "
+            f"from {record.short_commit}\n  rv logs -f {record.job_id}    rv ps    rv stop {record.job_id}"
+        )
+        if follow:
+            ctx.exit(_follow(s, record))
+
+
+def _nonce() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:8]
+
+
+def _render(req, context) -> str:  # type: ignore[no-untyped-def]
+    from rv.slurm.script import render_script
+
+    return render_script(req, context)
+
+
+def _print_dry_run(req, profile, cwd: Path, secrets: dict[str, str], allow_large: bool) -> None:  # type: ignore[no-untyped-def]
+    from rv import launch
+    from rv.layout import RemoteLayout
+    from rv.snapshot import plan_snapshot
+
+    layout = RemoteLayout(profile.require_remote_root())
+    snap = plan_snapshot(cwd, allow_large=allow_large)
+    secrets_path = f"{layout.secrets}/{req.name}-{snap.id[:8]}-DRYRUN.env" if secrets else None
+    context = launch.script_context(
+        req, layout=layout, account=profile.account, snapshot_id=snap.id, project=snap.project,
+        secrets_path=secrets_path,
+    )  # fmt: skip
+    sys.stdout.write(_render(req, context))
+    note(f"dry run: nothing was sent ({snap.summary})")
+
+
+def _follow(s, record) -> int:  # type: ignore[no-untyped-def]
+    """Wait (showing state, reason, expected start), stream output, return the job's exit code."""
+    from rv import launch
+    from rv.logview import LineCollapser
+
+    out_c, err_c = LineCollapser(), LineCollapser()
+
+    def write(stream, collapser):  # type: ignore[no-untyped-def]
+        def _w(data: bytes) -> None:
+            stream.write(collapser.feed(data.decode("utf-8", errors="replace")))
+            stream.flush()
+
+        return _w
+
+    try:
+        with err_console.status(f"job {record.job_id}: submitted") as status:
+
+            def on_state(state: str, reason: str, start: str) -> None:
+                extra = f" ({reason})" if reason and reason != "None" else ""
+                when = f", expected start {start}" if start and start not in ("N/A", "Unknown") else ""
+                status.update(f"job {record.job_id}: {state}{extra}{when}")
+
+            launch.wait_until_started(s.transport, record.job_id, on_state)
+        launch.stream_logs(
+            s.transport, s.layout, record, follow=True,
+            on_stdout=write(sys.stdout, out_c), on_stderr=write(sys.stderr, err_c),
+        )  # fmt: skip
+        sys.stdout.write(out_c.flush())
+        sys.stderr.write(err_c.flush())
+    except KeyboardInterrupt:
+        note(f"\ndetached; job {record.job_id} keeps running: rv logs -f {record.job_id}")
+        return 130
+    code = launch.job_exit_code(s.transport, record.job_id)
+    if code is None:
+        warn(f"could not read the exit code of job {record.job_id}; `rv ps -a` will show it")
+        return 1
+    note(f"job {record.job_id} ended with exit code {code}")
+    return code
