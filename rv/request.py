@@ -1,0 +1,703 @@
+"""A job request, validated before anything touches the network.
+
+:func:`build_request` turns what the user typed (``rv run -g 4 -t a6000 --time 6h -- torchrun
+train.py``) into a :class:`JobRequest` the script renderer can trust, or raises
+:class:`~rv.errors.UsageError` with the limit or the valid choices in the message. A bad GPU type
+fails here in milliseconds, not after a sync and an sbatch round trip.
+
+Rules that came from other tools' bug trackers (see the project's lessons notes):
+
+* GPUs split over nodes only evenly; torchrun's ``--nproc-per-node`` must equal the GPUs on each
+  node, and a user's value that disagrees is refused here rather than deadlocking at rendezvous.
+* MIG slices take exactly one GPU, one CPU and modest memory, or the QOS rejects the job.
+* The job name goes into paths and ``#SBATCH`` lines, so it is sanitised to ``[A-Za-z0-9._-]``.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from rv.catalog import GpuType
+from rv.errors import UsageError
+from rv.timespec import (
+    DEFAULT_TIME,
+    format_slurm_time,
+    mem_megabytes,
+    parse_duration,
+    parse_mem,
+    parse_slurm_time,
+    scale_mem,
+)
+
+MAX_NAME_LEN = 64
+# Lead time of the warning signal: long enough to write a checkpoint of a large model. Slurm may
+# send it up to 60 s earlier than asked (its event loop runs once a minute).
+DEFAULT_SIGNAL = "USR1"
+DEFAULT_SIGNAL_LEAD = 300
+# Signals a program can reasonably catch to checkpoint; torchrun forwards all of these when told to.
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT")
+
+
+# --- torchrun -----------------------------------------------------------------------------------
+
+# torchrun's options (torch 2.13 ``torch.distributed.run.get_args_parser``), canonical name first.
+# Only these take no value; every other option takes one, as ``--opt value`` or ``--opt=value``.
+_TORCHRUN_FLAGS_WITHOUT_VALUE = {
+    "standalone",
+    "module",
+    "no-python",
+    "run-path",
+    "virtual-local-rank",
+    "help",
+}
+_TORCHRUN_OPTIONS: dict[str, tuple[str, ...]] = {
+    "nnodes": ("--nnodes",),
+    "nproc-per-node": ("--nproc-per-node", "--nproc_per_node"),
+    "rdzv-backend": ("--rdzv-backend", "--rdzv_backend"),
+    "rdzv-endpoint": ("--rdzv-endpoint", "--rdzv_endpoint"),
+    "rdzv-id": ("--rdzv-id", "--rdzv_id"),
+    "rdzv-conf": ("--rdzv-conf", "--rdzv_conf"),
+    "standalone": ("--standalone",),
+    "max-restarts": ("--max-restarts", "--max_restarts"),
+    "monitor-interval": ("--monitor-interval", "--monitor_interval"),
+    "start-method": ("--start-method", "--start_method"),
+    "event-log-handler": ("--event-log-handler", "--event_log_handler"),
+    "role": ("--role",),
+    "module": ("-m", "--module"),
+    "no-python": ("--no-python", "--no_python"),
+    "run-path": ("--run-path", "--run_path"),
+    "log-dir": ("--log-dir", "--log_dir"),
+    "redirects": ("-r", "--redirects"),
+    "tee": ("-t", "--tee"),
+    "local-ranks-filter": ("--local-ranks-filter", "--local_ranks_filter"),
+    "duplicate-stdout-filters": ("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
+    "duplicate-stderr-filters": ("--duplicate-stderr-filters", "--duplicate_stderr_filters"),
+    "node-rank": ("--node-rank", "--node_rank"),
+    "master-addr": ("--master-addr", "--master_addr"),
+    "master-port": ("--master-port", "--master_port"),
+    "local-addr": ("--local-addr", "--local_addr"),
+    "logs-specs": ("--logs-specs", "--logs_specs"),
+    "numa-binding": ("--numa-binding", "--numa_binding"),
+    "signals-to-handle": ("--signals-to-handle", "--signals_to_handle"),
+    "shutdown-timeout": ("--shutdown-timeout", "--shutdown_timeout"),
+    "virtual-local-rank": ("--virtual-local-rank", "--virtual_local_rank"),
+    "help": ("-h", "--help"),
+}
+_TORCHRUN_SPELLING = {
+    spelling: name for name, spellings in _TORCHRUN_OPTIONS.items() for spelling in spellings
+}
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+# Python's own options that take a value (``python -W ignore -m torch.distributed.run``).
+_PYTHON_OPTIONS_WITH_VALUE = {"-W", "-X", "--check-hash-based-pycs"}
+TORCHRUN_MODULE = "torch.distributed.run"
+
+
+@dataclass(frozen=True)
+class TorchrunArgs:
+    """A torchrun command split in three: launcher, the user's torchrun options, the program."""
+
+    launcher: tuple[str, ...]  # ("torchrun",) or ("python3", "-m", "torch.distributed.run")
+    options: tuple[str, ...]  # the user's own torchrun options, exactly as typed
+    program: tuple[str, ...]  # training script (or module with -m) and its arguments
+    given: tuple[tuple[str, str | None], ...]  # canonical option name -> value (None for flags)
+
+    def has(self, name: str) -> bool:
+        return any(n == name for n, _ in self.given)
+
+    def value(self, name: str) -> str | None:
+        for n, v in reversed(self.given):  # argparse: the last one wins
+            if n == name:
+                return v
+        return None
+
+
+def _torchrun_launcher_len(command: Sequence[str]) -> int:
+    """How many leading words launch torchrun (1 or more), or 0 when this is not torchrun."""
+    if not command:
+        return 0
+    exe = posixpath.basename(command[0])
+    if exe == "torchrun":
+        return 1
+    if not _PYTHON.fullmatch(exe):
+        return 0
+    i = 1
+    while i < len(command):
+        word = command[i]
+        if word == "-m":
+            return i + 2 if i + 1 < len(command) and command[i + 1] == TORCHRUN_MODULE else 0
+        if word == "-m" + TORCHRUN_MODULE:
+            return i + 1
+        if word in _PYTHON_OPTIONS_WITH_VALUE:
+            i += 2
+            continue
+        if word.startswith("-") and word != "-" and not word.startswith("-c"):
+            i += 1
+            continue
+        return 0  # a script, -c code, or stdin: not torchrun
+    return 0
+
+
+def _match_torchrun_option(word: str) -> str | None:
+    """Canonical name of a torchrun option word (the part before ``=``), or None if unknown.
+
+    argparse accepts unambiguous prefixes of long options (``--nproc 4``), so we do too.
+    """
+    if word in _TORCHRUN_SPELLING:
+        return _TORCHRUN_SPELLING[word]
+    if word.startswith("--"):
+        names = {name for spelling, name in _TORCHRUN_SPELLING.items() if spelling.startswith(word)}
+        if len(names) == 1:
+            return names.pop()
+    return None
+
+
+def parse_torchrun(command: Sequence[str]) -> TorchrunArgs | None:
+    """Split a torchrun command, or None when the command does not launch torchrun.
+
+    Recognised: ``torchrun ...`` (any path) and ``python[X[.Y]] [opts] -m torch.distributed.run ...``.
+    Options are read as torchrun's argparse reads them: both ``--nproc-per-node`` and
+    ``--nproc_per_node``, ``--opt=value`` and ``--opt value``, ``-t3`` and unambiguous prefixes.
+    An option rv does not know is kept as typed and assumed to take no value unless written
+    with ``=``. Raises UsageError when an option that needs a value is last.
+    """
+    n = _torchrun_launcher_len(command)
+    if n == 0:
+        return None
+    launcher, rest = tuple(command[:n]), list(command[n:])
+    given: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word == "--":  # argparse: everything after is positional
+            i += 1
+            break
+        if not word.startswith("-") or word == "-":
+            break
+        if word.startswith("--"):
+            key, eq, inline = word.partition("=")
+        elif len(word) > 2:  # -t3: short option with its value attached
+            key, eq, inline = word[:2], "=", word[2:]
+        else:
+            key, eq, inline = word, "", ""
+        name = _match_torchrun_option(key)
+        if name is None:
+            given.append((key.lstrip("-"), inline if eq else None))
+            i += 1
+            continue
+        if name in _TORCHRUN_FLAGS_WITHOUT_VALUE:
+            given.append((name, None))
+            i += 1
+        elif eq:
+            given.append((name, inline))
+            i += 1
+        elif i + 1 < len(rest):
+            given.append((name, rest[i + 1]))
+            i += 2
+        else:
+            raise UsageError(
+                f"torchrun option {word} needs a value",
+                hint=f"write {word}=VALUE before the script, e.g. torchrun {word}=... train.py",
+            )
+    return TorchrunArgs(
+        launcher=launcher, options=tuple(rest[:i]), program=tuple(rest[i:]), given=tuple(given)
+    )
+
+
+def _check_torchrun(tr: TorchrunArgs, *, nodes: int, gpus_per_node: int) -> None:
+    """Refuse torchrun options that contradict the allocation, saying what rv will set instead."""
+    nproc = tr.value("nproc-per-node")
+    # "gpu" and "auto" count the visible GPUs, which is the allocation; any number must match it.
+    if gpus_per_node > 0 and nproc not in (None, "gpu", "auto", str(gpus_per_node)):
+        raise UsageError(
+            f"torchrun --nproc-per-node={nproc} does not match the {gpus_per_node} GPU(s) per node "
+            f"of this job ({nodes} node(s) x {gpus_per_node})",
+            hint=f"drop --nproc-per-node: rv sets --nproc-per-node={gpus_per_node}",
+        )
+    nnodes = tr.value("nnodes")
+    if nnodes is not None and nnodes not in (str(nodes), f"{nodes}:{nodes}"):
+        raise UsageError(
+            f"torchrun --nnodes={nnodes} does not match the {nodes} node(s) of this job",
+            hint=f"drop --nnodes: rv sets --nnodes={nodes}, or ask for --nodes {nnodes} with rv",
+        )
+    if nodes > 1:
+        if tr.has("standalone"):
+            raise UsageError(
+                f"torchrun --standalone runs on one node, but this job has {nodes} nodes",
+                hint="drop --standalone: rv sets a c10d rendezvous on the first node",
+            )
+        for name in ("rdzv-endpoint", "master-addr", "master-port"):
+            if tr.has(name):
+                raise UsageError(
+                    f"torchrun --{name} on a {nodes}-node job: "
+                    "the first node is only known when the job starts",
+                    hint="drop it: rv sets --rdzv-backend=c10d "
+                    "--rdzv-endpoint=<first node>:<port from the job id>",
+                )
+        backend = tr.value("rdzv-backend")
+        if backend is not None and backend != "c10d":
+            raise UsageError(
+                f"torchrun --rdzv-backend={backend} on a {nodes}-node job",
+                hint="drop it: rv sets --rdzv-backend=c10d with the first node as endpoint",
+            )
+        rank = tr.value("node-rank")
+        if rank is not None:
+            raise UsageError(
+                f"torchrun --node-rank={rank} would give every node the same rank",
+                hint="drop it: rv sets --node-rank=$SLURM_NODEID inside each node's task",
+            )
+    elif tr.value("node-rank") not in (None, "0"):
+        raise UsageError(
+            f"torchrun --node-rank={tr.value('node-rank')} on a one-node job",
+            hint="drop it: the only node has rank 0",
+        )
+
+
+# --- misplaced rv flags ------------------------------------------------------------------------
+
+# rv run's options, as the CLI defines them; "value" tells whether the next word belongs to it.
+RUN_FLAGS: dict[str, bool] = {
+    "-g": True, "--gpu": True, "-t": True, "--type": True, "--mig": False, "--time": True,
+    "--mem": True, "--cpus": True, "--name": True, "--nodes": True, "-f": False, "--follow": False,
+    "-o": True, "--output": True, "--setup": True, "--dry-run": False, "--profile": True,
+}  # fmt: skip
+
+
+def _looks_like_rv_value(flag: str, value: str, catalog: Mapping[str, GpuType] | None) -> bool:
+    """Whether ``value`` is something rv's ``flag`` takes, to keep programs' own ``-o`` quiet."""
+    if flag in ("-g", "--gpu", "--cpus", "--nodes"):
+        return value.isdigit()
+    if flag in ("-t", "--type"):
+        return catalog is None or value in catalog
+    if flag == "--time":
+        try:
+            parse_duration(value)
+        except UsageError:
+            return False
+        return True
+    if flag == "--mem":
+        try:
+            parse_mem(value)
+        except UsageError:
+            return False
+        return True
+    return True
+
+
+def detect_misplaced_flags(command: Sequence[str], catalog: Mapping[str, GpuType] | None = None) -> list[str]:
+    """Warnings for rv options that ended up in the program's arguments.
+
+    ``rv run python train.py -g 4`` hands ``-g 4`` to train.py. Only words that look like rv's own
+    (``-g`` with a number, ``-t`` with a known type, ``--time`` with a duration, ...) count, so a
+    program's own ``-o out.txt`` raises nothing. The CLI should skip this when the user wrote ``--``.
+    """
+    found: list[tuple[int, int, str]] = []  # (start, length, text)
+    i = 1
+    while i < len(command):
+        word = command[i]
+        if word == "--":
+            break
+        flag, eq, inline = word.partition("=") if word.startswith("--") else (word, "", "")
+        if flag not in RUN_FLAGS:
+            i += 1
+            continue
+        takes_value = RUN_FLAGS[flag]
+        if not takes_value:
+            if eq:
+                i += 1
+                continue
+            # -f is common in programs (-f FILE); only a lone -f at the very end looks like rv's.
+            if flag == "-f" and i != len(command) - 1:
+                i += 1
+                continue
+            found.append((i, 1, flag))
+            i += 1
+            continue
+        if eq:
+            if _looks_like_rv_value(flag, inline, catalog):
+                found.append((i, 1, f"{flag} {inline}"))
+            i += 1
+            continue
+        if i + 1 < len(command) and _looks_like_rv_value(flag, command[i + 1], catalog):
+            found.append((i, 2, f"{flag} {shlex.quote(command[i + 1])}"))
+            i += 2
+            continue
+        i += 1
+    if not found:
+        return []
+    moved = " ".join(text for _, _, text in found)
+    taken = {j for start, length, _ in found for j in range(start, start + length)}
+    remaining = [w for j, w in enumerate(command) if j not in taken]
+    fix = f"rv run {moved} -- {shlex.join(remaining)}"
+    return [
+        f"{text} went to the program, not to rv; put rv options before the command: {fix}"
+        for _, _, text in found
+    ]
+
+
+# --- the request -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """Everything the script renderer needs from the user, checked. Sizes are per node where Slurm's are."""
+
+    command: tuple[str, ...]
+    name: str  # sanitised: [A-Za-z0-9._-]{1,64}, not starting with '-' or '.'
+    type: GpuType | None  # None: CPU-only job
+    gpus: int  # total over all nodes; 0 for CPU-only
+    nodes: int
+    gpus_per_node: int  # gpus // nodes
+    time_seconds: int
+    mem: str | None = None  # per node, Slurm form ("64G"); None: the cluster's default
+    cpus_per_task: int | None = None  # one task per node, so CPUs per node; None: cluster default
+    setup: tuple[str, ...] = ()  # shell lines run before the program (module load, source activate)
+    outputs: tuple[str, ...] = ()  # paths relative to the work dir, copied to $RV_OUTPUT_DIR at the end
+    mig: bool = False
+    signal: str = DEFAULT_SIGNAL  # without SIG prefix: "USR1"
+    signal_lead_seconds: int = DEFAULT_SIGNAL_LEAD
+    torchrun: TorchrunArgs | None = None
+    warnings: tuple[str, ...] = ()  # for the CLI to print on stderr (renamed job, queue limits)
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpus == 0
+
+    @property
+    def time_slurm(self) -> str:
+        return format_slurm_time(self.time_seconds)
+
+
+def _valid_types(catalog: Mapping[str, GpuType]) -> str:
+    return ", ".join(sorted(catalog)) or "(none configured)"
+
+
+def _close_matches(word: str, choices: Iterable[str]) -> list[str]:
+    import difflib
+
+    return difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
+
+
+def _choose_type(
+    catalog: Mapping[str, GpuType], gpu_type: str | None, mig: bool, gpus: int
+) -> GpuType | None:
+    if gpus == 0:
+        if gpu_type is not None or mig:
+            raise UsageError(
+                f"-g 0 asks for no GPU, but {'--mig' if mig else '-t ' + str(gpu_type)} asks for one",
+                hint="drop -g 0 for a GPU job, or drop the GPU type for a CPU-only job",
+            )
+        return None
+    if mig:
+        if "mig" not in catalog:
+            raise UsageError(
+                "--mig: this cluster's catalog has no type named 'mig'",
+                hint=f"valid types: {_valid_types(catalog)}",
+            )
+        if gpu_type is not None and gpu_type != "mig":
+            raise UsageError(
+                f"--mig and -t {gpu_type} ask for two different GPU types",
+                hint="use one: --mig for a MIG slice, or -t " + gpu_type,
+            )
+        return catalog["mig"]
+    if gpu_type is None:
+        if len(catalog) == 1:
+            return next(iter(catalog.values()))
+        raise UsageError(
+            "which GPU type? this cluster has several" if catalog else "no GPU types are configured",
+            hint=f"pass -t TYPE, one of: {_valid_types(catalog)}" if catalog else "run rv init, or -g 0",
+        )
+    if gpu_type not in catalog:
+        close = _close_matches(gpu_type, catalog)
+        maybe = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise UsageError(
+            f"unknown GPU type {gpu_type!r}{maybe}", hint=f"valid types: {_valid_types(catalog)}"
+        )
+    return catalog[gpu_type]
+
+
+def _split_nodes(gpus: int, gpu: GpuType, nodes: int | None) -> tuple[int, int]:
+    """(nodes, gpus per node) for ``gpus`` GPUs of type ``gpu``; raises when they do not split evenly."""
+    gpn = gpu.gpus_per_node
+    if nodes is not None:
+        if gpus % nodes:
+            raise UsageError(
+                f"-g {gpus} does not split evenly over --nodes {nodes}",
+                hint=f"use -g {nodes * max(1, gpus // nodes)} or -g {nodes * math.ceil(gpus / nodes)}, "
+                f"or a node count that divides {gpus}",
+            )
+        per = gpus // nodes
+        if per > gpn:
+            need = math.ceil(gpus / gpn)
+            raise UsageError(
+                f"-g {gpus} over --nodes {nodes} is {per} per node, but {gpu.name} nodes have {gpn}",
+                hint=f"use --nodes {need} or more",
+            )
+        return nodes, per
+    if gpus <= gpn:
+        return 1, gpus
+    need = math.ceil(gpus / gpn)
+    if gpus % need == 0:
+        return need, gpus // need
+    # Not even over the fewest nodes: say how to get there instead of picking a spread silently.
+    lower = (gpus // need) * need
+    upper = lower + need
+    options = []
+    if lower > gpn:
+        options.append(f"-g {lower}")
+    if upper <= need * gpn:
+        options.append(f"-g {upper}")
+    hint = f"use {' or '.join(options)} ({need} nodes)" if options else ""
+    for k in range(need + 1, gpus + 1):
+        if gpus % k == 0 and gpus // k <= gpn:
+            hint += f"{' or ' if hint else 'use '}--nodes {k} for {gpus // k} per node"
+            break
+    raise UsageError(
+        f"-g {gpus} on {gpu.name} ({gpn} per node) does not split evenly over {need} nodes",
+        hint=hint or None,
+    )
+
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def sanitise_name(name: str) -> str:
+    """``[A-Za-z0-9._-]``, at most 64 characters, not starting with ``-`` or ``.``; '' if nothing is left.
+
+    The name lands in ``#SBATCH --job-name``, log file names and the checkpoint path: a space or a
+    slash there breaks a path, a leading dash reads as an option, a leading dot hides the file.
+    """
+    cleaned = _NAME_BAD.sub("-", name).lstrip("-.")
+    return cleaned[:MAX_NAME_LEN].rstrip("-.")
+
+
+def default_name(command: Sequence[str]) -> str:
+    """A job name from the command: ``torchrun train.py`` -> ``train``, ``python -m pkg.grpo`` -> ``grpo``."""
+    words = list(command)
+    tr = parse_torchrun(words)
+    if tr is not None:
+        words = ["python", *(["-m"] if tr.has("module") else []), *tr.program] if tr.program else ["torchrun"]
+    if not words:
+        return "job"
+    exe = posixpath.basename(words[0])
+    target = exe
+    if _PYTHON.fullmatch(exe) or exe in ("bash", "sh", "zsh", "uv", "uvx"):
+        rest = words[1:]
+        if exe in ("uv",) and rest[:1] == ["run"]:
+            return default_name(rest[1:]) if len(rest) > 1 else "uv"
+        i = 0
+        while i < len(rest):
+            w = rest[i]
+            if w == "-m" and i + 1 < len(rest):
+                target = rest[i + 1].rsplit(".", 1)[-1]
+                break
+            if w == "-c":
+                break
+            if w in _PYTHON_OPTIONS_WITH_VALUE:
+                i += 2
+                continue
+            if w.startswith("-"):
+                i += 1
+                continue
+            target = posixpath.basename(w)
+            break
+    stem = re.sub(r"\.(py|sh|bash)$", "", target)
+    return sanitise_name(stem) or sanitise_name(exe) or "job"
+
+
+def _parse_signal(signal: str | None, time_seconds: int) -> tuple[str, int]:
+    if signal is None:
+        # A short job still gets its warning, at half its length when that is under the default lead.
+        return DEFAULT_SIGNAL, min(DEFAULT_SIGNAL_LEAD, max(1, time_seconds // 2))
+    raw = signal
+    name, at, lead_text = signal.strip().partition("@")
+    name = name.upper().removeprefix("SIG")
+    if name not in SIGNALS:
+        raise UsageError(
+            f"unknown signal {raw!r}",
+            hint=f"use one of {', '.join(SIGNALS)}, optionally with @SECONDS of warning, e.g. USR1@300",
+        )
+    if not at:
+        return name, min(DEFAULT_SIGNAL_LEAD, max(1, time_seconds // 2))
+    if not lead_text.isdigit() or not 0 < int(lead_text) <= 65535:
+        raise UsageError(f"signal lead time in {raw!r} must be 1 to 65535 seconds", hint="e.g. USR1@300")
+    lead = int(lead_text)
+    if lead >= time_seconds:
+        raise UsageError(
+            f"signal {raw!r} would fire {lead} s before the end of a {time_seconds} s job, i.e. at once",
+            hint="use a shorter lead or a longer --time",
+        )
+    return name, lead
+
+
+def _check_outputs(outputs: Sequence[str]) -> tuple[str, ...]:
+    result = []
+    for path in outputs:
+        if "\0" in path or "\n" in path or not path.strip():
+            raise UsageError(f"-o {path!r} is not a usable path", hint="give a path relative to the project")
+        norm = posixpath.normpath(path)
+        if posixpath.isabs(path) or norm == ".." or norm.startswith("../") or norm == ".":
+            raise UsageError(
+                f"-o {path!r} must be a path inside the project (relative, no '..')",
+                hint="outputs are copied from the job's work dir into $RV_OUTPUT_DIR when the job ends",
+            )
+        result.append(norm)
+    return tuple(dict.fromkeys(result))
+
+
+def _positive(value: int | None, flag: str, minimum: int = 1) -> None:
+    if value is not None and value < minimum:
+        raise UsageError(f"{flag} {value} must be at least {minimum}")
+
+
+def build_request(
+    catalog: Mapping[str, GpuType],
+    *,
+    command: Sequence[str],
+    gpus: int | None = None,
+    gpu_type: str | None = None,
+    mig: bool = False,
+    time: str | None = None,
+    mem: str | None = None,
+    cpus: int | None = None,
+    name: str | None = None,
+    nodes: int | None = None,
+    setup: Sequence[str] = (),
+    outputs: Sequence[str] = (),
+    signal: str | None = None,
+    in_flight_gpus_by_type: Mapping[str, int] | None = None,
+) -> JobRequest:
+    """Validate a run request; raise UsageError with the limit or the valid choices when it cannot run.
+
+    ``gpus`` None means 1 (or the MIG slice); 0 is a CPU-only job. ``time`` None means
+    :data:`~rv.timespec.DEFAULT_TIME`. ``signal`` is ``NAME[@SECONDS]`` (default USR1, 300 s before
+    the end, or half the job when shorter). ``in_flight_gpus_by_type`` is the user's GPUs already
+    *running* per catalog type: going over the per-user limit with them is a warning (the job waits
+    in the queue), going over it alone is an error (it never starts).
+    """
+    command = tuple(command)
+    if not command or not command[0].strip():
+        raise UsageError("no command to run", hint="rv run [OPTIONS] -- COMMAND [ARGS...]")
+    if any("\0" in word for word in command):
+        raise UsageError("the command contains a NUL byte, which no program can receive")
+    warnings: list[str] = []
+    _positive(gpus, "-g", minimum=0)
+    _positive(nodes, "--nodes")
+    _positive(cpus, "--cpus")
+
+    wanted = 1 if gpus is None else gpus
+    gpu = _choose_type(catalog, gpu_type, mig, wanted)
+    is_mig = gpu is not None and (mig or gpu.name == "mig")
+
+    if gpu is not None and is_mig and wanted != 1:
+        raise UsageError(
+            f"a MIG slice is one GPU; -g {wanted} cannot use --mig", hint="drop -g, or pick a full GPU type"
+        )
+
+    # Time first: every later message can then quote it.
+    time_seconds = parse_duration(time if time is not None else DEFAULT_TIME)
+    if gpu is not None and gpu.max_time:
+        limit = parse_slurm_time(gpu.max_time)
+        if limit is not None and time_seconds > limit:
+            raise UsageError(
+                f"--time {time or DEFAULT_TIME} is over the {gpu.name} limit of {gpu.max_time}",
+                hint=f"use --time {gpu.max_time} or less",
+            )
+
+    # Limits before the node split: "at most 8 per job" is the more useful thing to hear.
+    if gpu is not None:
+        if gpu.max_gpus_per_job is not None and wanted > gpu.max_gpus_per_job:
+            raise UsageError(
+                f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_job} GPU(s) per job",
+                hint=f"use -g {gpu.max_gpus_per_job} or less",
+            )
+        if gpu.max_gpus_per_user is not None:
+            if wanted > gpu.max_gpus_per_user:
+                raise UsageError(
+                    f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_user} GPU(s) per user",
+                    hint=f"use -g {gpu.max_gpus_per_user} or less",
+                )
+            running = (in_flight_gpus_by_type or {}).get(gpu.name, 0)
+            if running + wanted > gpu.max_gpus_per_user:
+                warnings.append(
+                    f"you already have {running} {gpu.name} GPU(s) running; with -g {wanted} that is "
+                    f"{running + wanted}, over the per-user limit of {gpu.max_gpus_per_user}: "
+                    "the job will wait in the queue until some finish"
+                )
+
+    if gpu is None:
+        node_count, per_node = (nodes or 1), 0
+    else:
+        node_count, per_node = _split_nodes(wanted, gpu, nodes)
+
+    # CPUs and memory: MIG (and any type with fixed_cpus) forces its own; QOS rejects anything else.
+    if gpu is not None and gpu.fixed_cpus is not None:
+        if cpus is not None and cpus != gpu.fixed_cpus:
+            raise UsageError(
+                f"--cpus {cpus}: a {gpu.name} job gets exactly {gpu.fixed_cpus} CPU(s)",
+                hint="drop --cpus",
+            )
+        cpus_per_task: int | None = gpu.fixed_cpus
+    elif cpus is not None:
+        cpus_per_task = cpus
+    elif gpu is not None and gpu.cpus_per_gpu is not None:
+        cpus_per_task = gpu.cpus_per_gpu * per_node
+    else:
+        cpus_per_task = None
+
+    mem_norm = parse_mem(mem) if mem is not None else None
+    if gpu is not None and gpu.mem_per_gpu is not None:
+        type_mem = scale_mem(gpu.mem_per_gpu, per_node)
+        if mem_norm is None:
+            mem_norm = type_mem
+        elif is_mig and mem_megabytes(mem_norm) > mem_megabytes(type_mem):
+            raise UsageError(
+                f"--mem {mem}: a MIG slice job may have at most {type_mem}",
+                hint="drop --mem, or pick a full GPU type for more memory",
+            )
+
+    tr = parse_torchrun(command)
+    if tr is not None:
+        _check_torchrun(tr, nodes=node_count, gpus_per_node=per_node)
+        if not tr.program:
+            raise UsageError("torchrun has no training script", hint="e.g. rv run -g 2 -- torchrun train.py")
+
+    if name is not None:
+        job_name = sanitise_name(name)
+        if not job_name:
+            raise UsageError(
+                f"--name {name!r} has no usable characters", hint="use letters, digits, '.', '_', '-'"
+            )
+        if job_name != name:
+            warnings.append(f"job name {name!r} became {job_name!r} (only letters, digits, '.', '_', '-')")
+    else:
+        job_name = default_name(command)
+
+    sig, lead = _parse_signal(signal, time_seconds)
+
+    for line in setup:
+        if "\0" in line:
+            raise UsageError("a --setup line contains a NUL byte")
+
+    return JobRequest(
+        command=command,
+        name=job_name,
+        type=gpu,
+        gpus=wanted if gpu is not None else 0,
+        nodes=node_count,
+        gpus_per_node=per_node,
+        time_seconds=time_seconds,
+        mem=mem_norm,
+        cpus_per_task=cpus_per_task,
+        setup=tuple(line for line in setup if line.strip()),
+        outputs=_check_outputs(outputs),
+        mig=is_mig,
+        signal=sig,
+        signal_lead_seconds=lead,
+        torchrun=tr,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,414 @@
+from dataclasses import replace
+
+import pytest
+
+from rv.catalog import RIVANNA, GpuType
+from rv.errors import UsageError
+from rv.request import (
+    DEFAULT_SIGNAL_LEAD,
+    build_request,
+    default_name,
+    detect_misplaced_flags,
+    parse_torchrun,
+    sanitise_name,
+)
+
+A6000 = RIVANNA["a6000"]
+ONE_TYPE = {"a6000": A6000}
+# Rivanna caps v100 jobs at one node's 4 GPUs; without the cap it is a handy 4-per-node type for
+# multi-node cases.
+CATALOG = {**RIVANNA, "v100": replace(RIVANNA["v100"], max_gpus_per_job=None)}
+
+
+def req(**kw):
+    kw.setdefault("command", ["python", "train.py"])
+    return build_request(CATALOG, **kw)
+
+
+def usage_error(**kw) -> UsageError:
+    with pytest.raises(UsageError) as err:
+        req(**kw)
+    return err.value
+
+
+# --- GPU type -----------------------------------------------------------------------------------
+
+
+def test_unknown_type_lists_valid_types_and_a_close_match():
+    err = usage_error(gpu_type="a600")
+    assert "'a600'" in err.message
+    assert "did you mean a6000" in err.message
+    for name in RIVANNA:
+        assert name in err.hint
+
+
+def test_no_type_with_several_in_catalog_lists_them():
+    err = usage_error(gpus=1)
+    assert "-t TYPE" in err.hint
+    assert "a6000" in err.hint and "v100" in err.hint
+
+
+def test_no_type_with_one_in_catalog_uses_it():
+    r = build_request(ONE_TYPE, command=["python", "x.py"], gpus=2)
+    assert r.type == A6000
+    assert (r.gpus, r.nodes, r.gpus_per_node) == (2, 1, 2)
+
+
+def test_default_is_one_gpu():
+    r = build_request(ONE_TYPE, command=["python", "x.py"])
+    assert r.gpus == 1
+
+
+def test_cpu_only_job_has_no_type():
+    r = req(gpus=0)
+    assert r.type is None and r.cpu_only
+    assert (r.gpus, r.nodes, r.gpus_per_node) == (0, 1, 0)
+
+
+def test_cpu_only_with_a_type_is_contradictory():
+    err = usage_error(gpus=0, gpu_type="a6000")
+    assert "-g 0" in err.message
+
+
+def test_empty_catalog_needs_cpu_only():
+    with pytest.raises(UsageError) as err:
+        build_request({}, command=["python", "x.py"])
+    assert "no GPU types" in err.value.message
+    assert build_request({}, command=["python", "x.py"], gpus=0).cpu_only
+
+
+# --- MIG ----------------------------------------------------------------------------------------
+
+
+def test_mig_forces_one_gpu_one_cpu_and_its_memory():
+    r = req(mig=True)
+    assert r.mig and r.type.name == "mig"
+    assert (r.gpus, r.cpus_per_task, r.mem) == (1, 1, "16G")
+
+
+def test_mig_type_by_name_is_the_same():
+    r = req(gpu_type="mig")
+    assert r.mig and r.cpus_per_task == 1 and r.mem == "16G"
+
+
+def test_mig_refuses_more_gpus_cpus_or_memory():
+    assert "one GPU" in usage_error(mig=True, gpus=2).message
+    assert "exactly 1 CPU" in usage_error(mig=True, cpus=4).message
+    assert "at most 16G" in usage_error(mig=True, mem="64G").message
+    assert req(mig=True, mem="8G").mem == "8G"
+
+
+def test_mig_without_mig_type_in_catalog():
+    with pytest.raises(UsageError) as err:
+        build_request(ONE_TYPE, command=["python", "x.py"], mig=True)
+    assert "no type named 'mig'" in err.value.message
+    assert "a6000" in err.value.hint
+
+
+def test_mig_with_other_type_conflicts():
+    assert "two different" in usage_error(mig=True, gpu_type="a100").message
+
+
+# --- nodes --------------------------------------------------------------------------------------
+
+
+def test_gpus_within_a_node_stay_on_one_node():
+    r = req(gpus=8, gpu_type="a6000")
+    assert (r.nodes, r.gpus_per_node) == (1, 8)
+
+
+def test_auto_split_over_the_fewest_nodes_when_even():
+    # v100 nodes have 4 GPUs; 6 = 2 x 3.
+    r = req(gpus=6, gpu_type="v100")
+    assert (r.nodes, r.gpus_per_node) == (2, 3)
+    r = req(gpus=8, gpu_type="v100")
+    assert (r.nodes, r.gpus_per_node) == (2, 4)
+
+
+def test_uneven_split_says_how():
+    cat = {"g": GpuType("g", "p", "g", 8)}
+    with pytest.raises(UsageError) as err:
+        build_request(cat, command=["python", "x.py"], gpus=9)
+    e = err.value
+    assert "-g 9 on g (8 per node)" in e.message and "2 nodes" in e.message
+    assert "-g 10" in e.hint
+    assert "--nodes 3 for 3 per node" in e.hint
+
+
+def test_explicit_nodes_must_divide_and_fit():
+    r = req(gpus=4, gpu_type="a6000", nodes=2)
+    assert (r.nodes, r.gpus_per_node) == (2, 2)
+    assert "does not split evenly over --nodes 4" in usage_error(gpus=6, gpu_type="a6000", nodes=4).message
+    e = usage_error(gpus=8, gpu_type="v100", nodes=1)
+    assert "8 per node" in e.message and "have 4" in e.message
+    assert "--nodes 2" in e.hint
+
+
+def test_nodes_must_be_positive():
+    assert "--nodes 0" in usage_error(nodes=0, gpu_type="a6000").message
+
+
+# --- limits -------------------------------------------------------------------------------------
+
+
+def test_per_job_limit_in_message():
+    e = usage_error(gpus=16, gpu_type="a6000")
+    assert "at most 8 GPU(s) per job" in e.message
+    assert "-g 8" in e.hint
+
+
+def test_per_user_limit_alone_is_an_error():
+    cat = {"x": GpuType("x", "p", "x", 8, max_gpus_per_user=4)}
+    with pytest.raises(UsageError) as err:
+        build_request(cat, command=["python", "x.py"], gpus=6)
+    assert "at most 4 GPU(s) per user" in err.value.message
+
+
+def test_per_user_limit_with_running_jobs_is_a_warning():
+    r = req(gpus=4, gpu_type="h200", in_flight_gpus_by_type={"h200": 2})
+    assert len(r.warnings) == 1
+    assert "per-user limit of 4" in r.warnings[0] and "2" in r.warnings[0]
+    assert req(gpus=2, gpu_type="h200", in_flight_gpus_by_type={"h200": 2}).warnings == ()
+
+
+def test_time_over_type_max_names_the_max():
+    e = usage_error(gpu_type="rtx3090", time="1d")
+    assert "12:00:00" in e.message and "--time 1d" in e.message
+
+
+def test_default_time():
+    assert req(gpu_type="a6000").time_seconds == 2 * 3600 + 59 * 60
+
+
+def test_bad_time_is_usage_error():
+    assert "'soon'" in usage_error(gpu_type="a6000", time="soon").message
+
+
+def test_cpus_and_mem():
+    r = req(gpu_type="a6000", cpus=16, mem="64gb")
+    assert (r.cpus_per_task, r.mem) == (16, "64G")
+    assert req(gpu_type="a6000").cpus_per_task is None  # the cluster's default applies
+
+
+def test_cpus_per_gpu_scales_with_gpus_per_node():
+    cat = {"x": GpuType("x", "p", "x", 4, cpus_per_gpu=8, mem_per_gpu="32G")}
+    r = build_request(cat, command=["python", "x.py"], gpus=8)
+    assert (r.nodes, r.gpus_per_node, r.cpus_per_task, r.mem) == (2, 4, 32, "128G")
+
+
+def test_empty_command():
+    assert "no command" in usage_error(command=[]).message
+    assert "no command" in usage_error(command=[""]).message
+
+
+def test_nul_in_command():
+    assert "NUL" in usage_error(command=["python", "a\0b"], gpu_type="a6000").message
+
+
+# --- name ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["torchrun", "train.py"], "train"),
+        (["torchrun", "--nproc_per_node=2", "scripts/train.py", "--lr", "1"], "train"),
+        (["python3", "-u", "scripts/finetune.py"], "finetune"),
+        (["python", "-m", "rv_train.grpo"], "grpo"),
+        (["python3.11", "-m", "torch.distributed.run", "--standalone", "t.py"], "t"),
+        (["torchrun", "-m", "pkg.mod"], "mod"),
+        (["bash", "run.sh"], "run"),
+        (["./run.sh"], "run"),
+        (["nvidia-smi"], "nvidia-smi"),
+        (["uv", "run", "python", "x.py"], "x"),
+        (["python", "-c", "print(1)"], "python"),
+        (["/usr/bin/.hidden"], "hidden"),
+        (["---"], "job"),
+    ],
+)
+def test_default_name(command, name):
+    assert default_name(command) == name
+
+
+def test_name_sanitised_with_warning():
+    r = req(gpu_type="a6000", name="my run/1 ü")
+    assert r.name == "my-run-1"
+    assert r.warnings and "'my run/1 ü'" in r.warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [("-rf", "rf"), ("..", ""), (".hidden", "hidden"), ("a" * 100, "a" * 64), ("ok.name_1-2", "ok.name_1-2")],
+)
+def test_sanitise_name(raw, clean):
+    assert sanitise_name(raw) == clean
+
+
+def test_name_with_nothing_usable():
+    assert "no usable characters" in usage_error(gpu_type="a6000", name="///").message
+
+
+# --- misplaced flags ----------------------------------------------------------------------------
+
+
+def test_misplaced_gpu_flag():
+    warnings = detect_misplaced_flags(["python", "train.py", "-g", "4"])
+    assert warnings == [
+        "-g 4 went to the program, not to rv; put rv options before the command: "
+        "rv run -g 4 -- python train.py"
+    ]
+
+
+def test_misplaced_several_flags_fix_moves_all():
+    warnings = detect_misplaced_flags(
+        ["python", "train.py", "--time=2h", "-t", "a6000", "--lr", "3"], RIVANNA
+    )
+    assert len(warnings) == 2
+    assert warnings[0].startswith("--time 2h went to the program")
+    assert warnings[0].endswith("rv run --time 2h -t a6000 -- python train.py --lr 3")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["python", "train.py", "-g", "fast"],  # not a number
+        ["python", "train.py", "-t", "bert"],  # not a known type
+        ["python", "train.py", "--time", "now"],
+        ["python", "train.py", "-f", "config.yaml"],
+        ["python", "train.py", "--", "-g", "4"],
+    ],
+)
+def test_program_flags_that_are_not_rv_like_are_quiet(command):
+    assert detect_misplaced_flags(command, RIVANNA) == []
+
+
+def test_output_flag_takes_any_path_so_it_is_reported():
+    # rv's -o takes any path, so a program's own -o cannot be told apart: a warning, not an error.
+    found = detect_misplaced_flags(["python", "train.py", "-o", "out.txt"])
+    assert found == [
+        "-o out.txt went to the program, not to rv; put rv options before the command: "
+        "rv run -o out.txt -- python train.py"
+    ]
+
+
+def test_misplaced_boolean_flags():
+    assert detect_misplaced_flags(["python", "x.py", "--mig"])[0].startswith("--mig went")
+    assert detect_misplaced_flags(["python", "x.py", "--dry-run"])[0].startswith("--dry-run went")
+    assert detect_misplaced_flags(["python", "x.py", "-f"])[0].startswith("-f went")
+
+
+# --- torchrun -----------------------------------------------------------------------------------
+
+
+def test_parse_torchrun_forms():
+    tr = parse_torchrun(
+        ["torchrun", "--nproc_per_node", "4", "--nnodes=2", "--standalone", "train.py", "--nnodes", "9"]
+    )
+    assert tr.launcher == ("torchrun",)
+    assert tr.options == ("--nproc_per_node", "4", "--nnodes=2", "--standalone")
+    assert tr.program == ("train.py", "--nnodes", "9")  # the script's own --nnodes is not torchrun's
+    assert tr.value("nproc-per-node") == "4" and tr.value("nnodes") == "2" and tr.has("standalone")
+
+
+def test_parse_torchrun_python_module_forms():
+    tr = parse_torchrun(["python3", "-u", "-m", "torch.distributed.run", "--nproc-per-node=2", "t.py"])
+    assert tr.launcher == ("python3", "-u", "-m", "torch.distributed.run")
+    assert tr.value("nproc-per-node") == "2" and tr.program == ("t.py",)
+    assert parse_torchrun(["/opt/venv/bin/torchrun", "t.py"]).launcher == ("/opt/venv/bin/torchrun",)
+    assert parse_torchrun(["python", "-m", "torch.distributed.launch", "t.py"]) is None
+    assert parse_torchrun(["python", "t.py"]) is None
+    assert parse_torchrun(["python", "-c", "x", "-m", "torch.distributed.run"]) is None
+
+
+def test_parse_torchrun_prefix_short_and_unknown_options():
+    tr = parse_torchrun(["torchrun", "--nproc", "2", "-t3", "--future-flag", "--x=1", "t.py"])
+    assert tr.value("nproc-per-node") == "2"
+    assert tr.value("tee") == "3"
+    assert tr.has("future-flag") and tr.value("x") == "1"
+    assert tr.program == ("t.py",)
+
+
+def test_parse_torchrun_missing_value():
+    with pytest.raises(UsageError) as err:
+        parse_torchrun(["torchrun", "--nproc-per-node"])
+    assert "needs a value" in err.value.message
+
+
+@pytest.mark.parametrize("flag", ["--nproc-per-node=8", "--nproc_per_node=8", "--nproc_per_node 8"])
+def test_nproc_must_match_gpus_per_node(flag):
+    # -g 8 on v100 (4 per node) is 2 x 4: the user's 8 per node would start 16 workers.
+    e = usage_error(gpus=8, gpu_type="v100", command=["torchrun", *flag.split(" "), "train.py"])
+    assert "--nproc-per-node=8" in e.message
+    assert "rv sets --nproc-per-node=4" in e.hint
+
+
+def test_nproc_matching_or_symbolic_is_fine():
+    req(gpus=8, gpu_type="v100", command=["torchrun", "--nproc-per-node=4", "t.py"])
+    req(gpus=8, gpu_type="v100", command=["torchrun", "--nproc-per-node=gpu", "t.py"])
+
+
+def test_nnodes_must_match():
+    e = usage_error(gpus=8, gpu_type="v100", command=["torchrun", "--nnodes=1", "t.py"])
+    assert "--nnodes=1" in e.message and "rv sets --nnodes=2" in e.hint
+    req(gpus=8, gpu_type="v100", command=["torchrun", "--nnodes=2:2", "t.py"])
+
+
+def test_standalone_on_several_nodes():
+    e = usage_error(gpus=8, gpu_type="v100", command=["torchrun", "--standalone", "t.py"])
+    assert "--standalone" in e.message and "2 nodes" in e.message
+    assert req(gpus=2, gpu_type="a6000", command=["torchrun", "--standalone", "t.py"]).torchrun.has(
+        "standalone"
+    )
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["--rdzv-endpoint=localhost:29500", "--master_addr=10.0.0.1", "--node-rank=0", "--rdzv-backend=static"],
+)
+def test_rendezvous_flags_refused_on_several_nodes(flag):
+    e = usage_error(gpus=8, gpu_type="v100", command=["torchrun", flag, "t.py"])
+    assert "drop it" in e.hint
+
+
+def test_node_rank_on_one_node():
+    req(gpus=2, gpu_type="a6000", command=["torchrun", "--node-rank=0", "t.py"])
+    assert (
+        "--node-rank=1"
+        in usage_error(gpus=2, gpu_type="a6000", command=["torchrun", "--node_rank", "1", "t.py"]).message
+    )
+
+
+def test_torchrun_without_script():
+    assert "no training script" in usage_error(gpu_type="a6000", command=["torchrun", "--standalone"]).message
+
+
+# --- signal and outputs -------------------------------------------------------------------------
+
+
+def test_signal_defaults_and_forms():
+    r = req(gpu_type="a6000")
+    assert (r.signal, r.signal_lead_seconds) == ("USR1", DEFAULT_SIGNAL_LEAD)
+    assert (
+        req(gpu_type="a6000", signal="SIGUSR2@120").signal,
+        req(gpu_type="a6000", signal="usr2@120").signal_lead_seconds,
+    ) == ("USR2", 120)
+    short = req(gpu_type="a6000", time="4m")
+    assert short.signal_lead_seconds == 120  # half of a short job
+
+
+def test_signal_errors():
+    assert "unknown signal" in usage_error(gpu_type="a6000", signal="KILL").message
+    assert "at once" in usage_error(gpu_type="a6000", time="5m", signal="USR1@600").message
+    assert "1 to 65535" in usage_error(gpu_type="a6000", signal="USR1@x").message
+
+
+def test_outputs_normalised_and_confined():
+    r = req(gpu_type="a6000", outputs=["runs/exp1/", "./model.pt", "model.pt"])
+    assert r.outputs == ("runs/exp1", "model.pt")
+    for bad in ["/etc/passwd", "../up", "a/../../b", ".", ""]:
+        assert "-o" in usage_error(gpu_type="a6000", outputs=[bad]).message
+
+
+def test_setup_lines_kept_in_order_blank_dropped():
+    r = req(gpu_type="a6000", setup=["module load cuda", "  ", "source .venv/bin/activate"])
+    assert r.setup == ("module load cuda", "source .venv/bin/activate")
