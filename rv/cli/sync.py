@@ -1,0 +1,336 @@
+"""`rv sync push|pull|watch|gc|snapshot`: files between this machine and the cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from rv.cli.common import err_console, note, print_json, session, warn
+
+
+def _cache_dir():
+    from rv.config import state_dir
+
+    return state_dir() / "cache"
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    from rv.sync import parse_size
+
+    return parse_size(value)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    from rv.sync import parse_duration
+
+    return parse_duration(value)
+
+
+size_options = [
+    click.option(
+        "--max-file-size",
+        default="100MB",
+        show_default=True,
+        callback=_size,
+        help="Refuse files bigger than this (e.g. 100MB, 2GB).",
+    ),
+    click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway."),
+]
+
+
+def with_size_options(f: Any) -> Any:
+    for option in reversed(size_options):
+        f = option(f)
+    return f
+
+
+class _Lazy:
+    """Connects on first use, so local checks (listing, size limits) fail before any network call."""
+
+    def __init__(self, s: Any) -> None:
+        self._session = s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session.transport, name)
+
+
+@contextmanager
+def progress_after(delay: float = 1.0, what: str = "sending") -> Iterator[Any]:
+    """A progress callback that shows a rich bar only once an operation has run longer than ``delay``."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    start = time.monotonic()
+    state: dict[str, Any] = {"bar": None, "task": None}
+
+    def update(done: int, total: int) -> None:
+        if state["bar"] is None:
+            if time.monotonic() - start < delay or done >= total:
+                return
+            bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                console=err_console,
+                transient=True,
+            )
+            bar.start()
+            state["bar"], state["task"] = bar, bar.add_task(what, total=total)
+        state["bar"].update(state["task"], completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        if state["bar"] is not None:
+            state["bar"].stop()
+
+
+@click.group()
+def sync() -> None:
+    """Push, pull and watch files; collect garbage on the cluster.
+
+    \b
+    Relative REMOTE paths are under the profile's remote root; use ~/... for the home folder.
+    """
+
+
+@sync.command()
+@click.argument("local", required=False, type=click.Path(exists=True, file_okay=False))
+@click.argument("remote", required=False)
+@click.option("--dry-run", "-n", is_flag=True, help="Show what would be done, change nothing.")
+@click.option("--force", is_flag=True, help="Allow deleting files in a REMOTE outside the rv workspaces.")
+@with_size_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan and result as JSON.")
+@click.pass_context
+def push(
+    ctx: click.Context,
+    local: str | None,
+    remote: str | None,
+    dry_run: bool,
+    force: bool,
+    max_file_size: int,
+    allow_large: bool,
+    as_json: bool,
+) -> None:
+    """Mirror LOCAL (default: this repo) into REMOTE (default: the branch's workspace).
+
+    Files are chosen as for a snapshot (tracked plus untracked-not-ignored, minus .rvignore).
+    Files gone here are deleted there, except what .gitignore/.rvignore match (job outputs survive).
+    """
+    from rv import sync as core
+
+    with session(ctx) as s, progress_after() as bar:
+        result = core.push(
+            _Lazy(s),
+            s.layout,
+            local,
+            remote,
+            dry_run=dry_run,
+            force=force,
+            max_file_size=max_file_size,
+            allow_large=allow_large,
+            cache_dir=_cache_dir(),
+            on_progress=bar,
+        )
+    for w in result.warnings:
+        warn(w)
+    plan = result.plan
+    if as_json:
+        print_json(
+            {
+                "local": str(result.local),
+                "remote": result.remote_resolved,
+                "dry_run": dry_run,
+                "applied": result.applied,
+                "plan": plan.to_json(),
+            }
+        )
+    elif dry_run:
+        for line in plan.lines():
+            click.echo(line)
+    verb = "would push" if dry_run else "pushed"
+    if plan.empty:
+        note(f"{result.remote_resolved}: up to date ({plan.unchanged} files)")
+    else:
+        note(f"{verb} to {result.remote_resolved}: {plan.summary()}")
+
+
+@sync.command()
+@click.argument("remote")
+@click.argument("local", required=False, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print what was transferred as JSON.")
+@click.pass_context
+def pull(ctx: click.Context, remote: str, local: str | None, as_json: bool) -> None:
+    """Download REMOTE (a file or folder) to LOCAL (default: ./its name), sending only what differs."""
+    from rv import sync as core
+
+    with session(ctx) as s, progress_after(what="receiving") as bar:
+        result = core.pull(s.transport, s.layout, remote, local, on_progress=bar)
+    for w in result.warnings:
+        warn(w)
+    if as_json:
+        print_json(
+            {
+                "remote": result.remote,
+                "local": str(result.local),
+                "downloaded": result.downloaded,
+                "downloaded_bytes": result.downloaded_bytes,
+                "same_content": result.same_content,
+                "unchanged": result.unchanged,
+            }
+        )
+    from rv.snapshot import human_size
+
+    note(
+        f"pulled {remote} to {result.local}: {result.downloaded} file(s) "
+        f"({human_size(result.downloaded_bytes)}), {result.unchanged + result.same_content} unchanged"
+    )
+
+
+@sync.command()
+@click.argument("local", required=False, type=click.Path(exists=True, file_okay=False))
+@click.argument("remote", required=False)
+@click.option("--interval", default=0.5, show_default=True, help="Seconds between checks for changes.")
+@click.option(
+    "--debounce", default=0.5, show_default=True, help="Seconds the files must be still before a push."
+)
+@click.option("--force", is_flag=True, help="Allow deleting files in a REMOTE outside the rv workspaces.")
+@with_size_options
+@click.pass_context
+def watch(
+    ctx: click.Context,
+    local: str | None,
+    remote: str | None,
+    interval: float,
+    debounce: float,
+    force: bool,
+    max_file_size: int,
+    allow_large: bool,
+) -> None:
+    """Push now and again on every change, until Ctrl-C (same arguments as push)."""
+    from rv import sync as core
+
+    with session(ctx) as s:
+
+        def push_once(cache: Any) -> Any:
+            return core.push(
+                _Lazy(s),
+                s.layout,
+                local,
+                remote,
+                force=force,
+                max_file_size=max_file_size,
+                allow_large=allow_large,
+                cache_dir=_cache_dir(),
+                hash_cache=cache,
+            )
+
+        def on_push(result: Any) -> None:
+            stamp = time.strftime("%H:%M:%S")
+            if result.plan.empty:
+                note(f"{stamp} {result.remote_resolved}: up to date")
+            else:
+                note(f"{stamp} pushed: {result.plan.summary()}")
+
+        def on_error(exc: Exception) -> None:
+            warn(f"push failed, still watching: {exc}")
+
+        note("watching for changes; Ctrl-C to stop")
+        try:
+            core.watch(
+                push_once,
+                lambda cache: core.tree_id(local, hash_cache=cache),
+                interval=interval,
+                debounce=debounce,
+                on_push=on_push,
+                on_error=on_error,
+            )
+        except KeyboardInterrupt:
+            note("stopped")
+
+
+@sync.command()
+@click.option(
+    "--older-than",
+    default="14d",
+    show_default=True,
+    callback=_duration,
+    help="Keep snapshots used more recently than this (e.g. 14d, 12h, 30m).",
+)
+@click.option("--dry-run", "-n", is_flag=True, help="Show what would be removed, remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def gc(ctx: click.Context, older_than: float, dry_run: bool, as_json: bool) -> None:
+    """Remove snapshots no queued or running job uses, and objects no snapshot needs."""
+    from rv import sync as core
+    from rv.remote_store import human_age
+    from rv.snapshot import human_size
+
+    with session(ctx) as s:
+        report = core.collect_garbage(s.transport, s.layout, older_than=older_than, dry_run=dry_run)
+    for w in report.warnings:
+        warn(w)
+    if as_json:
+        print_json(
+            {
+                "dry_run": report.dry_run,
+                "removed": report.removed,
+                "kept": report.kept,
+                "in_use": report.in_use,
+                "live_jobs": report.live_jobs,
+                "objects_removed": report.objects_removed,
+                "bytes_freed": report.bytes_freed,
+            }
+        )
+    else:
+        verb = "would remove" if dry_run else "removed"
+        for row in report.removed:
+            click.echo(
+                f"{verb}  {row['id']}  unused for {human_age(row['age_s'])}  {human_size(row['bytes'])}"
+            )
+        for row in report.kept:
+            click.echo(f"keep    {row['id']}  {row['reason']}")
+    note(report.summary())
+
+
+@sync.command()
+@click.argument("path", required=False, default=".", type=click.Path(exists=True, file_okay=False))
+@with_size_options
+@click.option("--json", "as_json", is_flag=True, help="Print the snapshot's id, path and provenance as JSON.")
+@click.pass_context
+def snapshot(ctx: click.Context, path: str, max_file_size: int, allow_large: bool, as_json: bool) -> None:
+    """Make (or find) the snapshot `rv run` would use for PATH's repo and print its id."""
+    from rv.snapshot import ManifestCache, prepare_snapshot, upload_snapshot
+
+    snap = prepare_snapshot(
+        path, max_file_size=max_file_size, allow_large=allow_large, cache_dir=_cache_dir()
+    )
+    for w in snap.tree.warnings:
+        warn(w)
+    with session(ctx) as s, progress_after() as bar:
+        cache = ManifestCache(_cache_dir(), f"{s.profile.name}:{s.layout.root}")
+        result = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note, on_progress=bar)
+    if as_json:
+        print_json(
+            {
+                "id": result.id,
+                "remote_path": result.remote_path,
+                "meta_path": result.meta_path,
+                "project": result.project,
+                "branch": result.branch,
+                "commit": result.commit,
+                "dirty": result.dirty,
+                "subdir": result.subdir,
+                "created": result.created,
+                "files": result.files,
+                "total_bytes": result.total_bytes,
+                "new_objects": result.new_objects,
+                "new_bytes": result.new_bytes,
+            }
+        )
+    else:
+        click.echo(result.id)

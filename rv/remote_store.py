@@ -1,0 +1,810 @@
+"""The cluster-side half of snapshots and sync: a small stdlib-only program rv ships on every call.
+
+rv never installs anything on the cluster. Each remote step runs this file's source, compressed, as
+``python3 -c ... MODE ARGS`` over the one SSH connection (see :func:`rv.snapshot.agent_command`);
+bulk data travels on the same command's stdin or stdout, so a step is one round trip however many
+files it moves.
+
+Modes (ARGS is one JSON object; every reply is zlib-compressed JSON on stdout):
+
+``snap-query``  does ``snapshots/<id>`` exist? If not, which of its objects are missing?
+``snap-put``    receive objects, then build ``snapshots/<id>`` from hard links into ``objects/``
+``gc``          remove snapshots no live job uses and objects no snapshot references
+``scan``        list a file or folder (size, mtime, mode; blob ids where asked) for push and pull
+``apply``       carry out a push plan: deletions, uploads, chmods, symlinks
+``send``        stream files back for pull
+
+Rules every mode keeps:
+
+* An object's name is the git blob id of its content, checked on arrival; it is written under
+  ``tmp/`` and renamed into ``objects/`` only when complete and correct, so an interrupted upload
+  never leaves a bad object (and the partial temp file is removed when stdin ends early).
+* ``snapshots/<id>`` appears by one rename of a fully built tree, so it exists only when complete.
+* gc takes the store lock exclusively; uploads and queries hold it shared.
+* Paths travel as UTF-8 with surrogate escapes and are used as bytes here, so file names that are
+  not valid UTF-8, and a cluster whose locale is C, both work.
+
+It must run on the oldest python3 a cluster login node has (RHEL 8: 3.6), so: no dataclasses, no
+walrus, no ``capture_output``, no postponed annotations.
+"""
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import stat
+import struct
+import sys
+import time
+import zlib
+
+VERSION = 1
+CHUNK = 1 << 20
+MODE_FILE = 0o100644
+MODE_EXEC = 0o100755
+MODE_LINK = 0o120000
+TMP_STALE_S = 3600  # temp files untouched this long belong to a dead upload
+STALE_BUILD_S = 86400
+
+
+class AgentError(Exception):
+    """A failure the client maps to an rv error: ``code`` names the kind."""
+
+    def __init__(self, message, code="remote"):
+        Exception.__init__(self, message)
+        self.code = code
+
+
+class Truncated(Exception):
+    """stdin ended in the middle of a frame: the client went away."""
+
+
+# -- shared with the client (rv.snapshot imports these, so both sides agree byte for byte) ----------
+
+
+def enc(path):
+    return path.encode("utf-8", "surrogateescape")
+
+
+def dec(path):
+    return path.decode("utf-8", "surrogateescape")
+
+
+def blob_hasher(size):
+    """git's blob id: sha1 over ``blob <size>\\0`` and the content."""
+    h = hashlib.sha1()
+    h.update(b"blob " + str(size).encode("ascii") + b"\0")
+    return h
+
+
+def sort_entries(entries):
+    return sorted(entries, key=lambda e: enc(e[0]))
+
+
+def manifest_id(entries):
+    """The snapshot id: a hash of the sorted manifest ``[[path, mode, oid, size], ...]``."""
+    data = json.dumps([list(e) for e in entries], ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(b"rv-snapshot-1\n" + data.encode("ascii")).hexdigest()[:24]
+
+
+def same_mtime(a, b):
+    """Equal mtimes, allowing for a file system that keeps whole seconds only (Lustre, some NFS)."""
+    if a == b:
+        return True
+    return a // 1000000000 == b // 1000000000 and (a % 1000000000 == 0 or b % 1000000000 == 0)
+
+
+def check_relpath(path):
+    """A manifest path: relative, no ``..``, no empty part, never inside ``.git``."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..", ".git") for p in parts):
+        raise AgentError("refusing unsafe path %r" % path, "usage")
+    return path
+
+
+# -- plumbing ------------------------------------------------------------------------------------------
+
+_stdin = None
+_cleanup = set()
+
+
+def stdin():
+    global _stdin
+    if _stdin is None:
+        _stdin = sys.stdin.buffer
+    return _stdin
+
+
+def read_exact(n):
+    data = stdin().read(n)
+    if data is None or len(data) != n:
+        raise Truncated()
+    return data
+
+
+def read_header():
+    (n,) = struct.unpack(">I", read_exact(4))
+    return json.loads(zlib.decompress(read_exact(n)).decode("ascii"))
+
+
+def reply(obj):
+    out = sys.stdout.buffer
+    out.write(zlib.compress(json.dumps(obj, ensure_ascii=True).encode("ascii")))
+    out.flush()
+
+
+def root_path(root):
+    return enc(os.path.expanduser(root))
+
+
+def resolve(root, path):
+    """Relative paths are under the remote root; ``~/...`` is the remote home; absolute is as is."""
+    if path.startswith("~"):
+        return enc(os.path.expanduser(path))
+    if path.startswith("/"):
+        return enc(path)
+    return os.path.join(root_path(root), enc(path))
+
+
+def join(*parts):
+    return os.path.join(*parts)
+
+
+def object_path(root, oid):
+    return join(root, b"objects", enc(oid[:2]), enc(oid))
+
+
+def makedirs(path, mode=0o755):
+    try:
+        os.makedirs(path, mode)
+    except OSError as exc:
+        if exc.errno != errno.EEXIST or not os.path.isdir(path):
+            raise
+
+
+def temp_name(directory, tag):
+    return join(directory, b".rv-tmp-" + enc(tag) + b"-%d-" % os.getpid() + os.urandom(6).hex().encode())
+
+
+def force_rmtree(path):
+    """Remove a tree made read-only on purpose (snapshots): restore write bits, then delete."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+        return
+    for dirpath, dirnames, _files in os.walk(path):
+        os.chmod(dirpath, 0o700)
+        for d in dirnames:
+            p = join(dirpath, d)
+            if not os.path.islink(p):
+                os.chmod(p, 0o700)
+    shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def store_lock(root, exclusive, wait=120.0):
+    """flock on objects/.lock: gc exclusive, everyone else shared (works across NFS clients)."""
+    objects = join(root, b"objects")
+    makedirs(objects)
+    fd = os.open(join(objects, b".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.time() + wait
+        flag = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        while True:
+            try:
+                fcntl.flock(fd, flag | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.time() > deadline:
+                    raise AgentError(
+                        "the store under %s is busy (another rv is uploading or collecting "
+                        "garbage); try again" % dec(root),
+                        "busy",
+                    ) from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, data, mode):
+    directory = os.path.dirname(path)
+    tmp = temp_name(directory, "meta")
+    _cleanup.add(tmp)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        _cleanup.discard(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def receive_into(tmp, size, hasher):
+    """Copy ``size`` bytes of stdin into a new file ``tmp``, feeding ``hasher``."""
+    left = size
+    with open(tmp, "wb") as fh:
+        while left:
+            data = stdin().read(min(CHUNK, left))
+            if not data:
+                raise Truncated()
+            hasher.update(data)
+            fh.write(data)
+            left -= len(data)
+
+
+def clean_stale_temps(root):
+    tmpdir = join(root, b"tmp")
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmpdir):
+            if name.startswith(b".rv-tmp-"):
+                p = join(tmpdir, name)
+                with contextlib.suppress(OSError):
+                    if now - os.lstat(p).st_mtime > TMP_STALE_S:
+                        os.unlink(p)
+
+
+# -- snapshots -----------------------------------------------------------------------------------------
+
+
+def snapshot_dir(root, sid):
+    if not re.match(r"^[0-9a-f]{24}$", sid):
+        raise AgentError("bad snapshot id %r" % sid, "usage")
+    return join(root, b"snapshots", enc(sid))
+
+
+def read_meta(root, sid):
+    with open(snapshot_dir(root, sid) + b".json", "rb") as fh:
+        return json.loads(fh.read().decode("ascii"))
+
+
+def resolve_entries(root, sid, payload):
+    """The manifest from a full list or a delta against a base snapshot; None if the base is gone."""
+    if "entries" in payload:
+        entries = payload["entries"]
+    else:
+        try:
+            base = read_meta(root, payload["base"])["entries"]
+        except (OSError, ValueError, KeyError):
+            return None
+        by_path = dict((e[0], e) for e in base)
+        for path in payload.get("remove", ()):
+            by_path.pop(path, None)
+        for e in payload.get("upsert", ()):
+            by_path[e[0]] = e
+        entries = list(by_path.values())
+    entries = sort_entries(entries)
+    if manifest_id(entries) != sid:
+        if "entries" in payload:
+            raise AgentError("the manifest sent does not hash to snapshot id %s" % sid, "remote")
+        return None  # the base's manifest differs from the client's cached copy: ask for all of it
+    for e in entries:
+        check_relpath(e[0])
+        if e[1] not in (MODE_FILE, MODE_EXEC, MODE_LINK) or not re.match(r"^[0-9a-f]{40}$", e[2]):
+            raise AgentError("bad manifest entry %r" % (e,), "usage")
+    return entries
+
+
+def missing_objects(root, entries):
+    missing = {}
+    for _path, _mode, oid, size in entries:
+        if oid not in missing and not os.path.exists(object_path(root, oid)):
+            missing[oid] = size
+    return missing
+
+
+def touch(path):
+    with contextlib.suppress(OSError):
+        os.utime(path, None)
+
+
+def mode_snap_query(args):
+    root = root_path(args["root"])
+    sid = args["id"]
+    payload = read_header()
+    with store_lock(root, exclusive=False):
+        final = snapshot_dir(root, sid)
+        if os.path.isdir(final):
+            touch(final + b".json")  # "last used": gc measures age from here
+            return {"status": "exists"}
+        entries = resolve_entries(root, sid, payload)
+        if entries is None:
+            return {"status": "need-full"}
+        missing = missing_objects(root, entries)
+        return {"status": "missing", "missing": sorted(missing), "bytes": sum(missing.values())}
+
+
+def receive_objects(root):
+    """Read ``O <oid:20> <size:8> <content>`` frames until ``E``; each lands by rename when correct."""
+    tmpdir = join(root, b"tmp")
+    makedirs(tmpdir)
+    received, received_bytes, bad = 0, 0, []
+    while True:
+        tag = read_exact(1)
+        if tag == b"E":
+            return received, received_bytes, bad
+        if tag != b"O":
+            raise AgentError("corrupt upload stream (tag %r)" % tag)
+        oid = read_exact(20).hex()
+        (size,) = struct.unpack(">Q", read_exact(8))
+        tmp = temp_name(tmpdir, oid)
+        _cleanup.add(tmp)
+        try:
+            hasher = blob_hasher(size)
+            receive_into(tmp, size, hasher)
+            if hasher.hexdigest() == oid:
+                os.chmod(tmp, 0o444)
+                dest = object_path(root, oid)
+                makedirs(os.path.dirname(dest))
+                os.rename(tmp, dest)
+                received += 1
+                received_bytes += size
+            else:
+                bad.append(oid)  # the local file changed while it was read: never store it
+        finally:
+            _cleanup.discard(tmp)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def link_or_copy(src, dst, mode):
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        # No hard links here (another file system, a link-count limit, a FS that refuses): copy.
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            raise
+        shutil.copyfile(src, dst)
+        os.chmod(dst, mode)
+
+
+def exec_object(root, oid):
+    """Executables need their own inode (mode is per inode): ``<oid>.x``, mode 0555, made once."""
+    plain = object_path(root, oid)
+    path = plain + b".x"
+    if not os.path.exists(path):
+        tmp = temp_name(join(root, b"tmp"), oid + ".x")
+        _cleanup.add(tmp)
+        try:
+            shutil.copyfile(plain, tmp)
+            os.chmod(tmp, 0o555)
+            os.rename(tmp, path)
+        finally:
+            _cleanup.discard(tmp)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return path
+
+
+def build_snapshot(root, sid, entries, provenance):
+    snaps = join(root, b"snapshots")
+    makedirs(snaps)
+    final = snapshot_dir(root, sid)
+    build = join(snaps, b".tmp-" + enc(sid) + b"-%d-" % os.getpid() + os.urandom(4).hex().encode())
+    _cleanup.add(build)
+    try:
+        os.mkdir(build, 0o700)
+        made = set()
+        for path, mode, oid, _size in entries:
+            pb = enc(path)
+            parts = pb.split(b"/")
+            for i in range(1, len(parts)):
+                d = b"/".join(parts[:i])
+                if d not in made:
+                    os.mkdir(join(build, d), 0o755)
+                    made.add(d)
+            dst = join(build, pb)
+            if mode == MODE_LINK:
+                with open(object_path(root, oid), "rb") as fh:
+                    os.symlink(fh.read(), dst)
+            elif mode == MODE_EXEC:
+                link_or_copy(exec_object(root, oid), dst, 0o555)
+            else:
+                link_or_copy(object_path(root, oid), dst, 0o444)
+        for d in made:
+            os.chmod(join(build, d), 0o555)
+        os.chmod(build, 0o555)
+        meta = {
+            "version": VERSION,
+            "id": sid,
+            "created": time.time(),
+            "entries": entries,
+            "provenance": provenance,
+        }
+        write_atomic(final + b".json", json.dumps(meta, ensure_ascii=True).encode("ascii"), 0o444)
+        try:
+            os.rename(build, final)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            return "exists"  # someone built the same tree a moment ago: theirs is identical
+        return "created"
+    finally:
+        _cleanup.discard(build)
+        if os.path.lexists(build):
+            force_rmtree(build)
+
+
+def mode_snap_put(args):
+    root = root_path(args["root"])
+    sid = args["id"]
+    payload = read_header()
+    clean_stale_temps(root)
+    with store_lock(root, exclusive=False):
+        received, received_bytes, bad = receive_objects(root)
+        result = {"received": received, "received_bytes": received_bytes, "bad": bad}
+        final = snapshot_dir(root, sid)
+        if os.path.isdir(final):
+            touch(final + b".json")
+            result["status"] = "exists"
+            return result
+        entries = resolve_entries(root, sid, payload)
+        if entries is None:
+            result["status"] = "need-full"
+            return result
+        missing = missing_objects(root, entries)
+        if missing:
+            result.update(status="missing", missing=sorted(missing))
+            return result
+        result["status"] = build_snapshot(root, sid, entries, payload.get("provenance"))
+        return result
+
+
+# -- garbage collection ----------------------------------------------------------------------------
+
+
+def live_job_ids():
+    """Ids of this user's queued and running jobs (array and het-job ids reduced to the base id)."""
+    import subprocess  # only gc needs it: keep the common modes' start-up short
+
+    user = pwd.getpwuid(os.getuid()).pw_name
+    try:
+        proc = subprocess.run(
+            ["squeue", "-h", "-u", user, "-o", "%A|%F|%i"],
+            stdout=subprocess.PIPE,  # python 3.6 has no capture_output
+            stderr=subprocess.PIPE,
+        )
+    except OSError as exc:
+        raise AgentError(
+            "cannot run squeue (%s), so cannot tell which snapshots live jobs use; nothing was removed" % exc,
+            "squeue",
+        ) from None
+    if proc.returncode != 0:
+        raise AgentError(
+            "squeue failed (%s), so cannot tell which snapshots live jobs use; nothing was "
+            "removed" % proc.stderr.decode("utf-8", "replace").strip()[-300:],
+            "squeue",
+        )
+    ids = set()
+    for line in proc.stdout.decode("utf-8", "replace").splitlines():
+        for field in line.split("|"):
+            m = re.match(r"\s*(\d+)", field)
+            if m:
+                ids.add(m.group(1))
+    return ids
+
+
+def dir_bytes(path):
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(join(dirpath, f))
+                if st.st_nlink == 1:  # a copy, not a link into objects/: removing it frees space
+                    total += st.st_size
+    return total
+
+
+def mode_gc(args):
+    root = root_path(args["root"])
+    older_than = float(args["older_than"])
+    grace = float(args.get("grace", 900))
+    dry = bool(args.get("dry_run"))
+    live = live_job_ids()
+    in_use = {}
+    for jid in sorted(live):
+        with contextlib.suppress(OSError):
+            with open(join(root, b"jobs", enc(jid), b"snapshot"), "rb") as fh:
+                sid = fh.read().decode("ascii", "replace").strip()
+            if sid:
+                in_use.setdefault(sid, []).append(jid)
+    report = {
+        "dry_run": dry,
+        "live_jobs": sorted(live),
+        "removed": [],
+        "kept": [],
+        "in_use": in_use,
+        "objects_removed": 0,
+        "bytes_freed": 0,
+        "warnings": [],
+    }
+    snaps = join(root, b"snapshots")
+    with store_lock(root, exclusive=True):
+        now = time.time()
+        names = os.listdir(snaps) if os.path.isdir(snaps) else []
+        kept_ids = []
+        for name in sorted(names):
+            path = join(snaps, name)
+            if name.startswith(b".tmp-"):
+                if now - os.lstat(path).st_mtime > STALE_BUILD_S and not dry:
+                    force_rmtree(path)
+                continue
+            if name.endswith(b".json") or not os.path.isdir(path):
+                continue
+            sid = dec(name)
+            meta = path + b".json"
+            used = os.lstat(meta).st_mtime if os.path.exists(meta) else os.lstat(path).st_mtime
+            age = now - used
+            row = {"id": sid, "age_s": round(age)}
+            if sid in in_use:
+                row["reason"] = "used by job " + ", ".join(in_use[sid])
+            elif age < max(older_than, grace):
+                row["reason"] = "used %s ago" % human_age(age)
+            if "reason" in row:
+                report["kept"].append(row)
+                kept_ids.append(sid)
+                continue
+            row["bytes"] = dir_bytes(path)
+            report["removed"].append(row)
+            report["bytes_freed"] += row["bytes"]
+            if not dry:
+                force_rmtree(path)
+                with contextlib.suppress(OSError):
+                    os.unlink(meta)
+        # Manifests left without their tree (a build that died between the two renames).
+        for name in names:
+            if name.endswith(b".json") and not os.path.isdir(join(snaps, name[:-5])):
+                p = join(snaps, name)
+                if now - os.lstat(p).st_mtime > grace and not dry:
+                    with contextlib.suppress(OSError):
+                        os.unlink(p)
+        referenced = set()
+        for sid in kept_ids:
+            try:
+                referenced.update(e[2] for e in read_meta(root, sid)["entries"])
+            except (OSError, ValueError, KeyError):
+                referenced = None
+                report["warnings"].append(
+                    "snapshot %s has no readable manifest, so no object was removed" % sid
+                )
+                break
+        if referenced is not None:
+            # In a dry run the removed snapshots still exist but are not in `referenced`: their
+            # objects are counted as they would be removed.
+            objects = join(root, b"objects")
+            for fan in sorted(os.listdir(objects)) if os.path.isdir(objects) else []:
+                fan_path = join(objects, fan)
+                if fan.startswith(b".") or not os.path.isdir(fan_path):
+                    continue
+                for name in os.listdir(fan_path):
+                    oid = dec(name)[:40]
+                    if oid in referenced:
+                        continue
+                    p = join(fan_path, name)
+                    report["objects_removed"] += 1
+                    report["bytes_freed"] += os.lstat(p).st_size
+                    if not dry:
+                        os.unlink(p)
+        clean_stale_temps(root)
+    return report
+
+
+def human_age(seconds):
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return "%d%s" % (seconds // size, unit)
+    return "%ds" % seconds
+
+
+# -- scan / apply / send (push and pull) -----------------------------------------------------------
+
+
+def file_oid(path, size):
+    h = blob_hasher(size)
+    with open(path, "rb") as fh:
+        for data in iter(lambda: fh.read(CHUNK), b""):
+            h.update(data)
+    return h.hexdigest()
+
+
+def mode_scan(args):
+    """List ``path``: ``[rel, kind, mode, size, mtime_ns, extra]``; extra = link target or blob id.
+
+    Blob ids are computed only for files the client listed with the same size but another mtime:
+    the quick check (size + mtime, as rsync) settles the rest without reading them.
+    """
+    base = resolve(args["root"], args["path"])
+    hdr = read_header()
+    local = hdr.get("local") or {}
+    skip_git = bool(args.get("skip_git"))
+    try:
+        st = os.lstat(base)
+    except FileNotFoundError:
+        return {"kind": "missing", "path": dec(base), "entries": []}
+
+    def row(rel, path, st):
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISLNK(st.st_mode):
+            return [rel, "l", mode, st.st_size, st.st_mtime_ns, dec(os.readlink(path))]
+        if stat.S_ISDIR(st.st_mode):
+            return [rel, "d", mode, 0, st.st_mtime_ns, None]
+        if not stat.S_ISREG(st.st_mode):
+            return None  # sockets, fifos, devices: never synced
+        extra = None
+        want = local.get(rel)
+        if want and want[0] == st.st_size and not same_mtime(want[1], st.st_mtime_ns):
+            with contextlib.suppress(OSError):
+                extra = file_oid(path, st.st_size)
+        return [rel, "f", mode, st.st_size, st.st_mtime_ns, extra]
+
+    if not stat.S_ISDIR(st.st_mode):
+        r = row("", base, st)
+        return {"kind": "file", "path": dec(base), "entries": [r] if r else []}
+    entries = []
+    stack = [(base, "")]
+    while stack:
+        directory, prefix = stack.pop()
+        try:
+            it = list(os.scandir(directory))
+        except OSError as exc:
+            raise AgentError("cannot list %s: %s" % (dec(directory), exc.strerror), "remote") from None
+        for de in it:
+            name = dec(de.name)
+            if skip_git and name == ".git":
+                continue
+            rel = prefix + name
+            est = de.stat(follow_symlinks=False)
+            r = row(rel, de.path, est)
+            if r is None:
+                continue
+            entries.append(r)
+            if r[1] == "d":
+                stack.append((de.path, rel + "/"))
+    entries.sort(key=lambda e: enc(e[0]))
+    return {"kind": "dir", "path": dec(base), "entries": entries}
+
+
+def mode_apply(args):
+    base = resolve(args["root"], args["path"])
+    plan = read_header()
+    makedirs(base)
+
+    def target(rel):
+        return join(base, enc(check_relpath(rel)))
+
+    done = {"deleted": 0, "uploaded": 0, "uploaded_bytes": 0, "bad": []}
+    for rel in plan.get("delete", ()):
+        p = target(rel)
+        if os.path.lexists(p):
+            force_rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+            done["deleted"] += 1
+    for rel, mode, size, oid, mtime_ns in plan.get("upload", ()):
+        p = target(rel)
+        parent = os.path.dirname(p)
+        makedirs(parent)
+        tmp = temp_name(parent, "up")
+        _cleanup.add(tmp)
+        try:
+            hasher = blob_hasher(size)
+            receive_into(tmp, size, hasher)
+            if hasher.hexdigest() != oid:
+                done["bad"].append(rel)
+                continue
+            os.chmod(tmp, mode)
+            os.utime(tmp, ns=(mtime_ns, mtime_ns))
+            if os.path.isdir(p) and not os.path.islink(p):
+                force_rmtree(p)
+            os.replace(tmp, p)
+            done["uploaded"] += 1
+            done["uploaded_bytes"] += size
+        finally:
+            _cleanup.discard(tmp)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    if read_exact(1) != b"E":
+        raise AgentError("corrupt push stream")
+    for rel, link in plan.get("symlink", ()):
+        p = target(rel)
+        makedirs(os.path.dirname(p))
+        if os.path.lexists(p):
+            force_rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+        os.symlink(enc(link), p)
+    for rel, mode in plan.get("chmod", ()):
+        os.chmod(target(rel), mode)
+    for rel, mtime_ns in plan.get("touch", ()):
+        os.utime(target(rel), ns=(mtime_ns, mtime_ns))
+    for rel in sorted(plan.get("rmdir", ()), key=lambda r: -r.count("/")):
+        with contextlib.suppress(OSError):
+            os.rmdir(target(rel))  # not empty (something appeared since the scan): keep it
+    return done
+
+
+def mode_send(args):
+    """Stream files for pull. Frames, in request order:
+
+    ``F idx:4 size:8 mtime_ns:8 mode:4 <content> sha1:20 changed:1``  content follows
+    ``S idx:4 mtime_ns:8 mode:4``  same content as the client's copy (its blob id matched)
+    ``X idx:4 len:4 <message>``  could not be read
+    then ``E``.
+    """
+    base = resolve(args["root"], args["path"])
+    files = read_header()["files"]
+    out = sys.stdout.buffer
+    for idx, (rel, local_oid) in enumerate(files):
+        path = base if rel == "" else join(base, enc(check_relpath(rel)))
+        try:
+            fh = open(path, "rb")
+        except OSError as exc:
+            msg = (exc.strerror or str(exc)).encode("utf-8", "replace")
+            out.write(b"X" + struct.pack(">II", idx, len(msg)) + msg)
+            continue
+        with fh:
+            st = os.fstat(fh.fileno())
+            mode = stat.S_IMODE(st.st_mode)
+            if local_oid and file_oid(path, st.st_size) == local_oid:
+                out.write(b"S" + struct.pack(">IqI", idx, st.st_mtime_ns, mode))
+                continue
+            out.write(b"F" + struct.pack(">IQqI", idx, st.st_size, st.st_mtime_ns, mode))
+            hasher = blob_hasher(st.st_size)
+            left, changed = st.st_size, 0
+            while left:
+                data = fh.read(min(CHUNK, left))
+                if not data:
+                    data = b"\0" * min(CHUNK, left)  # shrank while read: keep the frame's length
+                    changed = 1
+                hasher.update(data)
+                out.write(data)
+                left -= len(data)
+            if fh.read(1):
+                changed = 1  # grew while read: the client gets the first `size` bytes and a warning
+            out.write(hasher.digest() + bytes([changed]))
+    out.write(b"E")
+    out.flush()
+    return None
+
+
+MODES = {
+    "snap-query": mode_snap_query,
+    "snap-put": mode_snap_put,
+    "gc": mode_gc,
+    "scan": mode_scan,
+    "apply": mode_apply,
+    "send": mode_send,
+}
+
+
+def _on_signal(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+def main(argv):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, _on_signal)
+    mode, args = argv[1], json.loads(argv[2])
+    try:
+        result = MODES[mode](args)
+        if result is not None:
+            reply(result)
+        return 0
+    except Truncated:
+        sys.stderr.write("rv agent: input ended early (the client went away); partial files removed\n")
+        return 3
+    except AgentError as exc:
+        reply({"error": str(exc), "code": exc.code})
+        return 0
+    finally:
+        for path in list(_cleanup):
+            with contextlib.suppress(OSError):
+                force_rmtree(path) if os.path.isdir(path) else os.unlink(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,831 @@
+"""Push, pull, watch and garbage collection: plans are pure functions, applying them is one round trip.
+
+Every operation is at most two remote commands over the one SSH connection, whatever the number of
+files: a ``scan`` (what is there: size, mtime and mode; blob ids only where the quick check cannot
+decide), then one command that carries all the data (``apply`` for push, ``send`` for pull). The
+cluster side is :mod:`rv.remote_store`.
+
+push mirrors a local folder (the repo's files, by the same rules as a snapshot) into a remote one:
+new and changed files are uploaded, files gone locally are deleted there, except what local ignore
+rules (``.gitignore``, ``.rvignore``) match: like ``rsync --delete`` without ``--delete-excluded``,
+so outputs a job writes into an ignored folder of its workspace survive the next push.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import stat
+import struct
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rv import remote_store as agent
+from rv.errors import NotFound, RemoteError, UsageError
+from rv.layout import RemoteLayout
+from rv.snapshot import (
+    DEFAULT_MAX_FILE_SIZE,
+    MODE_EXEC,
+    Entry,
+    Git,
+    HashCache,
+    LocalTree,
+    Progress,
+    blob_id,
+    call_agent,
+    check_sizes,
+    frame,
+    hash_path,
+    human_size,
+    ignored_paths,
+    project_key,
+    scan_tree,
+    snapshot_id,
+)
+
+# --------------------------------------------------------------------------------------------------
+# Small parsers
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float:
+    """``14d``, ``12h``, ``30m``, ``90s``, ``2w``; a bare number is days; ``0`` is zero."""
+    m = _DURATION.match(text)
+    if not m:
+        raise UsageError(f"not a duration: {text!r}", hint="use a number and a unit, e.g. 14d, 12h, 30m, 90s")
+    return float(m.group(1)) * _UNITS[m.group(2) or "d"]
+
+
+def parse_size(text: str) -> int:
+    """``100MB``, ``1.5GB``, ``500M``, ``2GiB``, or a number of bytes (decimal units, as `du --si`)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise UsageError(f"not a size: {text!r}", hint="use e.g. 100MB, 1.5GB or 500000000")
+    unit = m.group(2).lower()
+    base = 1024 if unit.endswith("i") else 1000
+    power = " kmgt".index(unit[:1] or " ")
+    return int(float(m.group(1)) * base**power)
+
+
+# --------------------------------------------------------------------------------------------------
+# Garbage collection
+
+
+@dataclass(frozen=True)
+class GcReport:
+    dry_run: bool
+    removed: list[dict[str, Any]]  # {"id", "age_s", "bytes"}
+    kept: list[dict[str, Any]]  # {"id", "age_s", "reason"}
+    in_use: dict[str, list[str]]  # snapshot id -> live job ids
+    live_jobs: list[str]
+    objects_removed: int
+    bytes_freed: int
+    warnings: list[str]
+
+    def summary(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        return (
+            f"{verb} {len(self.removed)} snapshot(s) and {self.objects_removed} object(s), "
+            f"{human_size(self.bytes_freed)}; kept {len(self.kept)} snapshot(s) "
+            f"({sum(1 for k in self.kept if k['reason'].startswith('used by job'))} used by live jobs)"
+        )
+
+
+def collect_garbage(
+    transport: Any, layout: RemoteLayout, *, older_than: float, dry_run: bool = False, grace: float = 900
+) -> GcReport:
+    """Remove snapshots no live job uses and not used for ``older_than`` seconds, then unreferenced objects.
+
+    A snapshot is in use when ``<root>/jobs/<id>/snapshot`` of a queued or running job (per squeue)
+    names it, or when it was made or reused less than ``max(older_than, grace)`` ago; ``grace`` (15
+    min) protects a submission between its snapshot and its sbatch. If squeue cannot be asked,
+    nothing is removed.
+    """
+    args = {"root": layout.root, "older_than": older_than, "grace": grace, "dry_run": dry_run}
+    r = call_agent(transport, "gc", args)
+    return GcReport(
+        r["dry_run"], r["removed"], r["kept"], r["in_use"], r["live_jobs"], r["objects_removed"],
+        r["bytes_freed"], r["warnings"],
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
+# Remote listings
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteEntry:
+    path: str  # relative to the scanned folder; "" when a single file was scanned
+    kind: str  # "f" file, "l" symlink, "d" folder
+    mode: int  # permission bits
+    size: int
+    mtime_ns: int
+    extra: str | None = None  # symlink target, or the blob id when the scan was asked to hash it
+
+
+@dataclass(frozen=True)
+class RemoteListing:
+    kind: str  # "dir", "file" or "missing"
+    path: str  # as resolved on the cluster
+    entries: tuple[RemoteEntry, ...]
+
+
+def scan_remote(
+    transport: Any,
+    layout: RemoteLayout,
+    remote_path: str,
+    *,
+    quick: dict[str, list[int]] | None = None,
+    skip_git: bool = False,
+) -> RemoteListing:
+    """One round trip: list ``remote_path``; hash the files ``quick`` lists with its size but not mtime."""
+    args = {"root": layout.root, "path": remote_path, "skip_git": skip_git}
+    r = call_agent(transport, "scan", args, stdin=frame({"local": quick or {}}))
+    return RemoteListing(r["kind"], r["path"], tuple(RemoteEntry(*e) for e in r["entries"]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Push
+
+
+@dataclass(frozen=True)
+class PushPlan:
+    upload: tuple[Entry, ...] = ()
+    delete: tuple[str, ...] = ()
+    rmdir: tuple[str, ...] = ()
+    chmod: tuple[tuple[str, int], ...] = ()
+    touch: tuple[tuple[str, int], ...] = ()  # same content, other mtime: only the mtime is set
+    symlink: tuple[tuple[str, str], ...] = ()
+    kept: tuple[str, ...] = ()  # only on the cluster, but matched by ignore rules: left alone
+    unchanged: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not (self.upload or self.delete or self.rmdir or self.chmod or self.touch or self.symlink)
+
+    @property
+    def upload_bytes(self) -> int:
+        return sum(e.size for e in self.upload)
+
+    def lines(self) -> list[str]:
+        """What the push does, one action per line, sorted by path (the dry-run output)."""
+        rows: list[tuple[str, str]] = []
+        rows += [(e.path, f"upload  {e.path} ({human_size(e.size)})") for e in self.upload]
+        rows += [(p, f"delete  {p}") for p in self.delete]
+        rows += [(p, f"rmdir   {p}/") for p in self.rmdir]
+        rows += [(p, f"chmod   {p} {m:o}") for p, m in self.chmod]
+        rows += [(p, f"touch   {p}") for p, _ in self.touch]
+        rows += [(p, f"link    {p} -> {t}") for p, t in self.symlink]
+        return [line for _, line in sorted(rows, key=lambda r: (agent.enc(r[0]), r[1]))]
+
+    def summary(self) -> str:
+        parts = [
+            f"{len(self.upload)} to upload ({human_size(self.upload_bytes)})",
+            f"{len(self.delete)} to delete",
+        ]
+        if self.symlink:
+            parts.append(f"{len(self.symlink)} symlink(s)")
+        if self.chmod or self.touch:
+            parts.append(f"{len(self.chmod) + len(self.touch)} metadata update(s)")
+        if self.rmdir:
+            parts.append(f"{len(self.rmdir)} folder(s) to remove")
+        parts.append(f"{self.unchanged} unchanged")
+        if self.kept:
+            parts.append(f"{len(self.kept)} ignored on the cluster kept")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "upload": [{"path": e.path, "size": e.size} for e in self.upload],
+            "delete": list(self.delete),
+            "rmdir": list(self.rmdir),
+            "chmod": [{"path": p, "mode": f"{m:o}"} for p, m in self.chmod],
+            "touch": [p for p, _ in self.touch],
+            "symlink": [{"path": p, "target": t} for p, t in self.symlink],
+            "kept": list(self.kept),
+            "unchanged": self.unchanged,
+        }
+
+
+def _ancestors(path: str) -> Iterator[str]:
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        yield "/".join(parts[:i])
+
+
+def plan_push(
+    local: tuple[Entry, ...] | list[Entry],
+    remote: tuple[RemoteEntry, ...] | list[RemoteEntry],
+    link_targets: dict[str, str],
+    protected: set[str],
+) -> PushPlan:
+    """Pure: what makes the remote folder equal the local files.
+
+    ``protected``: remote-only paths (files, links, or folders) that local ignore rules match; they
+    and everything under them stay. Equal size and mtime means unchanged (rsync's quick check);
+    otherwise a blob id from the scan decides between a metadata-only update and an upload.
+    """
+    here = {e.path: e for e in local}
+    there = {r.path: r for r in remote}
+    local_dirs = {d for p in here for d in _ancestors(p)}
+    upload, chmod, touch, symlink = [], [], [], []
+    unchanged = 0
+    for p, e in here.items():
+        r = there.get(p)
+        if e.is_link:
+            target = link_targets[p]
+            if r is not None and r.kind == "l" and r.extra == target:
+                unchanged += 1
+            else:
+                symlink.append((p, target))
+            continue
+        want = 0o755 if e.mode == MODE_EXEC else 0o644
+        if r is None or r.kind != "f":
+            upload.append(e)
+            continue
+        if r.size == e.size and agent.same_mtime(r.mtime_ns, e.mtime_ns):
+            unchanged += 1
+        elif r.extra is not None and r.extra == e.oid:
+            touch.append((p, e.mtime_ns))
+        else:
+            upload.append(e)
+            continue
+        if bool(r.mode & 0o100) != (want == 0o755):
+            chmod.append((p, want))
+
+    def is_protected(path: str) -> bool:
+        return path in protected or any(a in protected for a in _ancestors(path))
+
+    delete, kept = [], []
+    for p, r in there.items():
+        if p in here or r.kind == "d":
+            continue
+        if is_protected(p):
+            kept.append(p)
+        else:
+            delete.append(p)
+    keep_dirs = {a for p in kept for a in _ancestors(p)} | local_dirs
+    rmdir = [
+        p for p, r in there.items()
+        if r.kind == "d" and p not in keep_dirs and p not in here and not is_protected(p)
+    ]  # fmt: skip
+    return PushPlan(
+        upload=tuple(upload),
+        delete=tuple(sorted(delete)),
+        rmdir=tuple(sorted(rmdir)),
+        chmod=tuple(chmod),
+        touch=tuple(touch),
+        symlink=tuple(symlink),
+        kept=tuple(sorted(kept)),
+        unchanged=unchanged,
+    )
+
+
+@dataclass(frozen=True)
+class PushResult:
+    local: Path
+    remote: str  # as given or derived (workspace)
+    remote_resolved: str  # as the cluster resolved it
+    plan: PushPlan
+    applied: bool
+    tree_id: str  # the snapshot id the local files would have: `watch` compares these
+    warnings: tuple[str, ...] = ()
+    uploaded: int = 0
+    uploaded_bytes: int = 0
+    deleted: int = 0
+
+
+def _local_tree(local: Path | None, git: Git, hash_cache: HashCache | None) -> tuple[LocalTree, LocalTree]:
+    """(the whole repo or folder, the part under ``local``); ``None``: the repo holding the cwd, whole."""
+    full = scan_tree(local or ".", git=git, hash_cache=hash_cache)
+    if local is None or local.resolve() == full.root:
+        return full, full
+    return full, full.subtree(local.resolve().relative_to(full.root).as_posix())
+
+
+def default_remote(tree: LocalTree, layout: RemoteLayout, git: Git, cache_dir: Path | None = None) -> str:
+    branch = (tree.repo.branch if tree.repo else None) or "detached"
+    return layout.workspace(project_key(tree, git, cache_dir), branch)
+
+
+def _is_workspace(remote: str, layout: RemoteLayout) -> bool:
+    ws = layout.workspace("x", "y").rsplit("/", 2)[0] + "/"
+    return remote.startswith(ws) or remote.startswith("workspaces/")
+
+
+def push(
+    transport: Any,
+    layout: RemoteLayout,
+    local: str | Path | None = None,
+    remote: str | None = None,
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+    allow_large: bool = False,
+    git: Git | None = None,
+    cache_dir: Path | None = None,
+    hash_cache: HashCache | None = None,
+    on_plan: Callable[[PushPlan], None] | None = None,
+    on_progress: Progress | None = None,
+) -> PushResult:
+    """Mirror ``local`` (default: the repo) into ``remote`` (default: the project's branch workspace).
+
+    Local work (listing, hashing, size checks) happens before the first remote command. Deleting
+    files in a folder outside ``<root>/workspaces`` needs ``force``: a mistyped REMOTE must not
+    empty someone's home folder.
+    """
+    git = git or Git()
+    local_path = Path(local) if local is not None else None
+    if local_path is not None and not local_path.is_dir():
+        raise UsageError(f"{local} is not a folder", hint="push mirrors a folder (default: this repo)")
+    full, tree = _local_tree(local_path, git, hash_cache)
+    check_sizes(tree, max_file_size, allow_large)
+    if remote is None:
+        remote = default_remote(full, layout, git, cache_dir)
+    quick = {e.path: [e.size, e.mtime_ns] for e in tree.entries if not e.is_link}
+    listing = scan_remote(transport, layout, remote, quick=quick, skip_git=True)
+    if listing.kind == "file":
+        raise UsageError(f"{remote} is a file on the cluster, not a folder", hint="give a folder as REMOTE")
+    links = {e.path: os.readlink(tree.root / e.path) for e in tree.entries if e.is_link}
+    protected = _protected(full, tree, listing, git)
+    plan = plan_push(tree.entries, listing.entries, links, protected)
+    if on_plan:
+        on_plan(plan)
+    tid = snapshot_id(tree.entries)
+    base = PushResult(tree.root, remote, listing.path, plan, False, tid, tree.warnings)
+    if dry_run or plan.empty:
+        return base
+    if plan.delete and not force and not _is_workspace(remote, layout) and listing.kind == "dir":
+        shown = ", ".join(plan.delete[:5]) + (" ..." if len(plan.delete) > 5 else "")
+        raise UsageError(
+            f"pushing to {remote} would delete {len(plan.delete)} file(s) there that are not here: {shown}",
+            hint="check REMOTE; rerun with --dry-run to see everything, --force to go ahead",
+        )
+    header = frame(
+        {
+            "delete": list(plan.delete),
+            "upload": [
+                [e.path, 0o755 if e.mode == MODE_EXEC else 0o644, e.size, e.oid, e.mtime_ns]
+                for e in plan.upload
+            ],
+            "symlink": [list(s) for s in plan.symlink],
+            "chmod": [list(c) for c in plan.chmod],
+            "touch": [list(t) for t in plan.touch],
+            "rmdir": list(plan.rmdir),
+        }
+    )
+    r = call_agent(
+        transport,
+        "apply",
+        {"root": layout.root, "path": remote},
+        stdin=_upload_stream(tree.root, header, plan.upload, on_progress),
+    )
+    if r["bad"]:
+        raise RemoteError(
+            f"{len(r['bad'])} file(s) changed while being pushed and were not written: "
+            + ", ".join(r["bad"][:5]),
+            hint="rerun the push once they stop changing",
+        )
+    return PushResult(
+        tree.root,
+        remote,
+        listing.path,
+        plan,
+        True,
+        tid,
+        tree.warnings,
+        r["uploaded"],
+        r["uploaded_bytes"],
+        r["deleted"],
+    )
+
+
+def _protected(full: LocalTree, tree: LocalTree, listing: RemoteListing, git: Git) -> set[str]:
+    """Remote-only paths the local ignore rules match (so a push leaves them alone)."""
+    here = {e.path for e in tree.entries}
+    only_there = [r for r in listing.entries if r.path not in here]
+    if not only_there:
+        return set()
+    # Folders are asked about through a placeholder inside them, so "outputs/" patterns match.
+    probe = {}
+    prefix = "" if tree.root == full.root else tree.root.relative_to(full.root).as_posix() + "/"
+    for r in only_there:
+        key = prefix + (r.path + "/.rv-probe" if r.kind == "d" else r.path)
+        probe[key] = r.path
+    info_exclude = [full.repo.git_dir / "info" / "exclude"] if full.repo else []
+    hit = ignored_paths(full.root, probe, git)
+    if full.repo:
+        hit |= ignored_paths(full.root, probe, git, gitignore=True, exclude_from=info_exclude)
+    return {probe[k] for k in hit}
+
+
+def _upload_stream(
+    root: Path, header: bytes, files: tuple[Entry, ...], on_progress: Progress | None
+) -> Iterator[bytes]:
+    """The push stream: header, then each upload's exact bytes in plan order, then ``E``."""
+    yield header
+    total = sum(e.size for e in files)
+    done = 0
+    buf = bytearray()
+    for e in files:
+        left = e.size
+        try:
+            fh = open(root / e.path, "rb")  # noqa: SIM115 (closed below; the generator may pause)
+        except OSError:
+            fh = None
+        try:
+            while left:
+                data = fh.read(min(1 << 20, left)) if fh else b""
+                if not data:
+                    data = b"\0" * min(1 << 20, left)  # shrank: the cluster will refuse the blob id
+                buf += data
+                left -= len(data)
+                done += len(data)
+                if len(buf) >= 1 << 20:
+                    yield bytes(buf)
+                    buf.clear()
+                    if on_progress:
+                        on_progress(done, total)
+        finally:
+            if fh:
+                fh.close()
+    buf += b"E"
+    yield bytes(buf)
+    if on_progress:
+        on_progress(total, total)
+
+
+# --------------------------------------------------------------------------------------------------
+# Pull
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    download: tuple[tuple[str, str | None], ...]  # (path, local blob id when only the mtime differs)
+    mkdir: tuple[str, ...]
+    symlink: tuple[tuple[str, str], ...]
+    unchanged: int
+    total_bytes: int  # of the files to download
+
+
+def plan_pull(
+    remote: tuple[RemoteEntry, ...], local: dict[str, os.stat_result | None], local_ids: dict[str, str]
+) -> PullPlan:
+    """Pure: which remote entries to fetch.
+
+    ``local`` maps each remote path to the local lstat (None: absent); ``local_ids`` holds blob ids
+    of local files with the remote size but another mtime, so the cluster can skip sending those
+    when the content is the same.
+    """
+    download, mkdir, symlink = [], [], []
+    unchanged = total = 0
+    for r in remote:
+        st = local.get(r.path)
+        if r.kind == "d":
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                mkdir.append(r.path)
+            continue
+        if r.kind == "l":
+            if st is None or not stat.S_ISLNK(st.st_mode) or local_ids.get(r.path) != r.extra:
+                symlink.append((r.path, r.extra or ""))
+            else:
+                unchanged += 1
+            continue
+        if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == r.size:
+            if agent.same_mtime(st.st_mtime_ns, r.mtime_ns):
+                unchanged += 1
+                continue
+            download.append((r.path, local_ids.get(r.path)))
+        else:
+            download.append((r.path, None))
+        total += r.size
+    return PullPlan(tuple(download), tuple(mkdir), tuple(symlink), unchanged, total)
+
+
+@dataclass(frozen=True)
+class PullResult:
+    remote: str
+    local: Path
+    downloaded: int
+    downloaded_bytes: int
+    same_content: int  # only the mtime differed: nothing was sent
+    unchanged: int
+    warnings: tuple[str, ...] = ()
+
+
+class _PullWriter:
+    """Parses the ``send`` stream as it arrives and writes each file by temp + rename."""
+
+    HEAD: ClassVar[dict[bytes, int]] = {b"F": 24, b"S": 16, b"X": 8}  # header bytes after the tag
+
+    def __init__(self, dest: Path, paths: list[str], total: int, on_progress: Progress | None) -> None:
+        self.dest = dest
+        self.paths = paths
+        self.buf = bytearray()
+        self.total = total
+        self.done = 0
+        self.on_progress = on_progress
+        self.file: Any = None  # the open temp file of the frame being received
+        self.left = 0
+        self.info: tuple[int, int, int, int] = (0, 0, 0, 0)
+        self.hasher: Any = None
+        self.finished = False
+        self.downloaded = self.downloaded_bytes = self.same = 0
+        self.warnings: list[str] = []
+
+    def target(self, idx: int) -> Path:
+        rel = self.paths[idx]
+        return self.dest if rel == "" else self.dest / rel
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        while self.buf and not self.finished:
+            if self.file is not None:
+                if not self._body():
+                    return
+                continue
+            tag = bytes(self.buf[:1])
+            if tag == b"E":
+                self.finished = True
+                del self.buf[:1]
+                return
+            need = self.HEAD.get(tag)
+            if need is None:
+                raise RemoteError(f"pull: corrupt stream from the cluster (tag {tag!r})")
+            if len(self.buf) < 1 + need:
+                return
+            head = bytes(self.buf[1 : 1 + need])
+            if tag == b"F":
+                idx, size, mtime, mode = struct.unpack(">IQqI", head)
+                del self.buf[: 1 + need]
+                self._open(idx, size, mtime, mode)
+            elif tag == b"S":
+                idx, mtime, mode = struct.unpack(">IqI", head)
+                del self.buf[: 1 + need]
+                self._finish_meta(self.target(idx), mtime, mode)
+                self.same += 1
+            else:
+                idx, n = struct.unpack(">II", head)
+                if len(self.buf) < 1 + need + n:
+                    return
+                msg = bytes(self.buf[1 + need : 1 + need + n]).decode("utf-8", "replace")
+                del self.buf[: 1 + need + n]
+                self.warnings.append(f"{self.paths[idx] or self.dest.name}: not downloaded ({msg})")
+
+    def _open(self, idx: int, size: int, mtime: int, mode: int) -> None:
+        path = self.target(idx)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.rv-tmp-{uuid.uuid4().hex[:12]}")
+        self.file = open(tmp, "wb")  # noqa: SIM115 (closed in _body when the frame completes)
+        self.tmp = tmp
+        self.left = size
+        self.info = (idx, size, mtime, mode)
+        self.hasher = agent.blob_hasher(size)
+
+    def _body(self) -> bool:
+        if self.left:
+            take = bytes(self.buf[: self.left])
+            del self.buf[: len(take)]
+            self.file.write(take)
+            self.hasher.update(take)
+            self.left -= len(take)
+            self.done += len(take)
+            if self.on_progress:
+                self.on_progress(self.done, self.total)
+            if self.left:
+                return False
+        if len(self.buf) < 21:
+            return False
+        digest, changed = bytes(self.buf[:20]), self.buf[20]
+        del self.buf[:21]
+        self.file.close()
+        self.file = None
+        idx, size, mtime, mode = self.info
+        path = self.target(idx)
+        if digest != self.hasher.digest():
+            self.tmp.unlink(missing_ok=True)
+            raise RemoteError(
+                f"pull: {self.paths[idx]} arrived damaged (checksum mismatch); nothing was replaced"
+            )
+        if changed:
+            self.warnings.append(f"{self.paths[idx] or path.name} changed on the cluster while it was read")
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            path.unlink()
+        self._finish_meta(self.tmp, mtime, mode)
+        os.replace(self.tmp, path)
+        self.downloaded += 1
+        self.downloaded_bytes += size
+        return True
+
+    def _finish_meta(self, path: Path, mtime: int, mode: int) -> None:
+        os.chmod(path, 0o755 if mode & 0o100 else 0o644)
+        os.utime(path, ns=(mtime, mtime), follow_symlinks=False)
+
+    def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.tmp.unlink(missing_ok=True)
+            self.file = None
+
+
+def pull(
+    transport: Any,
+    layout: RemoteLayout,
+    remote: str,
+    local: str | Path | None = None,
+    *,
+    on_progress: Progress | None = None,
+) -> PullResult:
+    """Download a remote file or folder; only files whose size or mtime differ travel, and of those
+    with the same size, only ones whose content differs (the cluster compares blob ids first).
+
+    Relative REMOTE paths are under the profile's remote root; ``~/...`` is the remote home. Local
+    files that are not on the cluster are left alone.
+    """
+    listing = scan_remote(transport, layout, remote)
+    if listing.kind == "missing":
+        raise NotFound(
+            f"{remote} does not exist on the cluster ({listing.path})",
+            hint="check the path with `rv exec ls`",
+        )
+    name = posixpath.basename(listing.path.rstrip("/")) or "pulled"
+    dest = Path(local) if local is not None else Path.cwd() / name
+    if listing.kind == "file" and dest.is_dir():
+        dest = dest / name
+    if listing.kind == "dir" and dest.exists() and not dest.is_dir():
+        raise UsageError(
+            f"{dest} is a file here, but {remote} is a folder on the cluster", hint="pick another LOCAL"
+        )
+    local_stats: dict[str, os.stat_result | None] = {}
+    local_ids: dict[str, str] = {}
+    for r in listing.entries:
+        path = dest if r.path == "" else dest / r.path
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        local_stats[r.path] = st
+        if st is None:
+            continue
+        if r.kind == "d" and not stat.S_ISDIR(st.st_mode):
+            raise UsageError(
+                f"{path} is a file here but a folder on the cluster", hint="move it away and pull again"
+            )
+        if r.kind != "d" and stat.S_ISDIR(st.st_mode):
+            raise UsageError(
+                f"{path} is a folder here but a file on the cluster", hint="move it away and pull again"
+            )
+        if r.kind == "l" and stat.S_ISLNK(st.st_mode):
+            local_ids[r.path] = os.readlink(path)
+        elif (
+            r.kind == "f"
+            and stat.S_ISREG(st.st_mode)
+            and st.st_size == r.size
+            and not agent.same_mtime(st.st_mtime_ns, r.mtime_ns)
+        ):
+            got = hash_path(path)
+            if got:
+                local_ids[r.path] = got[1]
+    plan = plan_pull(listing.entries, local_stats, local_ids)
+    if listing.kind == "dir":
+        dest.mkdir(parents=True, exist_ok=True)
+    for d in plan.mkdir:
+        (dest / d).mkdir(parents=True, exist_ok=True)
+    for p, target in plan.symlink:
+        link = dest / p
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(target, link)
+    writer = _PullWriter(dest, [p for p, _ in plan.download], plan.total_bytes, on_progress)
+    if plan.download:
+        errors: list[bytes] = []
+        try:
+            code = transport.stream(
+                _send_command(layout, remote),
+                on_stdout=writer.feed,
+                on_stderr=errors.append,
+                stdin=frame({"files": [list(d) for d in plan.download]}),
+            )
+        finally:
+            writer.abort()
+        if code != 0 or not writer.finished:
+            tail = b"".join(errors).decode("utf-8", "replace").strip().splitlines()[-3:]
+            raise RemoteError(
+                f"pull of {remote} failed (exit {code}): {' / '.join(tail) or 'stream ended early'}"
+            )
+    return PullResult(
+        remote,
+        dest,
+        writer.downloaded,
+        writer.downloaded_bytes,
+        writer.same,
+        plan.unchanged,
+        tuple(writer.warnings),
+    )
+
+
+def _send_command(layout: RemoteLayout, remote: str) -> str:
+    from rv.snapshot import agent_command
+
+    return agent_command("send", {"root": layout.root, "path": remote})
+
+
+# --------------------------------------------------------------------------------------------------
+# Watch
+
+
+@dataclass
+class WatchState:
+    pushes: int = 0
+    last_id: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def watch(
+    push_once: Callable[[HashCache], PushResult],
+    current_id: Callable[[HashCache], str],
+    *,
+    interval: float = 0.5,
+    debounce: float = 0.5,
+    on_push: Callable[[PushResult], None] | None = None,
+    on_error: Callable[[Exception], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    max_pushes: int | None = None,
+) -> WatchState:
+    """Push now, then again whenever the local files change, once they have been still for ``debounce``.
+
+    Changes are found by polling: ``current_id`` is the would-be snapshot id of the local files
+    (listing plus stat; only changed files are hashed, through the shared hash cache), so any edit,
+    new file, deletion, chmod or ignore-rule change is seen, and nothing else is. Runs until
+    interrupted (Ctrl-C raises KeyboardInterrupt out of ``sleep``) or ``max_pushes`` pushes.
+    """
+    state = WatchState()
+    cache: HashCache = {}
+
+    def do_push() -> None:
+        try:
+            result = push_once(cache)
+        except (UsageError, RemoteError, NotFound) as exc:
+            # Keep watching: the next save may fix it (a file over the size limit, a full disk).
+            state.errors.append(str(exc))
+            if on_error:
+                on_error(exc)
+            state.last_id = current_id(cache)
+            return
+        state.pushes += 1
+        state.last_id = result.tree_id
+        if on_push:
+            on_push(result)
+
+    do_push()
+    while max_pushes is None or state.pushes < max_pushes:
+        sleep(interval)
+        now = current_id(cache)
+        if now == state.last_id:
+            continue
+        while True:  # wait for the burst of saves to end
+            sleep(debounce)
+            later = current_id(cache)
+            if later == now:
+                break
+            now = later
+        do_push()
+    return state
+
+
+def tree_id(local: str | Path | None, git: Git | None = None, hash_cache: HashCache | None = None) -> str:
+    """The snapshot id the files a push of ``local`` carries would have (cheap with a hash cache)."""
+    _, tree = _local_tree(Path(local) if local is not None else None, git or Git(), hash_cache)
+    return snapshot_id(tree.entries)
+
+
+__all__ = [
+    "GcReport",
+    "PullPlan",
+    "PullResult",
+    "PushPlan",
+    "PushResult",
+    "RemoteEntry",
+    "RemoteListing",
+    "blob_id",
+    "collect_garbage",
+    "parse_duration",
+    "parse_size",
+    "plan_pull",
+    "plan_push",
+    "pull",
+    "push",
+    "scan_remote",
+    "tree_id",
+    "watch",
+]
