@@ -1,0 +1,21 @@
+"""rv_train: a small GRPO trainer for DDP and FSDP under torchrun (CPU/gloo or GPU/NCCL).
+
+It runs on the cluster and never imports ``rv``. Entry points: ``python -m rv_train`` and
+``examples/grpo/train.py``; see :mod:`rv_train.trainer`.
+
+Exit codes (the trainer's own; rv passes the remote code through):
+
+====  ===========================================================================
+code  meaning
+====  ===========================================================================
+0     finished; or stopped on a signal after saving (then ``PREEMPTED`` is in the checkpoint folder)
+1     an unexpected error (traceback on stderr)
+2     bad command line
+3     circuit breaker: the mean reward was 0 for ``--breaker-steps`` steps in a row (saved first)
+4     ``--max-nonfinite-steps`` steps in a row had a non-finite loss or logits (saved first)
+====  ===========================================================================
+"""
+
+EXIT_OK = 0
+EXIT_ZERO_REWARD = 3
+EXIT_NON_FINITE = 4

@@ -1,0 +1,154 @@
+"""Atomic, sharded, resumable checkpoints.
+
+Layout under the checkpoint folder (``--checkpoint-dir``, else ``RV_CHECKPOINT_DIR``)::
+
+    step_0000040/          a complete checkpoint: it has COMPLETE
+        model_optim/       model and optimizer, torch.distributed.checkpoint (DCP) shards
+        state.json         step, data position, breaker streaks, counters, scaler, config
+        rng/rank<r>.pt     torch, CUDA, Python and NumPy RNG state of each rank
+        COMPLETE           written last
+    step_0000050.tmp/      being written, or left by a crash: ignored, deleted at the next start
+    PREEMPTED              written after the checkpoint saved on a signal; removed when a run resumes
+
+Every rank writes its own shards into ``step_N.tmp``; after a barrier rank 0 writes ``state.json``,
+renames the folder and writes ``COMPLETE``. A reader only trusts folders with ``COMPLETE``, so a job
+killed mid-save leaves nothing that looks valid. DCP is used for DDP too (it writes replicated tensors
+once), so one code path covers both strategies and a checkpoint can be read at another world size.
+The folder must be shared by all nodes (it is on a cluster's scratch).
+
+The reference model is never saved: it is rebuilt from the original weights, not from the resumed
+policy (which would silently move the KL anchor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+COMPLETE = "COMPLETE"
+PREEMPTED = "PREEMPTED"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:07d}"
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and (p / COMPLETE).is_file():
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def remove_partial(root: Path) -> list[Path]:
+    """Delete half-written checkpoints (call on rank 0 before anything saves)."""
+    removed = []
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.endswith(".tmp") and p.is_dir():
+                shutil.rmtree(p)
+                removed.append(p)
+    return removed
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(
+    root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, keep_last: int
+) -> Path:
+    """Collective: every rank calls it. Returns the final folder."""
+    final = step_dir(root, step)
+    if (final / COMPLETE).is_file():  # already saved at this step (a periodic save, then a stop)
+        return final
+    tmp = final.with_name(final.name + ".tmp")
+    rank = dist.get_rank()
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / "rng").mkdir(parents=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / "model_optim")
+    torch.save(_rng_state(), tmp / "rng" / f"rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        write_atomic(tmp / "state.json", json.dumps(state, indent=1))
+        os.replace(tmp, final)
+        write_atomic(final / COMPLETE, json.dumps({"step": step}))
+        if keep_last > 0:
+            for old in complete_checkpoints(root)[:-keep_last]:
+                shutil.rmtree(old)
+    dist.barrier()
+    return final
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Collective. Restores model and optimizer in place and this rank's RNG; returns state.json."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    loaded = {"model": model_sd, "optim": optim_sd}
+    dcp.load(loaded, checkpoint_id=path / "model_optim")
+    set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    rng_file = path / "rng" / f"rank{dist.get_rank()}.pt"
+    if rng_file.is_file():  # absent when resuming at a larger world size: those ranks keep their seed
+        _set_rng_state(torch.load(rng_file, weights_only=False))  # our own file: Python RNG tuples
+    return json.loads((path / "state.json").read_text(encoding="utf-8"))
+
+
+def write_preempted(root: Path, info: dict) -> None:
+    write_atomic(root / PREEMPTED, json.dumps(info, indent=1))
+
+
+def clear_preempted(root: Path) -> None:
+    (root / PREEMPTED).unlink(missing_ok=True)
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])

@@ -1,0 +1,90 @@
+"""Rank-0 logging: one line per step on stdout, the same as JSON lines in the output folder, and
+Weights & Biases when it is installed and ``--wandb`` asks for it. Other ranks log nothing.
+
+Files in the output folder: ``metrics.jsonl`` (one object per step), ``samples.jsonl`` (a few prompts,
+completions and rewards every ``--log-samples-every`` steps), ``summary.json`` (how the run ended).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def format_line(m: dict) -> str:
+    """The one line a step prints. Keys follow metrics.jsonl."""
+    parts = [
+        f"step {m['step']:>5}",
+        f"reward {m['reward_mean']:.3f} ± {m['reward_std']:.3f}",
+        f"zero-spread {m['frac_zero_std']:.2f}",
+        f"kl {m['kl']:.4f}",
+        f"clip {m['clip_frac']:.3f}",
+        f"entropy {m['entropy']:.3f}",
+        f"len {m['completion_len']:.1f}",
+        f"{m['tokens_per_s']:,.0f} tok/s",
+        f"mem {m['peak_mem_gb']:.2f} GB",
+    ]
+    if m.get("skipped_steps"):
+        parts.append(f"skipped {int(m['skipped_steps'])}")
+    return " | ".join(parts)
+
+
+class MetricsLog:
+    def __init__(self, output_dir: Path, is_main: bool, resume_step: int, wandb_run=None) -> None:
+        self.is_main = is_main
+        self.wandb_run = wandb_run
+        self.metrics_path = output_dir / "metrics.jsonl"
+        self.samples_path = output_dir / "samples.jsonl"
+        if is_main:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            # A resumed run repeats the steps after its checkpoint: drop their old lines.
+            _truncate_after(self.metrics_path, resume_step)
+            _truncate_after(self.samples_path, resume_step)
+
+    def info(self, message: str) -> None:
+        if self.is_main:
+            print(message, flush=True)
+
+    def warn(self, message: str) -> None:
+        if self.is_main:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+
+    def step(self, metrics: dict) -> None:
+        if not self.is_main:
+            return
+        print(format_line(metrics), flush=True)
+        with self.metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=metrics["step"])
+
+    def samples(self, rows: list[dict]) -> None:
+        if self.is_main and rows:
+            with self.samples_path.open("a", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def start_wandb(project: str, config: dict, is_main: bool):
+    """A W&B run on rank 0, or an error at start-up if --wandb was asked for and wandb is missing."""
+    if not is_main:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise SystemExit("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
+    return wandb.init(project=project, config=config)
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    if not path.is_file():
+        return
+    kept = [
+        line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["step"] <= step
+    ]
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
