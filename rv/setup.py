@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from rv.catalog import GpuType
 from rv.config import Profile
 from rv.errors import RemoteCommandMissing, UsageError
-from rv.slurm.parse import SINFO_DISCOVER_FORMAT, discover_catalog, parse_account
+from rv.slurm.parse import (
+    SINFO_NODE_FORMAT,
+    account_from_allocations,
+    discover_catalog,
+    parse_allocations,
+    parse_sacctmgr_accounts,
+)
 from rv.transport import Transport, quote
 
 REQUIRED_COMMANDS = ("sbatch", "squeue", "sacct")
@@ -27,7 +33,7 @@ echo @@scratch; u=$(id -un); [ -d "/scratch/$u" ] && [ -w "/scratch/$u" ] && pri
 echo @@allocations; command -v allocations >/dev/null 2>&1 && allocations 2>/dev/null
 echo @@assoc
 command -v sacctmgr >/dev/null 2>&1 && sacctmgr -nP show assoc user="$(id -un)" format=account 2>/dev/null
-echo @@sinfo; command -v sinfo >/dev/null 2>&1 && sinfo -h -N -o {quote(SINFO_DISCOVER_FORMAT)} 2>/dev/null
+echo @@sinfo; command -v sinfo >/dev/null 2>&1 && sinfo -h -N -O {quote(SINFO_NODE_FORMAT)} 2>/dev/null
 echo @@end
 """
 
@@ -76,7 +82,11 @@ def facts_from_probe(text: str) -> ClusterFacts:
             hint="load Slurm in your shell startup on the cluster (e.g. `module load slurm` in ~/.bashrc) "
             "or check that this host is a Slurm login node",
         )
-    accounts = parse_account("\n".join(s.get("allocations", [])), "\n".join(s.get("assoc", [])))
+    # Rivanna's `allocations` knows which accounts have SUs left; elsewhere the Slurm associations.
+    allocations = "\n".join(s.get("allocations", []))
+    sacctmgr = parse_sacctmgr_accounts("\n".join(s.get("assoc", [])))
+    accounts = list(dict.fromkeys([a.account for a in parse_allocations(allocations)] + sacctmgr))
+    best = account_from_allocations(allocations) or (accounts[0] if accounts else None)
     user = (s.get("user") or [""])[0].strip()
     home = (s.get("home") or [""])[0].strip()
     scratch = (s.get("scratch") or [None])[0]
@@ -85,7 +95,7 @@ def facts_from_probe(text: str) -> ClusterFacts:
         home=home,
         commands=commands,
         scratch=scratch.strip() if scratch else None,
-        account=accounts[0] if accounts else None,
+        account=best,
         accounts=tuple(accounts),
         catalog=discover_catalog("\n".join(s.get("sinfo", []))),
     )

@@ -62,8 +62,18 @@ def run(
 
     _, profile = load_profile(ctx)
     catalog = profile.gpu_catalog()
-    for message in detect_misplaced_flags(command, catalog):
-        warn(message)
+    if not _after_separator(command):
+        # `rv run python train.py -g 4`: the -g went to the program. Stop before anything is sent;
+        # with an explicit `--` the user said the flags are the program's, and we stay quiet.
+        misplaced = detect_misplaced_flags(command, catalog)
+        if misplaced:
+            from rv.errors import UsageError
+
+            raise UsageError(
+                "; ".join(misplaced),
+                hint="put rv's options before the command, or write `--` before the command if those "
+                "flags really are the program's",
+            )
     # Everything is validated here, before the first network call.
     req = build_request(
         catalog, command=command, gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus,
@@ -89,7 +99,7 @@ def run(
         snap = snapshot_and_upload(s.transport, s.layout, cwd, allow_large=allow_large, report=note)
         secrets_path = f"{s.layout.secrets}/{req.name}-{snap.id[:8]}-{_nonce()}.env" if secrets else None
         context = launch.script_context(
-            req, layout=s.layout, account=profile.account, snapshot_id=snap.id, project=snap.project,
+            layout=s.layout, account=profile.account, snapshot_id=snap.id, project=snap.project,
             secrets_path=secrets_path,
         )  # fmt: skip
         prepared = launch.Prepared(
@@ -113,6 +123,13 @@ def run(
             ctx.exit(_follow(s, record))
 
 
+def _after_separator(command: tuple[str, ...]) -> bool:
+    """True when the user typed `--` right before the command (click swallows it, argv keeps it)."""
+    argv = sys.argv[1:]
+    start = len(argv) - len(command)
+    return bool(command) and start > 0 and argv[start:] == list(command) and argv[start - 1] == "--"
+
+
 def _nonce() -> str:
     import uuid
 
@@ -134,7 +151,7 @@ def _print_dry_run(req, profile, cwd: Path, secrets: dict[str, str], allow_large
     snap = plan_snapshot(cwd, allow_large=allow_large)
     secrets_path = f"{layout.secrets}/{req.name}-{snap.id[:8]}-DRYRUN.env" if secrets else None
     context = launch.script_context(
-        req, layout=layout, account=profile.account, snapshot_id=snap.id, project=snap.project,
+        layout=layout, account=profile.account, snapshot_id=snap.id, project=snap.project,
         secrets_path=secrets_path,
     )  # fmt: skip
     sys.stdout.write(_render(req, context))
