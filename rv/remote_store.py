@@ -561,8 +561,8 @@ def mode_gc(args):
                     os.unlink(meta)
         # Manifests left without their tree (a build that died between the two renames).
         for name in names:
-            if name.endswith(b".json") and not os.path.isdir(join(snaps, name[:-5])):
-                p = join(snaps, name)
+            p = join(snaps, name)
+            if name.endswith(b".json") and not os.path.isdir(p[:-5]) and os.path.exists(p):
                 if now - os.lstat(p).st_mtime > grace and not dry:
                     with contextlib.suppress(OSError):
                         os.unlink(p)

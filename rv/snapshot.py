@@ -69,6 +69,14 @@ class GitError(RvError):
     exit_code = 1
 
 
+_GIT_LOCATION_VARS = frozenset(
+    {
+        "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_PREFIX", "GIT_QUARANTINE_PATH",
+    }
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Git:
     """Runs git. Injected so tests (and odd installs) can point at another binary."""
@@ -84,7 +92,9 @@ class Git:
         env: dict[str, str] | None = None,
         ok_codes: tuple[int, ...] = (0,),
     ) -> subprocess.CompletedProcess[bytes]:
-        base = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        # Variables that would point git at another repository or index (set inside a git hook,
+        # say) must not leak in; the rest (GIT_CONFIG_*, GIT_CEILING_DIRECTORIES...) the user meant.
+        base = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARS}
         # Never take optional locks (git status would rewrite the user's index while they work).
         base["GIT_OPTIONAL_LOCKS"] = "0"
         base.update(env or {})
@@ -221,7 +231,6 @@ class _Candidates:
     index_ids: dict[str, tuple[int, str]] = field(default_factory=dict)  # path -> (mode, oid), any stage 0
     hash: set[str] = field(default_factory=set)  # paths whose content must be hashed here
     untracked: list[str] = field(default_factory=list)
-    modified: set[str] = field(default_factory=set)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -308,8 +317,6 @@ def _list_repo(top: Path, prefix: str, git: Git, cand: _Candidates) -> None:
             cand.trusted[full] = oid
         else:
             cand.hash.add(full)
-            if path in modified:
-                cand.modified.add(full)
     nested = []
     for path in _split_z(git.out(["ls-files", "-z", "-o", "--exclude-standard"], top)):
         if path.endswith("/"):
@@ -460,15 +467,14 @@ def scan_tree(
 
     repo = None
     if top is not None:
-        # "Modified" by git's stat check is not modified if the content hashes the same (a touch).
-        really_modified = {
-            e.path
-            for e in entries
-            if e.path in cand.modified and cand.index_ids.get(e.path) != (e.mode, e.oid)
-        }
+        # Dirty means the snapshot differs from what is staged: an included file whose content or
+        # mode is not the index's (a touched but unchanged file is clean), an included untracked
+        # file, or a tracked file deleted (not .rvignored). Staged changes are checked in _repo_info.
         present = {e.path for e in entries}
-        really_modified |= {p for p in cand.modified if p not in present}  # deleted, or now .rvignored
-        repo = _repo_info(top, git, bool(really_modified), tuple(sorted(cand.untracked)))
+        changed = any(e.path in cand.index_ids and cand.index_ids[e.path] != (e.mode, e.oid) for e in entries)
+        deleted = any(p not in present and p not in excluded for p in cand.index_ids)
+        untracked = tuple(sorted(p for p in cand.untracked if p in present))
+        repo = _repo_info(top, git, changed or deleted, untracked)
     return LocalTree(root, tuple(sort_entries(entries)), tuple(ignored), tuple(warnings), repo)
 
 

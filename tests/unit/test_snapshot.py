@@ -1,0 +1,348 @@
+"""What a snapshot holds: file selection, blob ids, the manifest id, size guards, project key, provenance.
+
+Real git on temporary repositories (hermetic HOME); nothing touches a network.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rv import remote_store, snapshot
+from rv.errors import UsageError
+from rv.snapshot import (
+    MODE_EXEC,
+    MODE_FILE,
+    MODE_LINK,
+    Entry,
+    blob_id,
+    check_sizes,
+    manifest_payload,
+    prepare_snapshot,
+    project_key,
+    scan_tree,
+    snapshot_id,
+)
+
+
+def git(cwd: Path, *args: str) -> str:
+    cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "protocol.file.allow=always"]
+    return subprocess.run([*cmd, *args], cwd=cwd, check=True, capture_output=True).stdout.decode()
+
+
+def write(path: Path, data: str | bytes, mode: int | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    if mode is not None:
+        path.chmod(mode)
+    return path
+
+
+def new_repo(path: Path, files: dict[str, str] | None = None, commit: bool = True) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, content in (files or {"README.md": "hello\n"}).items():
+        write(path / name, content)
+    if commit:
+        git(path, "add", "-A")
+        git(path, "commit", "-q", "-m", "init")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def hermetic_home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+
+
+def paths(tree) -> set[str]:
+    return {e.path for e in tree.entries}
+
+
+def by_path(tree) -> dict[str, Entry]:
+    return {e.path: e for e in tree.entries}
+
+
+def hash_object(path: Path) -> str:
+    return subprocess.run(
+        ["git", "hash-object", "--no-filters", str(path)], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+# -- blob ids ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [b"", b"hello\n", bytes(range(256)) * 1000])
+def test_blob_id_is_gits(tmp_path, data):
+    f = write(tmp_path / "f", data)
+    assert blob_id(data) == hash_object(f)
+    assert snapshot.hash_path(f)[1] == hash_object(f)
+
+
+def test_symlink_blob_is_its_target(tmp_path):
+    (tmp_path / "link").symlink_to("some/where")
+    mode, oid, size, _ = snapshot.hash_path(tmp_path / "link")
+    assert (mode, oid, size) == (MODE_LINK, blob_id(b"some/where"), 10)
+
+
+# -- file selection ------------------------------------------------------------------------------
+
+
+def test_repo_selection_rules(tmp_path):
+    repo = new_repo(
+        tmp_path / "repo",
+        {
+            "a.py": "print(1)\n",
+            "gone.py": "x\n",
+            "data/big.bin": "b" * 10,
+            "sub/keep.bin": "k\n",
+            "sub/drop.bin": "d\n",
+            "sub/deep/x.bin": "x\n",
+            ".gitignore": "*.log\n",
+            "sub/.rvignore": "*.bin\n!keep.bin\n",
+            ".rvignore": "data/\n",
+        },
+    )
+    (repo / "gone.py").unlink()  # deleted, not staged
+    write(repo / "a.py", "print(2)\n")  # uncommitted edit
+    write(repo / "new.txt", "untracked\n")
+    write(repo / "debug.log", "ignored by git\n")
+    write(repo / "data/untracked.txt", "under an rvignored folder\n")
+    write(repo / "sub/new.bin", "untracked and rvignored\n")
+    tree = scan_tree(repo)
+    assert paths(tree) == {"a.py", ".gitignore", ".rvignore", "sub/.rvignore", "sub/keep.bin", "new.txt"}
+    assert by_path(tree)["a.py"].oid == hash_object(repo / "a.py")
+    assert {p for p, _ in tree.ignored} == {
+        "data/big.bin",
+        "data/untracked.txt",
+        "sub/drop.bin",
+        "sub/deep/x.bin",
+        "sub/new.bin",
+    }
+    assert tree.repo.dirty and tree.repo.untracked == ("new.txt",)
+
+
+def test_modes_symlinks_and_names(tmp_path):
+    repo = new_repo(tmp_path / "repo")
+    write(repo / "run.sh", "#!/bin/sh\necho hi\n", 0o755)
+    write(repo / "empty", b"")
+    (repo / "link").symlink_to("README.md")
+    (repo / "dangling").symlink_to("nowhere/at/all")
+    awkward = [
+        "with space.txt",
+        "ünïcödé.txt",
+        "-leading-dash",
+        "hash#tag",
+        "quote'single",
+        'quote"double',
+        "tab\there",
+    ]
+    for name in awkward:
+        write(repo / "odd dir" / name, name)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "more")
+    tree = scan_tree(repo)
+    e = by_path(tree)
+    assert e["run.sh"].mode == MODE_EXEC and e["README.md"].mode == MODE_FILE
+    assert e["empty"].size == 0 and e["empty"].oid == blob_id(b"")
+    assert (e["link"].mode, e["link"].oid) == (MODE_LINK, blob_id(b"README.md"))
+    assert (e["dangling"].mode, e["dangling"].oid) == (MODE_LINK, blob_id(b"nowhere/at/all"))
+    for name in awkward:
+        assert e[f"odd dir/{name}"].oid == blob_id(name.encode())
+    # chmod -x of a committed executable is seen even though the content is unchanged
+    (repo / "run.sh").chmod(0o644)
+    assert by_path(scan_tree(repo))["run.sh"].mode == MODE_FILE
+
+
+def test_clean_tracked_files_are_not_hashed(tmp_path, monkeypatch):
+    repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" * i for i in range(40)})
+    write(repo / "f3.txt", "edited\n")
+    write(repo / "new.txt", "new\n")
+    hashed: list[str] = []
+    real = snapshot.hash_path
+    monkeypatch.setattr(snapshot, "hash_path", lambda p: hashed.append(os.path.basename(p)) or real(p))
+    tree = scan_tree(repo)
+    assert sorted(hashed) == ["f3.txt", "new.txt"]
+    assert all(e.oid == hash_object(repo / e.path) for e in tree.entries)
+
+
+def test_touched_but_unchanged_file_is_not_dirty(tmp_path):
+    repo = new_repo(tmp_path / "repo", {"a.txt": "same\n"})
+    st = (repo / "a.txt").stat()
+    os.utime(repo / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    tree = scan_tree(repo)
+    assert not tree.repo.dirty
+    assert by_path(tree)["a.txt"].oid == hash_object(repo / "a.txt")
+
+
+def test_clean_filter_means_working_tree_content_is_hashed(tmp_path):
+    # Like git-lfs: the blob in the index differs from the file on disk, so the index id is not used.
+    repo = new_repo(tmp_path / "repo", {".gitattributes": "*.dat filter=upper\n"})
+    git(repo, "config", "filter.upper.clean", "tr a-z A-Z")
+    git(repo, "config", "filter.upper.smudge", "cat")
+    write(repo / "x.dat", "lower case\n")
+    git(repo, "add", "x.dat")
+    git(repo, "commit", "-q", "-m", "dat")
+    index_oid = git(repo, "ls-files", "-s", "x.dat").split()[1]
+    entry = by_path(scan_tree(repo))["x.dat"]
+    assert entry.oid == blob_id(b"lower case\n") != index_oid
+
+
+def test_submodule_and_nested_repo_files_are_included(tmp_path):
+    lib = new_repo(tmp_path / "lib", {"lib.py": "L = 1\n", "inner/.rvignore": "*.tmp\n", "inner/x.tmp": "t"})
+    repo = new_repo(tmp_path / "repo", {".rvignore": "*.ckpt\n"})
+    git(repo, "submodule", "add", "-q", str(lib), "vendor/lib")
+    git(repo, "commit", "-q", "-m", "submodule")
+    write(repo / "vendor/lib/edited.py", "untracked in the submodule\n")
+    write(repo / "vendor/lib/model.ckpt", "excluded by the parent's .rvignore\n")
+    new_repo(repo / "scratch", {"notes.md": "an untracked repo inside\n"})
+    tree = scan_tree(repo)
+    got = paths(tree)
+    assert {
+        "vendor/lib/lib.py",
+        "vendor/lib/edited.py",
+        "vendor/lib/inner/.rvignore",
+        "scratch/notes.md",
+    } <= got
+    assert "vendor/lib/model.ckpt" not in got and "vendor/lib/inner/x.tmp" not in got
+    assert not any(".git" in p.split("/") for p in got)
+    assert ".gitmodules" in got
+
+
+def test_uninitialised_submodule_is_a_warning(tmp_path):
+    lib = new_repo(tmp_path / "lib", {"lib.py": "L = 1\n"})
+    repo = new_repo(tmp_path / "repo")
+    git(repo, "submodule", "add", "-q", str(lib), "lib")
+    git(repo, "commit", "-q", "-m", "submodule")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(repo), str(clone))  # without --recurse-submodules
+    tree = scan_tree(clone)
+    assert not any(p.startswith("lib/") for p in paths(tree))
+    assert any("submodule lib is not checked out" in w for w in tree.warnings)
+
+
+def test_outside_a_repo_takes_every_file_minus_rvignore(tmp_path):
+    folder = tmp_path / "plain"
+    write(folder / "a.txt", "a")
+    write(folder / "d/b.txt", "b")
+    write(folder / "big/huge.bin", "h")
+    write(folder / "d/c.log", "c")
+    write(folder / ".rvignore", "big/\n*.log\n")
+    tree = scan_tree(folder)
+    assert paths(tree) == {"a.txt", "d/b.txt", ".rvignore"}
+    assert any("not in a git repository" in w for w in tree.warnings)
+    assert {p for p, _ in tree.ignored} == {"big/", "d/c.log"}
+    assert tree.repo is None
+
+
+def test_special_files_are_left_out(tmp_path):
+    repo = new_repo(tmp_path / "repo", {"README.md": "x", "was_a_file": "y"})
+    os.mkfifo(repo / "pipe")  # git does not list it at all
+    (repo / "was_a_file").unlink()
+    os.mkfifo(repo / "was_a_file")  # tracked, now a fifo: left out, and said so
+    tree = scan_tree(repo)
+    assert paths(tree) == {"README.md"}
+    assert tree.warnings == ("left out was_a_file: not a regular file or symlink",)
+
+
+# -- manifest ----------------------------------------------------------------------------------
+
+
+def test_snapshot_id_depends_on_content_mode_and_path_only():
+    a = Entry("a", MODE_FILE, blob_id(b"1"), 1, mtime_ns=5)
+    b = Entry("b/c", MODE_EXEC, blob_id(b"22"), 2)
+    assert snapshot_id([a, b]) == snapshot_id([b, Entry("a", MODE_FILE, blob_id(b"1"), 1, mtime_ns=9)])
+    assert snapshot_id([a, b]) != snapshot_id([a, Entry("b/c", MODE_FILE, b.oid, 2)])
+    assert snapshot_id([a, b]) != snapshot_id([a, Entry("b/d", MODE_EXEC, b.oid, 2)])
+    assert len(snapshot_id([a])) == 24
+
+
+def test_manifest_payload_uses_the_closest_base_as_a_delta():
+    rows = [[f"f{i}", MODE_FILE, blob_id(str(i).encode()), 1] for i in range(100)]
+    changed = [*rows[:99], ["f99", MODE_FILE, blob_id(b"new"), 3], ["extra", MODE_FILE, blob_id(b"e"), 1]]
+    assert manifest_payload(rows, []) == {"entries": rows}
+    delta = manifest_payload(changed, [("old", rows[:10]), ("base", rows)])
+    assert delta["base"] == "base"
+    assert sorted(r[0] for r in delta["upsert"]) == ["extra", "f99"] and delta["remove"] == []
+    unrelated = [[f"g{i}", MODE_FILE, blob_id(b"x"), 1] for i in range(100)]
+    assert "entries" in manifest_payload(changed, [("far", unrelated)])
+
+
+# -- guards, project, provenance ----------------------------------------------------------------
+
+
+def test_size_guard_names_the_file(tmp_path):
+    repo = new_repo(tmp_path / "repo")
+    write(repo / "weights.bin", b"\0" * 2000)
+    tree = scan_tree(repo)
+    with pytest.raises(UsageError) as err:
+        check_sizes(tree, 1000, allow_large=False)
+    assert "weights.bin (2.0 kB)" in err.value.message and "1.0 kB limit" in err.value.message
+    assert ".rvignore" in err.value.hint and "--allow-large" in err.value.hint
+    assert check_sizes(tree, 1000, allow_large=True) == (("weights.bin", 2000),)
+    with pytest.raises(UsageError):
+        prepare_snapshot(repo, max_file_size=1000)
+
+
+def test_project_key_is_unique_to_the_repo_not_its_folder_name(tmp_path):
+    one = new_repo(tmp_path / "a" / "proj", {"x": "1"})
+    two = new_repo(tmp_path / "b" / "proj", {"x": "2"})
+    k1, k2 = project_key(scan_tree(one)), project_key(scan_tree(two))
+    root1 = git(one, "rev-list", "--max-parents=0", "HEAD").strip()
+    assert k1 == f"proj-{root1[:10]}" and k1 != k2
+    write(one / "y", "more")
+    git(one, "add", "-A")
+    git(one, "commit", "-q", "-m", "second")
+    assert project_key(scan_tree(one), cache_dir=tmp_path / "cache") == k1
+    assert project_key(scan_tree(one), cache_dir=tmp_path / "cache") == k1  # from the cache
+    bare = new_repo(tmp_path / "c" / "proj", commit=False)
+    assert project_key(scan_tree(bare)).startswith("proj-") and project_key(scan_tree(bare)) != k1
+
+
+def test_provenance_of_a_dirty_tree(tmp_path):
+    repo = new_repo(tmp_path / "repo", {"train.py": "lr = 1\n"})
+    git(repo, "remote", "add", "origin", "git@example.org:me/repo.git")
+    write(repo / "train.py", "lr = 2\n")
+    snap = prepare_snapshot(repo)
+    prov = snap.provenance
+    assert prov["branch"] == "main" and prov["commit"] == git(repo, "rev-parse", "HEAD").strip()
+    assert (
+        prov["dirty"] is True
+        and "+lr = 2" in prov["diff"]
+        and prov["remote_url"] == "git@example.org:me/repo.git"
+    )
+    assert snap.subdir == ""
+    write(repo / "sub/x.py", "x")
+    assert prepare_snapshot(repo / "sub").subdir == "sub"
+    git(repo, "checkout", "-q", "--", "train.py")
+    (repo / "sub/x.py").unlink()
+    clean = prepare_snapshot(repo)
+    assert clean.provenance["dirty"] is False and clean.provenance["diff"] == ""
+
+
+# -- the agent ------------------------------------------------------------------------------------
+
+
+def test_agent_parses_as_python_3_6():
+    # Login nodes may only have RHEL 8's python3.6: no walrus, no positional-only parameters...
+    source = Path(remote_store.__file__).read_text()
+    tree = ast.parse(source, feature_version=(3, 6))
+    assert "from __future__ import annotations" not in source
+    new_keywords = {k.arg for k in ast.walk(tree) if isinstance(k, ast.keyword)} & {"capture_output", "text"}
+    assert not new_keywords  # subprocess.run(capture_output=, text=) arrived in 3.7
+    imports = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
+    assert "dataclasses" not in imports
+
+
+def test_agent_command_quotes_its_arguments():
+    cmd = snapshot.agent_command("scan", {"root": "/x/it's here", "path": "$(rm -rf ~)"})
+    assert cmd.startswith("python3 -I -S -c ")
+    assert "'\"'\"'" in cmd  # the single quote in the root is shell-quoted
+    assert "$(rm -rf ~)" in cmd and '\'{"root"' in cmd

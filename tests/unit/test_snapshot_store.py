@@ -1,0 +1,331 @@
+"""The content-addressed store end to end through LocalTransport (the agent runs as a real subprocess).
+
+Each test's "cluster" is a temp folder: the agent (rv.remote_store) runs in python3 exactly as it
+would over SSH, reading the same stdin stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_snapshot import git, new_repo, write
+
+from rv.errors import RemoteError
+from rv.layout import RemoteLayout
+from rv.snapshot import (
+    ManifestCache,
+    blob_id,
+    frame,
+    make_snapshot,
+    prepare_snapshot,
+    upload_snapshot,
+)
+from rv.sync import collect_garbage
+from rv.transport import LocalTransport
+
+
+@pytest.fixture(autouse=True)
+def hermetic_home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+
+
+@pytest.fixture
+def layout(tmp_path) -> RemoteLayout:
+    return RemoteLayout(str(tmp_path / "remote"))
+
+
+def local_python_first() -> dict[str, str]:
+    # The agent runs as `python3`; make that the interpreter running the tests (fast, known version).
+    bindir = Path(sys.executable).parent
+    return {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+
+
+@pytest.fixture
+def transport() -> LocalTransport:
+    return LocalTransport(env=local_python_first())
+
+
+def tree_state(root: Path) -> dict[str, tuple]:
+    """Every file under root: (kind, exec bit, sha256 or link target). Folders are implied."""
+    out = {}
+    for dirpath, dirnames, files in os.walk(root):
+        for name in files + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(p))
+            else:
+                out[rel] = (
+                    "file",
+                    bool(st.st_mode & 0o100),
+                    hashlib.sha256(Path(p).read_bytes()).hexdigest(),
+                )
+    return out
+
+
+def expected_state(repo: Path, paths: list[str]) -> dict[str, tuple]:
+    out = {}
+    for rel in paths:
+        p = repo / rel
+        if p.is_symlink():
+            out[rel] = ("link", os.readlink(p))
+        else:
+            out[rel] = ("file", bool(p.stat().st_mode & 0o100), hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+def objects_are_sound(layout: RemoteLayout) -> int:
+    """Every object's content hashes to its name; returns how many there are."""
+    n = 0
+    for fan in Path(layout.objects).iterdir():
+        if not fan.is_dir():
+            continue
+        for obj in fan.iterdir():
+            assert blob_id(obj.read_bytes()) == obj.name[:40], f"bad object {obj}"
+            n += 1
+    return n
+
+
+def leftover_temps(layout: RemoteLayout) -> list[str]:
+    tmp = Path(layout.tmp)
+    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
+
+
+def sample_repo(tmp_path: Path) -> Path:
+    repo = new_repo(tmp_path / "repo", {"train.py": "print('train')\n", "lib/util.py": "X = 1\n"})
+    write(repo / "run.sh", "#!/bin/sh\necho run\n", 0o755)
+    write(repo / "same_as_run.sh", "#!/bin/sh\necho run\n", 0o644)  # same blob as run.sh, not executable
+    write(repo / "empty", b"")
+    (repo / "link").symlink_to("train.py")
+    write(repo / "odd name #1 'q\".txt", "odd\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "files")
+    write(repo / "train.py", "print('edited')\n")
+    return repo
+
+
+def test_snapshot_on_the_cluster_equals_the_local_tree(tmp_path, transport, layout):
+    repo = sample_repo(tmp_path)
+    summaries: list[str] = []
+    result = make_snapshot(transport, layout, repo, on_summary=summaries.append)
+    snap = Path(result.remote_path)
+    assert result.created and result.remote_path == layout.snapshot(result.id)
+    want = expected_state(
+        repo, ["train.py", "lib/util.py", "run.sh", "same_as_run.sh", "empty", "link", "odd name #1 'q\".txt"]
+    )
+    assert tree_state(snap) == want
+    assert snap.stat().st_mode & 0o222 == 0 and (snap / "lib").stat().st_mode & 0o222 == 0
+    assert (snap / "train.py").stat().st_mode & 0o222 == 0
+    meta = json.loads(Path(result.meta_path).read_text())
+    assert meta["id"] == result.id and meta["provenance"]["dirty"] is True
+    assert "+print('edited')" in meta["provenance"]["diff"]
+    assert summaries == [result.summary]
+    assert summaries[0].startswith(f"snapshot {result.id[:12]}: 7 files, ")
+    assert "6 new objects" in summaries[0]  # run.sh and same_as_run.sh share one blob
+    assert objects_are_sound(layout) == 7  # ... plus its executable twin <oid>.x
+    assert leftover_temps(layout) == []
+
+
+def test_unchanged_resnapshot_is_one_round_trip(tmp_path, transport, layout):
+    repo = sample_repo(tmp_path)
+    first = make_snapshot(transport, layout, repo)
+    transport.calls.clear()
+    again = make_snapshot(transport, layout, repo)
+    assert len(transport.calls) == 1
+    assert (again.id, again.created, again.new_objects) == (first.id, False, 0)
+    assert "already on the cluster" in again.summary
+
+
+def test_one_changed_file_sends_only_that_file(tmp_path, transport, layout):
+    repo = sample_repo(tmp_path)
+    for i in range(300):
+        write(repo / "many" / f"f{i}.txt", f"file {i}\n" * 50)
+    cache_dir = tmp_path / "cache"
+    make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    write(repo / "many/f7.txt", "changed\n")
+    transport.calls.clear()
+    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert (second.new_objects, second.new_bytes) == (1, len("changed\n"))
+    assert len(transport.calls) == 2
+    # The manifest went as a delta against the cached one: a fraction of the 300-entry list.
+    full_manifest = frame({"entries": [e.row() for e in prepare_snapshot(repo).tree.entries]})
+    assert second.sent_bytes < len(full_manifest) / 4
+    assert (Path(second.remote_path) / "many/f7.txt").read_text() == "changed\n"
+
+
+def test_stale_manifest_cache_falls_back_to_the_full_list(tmp_path, transport, layout):
+    repo = sample_repo(tmp_path)
+    cache = ManifestCache(tmp_path / "cache", layout.root)
+    snap = prepare_snapshot(repo)
+    rows = [e.row() for e in snap.tree.entries]
+    cache.put(snap.project, "f" * 24, rows[:-1])  # a base the cluster never had
+    write(repo / "extra.txt", "x")
+    result = upload_snapshot(transport, layout, prepare_snapshot(repo), cache=cache)
+    assert result.created and (Path(result.remote_path) / "extra.txt").read_text() == "x"
+
+
+def test_later_edits_do_not_change_a_snapshot(tmp_path, transport, layout):
+    repo = sample_repo(tmp_path)
+    first = make_snapshot(transport, layout, repo)
+    before = tree_state(Path(first.remote_path))
+    write(repo / "train.py", "print('after submission')\n")
+    (repo / "run.sh").chmod(0o644)
+    second = make_snapshot(transport, layout, repo)
+    assert second.id != first.id
+    assert tree_state(Path(first.remote_path)) == before
+    assert (Path(second.remote_path) / "train.py").read_text() == "print('after submission')\n"
+
+
+class CutAfter(LocalTransport):
+    """Delivers only the first ``limit`` bytes of a snap-put stream, then closes stdin: a dropped link."""
+
+    def __init__(self, limit: int, **kw) -> None:
+        super().__init__(**kw)
+        self.limit = limit
+
+    def run(self, command, *, stdin=None, timeout=None):
+        if "snap-put" in command:
+            stdin = self._cut(stdin)
+        return super().run(command, stdin=stdin, timeout=timeout)
+
+    def _cut(self, chunks):
+        left = self.limit
+        for chunk in chunks:
+            if left <= 0:
+                return
+            yield chunk[:left]
+            left -= len(chunk)
+
+
+def test_interrupted_upload_leaves_no_partial_object_and_a_rerun_completes(tmp_path, layout):
+    repo = sample_repo(tmp_path)
+    for i in range(12):
+        write(repo / "blobs" / f"b{i}.bin", os.urandom(300_000))
+    cut = CutAfter(1_500_000, env=local_python_first())
+    with pytest.raises(RemoteError, match="snap-put failed"):
+        make_snapshot(cut, layout, repo)
+    landed = objects_are_sound(layout)
+    assert 0 < landed < 18
+    assert leftover_temps(layout) == []
+    assert not Path(layout.snapshots).exists() or not any(Path(layout.snapshots).iterdir())
+    result = make_snapshot(LocalTransport(env=local_python_first()), layout, repo)
+    assert result.created and result.new_objects == 18 - landed
+    paths = [str(p.relative_to(repo)) for p in (repo / "blobs").iterdir()] + ["train.py", "run.sh", "link"]
+    snap_state = tree_state(Path(result.remote_path))
+    assert {k: snap_state[k] for k in paths} == expected_state(repo, paths)
+    objects_are_sound(layout)
+
+
+def test_file_changing_while_sent_is_refused_not_stored(tmp_path, transport, layout):
+    repo = sample_repo(tmp_path)
+    write(repo / "grows.log", "a" * 1000)
+
+    def edit_between_query_and_upload(_summary: str) -> None:
+        write(repo / "grows.log", "b" * 1000)  # same size, other content
+
+    with pytest.raises(RemoteError, match=r"changed while being sent: grows\.log"):
+        make_snapshot(transport, layout, repo, on_summary=edit_between_query_and_upload)
+    objects_are_sound(layout)
+    assert not any(p.name.endswith(blob_id(b"a" * 1000)) for p in Path(layout.objects).rglob("*"))
+    assert leftover_temps(layout) == []
+
+
+# -- gc ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_squeue(tmp_path) -> Path:
+    """`squeue` that prints what the test writes into the returned file (or fails if it holds FAIL)."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    out = tmp_path / "squeue.out"
+    out.write_text("")
+    script = bindir / "squeue"
+    script.write_text(
+        f'#!/bin/sh\nif grep -q FAIL {out}; then echo "slurm_load_jobs error" >&2; exit 1; fi\ncat {out}\n'
+    )
+    script.chmod(0o755)
+    return out
+
+
+def gc_transport(tmp_path) -> LocalTransport:
+    env = local_python_first()
+    env["PATH"] = f"{tmp_path / 'fakebin'}:{env['PATH']}"
+    return LocalTransport(env=env)
+
+
+def snapshot_of(transport, layout, repo: Path, files: dict[str, str]):
+    for name, content in files.items():
+        write(repo / name, content)
+    return make_snapshot(transport, layout, repo)
+
+
+def backdate(layout: RemoteLayout, sid: str, days: float) -> None:
+    t = time.time() - days * 86400
+    os.utime(layout.snapshot_meta(sid), (t, t))
+
+
+def test_gc_keeps_what_live_jobs_and_recent_use_need(tmp_path, layout, fake_squeue):
+    t = gc_transport(tmp_path)
+    repo = new_repo(tmp_path / "repo", {"shared.txt": "in every snapshot\n"})
+    live = snapshot_of(t, layout, repo, {"v.txt": "live job\n"})
+    done = snapshot_of(t, layout, repo, {"v.txt": "finished job\n"})
+    old = snapshot_of(t, layout, repo, {"v.txt": "old, unused\n"})
+    young = snapshot_of(t, layout, repo, {"v.txt": "recent\n"})
+    for sid in (live.id, done.id, old.id):
+        backdate(layout, sid, 30)
+    for job, sid in (("101", live.id), ("102", done.id)):
+        Path(layout.job_dir(job)).mkdir(parents=True)
+        Path(layout.job_dir(job), "snapshot").write_text(sid + "\n")
+    fake_squeue.write_text("101|101|101\n555|555|555_[1-3]\n")  # 101 running, an array pending
+
+    dry = collect_garbage(t, layout, older_than=14 * 86400, dry_run=True, grace=0)
+    assert sorted(r["id"] for r in dry.removed) == sorted([done.id, old.id])
+    assert dry.objects_removed == 2 and all(Path(layout.snapshot(s)).exists() for s in (done.id, old.id))
+
+    report = collect_garbage(t, layout, older_than=14 * 86400, grace=0)
+    assert sorted(r["id"] for r in report.removed) == sorted([done.id, old.id])
+    assert {k["id"]: k["reason"] for k in report.kept} == {
+        live.id: "used by job 101",
+        young.id: "used 0s ago",
+    }
+    assert report.in_use == {live.id: ["101"]} and report.live_jobs == ["101", "555"]
+    assert not Path(layout.snapshot(done.id)).exists() and not Path(layout.snapshot_meta(old.id)).exists()
+    assert (Path(live.remote_path) / "v.txt").read_text() == "live job\n"
+    assert (Path(young.remote_path) / "shared.txt").read_text() == "in every snapshot\n"
+    assert report.objects_removed == 2
+    kept_oids = {blob_id(b"in every snapshot\n"), blob_id(b"live job\n"), blob_id(b"recent\n")}
+    assert {p.name for p in Path(layout.objects).glob("*/*")} == kept_oids
+    # A snapshot made again after gc is rebuilt from scratch, correctly.
+    again = snapshot_of(t, layout, repo, {"v.txt": "old, unused\n"})
+    assert again.id == old.id and again.created
+
+
+def test_gc_removes_nothing_when_squeue_fails(tmp_path, layout, fake_squeue):
+    t = gc_transport(tmp_path)
+    repo = new_repo(tmp_path / "repo")
+    snap = make_snapshot(t, layout, repo)
+    backdate(layout, snap.id, 30)
+    fake_squeue.write_text("FAIL")
+    with pytest.raises(RemoteError, match=r"squeue failed .*nothing was removed"):
+        collect_garbage(t, layout, older_than=0, grace=0)
+    assert Path(snap.remote_path).exists()
+
+
+def test_gc_grace_protects_a_submission_in_progress(tmp_path, layout, fake_squeue):
+    t = gc_transport(tmp_path)
+    snap = make_snapshot(t, layout, new_repo(tmp_path / "repo"))
+    report = collect_garbage(t, layout, older_than=0)
+    assert report.removed == [] and Path(snap.remote_path).exists()
