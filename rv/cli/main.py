@@ -66,6 +66,11 @@ class RvGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("rv: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            # `rv ps | head`: the reader left. Point stdout at /dev/null so the final flush is quiet.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(0)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as exc:
