@@ -180,7 +180,7 @@ class PushPlan:
         rows: list[tuple[str, str]] = []
         rows += [(e.path, f"upload  {e.path} ({human_size(e.size)})") for e in self.upload]
         rows += [(p, f"delete  {p}") for p in self.delete]
-        rows += [(p, f"rmdir   {p}/") for p in self.rmdir]
+        rows += [(p + "/\udcff", f"rmdir   {p}/") for p in self.rmdir]  # after what was inside it
         rows += [(p, f"chmod   {p} {m:o}") for p, m in self.chmod]
         rows += [(p, f"touch   {p}") for p, _ in self.touch]
         rows += [(p, f"link    {p} -> {t}") for p, t in self.symlink]
