@@ -45,7 +45,8 @@ def tail_command(
     lines_ = [
         # When rv's side of the channel closes, stdin reaches EOF: stop everything we started.
         # Its output goes to /dev/null: sshd waits for every holder of the channel's stdout/stderr.
-        "( cat >/dev/null 2>&1; kill 0 ) >/dev/null 2>&1 &",
+        # `<&0`: without an explicit redirection bash gives background jobs /dev/null as stdin.
+        "( cat >/dev/null 2>&1; kill 0 ) <&0 >/dev/null 2>&1 &",
         "w=$!",
         "pids=",
     ]

@@ -86,25 +86,29 @@ def run(
     from rv.secrets import SecretStore
 
     secrets = SecretStore(state_dir() / "secrets.json").load()
-    cwd = Path.cwd()
+    from rv import launch
+    from rv.snapshot import prepare_snapshot, upload_snapshot
 
+    # The file list, hashes and size guard are local: a refused file fails before we connect.
+    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large)
+    if snap.subdir:
+        warn(f"the job runs at the repo's top, not in {snap.subdir}/: paths in the command are from there")
     if dry_run:
-        _print_dry_run(req, profile, cwd, secrets, allow_large)
+        from rv.layout import RemoteLayout
+
+        layout = RemoteLayout(profile.require_remote_root())
+        secrets_path = f"{layout.secrets}/{req.name}-{snap.id[:8]}-DRYRUN.env" if secrets else None
+        sys.stdout.write(_render(req, layout, profile.account, snap, secrets_path))
+        note(f"dry run: nothing was sent (snapshot {snap.id[:12]}, {len(snap.tree.entries)} files)")
         return
 
-    from rv import launch
-    from rv.snapshot import snapshot_and_upload
-
     with session(ctx) as s:
-        snap = snapshot_and_upload(s.transport, s.layout, cwd, allow_large=allow_large, report=note)
+        uploaded = upload_snapshot(s.transport, s.layout, snap, on_summary=note)
         secrets_path = f"{s.layout.secrets}/{req.name}-{snap.id[:8]}-{_nonce()}.env" if secrets else None
-        context = launch.script_context(
-            layout=s.layout, account=profile.account, snapshot_id=snap.id, project=snap.project,
-            secrets_path=secrets_path,
-        )  # fmt: skip
         prepared = launch.Prepared(
-            request=req, script=_render(req, context), snapshot_id=snap.id, project=snap.project,
-            branch=snap.branch, commit=snap.commit, dirty=snap.dirty, secrets_path=secrets_path,
+            request=req, script=_render(req, s.layout, profile.account, snap, secrets_path),
+            snapshot_id=uploaded.id, project=uploaded.project, branch=uploaded.branch,
+            commit=uploaded.commit, dirty=uploaded.dirty, secrets_path=secrets_path,
         )  # fmt: skip
         record = launch.submit(s.transport, s.layout, prepared, profile=profile.name, secrets=secrets)
         JobStore(state_dir() / "jobs.json").add(record)
@@ -136,26 +140,14 @@ def _nonce() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def _render(req, context) -> str:  # type: ignore[no-untyped-def]
+def _render(req, layout, account, snap, secrets_path) -> str:  # type: ignore[no-untyped-def]
+    from rv import launch
     from rv.slurm.script import render_script
 
-    return render_script(req, context)
-
-
-def _print_dry_run(req, profile, cwd: Path, secrets: dict[str, str], allow_large: bool) -> None:  # type: ignore[no-untyped-def]
-    from rv import launch
-    from rv.layout import RemoteLayout
-    from rv.snapshot import plan_snapshot
-
-    layout = RemoteLayout(profile.require_remote_root())
-    snap = plan_snapshot(cwd, allow_large=allow_large)
-    secrets_path = f"{layout.secrets}/{req.name}-{snap.id[:8]}-DRYRUN.env" if secrets else None
     context = launch.script_context(
-        layout=layout, account=profile.account, snapshot_id=snap.id, project=snap.project,
-        secrets_path=secrets_path,
-    )  # fmt: skip
-    sys.stdout.write(_render(req, context))
-    note(f"dry run: nothing was sent ({snap.summary})")
+        layout=layout, account=account, snapshot_id=snap.id, project=snap.project, secrets_path=secrets_path
+    )
+    return render_script(req, context)
 
 
 def _follow(s, record) -> int:  # type: ignore[no-untyped-def]
@@ -194,5 +186,4 @@ def _follow(s, record) -> int:  # type: ignore[no-untyped-def]
     if code is None:
         warn(f"could not read the exit code of job {record.job_id}; `rv ps -a` will show it")
         return 1
-    note(f"job {record.job_id} ended with exit code {code}")
     return code
