@@ -37,7 +37,6 @@ class Prepared:
 
 
 def script_context(
-    req: JobRequest,
     *,
     layout: RemoteLayout,
     account: str | None,
@@ -45,14 +44,12 @@ def script_context(
     project: str,
     secrets_path: str | None,
 ) -> ScriptContext:
-    cc = req.type.compute_capability if req.type is not None else None
     return ScriptContext(
         remote_root=layout.root,
         account=account,
         snapshot_id=snapshot_id,
         project=project,
         secrets_file=secrets_path,
-        catalog_compute_capability=cc,
     )
 
 

@@ -633,6 +633,15 @@ def build_request(
         node_count, per_node = (nodes or 1), 0
     else:
         node_count, per_node = _split_nodes(wanted, gpu, nodes)
+        # Slurm accepts a job that asks for more nodes than the partition has and leaves it pending
+        # forever; say so now instead.
+        if gpu.nodes is not None and node_count > gpu.nodes:
+            most = gpu.nodes * gpu.gpus_per_node
+            raise UsageError(
+                f"-g {wanted} on {gpu.name} needs {node_count} nodes of {per_node} GPU(s), but the "
+                f"cluster has {gpu.nodes} {gpu.name} node(s) ({most} GPUs)",
+                hint=f"use -g {most} or less",
+            )
 
     # CPUs and memory: MIG (and any type with fixed_cpus) forces its own; QOS rejects anything else.
     if gpu is not None and gpu.fixed_cpus is not None:

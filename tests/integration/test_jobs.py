@@ -96,10 +96,10 @@ def test_four_gpus_span_both_nodes(run_rv, project, remote_root):
 
 
 def test_exit_codes_ps_and_stop(run_rv, project):
-    failed = run_rv("run", "--mem", "500M", "-f", "--", "python", "fail.py", cwd=project)
+    failed = run_rv("run", "-g", "0", "--mem", "500M", "-f", "--", "python", "fail.py", cwd=project)
     assert failed.returncode == 3, failed.stderr
     assert "failing now" in failed.stderr
-    ok_id = job_id_of(run_rv("run", "--mem", "500M", "--name", "fine", "--", "true", cwd=project))
+    ok_id = job_id_of(run_rv("run", "-g", "0", "--mem", "500M", "--name", "fine", "--", "true", cwd=project))
     sleeper = job_id_of(run_rv("run", "-g", "0", "--mem", "500M", "--", "sleep", "300", cwd=project))
     stop = run_rv("stop", sleeper)
     assert stop.returncode == 0, stop.stderr
@@ -148,7 +148,7 @@ def test_secret_reaches_job_but_not_script_or_logs(run_rv, project, remote_root)
         (["-t", "h100", "--", "true"], "unknown GPU type 'h100'"),
         (["-g", "6", "-t", "a6000", "--", "true"], "-g 6"),
         (["-g", "3", "-t", "a6000", "--", "true"], "-g 3"),
-        (["--time", "3x", "--", "true"], "--time"),
+        (["-g", "0", "--time", "3x", "--", "true"], "--time"),
         (["python", "train.py", "-g", "4"], "-g 4"),
     ],
 )
