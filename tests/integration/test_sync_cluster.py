@@ -1,0 +1,346 @@
+"""Snapshots and sync against the real loopback cluster: real sshd, real Slurm, the real `rv` CLI.
+
+Both sides are hashed independently: locally from the files the test meant to send (a list written
+here, not computed by rv), remotely by a script run over SSH.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "protocol.file.allow=always"]
+
+REMOTE_HASH = r"""
+import hashlib, json, os, stat, sys
+root = sys.argv[1].encode()
+out = {}
+for d, dirs, files in os.walk(root):
+    for n in files + [x for x in dirs if os.path.islink(os.path.join(d, x))]:
+        p = os.path.join(d, n)
+        rel = os.path.relpath(p, root).decode("utf-8", "surrogateescape")
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            out[rel] = ["link", os.readlink(p).decode("utf-8", "surrogateescape")]
+        else:
+            out[rel] = ["file", bool(st.st_mode & 0o100), hashlib.sha256(open(p, "rb").read()).hexdigest(),
+                        bool(st.st_mode & 0o222)]
+print(json.dumps(out))
+"""
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True).stdout.decode()
+
+
+def write(path: Path, data: str | bytes, mode: int | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    if mode is not None:
+        path.chmod(mode)
+    return path
+
+
+def remote_tree(transport, path: str) -> dict[str, list]:
+    """{path: ["file", exec, sha256, writable] | ["link", target]} computed on the cluster."""
+    res = transport.run(f"python3 -c {shlex.quote(REMOTE_HASH)} {shlex.quote(path)}").check(
+        "hashing the snapshot"
+    )
+    return json.loads(res.stdout)
+
+
+def local_tree(root: Path, paths: list[str]) -> dict[str, list]:
+    out = {}
+    for rel in paths:
+        p = root / rel
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            out[rel] = ["link", os.readlink(p)]
+        else:
+            out[rel] = ["file", bool(st.st_mode & 0o100), hashlib.sha256(p.read_bytes()).hexdigest(), False]
+    return out
+
+
+def rv_json(run_rv, *args, cwd=None) -> dict:
+    r = run_rv(*args, "--json", cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+AWKWARD = ["with space.txt", "ünïcödé ✓.txt", "-leading-dash.txt", "hash#tag.txt", "it's.txt", 'say "hi".txt']
+
+
+def awkward_repo(tmp_path: Path) -> tuple[Path, list[str]]:
+    """The repo of the issue, and the exact list of paths its snapshot must hold."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    git(lib, "init", "-q", "-b", "main")
+    write(lib / "lib.py", "VALUE = 42\n")
+    write(lib / "tools/tool.sh", "#!/bin/sh\necho tool\n", 0o755)
+    git(lib, "add", "-A")
+    git(lib, "commit", "-q", "-m", "lib")
+
+    repo = tmp_path / "my repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for name in AWKWARD:
+        write(repo / "names" / name, f"content of {name}\n")
+    write(repo / "empty", b"")
+    write(repo / "run.sh", "#!/bin/sh\necho run\n", 0o755)
+    write(repo / "train.py", "lr = 1e-3\n")
+    write(repo / "doomed.py", "deleted later, unstaged\n")
+    write(repo / ".gitignore", "*.pyc\n")
+    write(repo / "pkg/.gitignore", "cache/\n")
+    write(repo / "pkg/mod.py", "x = 1\n")
+    write(repo / "pkg/.rvignore", "*.bin\n!keep.bin\n")
+    write(repo / "pkg/keep.bin", b"\x00\x01keep")
+    write(repo / "pkg/weights.bin", b"\x00" * 1000)
+    write(repo / ".rvignore", "data/\n")
+    write(repo / "data/train.csv", "a,b\n1,2\n")
+    (repo / "link-to-train").symlink_to("train.py")
+    (repo / "names/dangling").symlink_to("../nowhere")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "init")
+    git(repo, "submodule", "add", "-q", str(lib), "vendor/lib")
+    git(repo, "commit", "-q", "-m", "submodule")
+    # Working-tree state the snapshot must capture as it is, not as committed:
+    write(repo / "train.py", "lr = 3e-4  # uncommitted edit\n")
+    (repo / "doomed.py").unlink()
+    write(repo / "notes.md", "untracked, not ignored\n")
+    write(repo / "x.pyc", b"ignored by .gitignore")
+    write(repo / "pkg/cache/blob", "ignored by the nested .gitignore")
+    write(repo / "pkg/new.bin", b"ignored by the nested .rvignore")
+    intended = [f"names/{n}" for n in AWKWARD] + [
+        "names/dangling", "empty", "run.sh", "train.py", ".gitignore", "pkg/.gitignore", "pkg/mod.py",
+        "pkg/.rvignore", "pkg/keep.bin", ".rvignore", "link-to-train", ".gitmodules", "notes.md",
+        "vendor/lib/lib.py", "vendor/lib/tools/tool.sh",
+    ]  # fmt: skip
+    return repo, intended
+
+
+def test_snapshot_of_an_awkward_repo_is_exact(run_rv, tmp_path, ssh_transport):
+    repo, intended = awkward_repo(tmp_path)
+    r = run_rv("sync", "snapshot", "--json", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)
+    assert f"{len(intended)} files" in r.stderr
+    assert "left out 3 files" in r.stderr  # data/train.csv, pkg/weights.bin, pkg/new.bin
+    remote = remote_tree(ssh_transport, snap["remote_path"])
+    assert remote == local_tree(repo, intended)
+    meta = json.loads(ssh_transport.run(f"cat {shlex.quote(snap['meta_path'])}").check("reading meta").stdout)
+    prov = meta["provenance"]
+    assert prov["branch"] == "main" and prov["dirty"] is True and prov["commit"] == snap["commit"]
+    assert "+lr = 3e-4  # uncommitted edit" in prov["diff"] and "-deleted later, unstaged" in prov["diff"]
+    assert snap["project"].startswith("my-repo-") and len(snap["project"]) == len("my-repo-") + 10
+    # Same tree again: the same snapshot, nothing sent.
+    again = run_rv("sync", "snapshot", "--json", cwd=repo / "pkg")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["id"] == snap["id"] and "nothing to send" in again.stderr
+    assert json.loads(again.stdout)["subdir"] == "pkg"
+
+
+def test_editing_after_a_snapshot_does_not_change_it(run_rv, tmp_path, ssh_transport):
+    repo, intended = awkward_repo(tmp_path)
+    first = rv_json(run_rv, "sync", "snapshot", cwd=repo)
+    before = remote_tree(ssh_transport, first["remote_path"])
+    write(repo / "train.py", "lr = 1.0  # edited after submission\n")
+    (repo / "run.sh").chmod(0o644)
+    write(repo / "names/with space.txt", "changed too\n")
+    second = rv_json(run_rv, "sync", "snapshot", cwd=repo)
+    assert second["id"] != first["id"] and second["new_objects"] == 2
+    assert remote_tree(ssh_transport, first["remote_path"]) == before
+    assert remote_tree(ssh_transport, second["remote_path"]) == local_tree(repo, intended)
+
+
+def sound_objects(transport, root: str) -> int:
+    script = r"""
+import hashlib, os, sys
+objs = os.path.join(sys.argv[1], "objects")
+n = 0
+for fan in os.listdir(objs):
+    d = os.path.join(objs, fan)
+    if not os.path.isdir(d):
+        continue
+    for name in os.listdir(d):
+        data = open(os.path.join(d, name), "rb").read()
+        h = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        assert h == name[:40], name
+        n += 1
+print(n)
+"""
+    return int(
+        transport.run(f"python3 -c {shlex.quote(script)} {shlex.quote(root)}").check("checking objects").out
+    )
+
+
+def test_upload_killed_half_way_then_rerun(rv_env, run_rv, tmp_path, ssh_transport, remote_root):
+    repo = tmp_path / "big"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for i in range(300):
+        write(repo / f"blob{i:03d}.bin", os.urandom(500_000))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "150 MB")
+    objects = Path(remote_root) / "objects"  # loopback: the cluster's disk is this machine's
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rv", "sync", "snapshot"], cwd=repo, env=rv_env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if objects.exists() and sum(1 for _ in objects.glob("??/*")) >= 20:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the upload finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    # The cluster side notices the dropped connection (stdin ends) and removes its partial file.
+    tmp = Path(remote_root) / "tmp"
+    for _ in range(100):
+        if not any(tmp.iterdir()):
+            break
+        time.sleep(0.1)
+    assert list(tmp.iterdir()) == []
+    landed = sound_objects(ssh_transport, remote_root)
+    assert 20 <= landed < 300
+    assert not (Path(remote_root) / "snapshots").exists() or not any(
+        p.name[0] != "." for p in (Path(remote_root) / "snapshots").iterdir()
+    )
+    done = rv_json(run_rv, "sync", "snapshot", cwd=repo)
+    assert done["created"] and done["new_objects"] == 300 - landed
+    assert remote_tree(ssh_transport, done["remote_path"]) == local_tree(
+        repo, [f"blob{i:03d}.bin" for i in range(300)]
+    )
+    assert sound_objects(ssh_transport, remote_root) == 300
+
+
+def test_gc_keeps_what_a_queued_job_uses(run_rv, tmp_path, ssh_transport, remote_root):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    write(repo / "train.py", "queued\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    queued = rv_json(run_rv, "sync", "snapshot", cwd=repo)
+    write(repo / "train.py", "unused\n")
+    unused = rv_json(run_rv, "sync", "snapshot", cwd=repo)
+    # A real job that stays queued (held), and its record as `rv run` writes it.
+    job = (
+        ssh_transport.run("sbatch --parsable --hold -o /dev/null --wrap 'sleep 1'")
+        .check("sbatch")
+        .out.strip()
+    )
+    job_id = job.split(";")[0]
+    try:
+        q = shlex.quote
+        ssh_transport.run(
+            f"mkdir -p {q(remote_root)}/jobs/{job_id}"
+            f" && echo {queued['id']} > {q(remote_root)}/jobs/{job_id}/snapshot"
+            f" && touch -d '30 days ago' {q(queued['meta_path'])} {q(unused['meta_path'])}"
+        ).check("recording the job")
+        dry = rv_json(run_rv, "sync", "gc", "--older-than", "14d", "--dry-run")
+        assert [r["id"] for r in dry["removed"]] == [unused["id"]]
+        assert ssh_transport.run(f"test -d {q(unused['remote_path'])}").ok
+        report = rv_json(run_rv, "sync", "gc", "--older-than", "14d")
+        assert [r["id"] for r in report["removed"]] == [unused["id"]]
+        assert report["in_use"] == {queued["id"]: [job_id]} and job_id in report["live_jobs"]
+        assert report["objects_removed"] == 1
+        assert not ssh_transport.run(f"test -e {q(unused['remote_path'])}").ok
+        assert remote_tree(ssh_transport, queued["remote_path"]) == {
+            "train.py": ["file", False, hashlib.sha256(b"queued\n").hexdigest(), False]
+        }
+    finally:
+        ssh_transport.run(f"scancel {job_id}")
+
+
+def test_pull_of_a_folder_sends_only_changed_and_new_files(run_rv, tmp_path, ssh_transport, remote_root):
+    q = shlex.quote
+    out = f"{remote_root}/jobs/42/output"
+    ssh_transport.run(
+        f"mkdir -p {q(out)}/sub"
+        f" && for i in $(seq 1 30); do head -c 20000 /dev/urandom > {q(out)}/f$i.bin; done"
+        f" && echo hi > {q(out)}/sub/'a b.txt'"
+    ).check("making outputs")
+    dest = tmp_path / "out"
+    first = rv_json(run_rv, "sync", "pull", "jobs/42/output", str(dest))
+    assert first["downloaded"] == 31
+    ssh_transport.run(
+        f"head -c 1234 /dev/urandom > {q(out)}/f7.bin && echo new > {q(out)}/sub/new.txt"
+        f" && touch {q(out)}/f9.bin"  # newer mtime, same bytes: compared by hash, not sent
+    ).check("changing outputs")
+    second = rv_json(run_rv, "sync", "pull", "jobs/42/output", str(dest))
+    assert (second["downloaded"], second["downloaded_bytes"]) == (2, 1234 + 4)
+    assert second["same_content"] == 1
+    assert remote_tree(ssh_transport, out) == {k: [*v[:3], True] for k, v in local_tree(dest, sorted(
+        str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()
+    )).items()}  # fmt: skip
+
+
+def test_push_dry_run_shows_exactly_what_push_does(run_rv, tmp_path, ssh_transport):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    write(repo / "a.py", "a\n")
+    write(repo / "b.py", "b\n")
+    write(repo / ".gitignore", "outputs/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "x")
+    first = rv_json(run_rv, "sync", "push", cwd=repo)
+    ws = first["remote"]
+    assert "/workspaces/repo-" in ws and ws.endswith("/main")
+    q = shlex.quote
+    ssh_transport.run(f"mkdir -p {q(ws)}/outputs && echo w > {q(ws)}/outputs/ckpt").check("job output")
+    (repo / "b.py").unlink()
+    write(repo / "a.py", "a2\n")
+    write(repo / "c.py", "c\n")
+    dry = run_rv("sync", "push", "--dry-run", cwd=repo)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == ["upload  a.py (3 B)", "delete  b.py", "upload  c.py (2 B)"]
+    real = rv_json(run_rv, "sync", "push", cwd=repo)
+    assert [u["path"] for u in real["plan"]["upload"]] == ["a.py", "c.py"] and real["plan"]["delete"] == [
+        "b.py"
+    ]
+    tree = remote_tree(ssh_transport, ws)
+    assert set(tree) == {"a.py", "c.py", ".gitignore", "outputs/ckpt"}
+    again = run_rv("sync", "push", "--dry-run", cwd=repo)
+    assert again.stdout == "" and "up to date" in again.stderr
+
+
+def test_watch_pushes_an_edit_then_stops_on_ctrl_c(rv_env, tmp_path, ssh_transport, remote_root):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    write(repo / "a.py", "v1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "x")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rv", "sync", "watch", "--interval", "0.2", "--debounce", "0.2"],
+        cwd=repo, env=rv_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        remote = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and remote is None:
+            found = ssh_transport.run(f"ls -d {shlex.quote(remote_root)}/workspaces/*/main 2>/dev/null").out
+            remote = found.strip() or None
+            time.sleep(0.1)
+        assert remote, "the first push never arrived"
+        write(repo / "a.py", "v2 after an edit\n")
+        content = ""
+        while time.monotonic() < deadline and content != "v2 after an edit\n":
+            content = ssh_transport.run(f"cat {shlex.quote(remote)}/a.py").out
+            time.sleep(0.1)
+        assert content == "v2 after an edit\n"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "stopped" in err
