@@ -92,7 +92,11 @@ def run(
     # The file list, hashes and size guard are local: a refused file fails before we connect.
     snap = prepare_snapshot(Path.cwd(), allow_large=allow_large)
     if snap.subdir:
-        warn(f"the job runs at the repo's top, not in {snap.subdir}/: paths in the command are from there")
+        # Typed in a subfolder: the snapshot is the whole repo, the program starts where the user was.
+        import dataclasses
+        import shlex
+
+        req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
     if dry_run:
         from rv.layout import RemoteLayout
 
