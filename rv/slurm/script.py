@@ -366,15 +366,38 @@ def torchrun_injected_flags(req: JobRequest, tr: TorchrunArgs) -> list[str]:
     return flags
 
 
-def inner_command(req: JobRequest) -> str:
-    """The shell line each srun task runs: ``exec`` of the user's command, torchrun flags injected."""
+def program_line(req: JobRequest) -> str:
+    """The user's command as one shell line, torchrun flags injected after the launcher."""
     tr = req.torchrun
     if tr is None:
-        return "exec " + shlex.join(req.command)
+        return shlex.join(req.command)
     words = [shlex.join(tr.launcher), *torchrun_injected_flags(req, tr)]
     if tr.options or tr.program:
         words.append(shlex.join(tr.options + tr.program))
-    return "exec " + " ".join(words)
+    return " ".join(words)
+
+
+# Each task's shell traps (never ignores) these, so it outlives Slurm's signals, which reach every
+# process of the step; a trapped signal goes back to its default in the program, an ignored one
+# would stay ignored.
+_TASK_TRAPPED_SIGNALS = "USR1 USR2 TERM INT HUP QUIT"
+
+
+def inner_command(req: JobRequest) -> str:
+    """The shell line each srun task runs.
+
+    One node: ``exec`` the program, so it is the task and its exit code is srun's. Several nodes:
+    srun reports the highest code of all tasks, so when one node fails and ``--kill-on-bad-exit``
+    stops the others (143), the failure would be hidden; each task therefore records its own
+    exit code in ``$RV_JOB_DIR/node<N>.exit`` for the batch shell to report.
+    """
+    line = program_line(req)
+    if req.nodes == 1:
+        return "exec " + line
+    return (
+        f"trap : {_TASK_TRAPPED_SIGNALS}; {line}; rv_rc=$?; "
+        'printf "%s\\n" "$rv_rc" > "$RV_JOB_DIR/node$SLURM_NODEID.exit"; exit "$rv_rc"'
+    )
 
 
 def _torchrun_probe(req: JobRequest) -> list[str]:
@@ -403,17 +426,38 @@ def _launch(req: JobRequest, ctx: ScriptContext) -> list[str]:
         out = _q(posixpath.join(layout.logs, f"{req.name}-%j-node%n.out"))
         err = _q(posixpath.join(layout.logs, f"{req.name}-%j-node%n.err"))
         srun.append(f"    --open-mode=append --output={out} --error={err} \\")
-    return [
+    lines = [
         "# --- the program -------------------------------------------------------------------",
         "# Always an srun step, one task per node: --signal reaches job steps, not the batch shell.",
         "# --kill-on-bad-exit: one dead node must not leave the others waiting at a collective.",
-        *(["# One log per node; the batch log keeps rv's own lines."] if req.nodes > 1 else []),
+    ]
+    if req.nodes > 1:
+        lines += [
+            "# One log per node; the batch log keeps rv's own lines.",
+            'rm -f -- "$RV_JOB_DIR"/node*.exit',
+        ]
+    lines += [
         "rv_rc=0",
         *srun,
         f"    bash -c {_q(inner_command(req))} \\",
         "    || rv_rc=$?",
-        'exit "$rv_rc"',
     ]
+    if req.nodes > 1:
+        lines += [
+            "# srun exits with the highest code of all tasks, so the nodes --kill-on-bad-exit stopped",
+            "# (143) would hide the one that failed: report the lowest code below 128 a node recorded.",
+            'if [ "$rv_rc" -ne 0 ]; then',
+            '    rv_first=""',
+            '    for rv_f in "$RV_JOB_DIR"/node*.exit; do',
+            '        rv_n="$(cat -- "$rv_f" 2>/dev/null)" || continue',
+            '        case "$rv_n" in "" | *[!0-9]*) continue ;; esac',
+            '        if [ "$rv_n" -gt 0 ] && [ "$rv_n" -lt "${rv_first:-128}" ]; then rv_first="$rv_n"; fi',
+            "    done",
+            '    rv_rc="${rv_first:-$rv_rc}"',
+            "fi",
+        ]
+    lines.append('exit "$rv_rc"')
+    return lines
 
 
 def render_script(req: JobRequest, ctx: ScriptContext) -> str:

@@ -158,9 +158,21 @@ export RV_TORCHRUN_SIGNALS
 # Always an srun step, one task per node: --signal reaches job steps, not the batch shell.
 # --kill-on-bad-exit: one dead node must not leave the others waiting at a collective.
 # One log per node; the batch log keeps rv's own lines.
+rm -f -- "$RV_JOB_DIR"/node*.exit
 rv_rc=0
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 \
     --open-mode=append --output=/scratch/u/rv/logs/grpo-2node-%j-node%n.out --error=/scratch/u/rv/logs/grpo-2node-%j-node%n.err \
-    bash -c 'exec torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" ${RV_TORCHRUN_SIGNALS:+"$RV_TORCHRUN_SIGNALS"} --max-restarts=0 train.py --out '"'"'runs/it'"'"'"'"'"'"'"'"'s here'"'"'' \
+    bash -c 'trap : USR1 USR2 TERM INT HUP QUIT; torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" ${RV_TORCHRUN_SIGNALS:+"$RV_TORCHRUN_SIGNALS"} --max-restarts=0 train.py --out '"'"'runs/it'"'"'"'"'"'"'"'"'s here'"'"'; rv_rc=$?; printf "%s\n" "$rv_rc" > "$RV_JOB_DIR/node$SLURM_NODEID.exit"; exit "$rv_rc"' \
     || rv_rc=$?
+# srun exits with the highest code of all tasks, so the nodes --kill-on-bad-exit stopped
+# (143) would hide the one that failed: report the lowest code below 128 a node recorded.
+if [ "$rv_rc" -ne 0 ]; then
+    rv_first=""
+    for rv_f in "$RV_JOB_DIR"/node*.exit; do
+        rv_n="$(cat -- "$rv_f" 2>/dev/null)" || continue
+        case "$rv_n" in "" | *[!0-9]*) continue ;; esac
+        if [ "$rv_n" -gt 0 ] && [ "$rv_n" -lt "${rv_first:-128}" ]; then rv_first="$rv_n"; fi
+    done
+    rv_rc="${rv_first:-$rv_rc}"
+fi
 exit "$rv_rc"

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from rv.catalog import RIVANNA, GpuType
 from rv.errors import ConfigError, UsageError
 from rv.request import build_request
-from rv.slurm.script import ScriptContext, inner_command, render_script
+from rv.slurm.script import ScriptContext, inner_command, program_line, render_script
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -191,8 +191,8 @@ def test_inner_command_of_torchrun_injects_only_missing_flags():
         gpus=8,
         gpu_type="v100",
     )
-    assert inner_command(req) == (
-        'exec torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --rdzv-backend=c10d '
+    assert program_line(req) == (
+        'torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --rdzv-backend=c10d '
         '--rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT" '
         "--nproc_per_node=4 --rdzv-id=mine --signals-to-handle=SIGUSR2 t.py"
     )
@@ -229,7 +229,11 @@ while [ $# -gt 0 ]; do
 done
 rc=0
 for ((i = 0; i < ntasks; i++)); do
-    SLURM_NODEID=$i SLURM_PROCID=$i SLURM_LOCALID=0 "$@" || { r=$?; [ $r -gt $rc ] && rc=$r; }
+    # STUB_SETSID=1: each task in its own process group, as slurmstepd starts it, so a test can
+    # signal one task the way Slurm signals a step.
+    launch=()
+    [ "${STUB_SETSID:-}" = 1 ] && launch=(setsid --wait)
+    SLURM_NODEID=$i SLURM_PROCID=$i SLURM_LOCALID=0 "${launch[@]}" "$@" || { r=$?; [ $r -gt $rc ] && rc=$r; }
 done
 exit $rc
 """,
@@ -626,3 +630,65 @@ def test_requeued_job_keeps_its_work_dir(box):
     for expected in ("count x", "count xx"):
         result = subprocess.run([BASH, str(path)], env=box.env(777), cwd=box.base, capture_output=True)
         assert expected in result.stdout.decode()
+
+
+def test_plain_command_on_several_nodes_runs_once_per_node(box):
+    code = "import json, os, sys; print('node', os.environ['SLURM_NODEID'], json.dumps(sys.argv[1:]))"
+    req = build_request(CATALOG, command=[*program(code), *NASTY], gpus=4, gpu_type="v100", nodes=2)
+    result, _ = box.run(render_script(req, box.ctx()))
+    assert result.returncode == 0, result.stderr.decode()
+    out = result.stdout.decode()
+    for node in (0, 1):
+        assert f"node {node} {json.dumps(NASTY)}" in out
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [
+        ((0, 0), 0),
+        ((3, 143), 3),  # node 1 stopped by --kill-on-bad-exit: node 0's failure is the job's
+        ((143, 2), 2),
+        ((143, 143), 143),  # both killed (a time limit): srun's own code stands
+        ((137, 0), 137),
+    ],
+)
+def test_several_nodes_report_the_failing_nodes_exit_code(box, codes, expected):
+    code = f"import os, sys; sys.exit({list(codes)!r}[int(os.environ['SLURM_NODEID'])])"
+    req = build_request(CATALOG, command=program(code), gpus=4, gpu_type="v100", nodes=2)
+    result, job_id = box.run(render_script(req, box.ctx()))
+    assert result.returncode == expected, result.stderr.decode()
+    for node, node_code in enumerate(codes):
+        assert (box.root / "jobs" / str(job_id) / f"node{node}.exit").read_text() == f"{node_code}\n"
+
+
+def test_task_shell_outlives_slurms_signal_and_the_program_gets_it(box):
+    # Slurm signals every process of a step (killpg or the whole process tree); the task's shell
+    # must survive it to record the exit code, and the program must still see the signal.
+    code = f"""
+        import os, signal, sys, time
+        got = []
+        signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+        open({str(box.out)!r} + "/pgid-" + os.environ["SLURM_NODEID"], "w").write(str(os.getpgid(0)))
+        deadline = time.time() + 20
+        while not got and time.time() < deadline:
+            time.sleep(0.05)
+        print("node", os.environ["SLURM_NODEID"], "got USR1" if got else "no signal", flush=True)
+        sys.exit(0 if got else 9)
+    """
+    req = build_request(CATALOG, command=program(code), gpus=4, gpu_type="v100", nodes=2)
+    path = box.base / "usr1.sh"
+    path.write_text(render_script(req, box.ctx()))
+    proc = subprocess.Popen(
+        [BASH, str(path)], env=box.env(5150, STUB_SETSID="1"), cwd=box.base, stdout=subprocess.PIPE
+    )
+    for node in (0, 1):  # the stub runs tasks one after the other
+        pgid_file = box.out / f"pgid-{node}"
+        deadline = time.monotonic() + 20
+        while not pgid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        os.killpg(int(pgid_file.read_text()), signal.SIGUSR1)
+    stdout, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stdout
+    assert b"node 0 got USR1" in stdout and b"node 1 got USR1" in stdout
+    assert (box.root / "jobs" / "5150" / "node1.exit").read_text() == "0\n"
