@@ -89,7 +89,9 @@ def test_parse_slurm_time(text, seconds):
     assert parse_slurm_time(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["UNLIMITED", "INVALID", "NOT_SET", "Partition_Limit", "infinite", "N/A", ""])
+@pytest.mark.parametrize(
+    "text", ["UNLIMITED", "INVALID", "NOT_SET", "Partition_Limit", "infinite", "N/A", ""]
+)
 def test_parse_slurm_time_none_words(text):
     assert parse_slurm_time(text) is None
 
