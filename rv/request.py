@@ -444,21 +444,18 @@ def _split_nodes(gpus: int, gpu: GpuType, nodes: int | None) -> tuple[int, int]:
     if gpus % need == 0:
         return need, gpus // need
     # Not even over the fewest nodes: say how to get there instead of picking a spread silently.
-    lower = (gpus // need) * need
-    upper = lower + need
     options = []
-    if lower > gpn:
-        options.append(f"-g {lower}")
-    if upper <= need * gpn:
-        options.append(f"-g {upper}")
-    hint = f"use {' or '.join(options)} ({need} nodes)" if options else ""
-    for k in range(need + 1, gpus + 1):
-        if gpus % k == 0 and gpus // k <= gpn:
-            hint += f"{' or ' if hint else 'use '}--nodes {k} for {gpus // k} per node"
-            break
+    lower = (gpus // need) * need
+    for g in (lower, lower + need):
+        if 0 < g <= need * gpn:
+            where = "1 node" if g <= gpn else f"{need} nodes of {g // need}"
+            options.append(f"-g {g} ({where})")
+    spread = next((k for k in range(need + 1, gpus + 1) if gpus % k == 0 and gpus // k <= gpn), None)
+    if spread is not None:
+        options.append(f"--nodes {spread} for {gpus // spread} per node")
     raise UsageError(
         f"-g {gpus} on {gpu.name} ({gpn} per node) does not split evenly over {need} nodes",
-        hint=hint or None,
+        hint="use " + " or ".join(options) if options else None,
     )
 
 

@@ -131,8 +131,14 @@ def test_uneven_split_says_how():
         build_request(cat, command=["python", "x.py"], gpus=9)
     e = err.value
     assert "-g 9 on g (8 per node)" in e.message and "2 nodes" in e.message
-    assert "-g 10" in e.hint
-    assert "--nodes 3 for 3 per node" in e.hint
+    assert e.hint == "use -g 8 (1 node) or -g 10 (2 nodes of 5) or --nodes 3 for 3 per node"
+
+
+def test_uneven_split_over_more_nodes():
+    # 14 on 4-per-node: 4 nodes needed, 14 is not a multiple of 4; 7 nodes of 2 would do.
+    with pytest.raises(UsageError) as err:
+        req(gpus=14, gpu_type="v100")
+    assert err.value.hint == "use -g 12 (4 nodes of 3) or -g 16 (4 nodes of 4) or --nodes 7 for 2 per node"
 
 
 def test_explicit_nodes_must_divide_and_fit():
