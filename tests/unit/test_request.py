@@ -150,6 +150,16 @@ def test_explicit_nodes_must_divide_and_fit():
     assert "--nodes 2" in e.hint
 
 
+def test_more_nodes_than_the_type_has():
+    # Slurm would keep such a job pending forever.
+    cat = {"x": GpuType("x", "p", "x", 4, nodes=2)}
+    with pytest.raises(UsageError) as err:
+        build_request(cat, command=["python", "x.py"], gpus=12)
+    assert "needs 3 nodes" in err.value.message and "has 2 x node(s)" in err.value.message
+    assert err.value.hint == "use -g 8 or less"
+    assert build_request(cat, command=["python", "x.py"], gpus=8).nodes == 2
+
+
 def test_nodes_must_be_positive():
     assert "--nodes 0" in usage_error(nodes=0, gpu_type="a6000").message
 
