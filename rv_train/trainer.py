@@ -248,6 +248,7 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         ref.to(device=env.device, dtype=ref_dtype).eval().requires_grad_(False)
     if cfg.gradient_checkpointing and hasattr(policy, "gradient_checkpointing_enable"):
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model_name = describe(policy)
     model = wrap_model(policy, cfg.strategy, precision, env)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scaler = make_scaler(precision, cfg.strategy, env.device)
@@ -264,7 +265,9 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         if scaler is not None and saved.get("scaler"):
             scaler.load_state_dict(saved["scaler"])
         changed = {
-            k: (v, getattr(cfg, k)) for k, v in saved["config"].items() if v != _jsonable(getattr(cfg, k))
+            k: (v, getattr(cfg, k))
+            for k, v in saved["config"].items()
+            if k not in _FREE_ON_RESUME and v != _jsonable(getattr(cfg, k))
         }
     torch.distributed.barrier()  # every rank has read the checkpoint before rank 0 touches the folder
     if latest is not None and env.is_main:
@@ -276,7 +279,7 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         f"rv_train: {env.world_size} rank(s), {env.backend} on {env.device.type}, strategy {cfg.strategy}"
     )
     log.info(f"precision: {precision.name} ({precision.reason})")
-    log.info(f"model: {describe(policy)}; task {task.name}: {len(examples):,} examples")
+    log.info(f"model: {model_name}; task {cfg.task}: {len(examples):,} examples")
     if latest is not None:
         log.info(f"resumed from {latest} at step {state.step} (data position {state.prompts_seen})")
         for key, (old, new) in changed.items():
@@ -303,6 +306,14 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         max_new_tokens=max_new_tokens,
         signals=parse_signals(cfg.signals),
     )
+
+
+# Options that do not change what is learned: changing them on a resume deserves no warning.
+_FREE_ON_RESUME = {
+    "steps", "output_dir", "checkpoint_dir", "save_every", "keep_last", "breaker_steps",
+    "max_nonfinite_steps", "stop_at_reward", "signals", "log_samples_every", "wandb", "wandb_project",
+    "threads", "dist_timeout",
+}  # fmt: skip
 
 
 def _job_output() -> str | None:
