@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -18,9 +19,13 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)
-print(f"rank={dist.get_rank()} world={dist.get_world_size()} precision={os.environ.get('RV_PRECISION')} "
-      f"sum={t.item():g} node={os.environ.get('SLURM_NODEID')}", flush=True)
-print(f"to-stderr rank={dist.get_rank()}", file=sys.stderr, flush=True)
+# One write per line: print() writes the text and the newline separately, and two ranks sharing a
+# log file can then interleave mid-line.
+rank, world, precision = dist.get_rank(), dist.get_world_size(), os.environ.get("RV_PRECISION")
+sys.stdout.write(f"rank={rank} world={world} precision={precision} "
+                 f"sum={t.item():g} node={os.environ.get('SLURM_NODEID')}\\n")
+sys.stdout.flush()
+sys.stderr.write(f"to-stderr rank={dist.get_rank()}\\n")
 dist.destroy_process_group()
 """
 
@@ -53,17 +58,17 @@ def wait_done(run_rv, job_id: str, timeout: float = 240) -> dict:
         r = run_rv("ps", "-a", "--json")
         assert r.returncode == 0, r.stderr
         for job in json.loads(r.stdout):
-            if job["id"] == job_id and job["state"] not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            live = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING")
+            if job["id"] == job_id and job["state"] not in live:
                 return job
         time.sleep(2)
     raise AssertionError(f"job {job_id} did not finish in {timeout}s")
 
 
 def test_two_gpu_torchrun_bf16_and_stderr(run_rv, project):
-    r = run_rv("run", "-g", "2", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "train.py", cwd=project)
+    r = run_rv("run", "-g", "2", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "train.py", cwd=project)  # noqa: E501
     assert r.returncode == 0, r.stderr
-    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("rank="))
-    assert [ln.split(" node=")[0] for ln in lines] == [
+    assert sorted(re.findall(r"rank=\d world=\d precision=\w+ sum=\d+", r.stdout)) == [
         "rank=0 world=2 precision=bf16 sum=3",
         "rank=1 world=2 precision=bf16 sum=3",
     ]
@@ -81,18 +86,19 @@ def test_v100_gets_fp16(run_rv, project):
 
 
 def test_four_gpus_span_both_nodes(run_rv, project, remote_root):
-    r = run_rv("run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "train.py", cwd=project)
+    r = run_rv("run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "train.py", cwd=project)  # noqa: E501
     assert r.returncode == 0, r.stderr
-    ranks = [ln for ln in r.stdout.splitlines() if ln.startswith("rank=")]
-    assert len(ranks) == 4 and all("world=4" in ln and "sum=10" in ln for ln in ranks)
-    assert {ln.split("node=")[1] for ln in ranks} == {"0", "1"}
+    ranks = re.findall(r"rank=(\d) world=(\d) precision=bf16 sum=(\d+) node=(\d)", r.stdout)
+    assert sorted(rk for rk, *_ in ranks) == ["0", "1", "2", "3"]
+    assert all(world == "4" and total == "10" for _, world, total, _ in ranks)
+    assert {node for *_, node in ranks} == {"0", "1"}
     logs = sorted(p.name for p in (Path(remote_root) / "logs").iterdir())
     job = r.stderr.split("submitted job ")[1].split()[0]
     assert f"train-{job}-node0.out" in logs and f"train-{job}-node1.out" in logs
     node1 = run_rv("logs", job, "--node", "1", cwd=project)
     assert node1.returncode == 0
-    assert all("node=1" in ln for ln in node1.stdout.splitlines() if ln.startswith("rank="))
-    assert any(ln.startswith("rank=") for ln in node1.stdout.splitlines())
+    nodes = re.findall(r"rank=\d world=4 precision=bf16 sum=10 node=(\d)", node1.stdout)
+    assert nodes and set(nodes) == {"1"}
 
 
 def test_exit_codes_ps_and_stop(run_rv, project):
