@@ -8,6 +8,7 @@ files it moves.
 Modes (ARGS is one JSON object; every reply is zlib-compressed JSON on stdout):
 
 ``snap-query``  does ``snapshots/<id>`` exist? If not, which of its objects are missing?
+                (the id and manifest come on stdin, so the command can start before they are known)
 ``snap-put``    receive objects, then build ``snapshots/<id>`` from hard links into ``objects/``
 ``gc``          remove snapshots no live job uses and objects no snapshot references
 ``scan``        list a file or folder (size, mtime, mode; blob ids where asked) for push and pull
@@ -307,9 +308,11 @@ def touch(path):
 
 
 def mode_snap_query(args):
+    # The id comes on stdin, not in ARGS: the client starts this command (shell and python start-up)
+    # while it is still listing and hashing, and writes the header once it knows the id.
     root = root_path(args["root"])
-    sid = args["id"]
     payload = read_header()
+    sid = payload["id"]
     with store_lock(root, exclusive=False):
         final = snapshot_dir(root, sid)
         if os.path.isdir(final):
@@ -435,8 +438,8 @@ def build_snapshot(root, sid, entries, provenance):
 
 def mode_snap_put(args):
     root = root_path(args["root"])
-    sid = args["id"]
     payload = read_header()
+    sid = payload["id"]
     clean_stale_temps(root)
     with store_lock(root, exclusive=False):
         received, received_bytes, bad = receive_objects(root)
@@ -562,10 +565,10 @@ def mode_gc(args):
         # Manifests left without their tree (a build that died between the two renames).
         for name in names:
             p = join(snaps, name)
-            if name.endswith(b".json") and not os.path.isdir(p[:-5]) and os.path.exists(p):
-                if now - os.lstat(p).st_mtime > grace and not dry:
-                    with contextlib.suppress(OSError):
-                        os.unlink(p)
+            orphan = name.endswith(b".json") and not os.path.isdir(p[:-5]) and os.path.exists(p)
+            if orphan and now - os.lstat(p).st_mtime > grace and not dry:
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
         referenced = set()
         for sid in kept_ids:
             try:

@@ -43,7 +43,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -232,6 +232,8 @@ class _Candidates:
     hash: set[str] = field(default_factory=set)  # paths whose content must be hashed here
     untracked: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    top_config: dict[str, str] = field(default_factory=dict)  # of the outermost repo
+    top_git_dir: str = ""
 
 
 def find_repo_top(path: Path, git: Git) -> Path | None:
@@ -272,7 +274,7 @@ def _untrusted_by_attributes(top: Path, paths: list[str], git: Git, config: dict
 
 def _git_config(top: Path, git: Git) -> dict[str, str]:
     proc = git.run(
-        ["config", "-z", "--get-regexp", r"^(core\.autocrlf|core\.eol|remote\.origin\.url)$"],
+        ["config", "-z", "--get-regexp", r"^(core\.(autocrlf|eol|attributesfile)|remote\.origin\.url)$"],
         top,
         ok_codes=(0, 1),
     )
@@ -284,41 +286,71 @@ def _git_config(top: Path, git: Git) -> dict[str, str]:
     return values
 
 
+_LS_STAGE = re.compile(rb"([^ \0]+) ([0-7]{6}) ([0-9a-f]+) ([0-3])\t([^\0]*)\0")
+
+
+def _attribute_sources(top: Path, git_dir: str, names: Iterable[str], config: dict[str, str]) -> bool:
+    """Could any gitattributes apply here? Without any, check-attr (costly on big repos) is skipped."""
+    if config.get("core.autocrlf", "false").lower() in ("true", "1", "yes", "on", "input"):
+        return True
+    if config.get("core.eol", "").lower() == "crlf":
+        return True
+    if any(n == ".gitattributes" or n.endswith("/.gitattributes") for n in names):
+        return True
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    files = [
+        os.path.join(git_dir, "info", "attributes"),
+        os.path.expanduser(config.get("core.attributesfile", "")) or os.path.join(xdg, "git", "attributes"),
+        "/etc/gitattributes",
+        "/usr/local/etc/gitattributes",
+    ]
+    return any(os.path.isfile(f) for f in files)
+
+
 def _list_repo(top: Path, prefix: str, git: Git, cand: _Candidates) -> None:
     """Add one repository's files (recursing into submodules and nested repos) to ``cand``."""
-    listing = git.out(["ls-files", "-z", "-s", "-v"], top)
-    index: dict[str, tuple[str, int, str, int]] = {}
+    # Independent questions, asked at once: git processes are the bulk of a no-change snapshot.
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        staged_f = pool.submit(git.out, ["ls-files", "-z", "-s", "-v"], top)
+        modified_f = pool.submit(git.out, ["diff-files", "-z", "--name-only", "--ignore-submodules=all"], top)
+        others_f = pool.submit(git.out, ["ls-files", "-z", "-o", "--exclude-standard"], top)
+        config_f = pool.submit(_git_config, top, git)
+        git_dir_f = pool.submit(git.out, ["rev-parse", "--absolute-git-dir"], top)
+        listing, modified_b, others_b = staged_f.result(), modified_f.result(), others_f.result()
+        config, git_dir = config_f.result(), os.fsdecode(git_dir_f.result().strip())
+    if not prefix:
+        cand.top_config, cand.top_git_dir = config, git_dir
+    index: dict[str, tuple[bytes, int, str, int]] = {}
     submodules = []
-    for rec in listing.split(b"\0"):
-        if not rec:
-            continue
-        meta, _, raw_path = rec.partition(b"\t")
-        tag, mode_s, oid, stage = meta.split(b" ")
+    for tag, mode_s, oid, stage, raw_path in _LS_STAGE.findall(listing):
         path = agent.dec(raw_path)
         mode = int(mode_s, 8)
         if mode == MODE_GITLINK:
             submodules.append(path)
             continue
-        index[path] = (tag.decode(), mode, oid.decode(), int(stage))  # a conflict keeps its last stage
-    modified = set(_split_z(git.out(["diff-files", "-z", "--name-only", "--ignore-submodules=all"], top)))
-    config = _git_config(top, git)
+        index[path] = (tag, mode, oid.decode(), int(stage))  # a conflict keeps its last stage
+    modified = set(_split_z(modified_b))
+    others = _split_z(others_b)
+    # "H" is a plain cached entry; lowercase (assume-unchanged), "S" (skip-worktree) and conflicts
+    # mean git's stat check does not vouch for the working tree: those are hashed here.
     plain = [
         p for p, (tag, mode, _oid, stage) in index.items()
-        if stage == 0 and tag == "H" and p not in modified and mode != MODE_LINK
+        if stage == 0 and tag == b"H" and p not in modified and mode != MODE_LINK
     ]  # fmt: skip
-    unsafe = _untrusted_by_attributes(top, plain, git, config)
-    for path, (tag, mode, oid, stage) in index.items():
+    unsafe: set[str] = set()
+    if _attribute_sources(top, git_dir, [*index, *others], config):
+        unsafe = _untrusted_by_attributes(top, plain, git, config)
+    trusted = set(plain) - unsafe
+    for path, (_tag, mode, oid, stage) in index.items():
         full = prefix + path
         if stage == 0:
             cand.index_ids[full] = (mode, oid)
-        # "H" is a plain cached entry; lowercase (assume-unchanged), "S" (skip-worktree) and
-        # conflicts mean git's stat check does not vouch for the working tree: hash those.
-        if stage == 0 and tag == "H" and path not in modified and path not in unsafe and mode != MODE_LINK:
+        if path in trusted:
             cand.trusted[full] = oid
         else:
             cand.hash.add(full)
     nested = []
-    for path in _split_z(git.out(["ls-files", "-z", "-o", "--exclude-standard"], top)):
+    for path in others:
         if path.endswith("/"):
             nested.append(path.rstrip("/"))  # an untracked repository inside this one
         else:
@@ -425,13 +457,15 @@ def scan_tree(
         plain_left_out = _list_plain(folder, git, cand)
     else:
         root = top
-        _list_repo(top, "", git, cand)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            finish_repo_info = _head_questions(top, git, pool)
+            _list_repo(top, "", git, cand)
     warnings.extend(cand.warnings)
     paths = [p for p in set(cand.trusted) | cand.hash if ".git" not in p.split("/")]
 
     # .rvignore: skip git entirely when there is none (the common case costs nothing).
     dirs = {p.rpartition("/")[0] for p in paths}
-    has_rvignore = any(os.path.exists(root / d / ".rvignore") for d in dirs) or (root / ".rvignore").exists()
+    has_rvignore = any(os.path.exists(os.path.join(root, d, ".rvignore")) for d in dirs)
     excluded = ignored_paths(root, paths, git) if has_rvignore else set()
 
     wanted = [p for p in paths if p not in excluded]
@@ -474,7 +508,7 @@ def scan_tree(
         changed = any(e.path in cand.index_ids and cand.index_ids[e.path] != (e.mode, e.oid) for e in entries)
         deleted = any(p not in present and p not in excluded for p in cand.index_ids)
         untracked = tuple(sorted(p for p in cand.untracked if p in present))
-        repo = _repo_info(top, git, changed or deleted, untracked)
+        repo = finish_repo_info(cand, changed or deleted, untracked)
     return LocalTree(root, tuple(sort_entries(entries)), tuple(ignored), tuple(warnings), repo)
 
 
@@ -511,21 +545,25 @@ def _hash_many(
         return dict(zip(paths, pool.map(one, paths), strict=True))
 
 
-def _repo_info(top: Path, git: Git, modified: bool, untracked: tuple[str, ...]) -> RepoInfo:
-    git_dir = Path(os.fsdecode(git.out(["rev-parse", "--absolute-git-dir"], top).strip()))
-    head = git.run(["rev-parse", "-q", "--verify", "HEAD^{commit}"], top, ok_codes=(0, 1, 128))
-    commit = head.stdout.decode().strip() if head.returncode == 0 else None
-    ref = git.run(["symbolic-ref", "-q", "--short", "HEAD"], top, ok_codes=(0, 1, 128))
-    branch = ref.stdout.decode("utf-8", "replace").strip() if ref.returncode == 0 else None
-    staged = False
-    if commit:
-        staged = (
-            git.run(["diff-index", "--cached", "--quiet", "HEAD", "--"], top, ok_codes=(0, 1)).returncode == 1
-        )
-    else:
-        staged = bool(git.out(["ls-files", "-z"], top))
-    url = _git_config(top, git).get("remote.origin.url")
-    return RepoInfo(top, git_dir, commit, branch, url, modified or staged or bool(untracked), untracked)
+def _head_questions(top: Path, git: Git, pool: ThreadPoolExecutor) -> Callable[..., RepoInfo]:
+    """Start asking about HEAD now; the returned function completes a RepoInfo once listing is done."""
+    head = pool.submit(git.run, ["rev-parse", "-q", "--verify", "HEAD^{commit}"], top, ok_codes=(0, 1, 128))
+    ref = pool.submit(git.run, ["symbolic-ref", "-q", "--short", "HEAD"], top, ok_codes=(0, 1, 128))
+    staged = pool.submit(
+        git.run, ["diff-index", "--cached", "--quiet", "HEAD", "--"], top, ok_codes=(0, 1, 128)
+    )
+
+    def finish(cand: _Candidates, modified: bool, untracked: tuple[str, ...]) -> RepoInfo:
+        h, r, st = head.result(), ref.result(), staged.result()
+        commit = h.stdout.decode().strip() if h.returncode == 0 else None
+        branch = r.stdout.decode("utf-8", "replace").strip() if r.returncode == 0 else None
+        # Without a commit everything staged is new; with one, diff-index says (exit 1: differs).
+        is_staged = st.returncode == 1 if commit else bool(cand.index_ids)
+        url = cand.top_config.get("remote.origin.url")
+        dirty = modified or is_staged or bool(untracked)
+        return RepoInfo(top, Path(cand.top_git_dir), commit, branch, url, dirty, untracked)
+
+    return finish
 
 
 # --------------------------------------------------------------------------------------------------
@@ -576,8 +614,14 @@ def _root_commit(repo: RepoInfo, git: Git, cache_dir: Path | None) -> str | None
     return root
 
 
-def provenance(tree: LocalTree, project: str, subdir: str, git: Git | None = None) -> dict[str, Any]:
-    """Where a snapshot came from: stored beside it on the cluster and in the job record."""
+def provenance(
+    tree: LocalTree, project: str, subdir: str, git: Git | None = None, *, with_diff: bool = True
+) -> dict[str, Any]:
+    """Where a snapshot came from: stored beside it on the cluster and in the job record.
+
+    ``with_diff=False`` leaves the dirty tree's diff out (``diff`` is then None): it is only needed
+    when the snapshot is new, so a resubmit does not pay for ``git diff``.
+    """
     git = git or Git()
     repo = tree.repo
     prov: dict[str, Any] = {
@@ -607,7 +651,9 @@ def provenance(tree: LocalTree, project: str, subdir: str, git: Git | None = Non
         dirty=repo.dirty,
     )
     prov["untracked"] = list(repo.untracked[:1000])
-    if repo.dirty and repo.commit:
+    if not with_diff:
+        prov["diff"] = None
+    elif repo.dirty and repo.commit:
         diff = git.out(
             ["diff", "HEAD", "--no-color", "--no-ext-diff", "--no-textconv", "--submodule=short"], repo.top
         )
@@ -628,18 +674,16 @@ def _agent_bootstrap() -> str:
 
 
 def agent_command(mode: str, args: dict[str, Any]) -> str:
-    """The shell line that runs :mod:`rv.remote_store` on the cluster (isolated mode, no site)."""
-    return " ".join(
-        [
-            "python3",
-            "-I",
-            "-S",
-            "-c",
-            shlex.quote(_agent_bootstrap()),
-            shlex.quote(mode),
-            shlex.quote(json.dumps(args)),
-        ]
+    """The shell line that runs :mod:`rv.remote_store` on the cluster (isolated mode, no site).
+
+    The system's /usr/bin/python3 is preferred over whatever ``python3`` is first on PATH: pyenv and
+    conda shims there cost 50-150 ms per call (on the loopback cluster, more than the work itself),
+    and a user's broken environment cannot break syncing. The agent needs the stdlib only.
+    """
+    program = " ".join(
+        ["-I", "-S", "-c", shlex.quote(_agent_bootstrap()), shlex.quote(mode), shlex.quote(json.dumps(args))]
     )
+    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {program}'
 
 
 def frame(obj: Any) -> bytes:
@@ -759,8 +803,9 @@ class LocalSnapshot:
     id: str
     project: str
     subdir: str  # the folder asked for, relative to the repo top ("" when it is the top)
-    provenance: dict[str, Any]
+    provenance: dict[str, Any]  # without the diff: see provenance(with_diff=False)
     allowed_large: tuple[tuple[str, int], ...] = ()
+    git: Git = field(default_factory=Git, compare=False, repr=False)
 
     @property
     def branch(self) -> str | None:
@@ -792,7 +837,7 @@ class SnapshotResult:
     new_bytes: int
     sent_bytes: int  # everything written to the connection (objects, framing, manifest)
     created: bool  # False: the identical tree was already there
-    provenance: dict[str, Any]
+    provenance: dict[str, Any]  # the diff of a dirty tree is in the meta file, not here
     warnings: tuple[str, ...] = ()
 
 
@@ -835,8 +880,8 @@ def prepare_snapshot(
     project = project_key(tree, git, cache_dir)
     here = Path(path).resolve()
     subdir = here.relative_to(tree.root).as_posix() if here != tree.root else ""
-    prov = provenance(tree, project, subdir, git)
-    return LocalSnapshot(tree, snapshot_id(tree.entries), project, subdir, prov, allowed)
+    prov = provenance(tree, project, subdir, git, with_diff=False)
+    return LocalSnapshot(tree, snapshot_id(tree.entries), project, subdir, prov, allowed, git)
 
 
 def summary_line(snap: LocalSnapshot, new_objects: int | None, new_bytes: int) -> str:
@@ -916,6 +961,10 @@ def _object_stream(
     yield bytes(buf)
 
 
+def _query_stdin(snap: LocalSnapshot, payload: dict[str, Any]) -> bytes:
+    return frame({"id": snap.id, **payload})
+
+
 def upload_snapshot(
     transport: Any,
     layout: RemoteLayout,
@@ -924,15 +973,22 @@ def upload_snapshot(
     cache: ManifestCache | None = None,
     on_summary: Callable[[str], None] | None = None,
     on_progress: Progress | None = None,
+    _query: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> SnapshotResult:
-    """Make ``snap`` exist on the cluster: one round trip if it already does, two otherwise."""
+    """Make ``snap`` exist on the cluster: one round trip if it already does, two otherwise.
+
+    (``_query``: the payload sent and the reply of a snap-query already made, by make_snapshot.)
+    """
     rows = [e.row() for e in snap.tree.entries]
-    args = {"root": layout.root, "id": snap.id}
-    payload = manifest_payload(rows, cache.bases(snap.project) if cache else [])
-    reply = call_agent(transport, "snap-query", args, stdin=frame(payload))
+    args = {"root": layout.root}
+    if _query is None:
+        payload = manifest_payload(rows, cache.bases(snap.project) if cache else [])
+        reply = call_agent(transport, "snap-query", args, stdin=_query_stdin(snap, payload))
+    else:
+        payload, reply = _query
     if reply["status"] == "need-full":
         payload = {"entries": rows}
-        reply = call_agent(transport, "snap-query", args, stdin=frame(payload))
+        reply = call_agent(transport, "snap-query", args, stdin=_query_stdin(snap, payload))
     sent = [0]
     created = False
     new_objects = new_bytes = 0
@@ -948,9 +1004,10 @@ def upload_snapshot(
         summary = summary_line(snap, new_objects, new_bytes)
         if on_summary:
             on_summary(summary)
+        stored_provenance = provenance(snap.tree, snap.project, snap.subdir, snap.git)
         for _attempt in range(3):
             sends = [by_oid[o] for o in missing]
-            header = frame({**payload, "provenance": snap.provenance})
+            header = frame({"id": snap.id, **payload, "provenance": stored_provenance})
             stream = _object_stream(
                 snap.tree.root, header, sends, on_progress, sum(e.size for e in sends), sent
             )
@@ -966,7 +1023,8 @@ def upload_snapshot(
                 break
             if reply["status"] == "need-full":
                 payload = {"entries": rows}
-                missing = call_agent(transport, "snap-query", args, stdin=frame(payload)).get("missing", [])
+                again = call_agent(transport, "snap-query", args, stdin=_query_stdin(snap, payload))
+                missing = again.get("missing", [])
             else:
                 missing = list(reply["missing"])  # collected by a concurrent gc since the query: resend
         else:
@@ -1010,11 +1068,43 @@ def make_snapshot(
     on_progress: Progress | None = None,
     git: Git | None = None,
 ) -> SnapshotResult:
-    """prepare_snapshot + upload_snapshot. ``cache_key`` names the store (e.g. the profile name)."""
-    snap = prepare_snapshot(
-        path, max_file_size=max_file_size, allow_large=allow_large, git=git, cache_dir=cache_dir
-    )
+    """List, hash, check and ship the snapshot of ``path``'s repo; ``cache_key`` names the store.
+
+    The first remote command starts before the local listing, so the cluster's shell and python
+    start-up (most of a round trip on many clusters) overlap with it: a resubmit with nothing
+    changed costs about one round trip in all. Local errors (a file over the size limit) still
+    win: the early command is then abandoned with nothing sent. For a strict "check everything,
+    then connect" order, call prepare_snapshot and upload_snapshot yourself.
+    """
     cache = ManifestCache(cache_dir, cache_key or layout.root) if cache_dir else None
+    ready: Future[bytes | None] = Future()
+
+    def query_stdin() -> Iterator[bytes]:
+        data = ready.result()
+        if data is not None:
+            yield data
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        early = pool.submit(call_agent, transport, "snap-query", {"root": layout.root}, stdin=query_stdin())
+        try:
+            snap = prepare_snapshot(
+                path, max_file_size=max_file_size, allow_large=allow_large, git=git, cache_dir=cache_dir
+            )
+            rows = [e.row() for e in snap.tree.entries]
+            payload = manifest_payload(rows, cache.bases(snap.project) if cache else [])
+        except BaseException:
+            ready.set_result(None)  # the early command reads an empty stdin and exits
+            with contextlib.suppress(Exception):
+                early.result()
+            raise
+        ready.set_result(_query_stdin(snap, payload))
+        reply = early.result()
     return upload_snapshot(
-        transport, layout, snap, cache=cache, on_summary=on_summary, on_progress=on_progress
+        transport,
+        layout,
+        snap,
+        cache=cache,
+        on_summary=on_summary,
+        on_progress=on_progress,
+        _query=(payload, reply),
     )

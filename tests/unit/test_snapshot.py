@@ -24,6 +24,7 @@ from rv.snapshot import (
     manifest_payload,
     prepare_snapshot,
     project_key,
+    provenance,
     scan_tree,
     snapshot_id,
 )
@@ -313,18 +314,18 @@ def test_provenance_of_a_dirty_tree(tmp_path):
     snap = prepare_snapshot(repo)
     prov = snap.provenance
     assert prov["branch"] == "main" and prov["commit"] == git(repo, "rev-parse", "HEAD").strip()
-    assert (
-        prov["dirty"] is True
-        and "+lr = 2" in prov["diff"]
-        and prov["remote_url"] == "git@example.org:me/repo.git"
-    )
+    assert prov["dirty"] is True and prov["remote_url"] == "git@example.org:me/repo.git"
+    assert prov["diff"] is None  # computed only when the snapshot is new (see upload)
+    full = provenance(snap.tree, snap.project, snap.subdir)
+    assert "+lr = 2" in full["diff"] and full["diff_truncated"] is False
     assert snap.subdir == ""
     write(repo / "sub/x.py", "x")
     assert prepare_snapshot(repo / "sub").subdir == "sub"
     git(repo, "checkout", "-q", "--", "train.py")
     (repo / "sub/x.py").unlink()
     clean = prepare_snapshot(repo)
-    assert clean.provenance["dirty"] is False and clean.provenance["diff"] == ""
+    assert clean.provenance["dirty"] is False
+    assert provenance(clean.tree, clean.project, "")["diff"] == ""
 
 
 # -- the agent ------------------------------------------------------------------------------------
@@ -343,6 +344,6 @@ def test_agent_parses_as_python_3_6():
 
 def test_agent_command_quotes_its_arguments():
     cmd = snapshot.agent_command("scan", {"root": "/x/it's here", "path": "$(rm -rf ~)"})
-    assert cmd.startswith("python3 -I -S -c ")
+    assert cmd.startswith('p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" -I -S -c ')
     assert "'\"'\"'" in cmd  # the single quote in the root is shell-quoted
     assert "$(rm -rf ~)" in cmd and '\'{"root"' in cmd
