@@ -268,30 +268,38 @@ def read_meta(root, sid):
 
 
 def resolve_entries(root, sid, payload):
-    """The manifest from a full list or a delta against a base snapshot; None if the base is gone."""
+    """The manifest from a full list or a delta against a base snapshot; None if the base is gone.
+
+    Returns ``(entries, new)``: ``new`` holds the entries that may need objects. With a delta against
+    a base whose tree exists, that is only the upserted ones: the base's objects are referenced by
+    it, and gc cannot remove them while the caller holds the store lock.
+    """
     if "entries" in payload:
-        entries = payload["entries"]
+        entries = new = payload["entries"]
     else:
         try:
             base = read_meta(root, payload["base"])["entries"]
         except (OSError, ValueError, KeyError):
-            return None
+            return None, None
         by_path = dict((e[0], e) for e in base)
         for path in payload.get("remove", ()):
             by_path.pop(path, None)
-        for e in payload.get("upsert", ()):
+        new = payload.get("upsert", [])
+        for e in new:
             by_path[e[0]] = e
         entries = list(by_path.values())
+        if not os.path.isdir(snapshot_dir(root, payload["base"])):
+            new = entries
     entries = sort_entries(entries)
     if manifest_id(entries) != sid:
         if "entries" in payload:
             raise AgentError("the manifest sent does not hash to snapshot id %s" % sid, "remote")
-        return None  # the base's manifest differs from the client's cached copy: ask for all of it
-    for e in entries:
+        return None, None  # the base's manifest differs from the client's cached copy: ask for all
+    for e in new:
         check_relpath(e[0])
         if e[1] not in (MODE_FILE, MODE_EXEC, MODE_LINK) or not re.match(r"^[0-9a-f]{40}$", e[2]):
             raise AgentError("bad manifest entry %r" % (e,), "usage")
-    return entries
+    return entries, new
 
 
 def missing_objects(root, entries):
@@ -318,10 +326,10 @@ def mode_snap_query(args):
         if os.path.isdir(final):
             touch(final + b".json")  # "last used": gc measures age from here
             return {"status": "exists"}
-        entries = resolve_entries(root, sid, payload)
+        entries, new = resolve_entries(root, sid, payload)
         if entries is None:
             return {"status": "need-full"}
-        missing = missing_objects(root, entries)
+        missing = missing_objects(root, new)
         return {"status": "missing", "missing": sorted(missing), "bytes": sum(missing.values())}
 
 
@@ -449,11 +457,11 @@ def mode_snap_put(args):
             touch(final + b".json")
             result["status"] = "exists"
             return result
-        entries = resolve_entries(root, sid, payload)
+        entries, new = resolve_entries(root, sid, payload)
         if entries is None:
             result["status"] = "need-full"
             return result
-        missing = missing_objects(root, entries)
+        missing = missing_objects(root, new)
         if missing:
             result.update(status="missing", missing=sorted(missing))
             return result

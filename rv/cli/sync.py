@@ -339,6 +339,8 @@ def snapshot(ctx: click.Context, path: str, max_file_size: int, allow_large: boo
                 "total_bytes": result.total_bytes,
                 "new_objects": result.new_objects,
                 "new_bytes": result.new_bytes,
+                "left_out": [{"path": p, "size": n if n >= 0 else None} for p, n in snap.tree.ignored],
+                "warnings": list(result.warnings),
             }
         )
     else:

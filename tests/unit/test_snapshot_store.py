@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -329,3 +331,54 @@ def test_gc_grace_protects_a_submission_in_progress(tmp_path, layout, fake_squeu
     snap = make_snapshot(t, layout, new_repo(tmp_path / "repo"))
     report = collect_garbage(t, layout, older_than=0)
     assert report.removed == [] and Path(snap.remote_path).exists()
+
+
+def test_delta_against_a_base_whose_tree_is_gone_checks_every_object(tmp_path, transport, layout):
+    # A manifest left behind without its tree (a build that died, a half-finished gc) must not be
+    # trusted to vouch for objects: they may be gone.
+    repo = sample_repo(tmp_path)
+    cache_dir = tmp_path / "cache"
+    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    subprocess.run(["chmod", "-R", "u+w", layout.snapshot(first.id)], check=True)
+    shutil.rmtree(layout.snapshot(first.id))
+    shutil.rmtree(layout.objects)
+    write(repo / "train.py", "print('third')\n")
+    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert second.created and second.new_objects == 6  # every distinct blob again
+    assert (
+        tree_state(Path(second.remote_path))["lib/util.py"]
+        == expected_state(repo, ["lib/util.py"])["lib/util.py"]
+    )
+
+
+def test_file_systems_without_hard_links_get_copies(tmp_path, monkeypatch):
+    # The agent's own functions, called in-process, with os.link failing as on a FS that refuses it.
+    import errno
+
+    from rv import remote_store as agent
+
+    root = str(tmp_path / "store").encode()
+    for data in (b"plain", b"#!/bin/sh\n"):
+        oid = blob_id(data)
+        dest = agent.object_path(root, oid)
+        os.makedirs(os.path.dirname(dest))
+        Path(os.fsdecode(dest)).write_bytes(data)
+        os.chmod(dest, 0o444)
+    os.makedirs(os.path.join(root, b"tmp"))
+
+    def refuse(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(agent.os, "link", refuse)
+    entries = agent.sort_entries(
+        [
+            ["a.txt", agent.MODE_FILE, blob_id(b"plain"), 5],
+            ["bin/run", agent.MODE_EXEC, blob_id(b"#!/bin/sh\n"), 10],
+        ]
+    )
+    sid = agent.manifest_id(entries)
+    assert agent.build_snapshot(root, sid, entries, {}) == "created"
+    snap = Path(os.fsdecode(agent.snapshot_dir(root, sid)))
+    assert (snap / "a.txt").read_bytes() == b"plain" and (snap / "a.txt").stat().st_nlink == 1
+    assert stat.S_IMODE((snap / "a.txt").stat().st_mode) == 0o444
+    assert stat.S_IMODE((snap / "bin/run").stat().st_mode) == 0o555
