@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "protocol.file.allow=always"]
 
 REMOTE_HASH = r"""
@@ -344,3 +346,20 @@ def test_watch_pushes_an_edit_then_stops_on_ctrl_c(rv_env, tmp_path, ssh_transpo
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "stopped" in err
+
+
+def test_api_snapshot_overlaps_its_query_and_survives_a_local_error(tmp_path, ssh_transport, remote_root):
+    # make_snapshot (what `rv run` calls) starts its query before listing: over real SSH, a size
+    # error must abandon it cleanly and leave the connection usable.
+    from rv.errors import UsageError
+    from rv.layout import RemoteLayout
+    from rv.snapshot import make_snapshot
+
+    repo, intended = awkward_repo(tmp_path)
+    layout = RemoteLayout(remote_root)
+    with pytest.raises(UsageError, match="over the 10 B limit"):
+        make_snapshot(ssh_transport, layout, repo, max_file_size=10)
+    result = make_snapshot(ssh_transport, layout, repo, cache_dir=tmp_path / "cache")
+    assert result.created and remote_tree(ssh_transport, result.remote_path) == local_tree(repo, intended)
+    again = make_snapshot(ssh_transport, layout, repo, cache_dir=tmp_path / "cache")
+    assert (again.id, again.created, again.new_objects) == (result.id, False, 0)

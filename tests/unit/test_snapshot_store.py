@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_snapshot import git, new_repo, write
 
-from rv.errors import RemoteError
+from rv.errors import RemoteError, UsageError
 from rv.layout import RemoteLayout
 from rv.snapshot import (
     ManifestCache,
@@ -382,3 +382,15 @@ def test_file_systems_without_hard_links_get_copies(tmp_path, monkeypatch):
     assert (snap / "a.txt").read_bytes() == b"plain" and (snap / "a.txt").stat().st_nlink == 1
     assert stat.S_IMODE((snap / "a.txt").stat().st_mode) == 0o444
     assert stat.S_IMODE((snap / "bin/run").stat().st_mode) == 0o555
+
+
+def test_a_local_error_abandons_the_early_query_cleanly(tmp_path, transport, layout):
+    # make_snapshot starts its first remote command before listing; a file over the limit must still
+    # fail with the size message, and the abandoned command must leave nothing behind.
+    repo = sample_repo(tmp_path)
+    write(repo / "weights.bin", b"\0" * 5000)
+    with pytest.raises(UsageError, match=r"weights\.bin"):
+        make_snapshot(transport, layout, repo, max_file_size=1000)
+    assert len(transport.calls) == 1 and "snap-query" in transport.calls[0]
+    assert not Path(layout.snapshots).exists()
+    assert leftover_temps(layout) == []
