@@ -66,6 +66,8 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
 class GitError(RvError):
+    """A git command failed unexpectedly (exit 1: not something the user typed wrong)."""
+
     exit_code = 1
 
 
@@ -237,10 +239,24 @@ class _Candidates:
 
 
 def find_repo_top(path: Path, git: Git) -> Path | None:
+    """The work tree's top, or None outside any repository.
+
+    When git refuses a repository that is there (``safe.directory`` ownership checks, a damaged
+    ``.git``), that is an error, not "no repo": treating it as a plain folder would send every
+    gitignored file.
+    """
     proc = git.run(["rev-parse", "--show-toplevel"], path, ok_codes=(0, 128))
-    if proc.returncode != 0:
-        return None
-    return Path(os.fsdecode(proc.stdout.rstrip(b"\n")))
+    if proc.returncode == 0:
+        return Path(os.fsdecode(proc.stdout.rstrip(b"\n")))
+    resolved = path.resolve()
+    for folder in (resolved, *resolved.parents):
+        if (folder / ".git").exists():
+            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise UsageError(
+                f"git cannot read the repository at {folder}: {tail[-1] if tail else 'no message'}",
+                hint="run `git status` there to see why (safe.directory, a damaged .git ...)",
+            )
+    return None
 
 
 def _untrusted_by_attributes(top: Path, paths: list[str], git: Git, config: dict[str, str]) -> set[str]:

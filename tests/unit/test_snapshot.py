@@ -347,3 +347,10 @@ def test_agent_command_quotes_its_arguments():
     assert cmd.startswith('p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" -I -S -c ')
     assert "'\"'\"'" in cmd  # the single quote in the root is shell-quoted
     assert "$(rm -rf ~)" in cmd and '\'{"root"' in cmd
+
+
+def test_a_repository_git_refuses_is_an_error_not_a_plain_folder(tmp_path):
+    repo = new_repo(tmp_path / "repo")
+    (repo / ".git" / "HEAD").write_text("garbage\n")  # git no longer recognises it as a repo
+    with pytest.raises(UsageError, match="git cannot read the repository at"):
+        scan_tree(repo)
