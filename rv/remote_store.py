@@ -811,6 +811,13 @@ def main(argv):
     except AgentError as exc:
         reply({"error": str(exc), "code": exc.code})
         return 0
+    except OSError as exc:
+        if mode == "send":
+            raise  # mid-stream: a reply here would corrupt the frames; the traceback goes to stderr
+        where = exc.filename.decode("utf-8", "replace") if isinstance(exc.filename, bytes) else exc.filename
+        name = errno.errorcode.get(exc.errno or 0, "")
+        reply({"error": "%s: %s" % (exc.strerror or exc, where), "code": "oserror", "errno": name})
+        return 0
     finally:
         for path in list(_cleanup):
             with contextlib.suppress(OSError):

@@ -732,7 +732,14 @@ def call_agent(
             "shells",
         ) from exc
     if isinstance(reply, dict) and "error" in reply:
-        raise _AGENT_ERRORS.get(reply.get("code", ""), RemoteError)(reply["error"])
+        hint = None
+        if reply.get("errno") in ("ENOSPC", "EDQUOT"):
+            hint = "free space under the remote root: `rv sync gc` removes snapshots no job needs"
+        elif reply.get("errno") in ("EACCES", "EPERM", "EROFS"):
+            hint = "check the profile's remote_root is writable by you (`rv init` to change it)"
+        raise _AGENT_ERRORS.get(reply.get("code", ""), RemoteError)(
+            f"remote {mode}: {reply['error']}", hint=hint
+        )
     return reply
 
 

@@ -394,3 +394,11 @@ def test_a_local_error_abandons_the_early_query_cleanly(tmp_path, transport, lay
     assert len(transport.calls) == 1 and "snap-query" in transport.calls[0]
     assert not Path(layout.snapshots).exists()
     assert leftover_temps(layout) == []
+
+
+def test_a_remote_file_system_error_names_the_path(tmp_path, transport):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the remote root's parent should be")
+    repo = sample_repo(tmp_path)
+    with pytest.raises(RemoteError, match=r"remote snap-query: Not a directory: .*/not-a-folder/root$"):
+        make_snapshot(transport, RemoteLayout(str(blocker / "root")), repo)
