@@ -21,7 +21,12 @@ the working tree differ from the blob. Everything else is hashed here.
 Shipping (see :mod:`rv.remote_store` for the cluster side) costs one round trip when the snapshot
 already exists and two otherwise: ``snap-query`` (which objects are missing), then ``snap-put`` (only
 those, streamed through one command's stdin, then the tree is built by hard links). The manifest
-travels as a delta against a manifest this machine sent before when one is cached.
+travels as a delta against a manifest this machine sent before when one is cached. make_snapshot
+starts ``snap-query`` before listing, so the cluster's shell and python start-up overlap with git.
+
+Why git decides what is ignored: a second implementation of gitignore semantics (negation, folder
+patterns, ``**``, nested files, case folding) would disagree with git somewhere, and the user's only
+reference is what git itself does.
 """
 
 from __future__ import annotations
