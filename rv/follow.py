@@ -82,22 +82,37 @@ def parse_job_state(text: str) -> tuple[str, str, str] | None:
 
 
 def exit_code_command(job_id: str) -> str:
-    """The job's exit code: scontrol while slurmctld remembers it, then sacct (which lags a little)."""
+    """The job's state and exit code: scontrol while slurmctld remembers it, then sacct (which lags)."""
     q = shlex.quote(job_id)
     return (
-        f"scontrol -o show job {q} 2>/dev/null | grep -o ' ExitCode=[0-9]*:[0-9]*' | head -n1; "
+        f"scontrol -o show job {q} 2>/dev/null | grep -o -E ' (JobState|ExitCode)=[^ ]*' | tr -d ' ' | "
+        "paste -sd' ' -; "
         f"sacct -n -X -P -j {q} -o ExitCode,State 2>/dev/null | head -n1; true"
     )
 
 
-def parse_exit_code(text: str) -> int | None:
-    """``ExitCode=N:S`` / ``N:S|STATE``: N, or 128+S when a signal killed it (as a shell reports it)."""
+def parse_exit_code(text: str) -> tuple[int, str] | None:
+    """(code, state) from ``JobState=S ExitCode=N:G`` or sacct's ``N:G|STATE``.
+
+    The code is N, or 128+G when signal G killed it, as a shell reports it. A job that ended
+    without completing (cancelled while pending, node failure, time limit) but says 0 gets 1, so
+    `rv run -f` never reports success for a job that did not finish.
+    """
     for line in text.splitlines():
-        line = line.strip().removeprefix("ExitCode=")
+        line = line.strip()
         if not line:
             continue
-        code, _, rest = line.partition(":")
-        sig = rest.split("|", 1)[0]
-        if code.isdigit() and sig.isdigit():
-            return int(code) if int(sig) == 0 else 128 + int(sig)
+        if line.startswith("JobState="):
+            fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+            exit_field, state = fields.get("ExitCode", ""), fields.get("JobState", "")
+        else:
+            exit_field, _, state = line.partition("|")
+        code, _, sig = exit_field.partition(":")
+        if not (code.isdigit() and sig.isdigit()):
+            continue
+        state = state.split()[0] if state.split() else ""
+        value = int(code) if int(sig) == 0 else 128 + int(sig)
+        if value == 0 and state and state != "COMPLETED":
+            value = 1
+        return value, state
     return None

@@ -165,11 +165,11 @@ def stream_logs(
     return transport.stream(cmd, on_stdout=on_stdout, on_stderr=on_stderr, keep_stdin_open=follow)
 
 
-def job_exit_code(transport: Transport, job_id: str, attempts: int = 20) -> int | None:
-    """sacct lags up to ~30 s behind the job's end; scontrol answers at once while it remembers."""
+def job_exit_code(transport: Transport, job_id: str, attempts: int = 20) -> tuple[int, str] | None:
+    """(exit code, final state). scontrol answers at once while it remembers the job; sacct lags."""
     for _ in range(attempts):
-        code = parse_exit_code(transport.run(exit_code_command(job_id)).out)
-        if code is not None:
-            return code
+        result = parse_exit_code(transport.run(exit_code_command(job_id)).out)
+        if result is not None:
+            return result
         time.sleep(1.5)
     return None

@@ -186,8 +186,11 @@ def _follow(s, record) -> int:  # type: ignore[no-untyped-def]
     except KeyboardInterrupt:
         note(f"\ndetached; job {record.job_id} keeps running: rv logs -f {record.job_id}")
         return 130
-    code = launch.job_exit_code(s.transport, record.job_id)
-    if code is None:
+    ended = launch.job_exit_code(s.transport, record.job_id)
+    if ended is None:
         warn(f"could not read the exit code of job {record.job_id}; `rv ps -a` will show it")
         return 1
+    code, state = ended
+    if state and state != "COMPLETED":
+        warn(f"job {record.job_id} ended {state} (exit code {code})")
     return code

@@ -51,8 +51,10 @@ def test_probe_missing_sbatch_says_what_to_do():
 
 
 def test_exit_code_and_state_parsing():
-    assert parse_exit_code(" ExitCode=3:0\n") == 3
-    assert parse_exit_code("0:9|CANCELLED by 0\n") == 137
+    assert parse_exit_code("JobState=FAILED ExitCode=3:0\n") == (3, "FAILED")
+    assert parse_exit_code("JobState=COMPLETED ExitCode=0:0\n") == (0, "COMPLETED")
+    assert parse_exit_code("JobState=CANCELLED ExitCode=0:0\n") == (1, "CANCELLED")  # never "success"
+    assert parse_exit_code("\n0:9|CANCELLED by 0\n") == (137, "CANCELLED")
     assert parse_exit_code("\n") is None
     assert parse_job_state("PENDING|Resources|2026-11-21T10:00:00\n") == (
         "PENDING",
