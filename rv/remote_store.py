@@ -337,6 +337,7 @@ def receive_objects(root):
     """Read ``O <oid:20> <size:8> <content>`` frames until ``E``; each lands by rename when correct."""
     tmpdir = join(root, b"tmp")
     makedirs(tmpdir)
+    fans = set()  # objects/xx folders known to exist: a failing mkdir per object adds up
     received, received_bytes, bad = 0, 0, []
     while True:
         tag = read_exact(1)
@@ -354,7 +355,9 @@ def receive_objects(root):
             if hasher.hexdigest() == oid:
                 os.chmod(tmp, 0o444)
                 dest = object_path(root, oid)
-                makedirs(os.path.dirname(dest))
+                if oid[:2] not in fans:
+                    makedirs(os.path.dirname(dest))
+                    fans.add(oid[:2])
                 os.rename(tmp, dest)
                 received += 1
                 received_bytes += size
