@@ -1,5 +1,5 @@
 """``python -m rv_train`` (or ``torchrun ... -m rv_train``): the GRPO trainer."""
 
-from rv_train.trainer import main
+from rv_train.trainer import cli
 
-raise SystemExit(main())
+cli()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -204,23 +205,40 @@ class Run:
     output_dir: Path
     checkpoint_dir: Path
     max_new_tokens: int
-    signals: tuple[signal.Signals, ...]
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    env = init_distributed(cfg.dist_timeout)
-    run = None
-    try:
-        run = setup(cfg, env)
-        with StopSignals(run.signals) as stop:
-            return train(run, stop)
-    finally:
-        if run is not None:
+    # The handlers stay installed through cleanup: when one rank exits first, torchrun SIGTERMs the
+    # others, and a rank already past training would otherwise die with -15 instead of its own code.
+    with StopSignals(parse_signals(cfg.signals)) as stop:
+        env = init_distributed(cfg.dist_timeout)
+        try:
+            run = setup(cfg, env)
+            code = train(run, stop)
             run.log.close()
-        cleanup_distributed()
+            # DDP and FSDP hold the process group: free them, and agree on it, while every rank is still
+            # connected. Freed after a peer had exited, gloo's teardown hung until torchrun's SIGKILL.
+            del run
+            gc.collect()
+            torch.distributed.barrier()
+            return code
+        finally:
+            cleanup_distributed()
+
+
+def cli() -> None:
+    """``python -m rv_train`` and ``examples/grpo/train.py``: run :func:`main`, exit with its code.
+
+    Outside the run SIGTERM is ignored (inside it, ``--signals`` catches it): as soon as one rank exits,
+    torchrun SIGTERMs the others, and a rank still tearing down the interpreter would report -15 instead
+    of the exit code every rank agreed on. Ignoring it first means the run's handler is restored to
+    "ignore", with no moment in between where the default applies.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(main())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -304,7 +322,6 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         output_dir=output_dir,
         checkpoint_dir=checkpoint_dir,
         max_new_tokens=max_new_tokens,
-        signals=parse_signals(cfg.signals),
     )
 
 

@@ -7,31 +7,19 @@ import random
 
 import pytest
 import torch
-from train_helpers import read_jsonl, summary
+from train_helpers import (
+    one_rank,  # noqa: F401  (the fixture below)
+    read_jsonl,
+    summary,
+)
 
 from rv_train import checkpoint as ckpt
-from rv_train.dist import cleanup_distributed, init_distributed, unwrap
+from rv_train.dist import init_distributed, unwrap
 from rv_train.model import build_tiny
 from rv_train.trainer import main, parse_args, setup
 
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    for var in (
-        "RV_PRECISION",
-        "ACCELERATE_MIXED_PRECISION",
-        "RV_OUTPUT_DIR",
-        "RV_CHECKPOINT_DIR",
-        "RV_JOB_DIR",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    cleanup_distributed()
-    torch.set_num_threads(threads)
+# A one-process gloo group for in-process runs, no rv variables from the shell, one thread.
+pytestmark = pytest.mark.usefixtures("one_rank")
 
 
 def _trained_model():
@@ -42,7 +30,7 @@ def _trained_model():
     return model, opt
 
 
-def test_save_load_roundtrip_restores_model_optimizer_and_rng(one_rank, tmp_path):
+def test_save_load_roundtrip_restores_model_optimizer_and_rng(tmp_path):
     init_distributed()
     model, opt = _trained_model()
     saved_params = {k: v.clone() for k, v in model.state_dict().items()}
@@ -61,7 +49,7 @@ def test_save_load_roundtrip_restores_model_optimizer_and_rng(one_rank, tmp_path
     assert torch.equal(torch.rand(3), expected_torch) and random.random() == expected_py
 
 
-def test_only_complete_checkpoints_count_and_partial_ones_are_removed(one_rank, tmp_path):
+def test_only_complete_checkpoints_count_and_partial_ones_are_removed(tmp_path):
     init_distributed()
     model, opt = _trained_model()
     ckpt.save_checkpoint(tmp_path, 1, model, opt, {}, keep_last=0)
@@ -73,7 +61,7 @@ def test_only_complete_checkpoints_count_and_partial_ones_are_removed(one_rank, 
     assert ckpt.latest_checkpoint(tmp_path / "missing") is None
 
 
-def test_keep_last_k_and_saving_a_step_twice(one_rank, tmp_path):
+def test_keep_last_k_and_saving_a_step_twice(tmp_path):
     init_distributed()
     model, opt = _trained_model()
     for step in (1, 2, 3, 4):
@@ -87,7 +75,7 @@ def test_keep_last_k_and_saving_a_step_twice(one_rank, tmp_path):
 ARGS = ["--num-iterations", "2", "--beta", "0.04", "--save-every", "0", "--log-samples-every", "2"]
 
 
-def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(one_rank, tmp_path):
+def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert main([*ARGS, "--steps", "12", "--output-dir", str(straight)]) == 0
     assert main([*ARGS, "--steps", "5", "--output-dir", str(resumed)]) == 0
@@ -103,7 +91,7 @@ def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(one_rank, tmp_p
     assert [r["step"] for r in read_jsonl(resumed / "samples.jsonl")][::4] == [2, 4, 6, 8, 10, 12]
 
 
-def test_resume_rebuilds_the_reference_from_the_original_weights(one_rank, tmp_path):
+def test_resume_rebuilds_the_reference_from_the_original_weights(tmp_path):
     assert main(["--steps", "3", "--output-dir", str(tmp_path), "--beta", "0.04"]) == 0
     ckpt.write_preempted(tmp_path / "checkpoints", {"step": 3})
     env = init_distributed()

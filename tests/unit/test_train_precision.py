@@ -5,32 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from train_helpers import HELPERS, checkpoint_params, read_jsonl, summary
+from train_helpers import (
+    HELPERS,
+    checkpoint_params,
+    one_rank,  # noqa: F401  (the fixture below)
+    read_jsonl,
+    summary,
+)
 
 from rv_train import EXIT_NON_FINITE
-from rv_train.dist import Precision, choose_precision, cleanup_distributed, init_distributed, make_scaler
+from rv_train.dist import Precision, choose_precision, init_distributed, make_scaler
 from rv_train.model import build_tiny
 from rv_train.trainer import main, optimizer_step
 
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    """A real one-process gloo group, as `python -m rv_train` makes without torchrun."""
-    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    for var in (
-        "RV_PRECISION",
-        "ACCELERATE_MIXED_PRECISION",
-        "RV_OUTPUT_DIR",
-        "RV_CHECKPOINT_DIR",
-        "RV_JOB_DIR",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    cleanup_distributed()
-    torch.set_num_threads(threads)
+# A one-process gloo group for in-process runs, no rv variables from the shell, one thread.
+pytestmark = pytest.mark.usefixtures("one_rank")
 
 
 # --- choosing ---------------------------------------------------------------------------------------
@@ -91,7 +80,7 @@ def _snapshot(layer: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in layer.parameters()]
 
 
-def test_a_flagged_step_is_skipped_and_changes_nothing(one_rank):
+def test_a_flagged_step_is_skipped_and_changes_nothing():
     env = init_distributed()
     layer, opt = _linear_with_grad(1.0)
     before = _snapshot(layer)
@@ -103,7 +92,7 @@ def test_a_flagged_step_is_skipped_and_changes_nothing(one_rank):
     assert applied and norm > 0
 
 
-def test_non_finite_gradients_are_skipped_without_a_scaler(one_rank):
+def test_non_finite_gradients_are_skipped_without_a_scaler():
     env = init_distributed()
     layer, opt = _linear_with_grad(float("inf"))
     before = _snapshot(layer)
@@ -112,7 +101,7 @@ def test_non_finite_gradients_are_skipped_without_a_scaler(one_rank):
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(layer), strict=True))
 
 
-def test_the_scaler_skips_inf_gradients_and_backs_off(one_rank):
+def test_the_scaler_skips_inf_gradients_and_backs_off():
     env = init_distributed()
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     layer, opt = _linear_with_grad(float("inf"), scaler)
@@ -125,7 +114,7 @@ def test_the_scaler_skips_inf_gradients_and_backs_off(one_rank):
 # --- whole runs ------------------------------------------------------------------------------------
 
 
-def test_fp16_autocast_with_grad_scaler_on_cpu(one_rank, tmp_path):
+def test_fp16_autocast_with_grad_scaler_on_cpu(tmp_path):
     code = main(["--precision", "fp16", "--steps", "4", "--output-dir", str(tmp_path), "--save-every", "0"])
     assert code == 0
     rows = read_jsonl(tmp_path / "metrics.jsonl")
@@ -137,7 +126,7 @@ def test_fp16_autocast_with_grad_scaler_on_cpu(one_rank, tmp_path):
     assert any(not torch.equal(params[k], init[k]) for k in init)  # and the steps were applied
 
 
-def test_non_finite_loss_steps_are_skipped_counted_and_stop_the_run(one_rank, tmp_path, capsys):
+def test_non_finite_loss_steps_are_skipped_counted_and_stop_the_run(tmp_path, capsys):
     code = main(
         [
             "--task",

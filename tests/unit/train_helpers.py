@@ -12,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
+from rv_train.dist import cleanup_distributed
 from rv_train.tasks.reversal import Reversal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,6 +35,27 @@ class NaNReward(Reversal):
 
     def score(self, completion, finished, example):
         return {"nan": float("nan")}
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """For in-process runs: no launcher variables (main() then makes a one-process gloo group), no rv
+    variables from the developer's shell, one thread; the group is destroyed afterwards."""
+    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    for var in (
+        "RV_PRECISION",
+        "ACCELERATE_MIXED_PRECISION",
+        "RV_OUTPUT_DIR",
+        "RV_CHECKPOINT_DIR",
+        "RV_JOB_DIR",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    cleanup_distributed()
+    torch.set_num_threads(threads)
 
 
 def env_for_ranks() -> dict[str, str]:
@@ -81,3 +104,59 @@ def checkpoint_params(checkpoint: Path) -> dict[str, torch.Tensor]:
     out = checkpoint.parent / (checkpoint.name + ".pt")
     dcp_to_torch_save(checkpoint / "model_optim", out)
     return torch.load(out, weights_only=False)["model"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fsdp_generation_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """One rank of the generation test: FSDP2-wrapped TinyLM, ranks stopping at different lengths.
+
+    Rank 1 treats every token as EOS (it stops after one token); rank 0 knows no EOS at all (it runs to
+    max_new_tokens). Sharded decoding would deadlock here; the 30 s group timeout turns that into an
+    error instead of a hang.
+    """
+    import copy
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    from rv_train.dist import Precision, cleanup_distributed, init_distributed, wrap_model
+    from rv_train.model import build_tiny
+    from rv_train.rollout import generation_model, left_pad, sample
+
+    env = init_distributed(timeout_s=30)
+    try:
+        model = build_tiny(14, 24, 0, 32, 2, 4)
+        unsharded = copy.deepcopy(model).eval()
+        wrapped = wrap_model(model, "fsdp", Precision("fp32", "test"), env)
+        ids, mask = left_pad([[10, 1, 2, 11], [10, 3, 11]], 13, env.device)
+        eos = (99,) if rank == 0 else tuple(range(14))
+        kwargs = dict(num_generations=3, max_new_tokens=8, temperature=1.0, eos_ids=eos, pad_id=13, seed=rank)
+        with generation_model(wrapped) as gen:
+            out = sample(gen, ids, mask, **kwargs)
+        expected = sample(unsharded, ids, mask, **kwargs)
+        # Training still works after the units are resharded.
+        loss = wrapped(out.input_ids, out.attention_mask, out.position_ids).float().logsumexp(-1).mean()
+        loss.backward()
+        result = {
+            "rank": rank,
+            "length": out.completion_ids.shape[1],
+            "same_as_unsharded": torch.equal(out.completion_ids, expected.completion_ids),
+            "grad_finite": all(
+                torch.isfinite(p.grad.full_tensor()).all().item() for p in wrapped.parameters()
+            ),
+        }
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
+    finally:
+        cleanup_distributed()
