@@ -87,7 +87,7 @@ def run(
 
     secrets = SecretStore(state_dir() / "secrets.json").load()
     from rv import launch
-    from rv.snapshot import prepare_snapshot, upload_snapshot
+    from rv.snapshot import ManifestCache, prepare_snapshot, upload_snapshot
 
     # The file list, hashes and size guard are local: a refused file fails before we connect.
     snap = prepare_snapshot(Path.cwd(), allow_large=allow_large)
@@ -107,7 +107,9 @@ def run(
         return
 
     with session(ctx) as s:
-        uploaded = upload_snapshot(s.transport, s.layout, snap, on_summary=note)
+        # The cached manifest lets the cluster receive only a delta of the file list.
+        cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
+        uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
         secrets_path = f"{s.layout.secrets}/{req.name}-{snap.id[:8]}-{_nonce()}.env" if secrets else None
         prepared = launch.Prepared(
             request=req, script=_render(req, s.layout, profile.account, snap, secrets_path),
