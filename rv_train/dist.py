@@ -110,6 +110,13 @@ def _all_reduce(values: Mapping[str, float], op, device: torch.device) -> dict[s
     return dict(zip(keys, t.tolist(), strict=True))
 
 
+def broadcast_object(obj, env: DistEnv):
+    """Rank 0's ``obj`` on every rank."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=env.object_group)
+    return box[0]
+
+
 def gather_objects(obj, env: DistEnv) -> list:
     out = [None] * env.world_size
     dist.all_gather_object(out, obj, group=env.object_group)

@@ -8,6 +8,7 @@ completions and rewards every ``--log-samples-every`` steps), ``summary.json`` (
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -54,8 +55,10 @@ class MetricsLog:
         if not self.is_main:
             return
         print(format_line(metrics), flush=True)
+        # NaN is not JSON (jq and most parsers refuse it): a skipped step's grad norm is written as null.
+        finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}
         with self.metrics_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(metrics) + "\n")
+            f.write(json.dumps(finite) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=metrics["step"])
 

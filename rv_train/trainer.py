@@ -49,6 +49,7 @@ from rv_train.dist import (
     all_reduce_max,
     all_reduce_sum,
     autocast,
+    broadcast_object,
     choose_precision,
     cleanup_distributed,
     full_norm,
@@ -58,6 +59,7 @@ from rv_train.dist import (
     make_scaler,
     param_checksum,
     peak_memory_gb,
+    unwrap,
     wrap_model,
 )
 from rv_train.metrics import MetricsLog, start_wandb
@@ -254,8 +256,11 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     capability = torch.cuda.get_device_capability(env.device) if env.device.type == "cuda" else None
     precision = choose_precision(cfg.precision, os.environ, env.device.type, capability)
 
-    task = get_task(cfg.task)(TaskContext(cfg.seed, cfg.data_path, _task_options(cfg.task_option)))
-    examples = task.examples()
+    try:
+        task = get_task(cfg.task)(TaskContext(cfg.seed, cfg.data_path, _task_options(cfg.task_option)))
+        examples = task.examples()
+    except (ValueError, OSError) as err:  # a bad --task, --task-option or --data-path: say so, no traceback
+        raise SystemExit(f"--task {cfg.task}: {err}") from err
     max_new_tokens = cfg.max_new_tokens or task.max_new_tokens
     policy, tokenizer = _build_policy(cfg, task, examples, max_new_tokens)
     ref = None
@@ -275,7 +280,8 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     if env.is_main:
         for partial in ckpt.remove_partial(checkpoint_dir):
             print(f"removed a half-written checkpoint: {partial}", flush=True)
-    latest = ckpt.latest_checkpoint(checkpoint_dir)
+    # Rank 0 picks the checkpoint for everyone: ranks that disagreed would hang in the load's collectives.
+    latest = broadcast_object(ckpt.latest_checkpoint(checkpoint_dir) if env.is_main else None, env)
     if latest is not None:
         saved = ckpt.load_checkpoint(latest, model, optimizer)
         state = TrainState(**saved["train_state"])
@@ -684,6 +690,23 @@ def _save(run: Run) -> Path:
     return path
 
 
+def _export_hf(run: Run) -> Path:
+    """The trained weights as a Hugging Face folder (``from_pretrained`` loads it), written by rank 0.
+
+    Collective: under FSDP the full state dict is gathered onto rank 0's CPU. Skipped after a signal,
+    when the time left before the job's limit belongs to the checkpoint.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    target = run.output_dir / "final_model"
+    if run.env.is_main:
+        unwrap(run.model).save_pretrained(target, state_dict=full)
+        run.tokenizer.tok.save_pretrained(target)
+        run.log.info(f"saved the trained model for from_pretrained() in {target}")
+    return target
+
+
 def _finish(run: Run, reason: str, code: int, path: Path, metrics: dict | None) -> int:
     """Say why the run ended and how to go on; write summary.json and, on a signal, the marker."""
     cfg, env, state, log = run.cfg, run.env, run.state, run.log
@@ -716,6 +739,9 @@ def _finish(run: Run, reason: str, code: int, path: Path, metrics: dict | None) 
         log.info(f"finished at step {state.step} ({reason}); saved {path}")
     if len(set(checksums)) > 1:
         log.warn(f"the ranks' parameters differ (a bug): {checksums}")
+    exported = None
+    if cfg.model != "tiny" and code == EXIT_OK and not reason.startswith("signal"):
+        exported = _export_hf(run)
     if env.is_main:
         summary = {
             "reason": reason,
@@ -729,6 +755,7 @@ def _finish(run: Run, reason: str, code: int, path: Path, metrics: dict | None) 
             "strategy": cfg.strategy,
             "precision": run.precision.name,
             "param_checksums": checksums,
+            "final_model": str(exported) if exported else None,
         }
         ckpt.write_atomic(run.output_dir / "summary.json", json.dumps(summary, indent=1))
     return code

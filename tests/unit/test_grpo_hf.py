@@ -119,6 +119,10 @@ def test_trainer_runs_on_a_hugging_face_model(tiny_qwen, tmp_path, capsys):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["kl"] > 0  # the reference (rebuilt from the folder) and the policy have moved apart
+    trained, _ = load_hf(str(tmp_path / "final_model"), chat_template="off")  # the export loads back
+    original, _ = load_hf(str(tiny_qwen), chat_template="off")
+    moved = [not torch.equal(a, b) for a, b in zip(trained.parameters(), original.parameters(), strict=True)]
+    assert any(moved)
 
 
 @pytest.mark.slow
@@ -130,3 +134,4 @@ def test_fsdp_on_a_hugging_face_model(tiny_qwen, tmp_path):
     assert proc.returncode == 0, explain(proc)
     result = summary(tmp_path)
     assert result["step"] == 3 and len(set(result["param_checksums"])) == 1
+    assert (tmp_path / "final_model" / "config.json").is_file()  # gathered from the shards onto rank 0
