@@ -18,7 +18,6 @@ from train_helpers import (
     REPO,
     env_for_ranks,
     explain,
-    free_port,
     fsdp_generation_worker,
     read_jsonl,
     summary,
@@ -149,7 +148,7 @@ def test_circuit_breaker_stops_every_rank_with_its_exit_code(tmp_path):
 def test_fsdp_generation_with_ranks_finishing_at_different_lengths(tmp_path):
     mp.start_processes(
         fsdp_generation_worker,
-        args=(2, free_port(), str(tmp_path)),
+        args=(2, str(tmp_path)),
         nprocs=2,
         join=True,
         start_method="spawn",

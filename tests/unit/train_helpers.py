@@ -106,57 +106,60 @@ def checkpoint_params(checkpoint: Path) -> dict[str, torch.Tensor]:
     return torch.load(out, weights_only=False)["model"]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def fsdp_generation_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def fsdp_generation_worker(rank: int, world_size: int, out_dir: str) -> None:
     """One rank of the generation test: FSDP2-wrapped TinyLM, ranks stopping at different lengths.
 
     Rank 1 treats every token as EOS (it stops after one token); rank 0 knows no EOS at all (it runs to
     max_new_tokens). Sharded decoding would deadlock here; the 30 s group timeout turns that into an
     error instead of a hang.
     """
-    import copy
+    import gc
+    from datetime import timedelta
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-    )
+    import torch.distributed as dist
+
+    from rv_train.dist import DistEnv
+
     torch.set_num_threads(1)
-    from rv_train.dist import Precision, cleanup_distributed, init_distributed, wrap_model
-    from rv_train.model import build_tiny
-    from rv_train.rollout import generation_model, left_pad, sample
-
-    env = init_distributed(timeout_s=30)
+    # A file store, not a TCP port: a port picked free here could be taken by another job before use.
+    store = f"file://{Path(out_dir) / 'store'}"
+    dist.init_process_group(
+        "gloo", init_method=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=30)
+    )
+    env = DistEnv(rank, world_size, rank, torch.device("cpu"), "gloo", None)
     try:
-        model = build_tiny(14, 24, 0, 32, 2, 4)
-        unsharded = copy.deepcopy(model).eval()
-        wrapped = wrap_model(model, "fsdp", Precision("fp32", "test"), env)
-        ids, mask = left_pad([[10, 1, 2, 11], [10, 3, 11]], 13, env.device)
-        eos = (99,) if rank == 0 else tuple(range(14))
-        kwargs = dict(num_generations=3, max_new_tokens=8, temperature=1.0, eos_ids=eos, pad_id=13, seed=rank)
-        with generation_model(wrapped) as gen:
-            out = sample(gen, ids, mask, **kwargs)
-        expected = sample(unsharded, ids, mask, **kwargs)
-        # Training still works after the units are resharded.
-        loss = wrapped(out.input_ids, out.attention_mask, out.position_ids).float().logsumexp(-1).mean()
-        loss.backward()
-        result = {
-            "rank": rank,
-            "length": out.completion_ids.shape[1],
-            "same_as_unsharded": torch.equal(out.completion_ids, expected.completion_ids),
-            "grad_finite": all(
-                torch.isfinite(p.grad.full_tensor()).all().item() for p in wrapped.parameters()
-            ),
-        }
+        result = _generate_and_train(rank, env)  # the FSDP model lives and dies in there
+        # Freed while every rank is still connected, as rv_train.trainer.main does: torn down after the
+        # group was destroyed, it aborted ("terminate called without an active exception").
+        gc.collect()
+        dist.barrier()
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     finally:
         cleanup_distributed()
+
+
+def _generate_and_train(rank: int, env) -> dict:
+    import copy
+
+    from rv_train.dist import Precision, wrap_model
+    from rv_train.model import build_tiny
+    from rv_train.rollout import generation_model, left_pad, sample
+
+    model = build_tiny(14, 24, 0, 32, 2, 4)
+    unsharded = copy.deepcopy(model).eval()
+    wrapped = wrap_model(model, "fsdp", Precision("fp32", "test"), env)
+    ids, mask = left_pad([[10, 1, 2, 11], [10, 3, 11]], 13, env.device)
+    eos = (99,) if rank == 0 else tuple(range(14))
+    kwargs = dict(num_generations=3, max_new_tokens=8, temperature=1.0, eos_ids=eos, pad_id=13, seed=rank)
+    with generation_model(wrapped) as gen:
+        out = sample(gen, ids, mask, **kwargs)
+    expected = sample(unsharded, ids, mask, **kwargs)
+    # Training still works after the units are resharded.
+    loss = wrapped(out.input_ids, out.attention_mask, out.position_ids).float().logsumexp(-1).mean()
+    loss.backward()
+    return {
+        "rank": rank,
+        "length": out.completion_ids.shape[1],
+        "same_as_unsharded": torch.equal(out.completion_ids, expected.completion_ids),
+        "grad_finite": all(torch.isfinite(p.grad.full_tensor()).all().item() for p in wrapped.parameters()),
+    }
