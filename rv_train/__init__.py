@@ -12,10 +12,11 @@ code  meaning
 1     an unexpected error (traceback on stderr)
 2     bad command line
 3     circuit breaker: the mean reward was 0 for ``--breaker-steps`` steps in a row (saved first)
-4     ``--max-nonfinite-steps`` steps in a row had a non-finite loss or logits (saved first)
+4     ``--max-nonfinite-steps`` steps in a row were skipped: non-finite loss, logits or gradients
 ====  ===========================================================================
 """
 
 EXIT_OK = 0
+EXIT_USAGE = 2
 EXIT_ZERO_REWARD = 3
 EXIT_NON_FINITE = 4

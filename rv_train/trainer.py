@@ -32,14 +32,16 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from torch import Tensor, nn
 
-from rv_train import EXIT_NON_FINITE, EXIT_OK, EXIT_ZERO_REWARD
+from rv_train import EXIT_NON_FINITE, EXIT_OK, EXIT_USAGE, EXIT_ZERO_REWARD
 from rv_train import checkpoint as ckpt
 from rv_train.dist import (
     PRECISIONS,
@@ -144,7 +146,7 @@ class Config:
     keep_last: int = _opt(3, "complete checkpoints to keep (0: all)")
     breaker_steps: int = _opt(30, "stop (exit 3) after N steps in a row with mean reward 0 (0: never)")
     max_nonfinite_steps: int = _opt(
-        10, "stop (exit 4) after N steps in a row with non-finite loss (0: never)"
+        10, "stop (exit 4) after N steps in a row skipped for non-finite values (0: never)"
     )
     stop_at_reward: float | None = _opt(None, "stop once a step's mean reward reaches this", type=float)
     signals: str = _opt(",".join(DEFAULT_SIGNALS), "signals that save and stop (comma-separated)")
@@ -174,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> Config:
     ns = build_parser().parse_args(argv)
     return Config(**{**vars(ns), "task_option": tuple(ns.task_option)})
+
+
+def usage_error(message: str) -> NoReturn:
+    """A problem with the command line: one line on stderr and exit code 2, as argparse does."""
+    print(f"rv_train: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
 
 
 @dataclass
@@ -215,7 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(cfg.threads)
     # The handlers stay installed through cleanup: when one rank exits first, torchrun SIGTERMs the
     # others, and a rank already past training would otherwise die with -15 instead of its own code.
-    with StopSignals(parse_signals(cfg.signals)) as stop:
+    try:
+        signals = parse_signals(cfg.signals)
+    except ValueError as err:
+        usage_error(f"--signals: {err}")
+    with StopSignals(signals) as stop:
         env = init_distributed(cfg.dist_timeout)
         try:
             run = setup(cfg, env)
@@ -260,7 +272,7 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         task = get_task(cfg.task)(TaskContext(cfg.seed, cfg.data_path, _task_options(cfg.task_option)))
         examples = task.examples()
     except (ValueError, OSError) as err:  # a bad --task, --task-option or --data-path: say so, no traceback
-        raise SystemExit(f"--task {cfg.task}: {err}") from err
+        usage_error(f"--task {cfg.task}: {err}")
     max_new_tokens = cfg.max_new_tokens or task.max_new_tokens
     policy, tokenizer = _build_policy(cfg, task, examples, max_new_tokens)
     ref = None
@@ -349,7 +361,7 @@ def _task_options(pairs: tuple[str, ...]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--task-option {pair!r}: expected KEY=VALUE")
+            usage_error(f"--task-option {pair!r}: expected KEY=VALUE")
         out[key.strip()] = value.strip()
     return out
 
@@ -368,7 +380,7 @@ def _validate(cfg: Config, env: DistEnv) -> None:
     if cfg.num_iterations < 1:
         problems.append("--num-iterations must be >= 1")
     if problems:
-        raise SystemExit("\n".join(problems))
+        usage_error("\n".join(problems))
 
 
 def _build_policy(cfg: Config, task, examples: list[Example], max_new_tokens: int):
@@ -547,7 +559,7 @@ def policy_update(
         applied, grad_norm = optimizer_step(
             run.model, run.optimizer, run.scaler, nonfinite, cfg.max_grad_norm, run.env
         )
-        stats["skipped"] += not applied
+        stats["skipped"] += not applied  # non-finite loss, logits or gradients (the fp16 scaler's too)
         stats["nonfinite"] = max(stats["nonfinite"], int(not applied))
         stats["grad_norm"] = grad_norm
     return stats
@@ -731,8 +743,8 @@ def _finish(run: Run, reason: str, code: int, path: Path, metrics: dict | None) 
         )
     elif code == EXIT_NON_FINITE:
         log.warn(
-            f"{state.nonfinite_streak} steps in a row had a non-finite loss or logits and were skipped. "
-            "On a GPU below compute capability 8.0 try --precision fp32 (Qwen overflows in fp16), "
+            f"{state.nonfinite_streak} steps in a row had a non-finite loss, logits or gradients and were "
+            "skipped. On a GPU below compute capability 8.0 try --precision fp32 (Qwen overflows in fp16), "
             f"or lower --lr. Saved {path}. Exit code {EXIT_NON_FINITE}."
         )
     else:

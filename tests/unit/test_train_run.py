@@ -18,7 +18,7 @@ from train_helpers import (
     summary,
 )
 
-from rv_train import EXIT_ZERO_REWARD
+from rv_train import EXIT_USAGE, EXIT_ZERO_REWARD
 from rv_train.checkpoint import COMPLETE
 from rv_train.trainer import main
 
@@ -104,9 +104,11 @@ def test_environment_contract_with_rvs_job_script(tmp_path, monkeypatch, capsys)
         (["--signals", "SIGFOO"], "unknown signal 'SIGFOO'"),
     ],
 )
-def test_bad_command_lines_fail_before_training(args, message, tmp_path):
-    with pytest.raises((SystemExit, ValueError), match=message):
+def test_bad_command_lines_fail_before_training(args, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
         main([*args, "--output-dir", str(tmp_path)])
+    assert exit_info.value.code == EXIT_USAGE == 2
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
