@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -19,6 +20,7 @@ from train_helpers import (
     env_for_ranks,
     explain,
     fsdp_generation_worker,
+    one_rank,  # noqa: F401  (a fixture)
     read_jsonl,
     summary,
     torchrun,
@@ -27,6 +29,7 @@ from train_helpers import (
 
 from rv_train import EXIT_ZERO_REWARD
 from rv_train.checkpoint import COMPLETE, PREEMPTED
+from rv_train.trainer import main
 
 pytestmark = pytest.mark.slow
 
@@ -62,10 +65,38 @@ def test_ddp_reaches_the_reward_target_with_identical_ranks(ddp_run):
     assert "rv_train: 2 rank(s), gloo on cpu, strategy ddp" in proc.stdout
 
 
-def test_fsdp_reaches_the_reward_target_with_identical_ranks(tmp_path):
-    proc = torchrun(2, *LEARN, "--strategy", "fsdp", "--output-dir", str(tmp_path))
-    result = _learned(tmp_path, proc)
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp")
+    return out, torchrun(2, *LEARN, "--strategy", "fsdp", "--output-dir", str(out))
+
+
+def test_fsdp_reaches_the_reward_target_with_identical_ranks(fsdp_run):
+    out, proc = fsdp_run
+    result = _learned(out, proc)
     assert result["strategy"] == "fsdp"
+
+
+def test_fsdp_resumes_from_sharded_checkpoints_exactly(fsdp_run, tmp_path):
+    reference, _ = fsdp_run
+    args = [*LEARN, "--strategy", "fsdp", "--output-dir", str(tmp_path)]
+    first = torchrun(2, *[a if a != str(STEP_BUDGET) else "20" for a in args])  # stop at step 20
+    assert first.returncode == 0, explain(first)
+    assert summary(tmp_path)["step"] == 20
+    resumed = _learned(tmp_path, torchrun(2, *args))
+    assert resumed["resumes"] == 1
+    assert resumed["param_checksums"] == summary(reference)["param_checksums"]
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_two_rank_checkpoint_resumes_on_one_rank(ddp_run, tmp_path):
+    # The data position is global and DCP reshards, so the world size may change between jobs.
+    source, _ = ddp_run
+    shutil.copytree(source / "checkpoints", tmp_path / "checkpoints")
+    step = summary(source)["step"]
+    assert main(["--steps", str(step + 2), "--output-dir", str(tmp_path)]) == 0
+    result = summary(tmp_path)
+    assert result["step"] == step + 2 and result["resumes"] == 1 and result["world_size"] == 1
 
 
 def _our_processes(marker: str) -> list[int]:
