@@ -7,6 +7,7 @@ subprocess. A missing cluster is a test failure, not a skip: a skipped integrati
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def session_config(cluster, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def remote_root(cluster, request) -> str:
-    name = f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}".replace("/", "_").replace("[", "_").replace("]", "")
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name[:40]) + "-" + uuid.uuid4().hex[:8]
     return f"{cluster['RV_TESTCLUSTER_REMOTE_ROOT']}/tests/{name}"
 
 

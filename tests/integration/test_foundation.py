@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 from conftest import base_env, run_cli
+
+
+def edit_config(rv_env, pattern: str, replacement: str) -> None:
+    """Change this test's profile in place (the config is a temp file of its own)."""
+    path = Path(rv_env["RV_CONFIG"])
+    path.write_text(re.sub(pattern, replacement, path.read_text(), count=1))
 
 
 def init_args(cluster, known_hosts, *extra):
@@ -29,8 +38,6 @@ def test_init_yes_then_exec_sinfo_lists_both_nodes(cluster, tmp_path):
     ok = run_cli([*init_args(cluster, known), "--yes", "--json"], env)
     assert ok.returncode == 0, ok.stderr
     assert "[127.0.0.1]:" in known.read_text()
-    import json
-
     saved = json.loads(ok.stdout)
     assert saved["account"] == "rv"
     assert set(saved["gpus"]) == {"a6000", "v100"}
@@ -62,10 +69,7 @@ def test_changed_host_key_is_refused(run_rv, rv_env, tmp_path, cluster):
     fake_pub = (tmp_path / "other_key.pub").read_text().split()[1]
     known = tmp_path / "known_changed"
     known.write_text(f"[127.0.0.1]:{cluster['RV_TESTCLUSTER_SSH_PORT']} ssh-ed25519 {fake_pub}\n")
-    # Point the profile at the known_hosts file holding the wrong key.
-    cfg_path = rv_env["RV_CONFIG"]
-    text = open(cfg_path).read().replace(cluster["RV_TESTCLUSTER_KNOWN_HOSTS"], str(known))
-    open(cfg_path, "w").write(text)
+    edit_config(rv_env, re.escape(cluster["RV_TESTCLUSTER_KNOWN_HOSTS"]), str(known))
     r = run_rv("exec", "true")
     assert r.returncode == 6
     assert "has CHANGED" in r.stderr and "refusing to connect" in r.stderr
@@ -76,9 +80,7 @@ def test_changed_host_key_is_refused(run_rv, rv_env, tmp_path, cluster):
 def test_wrong_key_gives_auth_error(run_rv, rv_env, tmp_path, cluster):
     wrong = tmp_path / "wrong_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
-    cfg_path = rv_env["RV_CONFIG"]
-    text = open(cfg_path).read().replace(cluster["RV_TESTCLUSTER_KEY"], str(wrong))
-    open(cfg_path, "w").write(text)
+    edit_config(rv_env, re.escape(cluster["RV_TESTCLUSTER_KEY"]), str(wrong))
     r = run_rv("exec", "true")
     assert r.returncode == 5, r.stderr
     assert r.stderr.startswith("rv: error: authentication refused by root@127.0.0.1:")
@@ -89,11 +91,7 @@ def test_closed_port_gives_connection_error(run_rv, rv_env):
     with socket.socket() as s:  # a port nothing listens on: bind, read its number, close
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg_path = rv_env["RV_CONFIG"]
-    text = open(cfg_path).read()
-    import re
-
-    open(cfg_path, "w").write(re.sub(r"port = \d+", f"port = {port}", text, count=1))
+    edit_config(rv_env, r"port = \d+", f"port = {port}")
     r = run_rv("exec", "true")
     assert r.returncode == 4, r.stderr
     assert f"cannot connect to root@127.0.0.1:{port}" in r.stderr
@@ -107,11 +105,7 @@ def test_silent_server_times_out_within_limit(run_rv, rv_env):
     port = server.getsockname()[1]
     held = []
     threading.Thread(target=lambda: held.append(server.accept()), daemon=True).start()
-    cfg_path = rv_env["RV_CONFIG"]
-    import re
-
-    text = open(cfg_path).read()
-    open(cfg_path, "w").write(re.sub(r"port = \d+", f"port = {port}", text, count=1))
+    edit_config(rv_env, r"port = \d+", f"port = {port}")
     start = time.monotonic()
     r = run_rv("exec", "true", env_extra={"RV_CONNECT_TIMEOUT": "2"})
     elapsed = time.monotonic() - start

@@ -66,7 +66,9 @@ def wait_done(run_rv, job_id: str, timeout: float = 240) -> dict:
 
 
 def test_two_gpu_torchrun_bf16_and_stderr(run_rv, project):
-    r = run_rv("run", "-g", "2", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "train.py", cwd=project)  # noqa: E501
+    r = run_rv(
+        "run", "-g", "2", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "train.py", cwd=project
+    )
     assert r.returncode == 0, r.stderr
     assert sorted(re.findall(r"rank=\d world=\d precision=\w+ sum=\d+", r.stdout)) == [
         "rank=0 world=2 precision=bf16 sum=3",
@@ -86,7 +88,9 @@ def test_v100_gets_fp16(run_rv, project):
 
 
 def test_four_gpus_span_both_nodes(run_rv, project, remote_root):
-    r = run_rv("run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "train.py", cwd=project)  # noqa: E501
+    r = run_rv(
+        "run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "train.py", cwd=project
+    )
     assert r.returncode == 0, r.stderr
     ranks = re.findall(r"rank=(\d) world=(\d) precision=bf16 sum=(\d+) node=(\d)", r.stdout)
     assert sorted(rk for rk, *_ in ranks) == ["0", "1", "2", "3"]
