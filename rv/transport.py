@@ -103,6 +103,19 @@ class RemoteTimeout(RemoteError):
     pass
 
 
+class _Collecting:
+    """`run` for any transport with `stream`: collect the output instead of handing it on."""
+
+    def stream(self, command: str, **kwargs) -> int:  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def run(self, command: str, *, stdin: Stdin = None, timeout: float | None = None) -> RunResult:
+        out: list[bytes] = []
+        err: list[bytes] = []
+        code = self.stream(command, on_stdout=out.append, on_stderr=err.append, stdin=stdin, timeout=timeout)
+        return RunResult(code, b"".join(out), b"".join(err))
+
+
 # --------------------------------------------------------------------------------------------------
 # SSH
 
@@ -162,7 +175,7 @@ class _AskPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(self.target.host_key_name, key.get_name(), key)
 
 
-class SSHTransport:
+class SSHTransport(_Collecting):
     """One SSH connection, reused for every command and transfer of this rv invocation."""
 
     def __init__(self, target: SSHTarget, confirm_host_key: ConfirmHostKey | None = None) -> None:
@@ -344,12 +357,6 @@ class SSHTransport:
             if feeder is not None:
                 feeder.join(timeout=1)
 
-    def run(self, command: str, *, stdin: Stdin = None, timeout: float | None = None) -> RunResult:
-        out: list[bytes] = []
-        err: list[bytes] = []
-        code = self.stream(command, on_stdout=out.append, on_stderr=err.append, stdin=stdin, timeout=timeout)
-        return RunResult(code, b"".join(out), b"".join(err))
-
     # -- files ----------------------------------------------------------------------------------------
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         tmp = _temp_name(remote_path)
@@ -393,7 +400,7 @@ class SSHTransport:
 
 
 @dataclass
-class LocalTransport:
+class LocalTransport(_Collecting):
     """Runs commands with local bash and moves files with the local file system."""
 
     env: dict[str, str] | None = None
@@ -444,12 +451,6 @@ class LocalTransport:
         for t in threads:
             t.join()
         return code
-
-    def run(self, command: str, *, stdin: Stdin = None, timeout: float | None = None) -> RunResult:
-        out: list[bytes] = []
-        err: list[bytes] = []
-        code = self.stream(command, on_stdout=out.append, on_stderr=err.append, stdin=stdin, timeout=timeout)
-        return RunResult(code, b"".join(out), b"".join(err))
 
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         tmp = _temp_name(remote_path)
