@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import shlex
 from dataclasses import dataclass, field
 
 from rv.catalog import GpuType
@@ -15,7 +16,7 @@ from rv.slurm.parse import (
     parse_allocations,
     parse_sacctmgr_accounts,
 )
-from rv.transport import Transport, quote
+from rv.transport import Transport
 
 REQUIRED_COMMANDS = ("sbatch", "squeue", "sacct")
 _OPTIONAL_COMMANDS = ("sinfo", "scontrol", "sacctmgr", "allocations", "python3")
@@ -33,7 +34,7 @@ echo @@scratch; u=$(id -un); [ -d "/scratch/$u" ] && [ -w "/scratch/$u" ] && pri
 echo @@allocations; command -v allocations >/dev/null 2>&1 && allocations 2>/dev/null
 echo @@assoc
 command -v sacctmgr >/dev/null 2>&1 && sacctmgr -nP show assoc user="$(id -un)" format=account 2>/dev/null
-echo @@sinfo; command -v sinfo >/dev/null 2>&1 && sinfo -h -N -O {quote(SINFO_NODE_FORMAT)} 2>/dev/null
+echo @@sinfo; command -v sinfo >/dev/null 2>&1 && sinfo -h -N -O {shlex.quote(SINFO_NODE_FORMAT)} 2>/dev/null
 echo @@end
 """
 
@@ -149,7 +150,7 @@ def build_profile(
 
 def prepare_remote_root(transport: Transport, remote_root: str) -> None:
     """Create the remote root; a test write proves it is writable (quota, permissions)."""
-    q = quote(remote_root)
+    q = shlex.quote(remote_root)
     transport.run(f"mkdir -p {q} && touch {q}/.rv-write-test && rm -f {q}/.rv-write-test", timeout=60).check(
         f"creating the remote root {remote_root}"
     )

@@ -16,7 +16,6 @@ import contextlib
 import os
 import posixpath
 import select
-import shlex
 import subprocess
 import threading
 import time
@@ -472,11 +471,6 @@ class LocalTransport(_Collecting):
 
     def close(self) -> None:
         pass
-
-
-def quote(value: str) -> str:
-    """shlex.quote, re-exported so callers building remote lines need not import shlex separately."""
-    return shlex.quote(value)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,15 +18,15 @@ from rv.layout import RemoteLayout
 # Chatter (progress, warnings, hints) goes to stderr; stdout is for data so `--json` stays parseable.
 # rich honours NO_COLOR and drops styling when stderr is not a terminal.
 err_console = Console(stderr=True, highlight=False)
-out_console = Console(highlight=False)
-
-
-def warn(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {message}")
 
 
 def note(message: str) -> None:
-    err_console.print(message)
+    # Paths may hold "[...]" (not rich markup) and must not be wrapped mid-line when piped.
+    err_console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def warn(message: str) -> None:
+    err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True, style="yellow")
 
 
 def print_json(data: Any) -> None:

@@ -9,16 +9,7 @@ from typing import Any
 
 import click
 
-from rv.cli.common import err_console, print_json, session
-
-
-def note(message: str) -> None:
-    # Paths may hold "[...]" (not rich markup) and must not be wrapped mid-line when piped.
-    err_console.print(message, markup=False, highlight=False, soft_wrap=True)
-
-
-def warn(message: str) -> None:
-    err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True, style="yellow")
+from rv.cli.common import err_console, note, print_json, session, warn
 
 
 def _cache_dir():
