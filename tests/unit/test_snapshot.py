@@ -54,13 +54,7 @@ def new_repo(path: Path, files: dict[str, str] | None = None, commit: bool = Tru
     return path
 
 
-@pytest.fixture(autouse=True)
-def hermetic_home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+pytestmark = pytest.mark.usefixtures("hermetic_home")
 
 
 def paths(tree) -> set[str]:

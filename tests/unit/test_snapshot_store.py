@@ -32,19 +32,7 @@ from rv.snapshot import (
 from rv.sync import collect_garbage
 from rv.transport import LocalTransport
 
-
-@pytest.fixture(autouse=True)
-def hermetic_home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-
-
-@pytest.fixture
-def layout(tmp_path) -> RemoteLayout:
-    return RemoteLayout(str(tmp_path / "remote"))
+pytestmark = pytest.mark.usefixtures("hermetic_home")
 
 
 def local_python_first() -> dict[str, str]:

@@ -13,7 +13,6 @@ from test_snapshot import git, new_repo, write
 from test_snapshot_store import local_python_first, tree_state
 
 from rv.errors import NotFound, UsageError
-from rv.layout import RemoteLayout
 from rv.snapshot import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id
 from rv.sync import (
     PushPlan,
@@ -30,19 +29,7 @@ from rv.sync import (
 )
 from rv.transport import LocalTransport
 
-
-@pytest.fixture(autouse=True)
-def hermetic_home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-
-
-@pytest.fixture
-def layout(tmp_path) -> RemoteLayout:
-    return RemoteLayout(str(tmp_path / "remote"))
+pytestmark = pytest.mark.usefixtures("hermetic_home")
 
 
 @pytest.fixture
