@@ -35,8 +35,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rv.contract import PREEMPTED, marker_text
+
 COMPLETE = "COMPLETE"
-PREEMPTED = "PREEMPTED"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -122,8 +123,9 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     return json.loads((path / "state.json").read_text(encoding="utf-8"))
 
 
-def write_preempted(root: Path, info: dict) -> None:
-    write_atomic(root / PREEMPTED, json.dumps(info, indent=1))
+def write_preempted(root: Path, step: int, **info: object) -> None:
+    """The stop protocol's marker (:mod:`rv.contract`): rv reads the step to decide on continuing."""
+    write_atomic(root / PREEMPTED, marker_text(step, **info))
 
 
 def clear_preempted(root: Path) -> None:

@@ -45,10 +45,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from rv.contract import BF16_MIN_MAJOR, PRECISION_VARIABLES, precision_for_capability
+
 STRATEGIES = ("ddp", "fsdp")
 PRECISIONS = ("fp32", "bf16", "fp16")
 AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-PRECISION_ENV = ("RV_PRECISION", "ACCELERATE_MIXED_PRECISION")
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def choose_precision(
     if cli != "auto":
         name = _normalise(cli, "--precision")
         return Precision(name, f"--precision {name}")
-    requested = next(((k, env[k]) for k in PRECISION_ENV if env.get(k)), None)
+    requested = next(((k, env[k]) for k in PRECISION_VARIABLES if env.get(k)), None)
     if device_type != "cuda":
         if requested:
             var, value = requested
@@ -172,12 +173,12 @@ def choose_precision(
     if requested:
         var, value = requested
         name = _normalise(value, var)
-        if name == "bf16" and major < 8:
+        if name == "bf16" and major < BF16_MIN_MAJOR:
             return Precision("fp16", f"{var}={value} asked, but bf16 needs capability >= 8.0 ({cc}): fp16")
         return Precision(name, f"{var}={value}")
-    if major >= 8:
-        return Precision("bf16", f"{cc} >= 8.0: bf16")
-    return Precision("fp16", f"{cc} < 8.0: fp16 with a gradient scaler")
+    if precision_for_capability(major) == "bf16":
+        return Precision("bf16", f"{cc} >= {BF16_MIN_MAJOR}.0: bf16")
+    return Precision("fp16", f"{cc} < {BF16_MIN_MAJOR}.0: fp16 with a gradient scaler")
 
 
 def autocast(precision: Precision, device: torch.device):

@@ -4,10 +4,10 @@ Python runs a handler in the main thread between bytecodes, so a rank blocked in
 generation sees the flag when that call returns. The loop all-reduces the flag (MAX) at each step
 boundary, so every rank stops at the same step, saves together and exits 0.
 
-Under torchrun the agent must forward the signal: launch with
-``torchrun --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2`` (torch ≥ 2.9). Plain
-torchrun dies on SIGUSR1 (exit 138) and leaves the workers running, never told. NCCL 2.12 swallowed
-SIGUSR1 (nccl#704): if it reaches no worker, send SIGUSR2 instead (``#SBATCH --signal=USR2@180``).
+Which signals: ``RV_STOP_SIGNAL`` (set by rv's job script; see :mod:`rv.contract` for the stop
+protocol), plus USR1, USR2 and TERM. Under rv the stop signal goes straight to the worker processes
+that handle it, never to the torchrun agent, so a stop ends with every rank saving and exiting 0. Run
+by hand under plain torchrun, send the signal to the workers, not the agent (the agent dies on USR1).
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from __future__ import annotations
 import signal
 from types import FrameType
 
-DEFAULT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
+from rv.contract import signals_to_catch
+
+
+def default_signals() -> tuple[str, ...]:
+    """``SIG``-prefixed names: the job's ``RV_STOP_SIGNAL`` first, then USR1, USR2 and TERM."""
+    return tuple("SIG" + name for name in signals_to_catch())
 
 
 def parse_signals(spec: str) -> tuple[signal.Signals, ...]:

@@ -81,7 +81,7 @@ from rv_train.objective import (
     zero_spread_groups,
 )
 from rv_train.rollout import Rollout, generation_model, left_pad, sample, sampling_seed
-from rv_train.signals import DEFAULT_SIGNALS, StopSignals, parse_signals
+from rv_train.signals import StopSignals, default_signals, parse_signals
 from rv_train.tasks import Example, TaskContext, get_task, prompt_indices
 
 
@@ -149,7 +149,9 @@ class Config:
         10, "stop (exit 4) after N steps in a row skipped for non-finite values (0: never)"
     )
     stop_at_reward: float | None = _opt(None, "stop once a step's mean reward reaches this", type=float)
-    signals: str = _opt(",".join(DEFAULT_SIGNALS), "signals that save and stop (comma-separated)")
+    signals: str = _opt(
+        ",".join(default_signals()), "signals that save and stop (default: RV_STOP_SIGNAL, USR1, USR2, TERM)"
+    )
     log_samples_every: int = _opt(10, "write a few samples to samples.jsonl every N steps (0: never)")
     wandb: bool = _opt(False, "log to Weights & Biases (needs the wandb package)")
     wandb_project: str = _opt("rv-grpo", "W&B project")
@@ -725,9 +727,7 @@ def _finish(run: Run, reason: str, code: int, path: Path, metrics: dict | None) 
     checksums = gather_objects(param_checksum(run.model), env)
     if reason.startswith("signal"):
         if env.is_main:
-            ckpt.write_preempted(
-                run.checkpoint_dir, {"step": state.step, "reason": reason, "checkpoint": str(path)}
-            )
+            ckpt.write_preempted(run.checkpoint_dir, state.step, reason=reason, checkpoint=str(path))
         log.info(
             f"stopped by {reason.split()[1]} at step {state.step}; saved {path}. "
             f"Run the same command again to resume from {run.checkpoint_dir}."

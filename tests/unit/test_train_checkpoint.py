@@ -93,7 +93,7 @@ def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
 def test_resume_rebuilds_the_reference_from_the_original_weights(tmp_path):
     assert main(["--steps", "3", "--output-dir", str(tmp_path), "--beta", "0.04"]) == 0
-    ckpt.write_preempted(tmp_path / "checkpoints", {"step": 3})
+    ckpt.write_preempted(tmp_path / "checkpoints", 3)
     env = init_distributed()
     run = setup(parse_args(["--steps", "6", "--output-dir", str(tmp_path), "--beta", "0.04"]), env)
     assert run.state.step == 3 and run.state.resumes == 1
