@@ -4,11 +4,19 @@
 <root>/snapshots/<id>/          immutable tree of hard links into objects/ (read-only)
 <root>/snapshots/<id>.json      the snapshot's manifest and provenance, beside it
 <root>/workspaces/<project>/<branch>/   mutable mirror for `rv sync push`
-<root>/jobs/<jobid>/            RV_JOB_DIR: the job's script, work tree and output
-<root>/jobs/<jobid>/output/     RV_OUTPUT_DIR
-<root>/checkpoints/<project>/<name>/    RV_CHECKPOINT_DIR: stable across resubmits of one run
-<root>/logs/<name>-<jobid>.out|.err     batch logs; per node: <name>-<jobid>-node<i>.out|.err
-<root>/secrets/<uuid>.env       env for one job, mode 0600, deleted when the job ends
+<root>/runs/<run id>/           one run (a chain of Slurm jobs, its segments); everything but its
+    run.json                    checkpoints and outputs, so one rmtree cleans it up:
+    job.sbatch                  the batch script, the same for every segment
+    submit.env                  the environment segment 1 was submitted with (for continuations)
+    secrets.env                 `rv env` values, mode 0600, deleted when the run ends
+    seg/<k>.job, seg/<k>.json   segment k's job id (written by its submitter) and record (by the job)
+    STOP, ENDED                 `rv stop` was asked; the run is over (JSON: why, exit code)
+    work/                       RV_WORK_DIR: the run's private copy of its snapshot
+    jobs/<job id>/              RV_JOB_DIR: per Slurm job (node exit codes, stop deliveries)
+    logs/<job id>.out|.err      batch logs; multi-node: <job id>-node<i>.out|.err
+<root>/names/<project>/<name>   the id of the newest run of that name (refusing a second live one)
+<root>/checkpoints/<project>/<name>/    RV_CHECKPOINT_DIR: shared by the runs of one name (resume)
+<root>/outputs/<project>/<name>/        RV_OUTPUT_DIR: likewise
 <root>/cache/{hf,torch,triton,pip,wandb,xdg}   caches kept off the home quota
 <root>/tmp/                     staging for uploads; renamed into place when complete
 """
@@ -47,26 +55,24 @@ class RemoteLayout:
         return self._join("workspaces", project, branch.replace("/", "_"))
 
     @property
-    def jobs(self) -> str:
-        return self._join("jobs")
+    def runs(self) -> str:
+        return self._join("runs")
 
-    def job_dir(self, job_id: str) -> str:
-        return self._join("jobs", job_id)
+    def run_dir(self, run_id: str) -> str:
+        return self._join("runs", run_id)
+
+    def name_index(self, project: str, name: str) -> str:
+        return self._join("names", project, name)
 
     def checkpoint_dir(self, project: str, name: str) -> str:
         return self._join("checkpoints", project, name)
 
-    @property
-    def logs(self) -> str:
-        return self._join("logs")
+    def output_dir(self, project: str, name: str) -> str:
+        return self._join("outputs", project, name)
 
-    def log(self, name: str, job_id: str, stream: str = "out", node: int | None = None) -> str:
+    def log(self, run_id: str, job_id: str, stream: str = "out", node: int | None = None) -> str:
         suffix = f"-node{node}" if node is not None else ""
-        return self._join("logs", f"{name}-{job_id}{suffix}.{stream}")
-
-    @property
-    def secrets(self) -> str:
-        return self._join("secrets")
+        return self._join("runs", run_id, "logs", f"{job_id}{suffix}.{stream}")
 
     @property
     def cache(self) -> str:

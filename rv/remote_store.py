@@ -35,7 +35,6 @@ import fcntl
 import hashlib
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
@@ -187,12 +186,99 @@ def force_rmtree(path):
     shutil.rmtree(path)
 
 
+# -- locks -----------------------------------------------------------------------------------------
+# flock where the filesystem has it: the kernel drops it when its holder dies. Some Lustre and NFS
+# mounts answer flock with ENOLCK, EOPNOTSUPP or ENOSYS; there an atomic mkdir takes its place, with a
+# note of who holds it, taken over once the holder is gone (same host, dead pid) or the note is older
+# than ``stale`` seconds. Either way a busy lock names its holder.
+NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+LOCK_STALE_S = 3600.0
+
+
+def _holder_note(what):
+    import socket
+
+    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "what": what})
+
+
+def _busy(path, raw_note):
+    """The error for a lock held too long, naming its holder from the note it left."""
+    holder = "another rv"
+    try:
+        note = json.loads(raw_note.decode("utf-8", "replace"))
+        since = time.strftime("%H:%M:%S", time.localtime(note["since"]))
+        what = note.get("what") or holder
+        holder = "%s (pid %s on %s, since %s)" % (what, note["pid"], note["host"], since)
+    except (ValueError, KeyError, TypeError):
+        pass  # no note, or a half-written one: the generic holder
+    return AgentError("%s is busy: held by %s; try again when it is done" % (dec(path), holder), "busy")
+
+
+def _holder_gone(note_path, stale):
+    import socket
+
+    try:
+        with open(note_path, "rb") as fh:
+            note = json.loads(fh.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        # No note yet: its maker is between mkdir and writing it, or died there. Judge by age.
+        try:
+            return time.time() - os.lstat(os.path.dirname(note_path)).st_mtime > stale
+        except OSError:
+            return True
+    if time.time() - float(note.get("since", 0)) > stale:
+        return True
+    if note.get("host") == socket.gethostname():
+        try:
+            os.kill(int(note["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (OSError, ValueError, KeyError):
+            return False
+    return False
+
+
 @contextlib.contextmanager
-def store_lock(root, exclusive, wait=120.0):
-    """flock on objects/.lock: gc exclusive, everyone else shared (works across NFS clients)."""
-    objects = join(root, b"objects")
-    makedirs(objects)
-    fd = os.open(join(objects, b".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+def _mkdir_lock(path, what, wait, stale):
+    lock_dir = path + b".d"
+    note = join(lock_dir, b"holder")
+    deadline = time.time() + wait
+    while True:
+        try:
+            os.mkdir(lock_dir, 0o700)
+            break
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+        if _holder_gone(note, stale):
+            # Rename first: of two rv that both found it stale, only one takes it over.
+            aside = lock_dir + b".stale-" + os.urandom(4).hex().encode()
+            with contextlib.suppress(OSError):
+                os.rename(lock_dir, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            continue
+        if time.time() > deadline:
+            raw_note = b""
+            with contextlib.suppress(OSError), open(note, "rb") as fh:
+                raw_note = fh.read()
+            raise _busy(path, raw_note)
+        time.sleep(0.2)
+    try:
+        with open(note, "w") as fh:
+            fh.write(_holder_note(what))
+        yield "mkdir"
+    finally:
+        shutil.rmtree(lock_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def lock(path, what, exclusive=True, wait=120.0, stale=LOCK_STALE_S):
+    """Hold the lock ``path`` (bytes) for ``what`` (named to whoever finds it busy).
+
+    Yields "flock" or "mkdir": which kind was taken. Without flock every holder is exclusive.
+    """
+    makedirs(os.path.dirname(path), 0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         deadline = time.time() + wait
         flag = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
@@ -201,16 +287,26 @@ def store_lock(root, exclusive, wait=120.0):
                 fcntl.flock(fd, flag | fcntl.LOCK_NB)
                 break
             except OSError as exc:
+                if exc.errno in NO_FLOCK:
+                    with _mkdir_lock(path, what, wait, stale) as kind:
+                        yield kind
+                    return
                 if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.time() > deadline:
-                    raise AgentError(
-                        "the store under %s is busy (another rv is uploading or collecting "
-                        "garbage); try again" % dec(root),
-                        "busy",
-                    ) from None
+                    raise _busy(path, os.pread(fd, 4096, 0)) from None
                 time.sleep(0.2)
-        yield
+        if exclusive:
+            # Shared holders leave the note alone: it names the last exclusive one, for messages.
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _holder_note(what).encode(), 0)
+        yield "flock"
     finally:
         os.close(fd)
+
+
+def store_lock(root, exclusive, wait=120.0):
+    """The store's lock (objects/.lock): gc exclusive, uploads and queries shared."""
+    what = "rv gc" if exclusive else "an rv upload"
+    return lock(join(root, b"objects", b".lock"), what, exclusive=exclusive, wait=wait)
 
 
 def write_atomic(path, data, mode):
@@ -473,73 +569,16 @@ def mode_snap_put(args):
 
 
 # -- garbage collection ----------------------------------------------------------------------------
+# The runs side (rv.job.remote, mode "gc") decides which runs stay and calls this with the snapshots
+# they use; ``freed`` counts, inode by inode, what each removal frees.
 
 
-def live_job_ids():
-    """Ids of this user's queued and running jobs (array and het-job ids reduced to the base id)."""
-    import subprocess  # only gc needs it: keep the common modes' start-up short
-
-    user = pwd.getpwuid(os.getuid()).pw_name
-    try:
-        proc = subprocess.run(
-            ["squeue", "-h", "-u", user, "-o", "%A|%F|%i"],
-            stdout=subprocess.PIPE,  # python 3.6 has no capture_output
-            stderr=subprocess.PIPE,
-        )
-    except OSError as exc:
-        raise AgentError(
-            "cannot run squeue (%s), so cannot tell which snapshots live jobs use; nothing was removed" % exc,
-            "squeue",
-        ) from None
-    if proc.returncode != 0:
-        raise AgentError(
-            "squeue failed (%s), so cannot tell which snapshots live jobs use; nothing was "
-            "removed" % proc.stderr.decode("utf-8", "replace").strip()[-300:],
-            "squeue",
-        )
-    ids = set()
-    for line in proc.stdout.decode("utf-8", "replace").splitlines():
-        for field in line.split("|"):
-            m = re.match(r"\s*(\d+)", field)
-            if m:
-                ids.add(m.group(1))
-    return ids
-
-
-def dir_bytes(path):
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(OSError):
-                st = os.lstat(join(dirpath, f))
-                if st.st_nlink == 1:  # a copy, not a link into objects/: removing it frees space
-                    total += st.st_size
-    return total
-
-
-def mode_gc(args):
-    root = root_path(args["root"])
+def collect_garbage(root, in_use, args, freed, dry):
+    """Snapshots no kept run uses and unused for ``older_than``, then objects no kept snapshot needs."""
     older_than = float(args["older_than"])
     grace = float(args.get("grace", 900))
-    dry = bool(args.get("dry_run"))
-    live = live_job_ids()
-    in_use = {}
-    for jid in sorted(live):
-        with contextlib.suppress(OSError):
-            with open(join(root, b"jobs", enc(jid), b"snapshot"), "rb") as fh:
-                sid = fh.read().decode("ascii", "replace").strip()
-            if sid:
-                in_use.setdefault(sid, []).append(jid)
-    report = {
-        "dry_run": dry,
-        "live_jobs": sorted(live),
-        "removed": [],
-        "kept": [],
-        "in_use": in_use,
-        "objects_removed": 0,
-        "bytes_freed": 0,
-        "warnings": [],
-    }
+    report = {"removed": [], "kept": [], "objects_removed": 0}
+    warnings = []
     snaps = join(root, b"snapshots")
     with store_lock(root, exclusive=True):
         now = time.time()
@@ -548,8 +587,8 @@ def mode_gc(args):
         for name in sorted(names):
             path = join(snaps, name)
             if name.startswith(b".tmp-"):
-                if now - os.lstat(path).st_mtime > STALE_BUILD_S and not dry:
-                    force_rmtree(path)
+                if now - os.lstat(path).st_mtime > STALE_BUILD_S:
+                    remove_counted(path, freed, dry)
                 continue
             if name.endswith(b".json") or not os.path.isdir(path):
                 continue
@@ -559,56 +598,61 @@ def mode_gc(args):
             age = now - used
             row = {"id": sid, "age_s": round(age)}
             if sid in in_use:
-                row["reason"] = "used by job " + ", ".join(in_use[sid])
+                row["reason"] = "used by a run that is kept"
             elif age < max(older_than, grace):
                 row["reason"] = "used %s ago" % human_age(age)
             if "reason" in row:
                 report["kept"].append(row)
                 kept_ids.append(sid)
                 continue
-            row["bytes"] = dir_bytes(path)
+            before = freed.bytes
+            remove_counted(path, freed, dry)
+            if os.path.exists(meta):
+                remove_counted(meta, freed, dry)
+            row["bytes"] = freed.bytes - before
             report["removed"].append(row)
-            report["bytes_freed"] += row["bytes"]
-            if not dry:
-                force_rmtree(path)
-                with contextlib.suppress(OSError):
-                    os.unlink(meta)
         # Manifests left without their tree (a build that died between the two renames).
         for name in names:
             p = join(snaps, name)
             orphan = name.endswith(b".json") and not os.path.isdir(p[:-5]) and os.path.exists(p)
-            if orphan and now - os.lstat(p).st_mtime > grace and not dry:
-                with contextlib.suppress(OSError):
-                    os.unlink(p)
+            if orphan and now - os.lstat(p).st_mtime > grace:
+                remove_counted(p, freed, dry)
         referenced = set()
         for sid in kept_ids:
             try:
                 referenced.update(e[2] for e in read_meta(root, sid)["entries"])
             except (OSError, ValueError, KeyError):
                 referenced = None
-                report["warnings"].append(
-                    "snapshot %s has no readable manifest, so no object was removed" % sid
-                )
+                warnings.append("snapshot %s has no readable manifest, so no object was removed" % sid)
                 break
         if referenced is not None:
-            # In a dry run the removed snapshots still exist but are not in `referenced`: their
-            # objects are counted as they would be removed.
+            # In a dry run the removed snapshots still exist: their links are counted as removed by
+            # _remove above, so the objects they share are counted as freed here, as they would be.
             objects = join(root, b"objects")
             for fan in sorted(os.listdir(objects)) if os.path.isdir(objects) else []:
                 fan_path = join(objects, fan)
                 if fan.startswith(b".") or not os.path.isdir(fan_path):
                     continue
                 for name in os.listdir(fan_path):
-                    oid = dec(name)[:40]
-                    if oid in referenced:
+                    if dec(name)[:40] in referenced:
                         continue
-                    p = join(fan_path, name)
                     report["objects_removed"] += 1
-                    report["bytes_freed"] += os.lstat(p).st_size
-                    if not dry:
-                        os.unlink(p)
-        clean_stale_temps(root)
+                    remove_counted(join(fan_path, name), freed, dry)
+        if not dry:
+            clean_stale_temps(root)
+    report["warnings"] = warnings
     return report
+
+
+def remove_counted(path, freed, dry):
+    freed.note(path)
+    if dry:
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        force_rmtree(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def human_age(seconds):
@@ -788,7 +832,6 @@ def mode_send(args):
 MODES = {
     "snap-query": mode_snap_query,
     "snap-put": mode_snap_put,
-    "gc": mode_gc,
     "scan": mode_scan,
     "apply": mode_apply,
     "send": mode_send,

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rv.catalog import GpuType
+from rv.contract import DEFAULT_STOP_LEAD_SECONDS, DEFAULT_STOP_SIGNAL, STOP_SIGNALS
 from rv.errors import UsageError
 from rv.timespec import (
     DEFAULT_TIME,
@@ -35,12 +36,14 @@ from rv.timespec import (
 )
 
 MAX_NAME_LEN = 64
-# Lead time of the warning signal: long enough to write a checkpoint of a large model. Slurm may
-# send it up to 60 s earlier than asked (its event loop runs once a minute).
-DEFAULT_SIGNAL = "USR1"
-DEFAULT_SIGNAL_LEAD = 300
-# Signals a program can reasonably catch to checkpoint; torchrun forwards all of these when told to.
-SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT")
+# The stop signal and its lead time (long enough to write a checkpoint of a large model): see the
+# stop protocol in rv.contract. rv's own watcher sends it, to the second, only to processes that
+# handle it.
+DEFAULT_SIGNAL = DEFAULT_STOP_SIGNAL
+DEFAULT_SIGNAL_LEAD = DEFAULT_STOP_LEAD_SECONDS
+SIGNALS = STOP_SIGNALS
+# How many jobs one run may chain through before it stops continuing (`--max-segments`).
+DEFAULT_MAX_SEGMENTS = 10
 
 
 # --- torchrun -----------------------------------------------------------------------------------
@@ -360,6 +363,7 @@ class JobRequest:
     mig: bool = False
     signal: str = DEFAULT_SIGNAL  # without SIG prefix: "USR1"
     signal_lead_seconds: int = DEFAULT_SIGNAL_LEAD
+    max_segments: int = DEFAULT_MAX_SEGMENTS  # jobs the run may chain through (1: never continue)
     torchrun: TorchrunArgs | None = None
     warnings: tuple[str, ...] = ()  # for the CLI to print on stderr (renamed job, queue limits)
 
@@ -566,6 +570,7 @@ def build_request(
     setup: Sequence[str] = (),
     outputs: Sequence[str] = (),
     signal: str | None = None,
+    max_segments: int | None = None,
     in_flight_gpus_by_type: Mapping[str, int] | None = None,
 ) -> JobRequest:
     """Validate a run request; raise UsageError with the limit or the valid choices when it cannot run.
@@ -585,6 +590,7 @@ def build_request(
     _positive(gpus, "-g", minimum=0)
     _positive(nodes, "--nodes")
     _positive(cpus, "--cpus")
+    _positive(max_segments, "--max-segments")
 
     wanted = 1 if gpus is None else gpus
     gpu = _choose_type(catalog, gpu_type, mig, wanted)
@@ -704,6 +710,7 @@ def build_request(
         mig=is_mig,
         signal=sig,
         signal_lead_seconds=lead,
+        max_segments=DEFAULT_MAX_SEGMENTS if max_segments is None else max_segments,
         torchrun=tr,
         warnings=tuple(warnings),
     )

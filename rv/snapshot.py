@@ -687,11 +687,29 @@ def provenance(
 # Talking to the agent
 
 
+# The cluster-side agent is one program made of these modules, in this order: each is compiled into a
+# module of its own name there, so they import each other as they do here (the second adds its modes
+# to the first's).
+AGENT_MODULES = ("rv.remote_store", "rv.job.remote")
+
+
 @functools.cache
 def _agent_bootstrap() -> str:
-    source = Path(agent.__file__).read_bytes()
-    packed = base64.b64encode(zlib.compress(source, 9)).decode("ascii")
-    return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
+    import importlib
+
+    parts = []
+    for name in AGENT_MODULES:
+        source = Path(importlib.import_module(name).__file__ or "").read_bytes()
+        parts.append((name, base64.b64encode(zlib.compress(source, 9)).decode("ascii")))
+    return (
+        "import base64,sys,types,zlib\n"
+        "for p in ('rv','rv.job'):\n m=types.ModuleType(p);m.__path__=[];sys.modules[p]=m\n"
+        "def load(n,s):\n"
+        " m=types.ModuleType(n);sys.modules[n]=m;p,_,a=n.rpartition('.');setattr(sys.modules[p],a,m)\n"
+        " exec(compile(zlib.decompress(base64.b64decode(s)),n,'exec'),m.__dict__)\n"
+        + "".join(f"load({name!r},{packed!r})\n" for name, packed in parts)
+        + "sys.exit(sys.modules['rv.remote_store'].main(sys.argv))"
+    )
 
 
 def agent_command(mode: str, args: dict[str, Any]) -> str:
@@ -712,7 +730,7 @@ def frame(obj: Any) -> bytes:
     return struct.pack(">I", len(data)) + data
 
 
-_AGENT_ERRORS: dict[str, type[RvError]] = {"usage": UsageError, "not-found": NotFound}
+_AGENT_ERRORS: dict[str, type[RvError]] = {"usage": UsageError, "not-found": NotFound, "live": UsageError}
 
 
 def call_agent(

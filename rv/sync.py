@@ -79,44 +79,6 @@ def parse_size(text: str) -> int:
 # Garbage collection
 
 
-@dataclass(frozen=True)
-class GcReport:
-    dry_run: bool
-    removed: list[dict[str, Any]]  # {"id", "age_s", "bytes"}
-    kept: list[dict[str, Any]]  # {"id", "age_s", "reason"}
-    in_use: dict[str, list[str]]  # snapshot id -> live job ids
-    live_jobs: list[str]
-    objects_removed: int
-    bytes_freed: int
-    warnings: list[str]
-
-    def summary(self) -> str:
-        verb = "would remove" if self.dry_run else "removed"
-        return (
-            f"{verb} {len(self.removed)} snapshot(s) and {self.objects_removed} object(s), "
-            f"{human_size(self.bytes_freed)}; kept {len(self.kept)} snapshot(s) "
-            f"({sum(1 for k in self.kept if k['reason'].startswith('used by job'))} used by live jobs)"
-        )
-
-
-def collect_garbage(
-    transport: Any, layout: RemoteLayout, *, older_than: float, dry_run: bool = False, grace: float = 900
-) -> GcReport:
-    """Remove snapshots no live job uses and not used for ``older_than`` seconds, then unreferenced objects.
-
-    A snapshot is in use when ``<root>/jobs/<id>/snapshot`` of a queued or running job (per squeue)
-    names it, or when it was made or reused less than ``max(older_than, grace)`` ago; ``grace`` (15
-    min) protects a submission between its snapshot and its sbatch. If squeue cannot be asked,
-    nothing is removed.
-    """
-    args = {"root": layout.root, "older_than": older_than, "grace": grace, "dry_run": dry_run}
-    r = call_agent(transport, "gc", args)
-    return GcReport(
-        r["dry_run"], r["removed"], r["kept"], r["in_use"], r["live_jobs"], r["objects_removed"],
-        r["bytes_freed"], r["warnings"],
-    )  # fmt: skip
-
-
 # --------------------------------------------------------------------------------------------------
 # Remote listings
 
@@ -810,7 +772,6 @@ def tree_id(local: str | Path | None, git: Git | None = None, hash_cache: HashCa
 
 
 __all__ = [
-    "GcReport",
     "PullPlan",
     "PullResult",
     "PushPlan",
@@ -818,7 +779,6 @@ __all__ = [
     "RemoteEntry",
     "RemoteListing",
     "blob_id",
-    "collect_garbage",
     "parse_duration",
     "parse_size",
     "plan_pull",

@@ -344,6 +344,14 @@ class SSHTransport(_Collecting):
                     and not channel.recv_stderr_ready()
                 ):
                     break
+                pending = channel.exit_status_ready() or channel.recv_ready() or channel.recv_stderr_ready()
+                if not pending and (channel.closed or not channel.get_transport().is_active()):
+                    # The connection dropped: no exit status will ever come. Say so instead of
+                    # waiting forever, so a follower can reconnect.
+                    raise ConnectError(
+                        f"connection to {self.target.hostname} was lost",
+                        hint="check the network and retry",
+                    )
                 if deadline is not None and time.monotonic() >= deadline:
                     raise RemoteTimeout(
                         f"remote command timed out after {timeout:g}s: {command[:80]}",

@@ -63,14 +63,31 @@ class Session:
     def layout(self) -> RemoteLayout:
         return RemoteLayout(self.profile.require_remote_root())
 
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None
+
+    def reconnect(self):  # -> rv.transport.SSHTransport
+        """A fresh connection, after the old one dropped (following a run survives that)."""
+        self.close()
+        return self.transport
+
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+            self._transport = None
 
 
 def load_profile(ctx: click.Context) -> tuple[Config, Profile]:
     config = load_config()
     return config, config.profile(ctx.find_root().obj.get("profile"))
+
+
+def run_store():  # -> rv.job.records.RunStore
+    from rv.config import state_dir
+    from rv.job.records import RunStore
+
+    return RunStore(state_dir() / "runs.json")
 
 
 @contextmanager
@@ -79,5 +96,18 @@ def session(ctx: click.Context) -> Iterator[Session]:
     s = Session(config, profile)
     try:
         yield s
+        if s.connected:
+            _sweep(s)
     finally:
         s.close()
+
+
+def _sweep(s: Session) -> None:
+    """Secrets a killed job could not remove: the next command that talks to the cluster does."""
+    from rv.errors import RvError
+    from rv.job.cleanup import sweep_secrets
+
+    try:
+        sweep_secrets(s.transport, run_store(), s.profile.name, s.layout.root, note)
+    except RvError as exc:
+        warn(f"could not check for leftover secrets of ended runs: {exc.message}")

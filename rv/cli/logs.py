@@ -1,88 +1,108 @@
-"""`rv logs [JOB]`: print or follow a job's output (stdout by default, --err for stderr)."""
+"""`rv logs [RUN]`: a run's output, every segment in order (stdout by default, --err for stderr)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from rv.cli.common import note, session
+from rv.cli.common import note, run_store, session
 
 
 @click.command()
-@click.argument("job", required=False)
+@click.argument("run", required=False)
 @click.option("--err", "stderr", is_flag=True, help="Show what the program wrote to stderr.")
 @click.option(
-    "-f", "--follow", is_flag=True, help="Keep streaming until the job ends (Ctrl-C stops watching)."
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep streaming until the run ends; exit with its code (Ctrl-C stops).",
 )
-@click.option("--tail", "lines", type=click.IntRange(min=0), help="Only the last N lines.")
-@click.option("--node", type=click.IntRange(min=0), help="Only node I's log of a multi-node job.")
+@click.option(
+    "--tail", "lines", type=click.IntRange(min=0), help="Only the last N lines (of the last segment)."
+)
+@click.option("--node", type=click.IntRange(min=0), help="Only node I's log of a multi-node run.")
+@click.option("--segment", type=click.IntRange(min=1), help="Only segment K of the run.")
 @click.option("--raw", is_flag=True, help="Keep carriage-return progress redraws as written.")
-@click.option("--pull", is_flag=True, help="Download the log files to ./rv-logs/JOBID/ instead.")
+@click.option("--pull", is_flag=True, help="Download the log files to ./rv-logs/RUN/ instead.")
 @click.pass_context
 def logs(
     ctx: click.Context,
-    job: str | None,
+    run: str | None,
     stderr: bool,
     follow: bool,
     lines: int | None,
     node: int | None,
+    segment: int | None,
     raw: bool,
     pull: bool,
 ) -> None:
-    """Show the output of JOB (an id, a unique id prefix or a name; default: the latest job)."""
-    from rv import launch
-    from rv.config import state_dir
+    """Show the output of RUN: a run name, a job id of any segment, or nothing (the latest run).
+
+    Each segment's output is headed by one separator line.
+    """
+    from rv.cli.following import TerminalView
     from rv.errors import UsageError
-    from rv.jobs import JobStore
-    from rv.layout import RemoteLayout
-    from rv.logview import LineCollapser
+    from rv.job import query
+    from rv.job.records import run_exit_code
+    from rv.job.watch import follow_run
 
     with session(ctx) as s:
-        record = JobStore(state_dir() / "jobs.json").resolve(job, s.profile.name)
-        if node is not None and node >= record.nodes:
-            raise UsageError(
-                f"--node {node}: job {record.job_id} ran on {record.nodes} node(s) (0..{record.nodes - 1})"
-            )
-        layout = RemoteLayout(record.remote_root)
-        stream = "err" if stderr else "out"
+        found = query.resolve(s.transport, run_store(), s.profile.name, s.layout.root, run)
+        target = found.run
+        nodes = int(target.meta.get("nodes") or 1)
+        if node is not None and node >= nodes:
+            raise UsageError(f"--node {node}: run {target.name} runs on {nodes} node(s) (0..{nodes - 1})")
+        last = target.current.index if target.current else 1
+        if segment is not None and segment > last:
+            raise UsageError(f"--segment {segment}: run {target.name} has {last} segment(s) so far")
+        root = str(found.record.remote_root if found.record else s.layout.root)
         if pull:
-            _pull(s.transport, layout, record, node)
+            _pull(s.transport, root, target, segment)
             return
-        collapser = LineCollapser(raw=raw)
-        sink = sys.stdout
-
-        def write(data: bytes) -> None:
-            sink.write(collapser.feed(data.decode("utf-8", errors="replace")))
-            sink.flush()
-
-        # The chosen stream goes to stdout either way, so `rv logs --err | grep` works.
+        view = TerminalView(
+            max_segments=target.max_segments, separators=last > 1 or follow, raw=raw, merge=True
+        )
+        start = segment or (last if lines is not None else None)
         try:
-            launch.stream_logs(
-                s.transport, layout, record, on_stdout=write, on_stderr=write, follow=follow,
-                lines=lines, node=node, which=(stream,),
+            followed = follow_run(
+                lambda: s.transport, s.reconnect, root, target.run_id, view,
+                follow=follow, streams=("err",) if stderr else ("out",), node=node,
+                segment=start if segment is None else segment, tail=lines,
             )  # fmt: skip
         except KeyboardInterrupt:
-            note(f"\nstopped watching; job {record.job_id} is not affected")
-        sink.write(collapser.flush())
+            view.flush()
+            note(f"\nstopped watching; run {target.name} is not affected")
+            ctx.exit(130)
+        view.flush()
+        if follow and segment is None:
+            ctx.exit(run_exit_code(followed.ended))
 
 
-def _pull(transport, layout, record, node) -> None:  # type: ignore[no-untyped-def]
-    from rv import launch
+def _pull(transport, root: str, run, segment: int | None) -> None:  # type: ignore[no-untyped-def]
+    """Every log file of the run (or of one segment) into ./rv-logs/<name>-<run id>/."""
     from rv.errors import RemoteError
+    from rv.layout import RemoteLayout
 
-    dest = Path("rv-logs") / record.job_id
+    layout = RemoteLayout(root)
+    dest = Path("rv-logs") / f"{run.name}-{run.run_id}"
     dest.mkdir(parents=True, exist_ok=True)
     got = []
-    for stream in ("out", "err"):
-        for path in launch.log_paths(layout, record, stream, node):
-            local = dest / path.rsplit("/", 1)[-1]
-            try:
-                transport.get_file(path, local)
+    nodes = int(run.meta.get("nodes") or 1)
+    for seg in run.segments:
+        if (segment is not None and seg.index != segment) or not seg.job_id:
+            continue
+        for stream in ("out", "err"):
+            paths = [layout.log(run.run_id, seg.job_id, stream)]
+            if nodes > 1:
+                paths += [layout.log(run.run_id, seg.job_id, stream, node=i) for i in range(nodes)]
+            for path in paths:
+                local = dest / path.rsplit("/", 1)[-1]
+                try:
+                    transport.get_file(path, local)
+                except RemoteError:
+                    continue  # a log that was never written (the segment did not start) is not an error
                 got.append(str(local))
-            except RemoteError:
-                continue  # a per-node log that was never written (single-node job) is not an error
     note(f"downloaded {len(got)} file(s) to {dest}/")
     for p in got:
         click.echo(p)

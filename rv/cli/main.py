@@ -15,14 +15,16 @@ from rv.errors import EXIT_INTERRUPTED, RvError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "init": ("rv.cli.init", "init", "Connect rv to a cluster and save a profile."),
     "exec": ("rv.cli.exec", "exec_", "Run a command on the login node."),
-    "run": ("rv.cli.run", "run", "Snapshot this repo and submit a job."),
-    "ps": ("rv.cli.ps", "ps", "List your jobs."),
-    "logs": ("rv.cli.logs", "logs", "Show or follow a job's output."),
-    "stop": ("rv.cli.stop", "stop", "Cancel jobs."),
-    "status": ("rv.cli.status", "status", "Connection, account, storage, jobs and free GPUs."),
+    "run": ("rv.cli.run", "run", "Snapshot this repo and start a run (continued across jobs)."),
+    "ps": ("rv.cli.ps", "ps", "List your runs and jobs."),
+    "logs": ("rv.cli.logs", "logs", "Show or follow a run's output, every segment."),
+    "stop": ("rv.cli.stop", "stop", "Stop runs."),
+    "status": ("rv.cli.status", "status", "Connection, account, storage by kind, jobs and free GPUs."),
+    "ckpt": ("rv.cli.ckpt", "ckpt", "List and download a run's checkpoints."),
+    "gc": ("rv.cli.gc", "gc", "Remove what finished runs left on the cluster."),
     "cost": ("rv.cli.cost", "cost", "Estimate the SU cost of a job."),
     "env": ("rv.cli.env", "env", "Manage secrets passed to jobs."),
-    "sync": ("rv.cli.sync", "sync", "Push, pull and watch files; collect garbage."),
+    "sync": ("rv.cli.sync", "sync", "Push, pull and watch files."),
 }
 ALIASES = {"ls": "ps", "cancel": "stop"}
 

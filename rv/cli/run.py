@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rv.cli.common import err_console, note, print_json, session, warn
+from rv.cli.common import note, print_json, run_store, session, warn
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -19,17 +19,34 @@ from rv.cli.common import err_console, note, print_json, session, warn
 @click.option("--time", "time_", help="Wall time: 30m, 2h, 1d12h, 2:59:00, 1-12:00:00 (default 2:59:00).")
 @click.option("--mem", help="Memory per node, e.g. 64G.")
 @click.option("--cpus", type=int, help="CPUs per node.")
-@click.option("--name", help="Job name (default: from the command).")
+@click.option(
+    "--name",
+    help="Run name; a finished run of that name is resumed (default: from the command, made unique).",
+)
 @click.option("--nodes", type=int, help="Nodes (default: as few as hold the GPUs).")
 @click.option("--setup", multiple=True, help="Extra shell line run before the program (repeatable).")
 @click.option(
     "-o", "--output", "outputs", multiple=True, help="Copy PATH to the job's output dir at the end."
 )
-@click.option("--signal", help="Signal before the time limit: NAME[@SECONDS] (default USR1@300).")
-@click.option("-f", "--follow", is_flag=True, help="Wait for the job, stream its output, exit with its code.")
+@click.option(
+    "--signal",
+    help="Stop signal and its lead: NAME[@SECONDS] (default USR1@300); sent only to processes handling it.",
+)
+@click.option(
+    "--max-segments",
+    type=int,
+    help="Continue a run that stops cleanly in up to N jobs in all (default 10; 1: never continue).",
+)
+@click.option(
+    "--from",
+    "from_",
+    metavar="RUN[@STEP]",
+    help="Start from RUN's newest complete checkpoint at or before STEP; RUN itself is untouched.",
+)
+@click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
-@click.option("--json", "as_json", is_flag=True, help="Print the job record as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -45,20 +62,26 @@ def run(
     setup: tuple[str, ...],
     outputs: tuple[str, ...],
     signal: str | None,
+    max_segments: int | None,
+    from_: str | None,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
-    """Snapshot this repo, sync it, and submit COMMAND as a Slurm job.
+    """Snapshot this repo, sync it, and run COMMAND on the cluster as a run of one or more jobs.
+
+    A program that saves into $RV_CHECKPOINT_DIR and writes PREEMPTED there when it gets the stop
+    signal is continued in a new job, from its checkpoint, until it finishes (see the README).
 
     \b
       rv run -g 2 -t a6000 -- torchrun train.py --lr 3e-4
       rv run --mig -f -- python eval.py
     """
     from rv.cli.common import load_profile
-    from rv.request import build_request, detect_misplaced_flags
+    from rv.job import submit as job
+    from rv.request import build_request, default_name, detect_misplaced_flags
 
     _, profile = load_profile(ctx)
     catalog = profile.gpu_catalog()
@@ -74,19 +97,24 @@ def run(
                 hint="put rv's options before the command, or write `--` before the command if those "
                 "flags really are the program's",
             )
-    # Everything is validated here, before the first network call.
+    run_id = job.new_run_id()
+    from_run = job.FromRun.parse(from_) if from_ is not None else None
+    # Everything is validated here, before the first network call. A run without --name gets one of
+    # its own: two runs of one command must never share a checkpoint folder.
+    run_name = name
+    if name is None and command:
+        run_name = job.default_run_name(default_name(command), run_id)
     req = build_request(
         catalog, command=command, gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus,
-        name=name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, signal=signal,
+        name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, signal=signal,
+        max_segments=max_segments,
     )  # fmt: skip
     for message in req.warnings:
         warn(message)
     from rv.config import state_dir
-    from rv.jobs import JobStore
     from rv.secrets import SecretStore
 
     secrets = SecretStore(state_dir() / "secrets.json").load()
-    from rv import launch
     from rv.snapshot import ManifestCache, prepare_snapshot, upload_snapshot
 
     # The file list, hashes and size guard are local: a refused file fails before we connect.
@@ -99,25 +127,49 @@ def run(
         req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
     if dry_run:
         from rv.layout import RemoteLayout
+        from rv.slurm.script import render_script
 
         layout = RemoteLayout(profile.require_remote_root())
-        secrets_path = f"{layout.secrets}/{req.name}-{snap.id[:8]}-DRYRUN.env" if secrets else None
-        sys.stdout.write(_render(req, layout, profile.account, snap, secrets_path))
-        note(f"dry run: nothing was sent (snapshot {snap.id[:12]}, {len(snap.tree.entries)} files)")
+        context = job.script_context(
+            layout, run_id=run_id, snapshot_id=snap.id, project=snap.project, account=profile.account,
+            has_secrets=bool(secrets),
+        )  # fmt: skip
+        sys.stdout.write(render_script(req, context))
+        note(
+            f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, "
+            f"{len(snap.tree.entries)} files)"
+        )
         return
 
     with session(ctx) as s:
+        # Before anything is sent: a live run of this name is refused; a finished one is resumed.
+        check = job.check(s.transport, s.layout, project=snap.project, name=req.name, from_run=from_run)
+        if from_run is None and check.resume_step is not None:
+            note(f"resuming {req.name} from step {check.resume_step}")
+        elif from_run is None and check.resume_files:
+            note(f"resuming {req.name}: its checkpoint folder holds what an earlier run saved")
         # The cached manifest lets the cluster receive only a delta of the file list.
         cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
         uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
-        secrets_path = f"{s.layout.secrets}/{req.name}-{snap.id[:8]}-{_nonce()}.env" if secrets else None
-        prepared = launch.Prepared(
-            request=req, script=_render(req, s.layout, profile.account, snap, secrets_path),
-            snapshot_id=uploaded.id, project=uploaded.project, branch=uploaded.branch,
-            commit=uploaded.commit, dirty=uploaded.dirty, secrets_path=secrets_path,
+        context = job.script_context(
+            s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
+            account=profile.account, has_secrets=bool(secrets),
         )  # fmt: skip
-        record = launch.submit(s.transport, s.layout, prepared, profile=profile.name, secrets=secrets)
-        JobStore(state_dir() / "jobs.json").add(record)
+        submitted = job.submit(
+            s.transport, s.layout, req, context, profile=profile.name, secrets=secrets,
+            provenance={"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty},
+            from_run=check if from_run is not None else None,
+            from_step=from_run.step if from_run is not None else None,
+        )  # fmt: skip
+        record = submitted.record
+        run_store().add(record)
+        if submitted.from_step is not None or from_run is not None:
+            how = "/".join(submitted.from_how) or "nothing to bring"
+            at = f"step {submitted.from_step}" if submitted.from_step is not None else "its checkpoints"
+            note(
+                f"{req.name} starts from {from_run.run if from_run else '?'} at {at} "
+                f"({how}; that run is untouched)"
+            )
         if as_json:
             from dataclasses import asdict
 
@@ -125,12 +177,38 @@ def run(
         else:
             click.echo(record.job_id)
         where = f"{req.gpus}x {req.type.name}" if req.type else "CPU"
+        continues = f", up to {req.max_segments} segments" if req.max_segments > 1 else ""
         note(
-            f"submitted job {record.job_id} ({req.name}, {where}, {req.nodes} node(s)) "
-            f"from {record.short_commit}\n  rv logs -f {record.job_id}    rv ps    rv stop {record.job_id}"
+            f"submitted run {req.name}: job {record.job_id} ({where}, {req.nodes} node(s){continues}) "
+            f"from {record.short_commit}\n  rv logs -f {req.name}    rv ps    rv stop {req.name}"
         )
         if follow:
-            ctx.exit(_follow(s, record))
+            ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments))
+
+
+def follow_to_end(s, run_id: str, name: str, max_segments: int) -> int:  # type: ignore[no-untyped-def]
+    """Follow a run until it ends; the run's exit code (0 when it finished), 130 on Ctrl-C."""
+    from rv.cli.following import TerminalView
+    from rv.job.records import end_state, run_exit_code
+    from rv.job.watch import follow_run
+
+    view = TerminalView(max_segments=max_segments, separators=False)
+    try:
+        followed = follow_run(lambda: s.transport, s.reconnect, s.layout.root, run_id, view)
+    except KeyboardInterrupt:
+        view.flush()
+        note(f"\ndetached; run {name} keeps going: rv logs -f {name}")
+        return 130
+    view.flush()
+    ended = followed.ended or {}
+    code = run_exit_code(followed.ended)
+    reason = str(ended.get("reason") or "")
+    if end_state(reason) != "COMPLETED":
+        warn(
+            f"run {name} ended after segment {followed.last_segment}: {reason or 'no record'} "
+            f"(exit code {code})"
+        )
+    return code
 
 
 def _after_separator(command: tuple[str, ...]) -> bool:
@@ -138,61 +216,3 @@ def _after_separator(command: tuple[str, ...]) -> bool:
     argv = sys.argv[1:]
     start = len(argv) - len(command)
     return bool(command) and start > 0 and argv[start:] == list(command) and argv[start - 1] == "--"
-
-
-def _nonce() -> str:
-    import uuid
-
-    return uuid.uuid4().hex[:8]
-
-
-def _render(req, layout, account, snap, secrets_path) -> str:  # type: ignore[no-untyped-def]
-    from rv import launch
-    from rv.slurm.script import render_script
-
-    context = launch.script_context(
-        layout=layout, account=account, snapshot_id=snap.id, project=snap.project, secrets_path=secrets_path
-    )
-    return render_script(req, context)
-
-
-def _follow(s, record) -> int:  # type: ignore[no-untyped-def]
-    """Wait (showing state, reason, expected start), stream output, return the job's exit code."""
-    from rv import launch
-    from rv.logview import LineCollapser
-
-    out_c, err_c = LineCollapser(), LineCollapser()
-
-    def write(stream, collapser):  # type: ignore[no-untyped-def]
-        def _w(data: bytes) -> None:
-            stream.write(collapser.feed(data.decode("utf-8", errors="replace")))
-            stream.flush()
-
-        return _w
-
-    try:
-        with err_console.status(f"job {record.job_id}: submitted") as status:
-
-            def on_state(state: str, reason: str, start: str) -> None:
-                extra = f" ({reason})" if reason and reason != "None" else ""
-                when = f", expected start {start}" if start and start not in ("N/A", "Unknown") else ""
-                status.update(f"job {record.job_id}: {state}{extra}{when}")
-
-            launch.wait_until_started(s.transport, record.job_id, on_state)
-        launch.stream_logs(
-            s.transport, s.layout, record, follow=True,
-            on_stdout=write(sys.stdout, out_c), on_stderr=write(sys.stderr, err_c),
-        )  # fmt: skip
-        sys.stdout.write(out_c.flush())
-        sys.stderr.write(err_c.flush())
-    except KeyboardInterrupt:
-        note(f"\ndetached; job {record.job_id} keeps running: rv logs -f {record.job_id}")
-        return 130
-    ended = launch.job_exit_code(s.transport, record.job_id)
-    if ended is None:
-        warn(f"could not read the exit code of job {record.job_id}; `rv ps -a` will show it")
-        return 1
-    code, state = ended
-    if state and state != "COMPLETED":
-        warn(f"job {record.job_id} ended {state} (exit code {code})")
-    return code

@@ -1,4 +1,4 @@
-"""`rv status [--json]`: connection, account, storage, your jobs by state, free GPUs per type."""
+"""`rv status [--json]`: connection, account, what rv keeps by kind, your jobs, free GPUs per type."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from rv.cli.common import print_json, session
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """One round trip: how the cluster and your jobs stand."""
+    """How the cluster and your jobs stand, and what rv keeps there (and what `rv gc` would free)."""
+    from rv.job.cleanup import usage
     from rv.slurm.client import cluster_status
     from rv.slurm.parse import availability_by_type
 
@@ -23,6 +24,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         s.transport.connect()
         connect_ms = (time.monotonic() - started) * 1000
         st = cluster_status(s.transport, s.layout.root)
+        kept = usage(s.transport, s.layout.root, older_than=14 * 86400)
         catalog = s.profile.gpu_catalog()
     gpus = availability_by_type(st.nodes, catalog)
     jobs = Counter(j.state for j in st.jobs)
@@ -34,7 +36,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "round_trip_ms": round(st.round_trip_ms, 1),
         "account": s.profile.account,
         "remote_root": s.layout.root,
-        "storage_bytes": st.storage_bytes,
+        "storage_bytes": kept["total"],
+        "storage_by_kind": kept["kinds"],
+        "gc_would_free": kept["gc"],
         "jobs": dict(jobs),
         "gpus": {
             name: {"idle": idle, "total": total, "partition": catalog[name].partition}
@@ -44,13 +48,25 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         print_json(data)
         return
-    size = "?" if st.storage_bytes is None else f"{st.storage_bytes / 2**30:.2f} GiB"
+    from rv.snapshot import human_size
+
+    size = human_size(kept["total"])
     click.echo(
         f"{st.user}@{s.profile.host} ({s.profile.name}): connected in {connect_ms:.0f} ms, "
         f"round trip {st.round_trip_ms:.0f} ms"
     )
     click.echo(f"account      {s.profile.account or '-'}")
     click.echo(f"storage      {size} under {s.layout.root}")
+    kinds = ", ".join(f"{kind} {human_size(n)}" for kind, n in kept["kinds"].items() if n)
+    click.echo(f"  by kind    {kinds or 'nothing yet'}")
+    gc = kept["gc"]
+    if "error" in gc:
+        click.echo(f"  rv gc      cannot tell: {gc['error']}")
+    else:
+        click.echo(
+            f"  rv gc      would free {human_size(gc['bytes_freed'])} ({gc['runs']} ended run(s) older than "
+            f"14 days, {gc['snapshots']} snapshot(s), {gc['objects']} object(s))"
+        )
     click.echo("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
     click.echo("GPUs         idle/total")
     for name, (idle, total) in sorted(gpus.items(), key=lambda kv: -kv[1][0]):

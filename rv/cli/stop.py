@@ -1,41 +1,51 @@
-"""`rv stop JOB... | --all`: cancel jobs."""
+"""`rv stop RUN... | --all`: end runs: the current segment is cancelled and the chain goes no further."""
 
 from __future__ import annotations
 
-import shlex
-
 import click
 
-from rv.cli.common import note, session
+from rv.cli.common import note, run_store, session, warn
 
 
 @click.command()
-@click.argument("jobs", nargs=-1)
-@click.option("--all", "all_", is_flag=True, help="Cancel every queued or running job rv submitted.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask before cancelling with --all.")
+@click.argument("runs", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Stop every live run rv submitted with this profile.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before stopping with --all.")
 @click.pass_context
-def stop(ctx: click.Context, jobs: tuple[str, ...], all_: bool, yes: bool) -> None:
-    """Cancel JOBs (ids, id prefixes or names), or --all of yours."""
-    from rv.config import state_dir
+def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool) -> None:
+    """Stop RUNs (names, run ids or job ids of any segment), or --all of yours."""
     from rv.errors import UsageError
-    from rv.jobs import JobStore
+    from rv.job import query
+    from rv.job.cleanup import stop_runs
 
-    if not jobs and not all_:
-        raise UsageError("name the jobs to stop, or pass --all", hint="rv stop 12345   rv stop --all")
-    if jobs and all_:
-        raise UsageError("give job ids or --all, not both")
+    if not runs and not all_:
+        raise UsageError("name the runs to stop, or pass --all", hint="rv stop NAME   rv stop --all")
+    if runs and all_:
+        raise UsageError("give runs or --all, not both")
+    store = run_store()
     with session(ctx) as s:
-        store = JobStore(state_dir() / "jobs.json")
         if all_:
-            known = {r.job_id for r in store.all(s.profile.name)}
-            live = s.transport.run('squeue --me -h -o %i 2>/dev/null || squeue -u "$(id -un)" -h -o %i')
-            ids = [i for i in live.check("listing your jobs").out.split() if i.split("_")[0] in known]
-            if not ids:
-                note("no queued or running jobs submitted by rv")
+            snap = query.fetch(s.transport, s.layout.root, live=True)
+            live_ids = {j.job_id for j in snap.queued}
+            targets = [(r.run_id, r.name) for r in snap.runs if set(r.jobs) & live_ids]
+            if not targets:
+                note("no live runs")
                 return
-            if not yes and not click.confirm(f"Cancel {len(ids)} job(s): {' '.join(ids)}?", err=True):
+            listing = ", ".join(name for _, name in targets)
+            if not yes and not click.confirm(f"Stop {len(targets)} run(s): {listing}?", err=True):
                 ctx.exit(1)
         else:
-            ids = [store.resolve(j, s.profile.name).job_id for j in jobs]
-        s.transport.run("scancel " + " ".join(shlex.quote(i) for i in ids)).check("scancel")
-        note(f"cancelled {' '.join(ids)}")
+            targets = []
+            for ref in runs:
+                found = query.resolve(s.transport, store, s.profile.name, s.layout.root, ref)
+                targets.append((found.run.run_id, found.run.name))
+        stopped = stop_runs(s.transport, s.layout.root, targets)
+    for row in stopped:
+        if row.error:
+            warn(f"run {row.name}: {row.error}")
+        jobs = (
+            f"cancelled job {', '.join(row.cancelled)}" if row.cancelled else "nothing was queued or running"
+        )
+        secrets = "; its secrets are removed" if row.secrets_removed else ""
+        note(f"stopped run {row.name}: {jobs}; it will not continue{secrets}")
+        store.update(s.profile.name, row.run_id, secrets_cleared=True)

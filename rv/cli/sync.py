@@ -1,4 +1,4 @@
-"""`rv sync push|pull|watch|gc|snapshot`: files between this machine and the cluster."""
+"""`rv sync push|pull|watch|snapshot` (and `gc`, the same as `rv gc`): files to and from the cluster."""
 
 from __future__ import annotations
 
@@ -253,48 +253,14 @@ def watch(
             note("stopped")
 
 
-@sync.command()
-@click.option(
-    "--older-than",
-    default="14d",
-    show_default=True,
-    callback=_duration,
-    help="Keep snapshots used more recently than this (e.g. 14d, 12h, 30m).",
-)
-@click.option("--dry-run", "-n", is_flag=True, help="Show what would be removed, remove nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.pass_context
-def gc(ctx: click.Context, older_than: float, dry_run: bool, as_json: bool) -> None:
-    """Remove snapshots no queued or running job uses, and objects no snapshot needs."""
-    from rv import sync as core
-    from rv.remote_store import human_age
-    from rv.snapshot import human_size
+def _register_gc_alias() -> None:
+    """`rv sync gc` is `rv gc` (the name it had before runs had their own cleanup)."""
+    from rv.cli.gc import gc
 
-    with session(ctx) as s:
-        report = core.collect_garbage(s.transport, s.layout, older_than=older_than, dry_run=dry_run)
-    for w in report.warnings:
-        warn(w)
-    if as_json:
-        print_json(
-            {
-                "dry_run": report.dry_run,
-                "removed": report.removed,
-                "kept": report.kept,
-                "in_use": report.in_use,
-                "live_jobs": report.live_jobs,
-                "objects_removed": report.objects_removed,
-                "bytes_freed": report.bytes_freed,
-            }
-        )
-    else:
-        verb = "would remove" if dry_run else "removed"
-        for row in report.removed:
-            click.echo(
-                f"{verb}  {row['id']}  unused for {human_age(row['age_s'])}  {human_size(row['bytes'])}"
-            )
-        for row in report.kept:
-            click.echo(f"keep    {row['id']}  {row['reason']}")
-    note(report.summary())
+    sync.add_command(gc, name="gc")
+
+
+_register_gc_alias()
 
 
 @sync.command()

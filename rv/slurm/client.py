@@ -4,50 +4,12 @@ from __future__ import annotations
 
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rv.setup import parse_probe
-from rv.slurm.parse import (
-    SACCT_FORMAT,
-    SINFO_NODE_FORMAT,
-    SQUEUE_FORMAT,
-    AccountedJob,
-    NodeInfo,
-    QueuedJob,
-    parse_sacct,
-    parse_sinfo_nodes,
-    parse_squeue,
-)
+from rv.slurm import commands
+from rv.slurm.parse import NodeInfo, QueuedJob, parse_sinfo_nodes, parse_squeue
 from rv.transport import Transport
-
-# `squeue --me` is Slurm 20.11+; `-u "$(id -un)"` works everywhere.
-_SQUEUE = f'squeue -u "$(id -un)" -h -o {shlex.quote(SQUEUE_FORMAT)}'
-
-
-@dataclass(frozen=True)
-class JobsSnapshot:
-    live: list[QueuedJob]
-    finished: list[AccountedJob] = field(default_factory=list)
-    sacct_error: str | None = None
-
-
-def list_jobs(transport: Transport, *, include_finished: bool, days: int = 7) -> JobsSnapshot:
-    """Live jobs from squeue, plus (with include_finished) the last `days` of jobs from sacct."""
-    parts = ["echo @@squeue", _SQUEUE]
-    if include_finished:
-        parts += [
-            "echo @@sacct",
-            f'sacct -u "$(id -un)" -S now-{int(days)}days -n --parsable2 -o {shlex.quote(SACCT_FORMAT)} '
-            "2>&1 || echo @@sacct_failed",
-        ]
-    out = parse_probe(transport.run("; ".join(parts), timeout=60).check("squeue").out)
-    sacct_lines = out.get("sacct", [])
-    failed = "sacct_failed" in out
-    return JobsSnapshot(
-        live=parse_squeue("\n".join(out.get("squeue", []))),
-        finished=[] if failed else parse_sacct("\n".join(sacct_lines)),
-        sacct_error=" ".join(sacct_lines).strip() if failed else None,
-    )
 
 
 @dataclass(frozen=True)
@@ -66,9 +28,9 @@ def cluster_status(transport: Transport, remote_root: str) -> ClusterStatus:
             "echo @@user; id -un",
             f"echo @@du; du -sk {root} 2>/dev/null | cut -f1",
             "echo @@squeue",
-            _SQUEUE,
+            commands.shell(commands.squeue_user()),
             "echo @@sinfo",
-            f"sinfo -N -h -O {shlex.quote(SINFO_NODE_FORMAT)}",
+            commands.shell(commands.sinfo_nodes()),
         ]
     )
     started = time.monotonic()

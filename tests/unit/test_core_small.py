@@ -1,15 +1,12 @@
-"""Small pure pieces of the CLI core: probe parsing, exit codes, secrets, job records."""
+"""Small pure pieces of the CLI core: probe parsing and secrets."""
 
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 
-from rv.errors import NotFound, RemoteCommandMissing, UsageError
-from rv.follow import parse_exit_code, parse_job_state
-from rv.jobs import JobRecord, JobStore
+from rv.errors import RemoteCommandMissing, UsageError
 from rv.secrets import SecretStore, mask, parse_dotenv, render_env_file
 from rv.setup import facts_from_probe
 
@@ -50,20 +47,6 @@ def test_probe_missing_sbatch_says_what_to_do():
     assert exc.value.exit_code == 7 and "module load slurm" in exc.value.hint
 
 
-def test_exit_code_and_state_parsing():
-    assert parse_exit_code("JobState=FAILED ExitCode=3:0\n") == (3, "FAILED")
-    assert parse_exit_code("JobState=COMPLETED ExitCode=0:0\n") == (0, "COMPLETED")
-    assert parse_exit_code("JobState=CANCELLED ExitCode=0:0\n") == (1, "CANCELLED")  # never "success"
-    assert parse_exit_code("\n0:9|CANCELLED by 0\n") == (137, "CANCELLED")
-    assert parse_exit_code("\n") is None
-    assert parse_job_state("PENDING|Resources|2026-11-21T10:00:00\n") == (
-        "PENDING",
-        "Resources",
-        "2026-11-21T10:00:00",
-    )
-    assert parse_job_state("") is None
-
-
 def test_dotenv_and_env_file_round_trip_through_bash(tmp_path):
     values = parse_dotenv("# c\nexport A=1\nB='two words'\nC=\"x $y\"\nD=plain # comment\nE=\n")
     assert values == {"A": "1", "B": "two words", "C": "x $y", "D": "plain", "E": ""}
@@ -82,25 +65,3 @@ def test_secret_store_mode_and_mask(tmp_path):
     assert (tmp_path / "s.json").stat().st_mode & 0o777 == 0o600
     assert mask("hf_abcdefghijkl") == "hf******kl" and mask("short") == "*****"
     assert store.remove("TOKEN") and not store.remove("TOKEN")
-
-
-def record(job_id: str, name: str) -> JobRecord:
-    return JobRecord(
-        job_id, name, "p", "/r", "s", "proj", "main", "abc1234", False, ["true"], {}, time.time()
-    )
-
-
-def test_job_store_resolves_id_prefix_and_name(tmp_path):
-    store = JobStore(tmp_path / "jobs.json")
-    with pytest.raises(NotFound):
-        store.resolve(None, "p")
-    for job_id, name in [("1234", "train"), ("1250", "eval"), ("1299", "train")]:
-        store.add(record(job_id, name))
-    assert store.resolve(None, "p").job_id == "1299"
-    assert store.resolve("1234", "p").job_id == "1234"
-    assert store.resolve("125", "p").job_id == "1250"
-    assert store.resolve("train", "p").job_id == "1299"
-    with pytest.raises(UsageError, match="ambiguous"):
-        store.resolve("12", "p")
-    with pytest.raises(NotFound):
-        store.resolve("nope", "p")

@@ -1,9 +1,11 @@
 """The rendered sbatch script: golden files, and the script really run by bash with stub Slurm tools.
 
 The stubs stand in for what only a cluster has: ``srun`` runs the command once per task with the
-per-task variables a real srun sets (``SLURM_NODEID``), ``scontrol`` answers ``show hostnames`` and
-``show node``, ``nvidia-smi`` prints a compute capability, ``torchrun`` records its argv. Everything
-else (bash, cp, find, sed) is real, so quoting, traps and exit codes are tested for real.
+per-task variables a real srun sets (``SLURM_NODEID``), ``scontrol`` answers ``show hostnames``,
+``show node`` and ``-o show job`` (as the test says: a requeue, a time limit), ``squeue`` gives the
+job's end time (for the stop watcher), ``sbatch`` and ``scancel`` record what they were asked,
+``nvidia-smi`` prints a compute capability, ``torchrun`` records its argv. Everything else (bash, cp,
+find, sed, ps, kill) is real, so quoting, traps, signals, exit codes and records are tested for real.
 
 ``RV_UPDATE_GOLDEN=1 pytest tests/unit/test_script.py`` rewrites the golden files.
 """
@@ -31,7 +33,7 @@ from hypothesis import strategies as st
 from rv.catalog import RIVANNA, GpuType
 from rv.errors import ConfigError, UsageError
 from rv.request import build_request
-from rv.slurm.script import ScriptContext, inner_command, program_line, render_script
+from rv.slurm.script import ScriptContext, program_line, render_script
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -43,6 +45,7 @@ def ctx(**kw) -> ScriptContext:
     kw.setdefault("remote_root", ROOT)
     kw.setdefault("snapshot_id", "snap01")
     kw.setdefault("project", "proj-1a2b3c")
+    kw.setdefault("run_id", "run0a1b2")
     return ScriptContext(**kw)
 
 
@@ -71,11 +74,7 @@ GOLDEN_CASES = {
             outputs=["runs/exp1", "model.pt"],
             name="grpo-2node",
         ),
-        ctx(
-            account="mylab_paid",
-            secrets_file=f"{ROOT}/secrets/0b1c2d.env",
-            extra_env=(("WANDB_PROJECT", "grpo"),),
-        ),
+        ctx(account="mylab_paid", has_secrets=True, extra_env=(("WANDB_PROJECT", "grpo"),)),
     ),
     "v100_fp16": lambda: (
         build_request(CATALOG, command=["python3", "-m", "pkg.finetune"], gpus=2, gpu_type="v100"),
@@ -127,17 +126,20 @@ def test_directives_of_a_two_node_job():
         "#SBATCH --ntasks-per-node=1",
         "#SBATCH --cpus-per-task=16",
         "#SBATCH --mem=64G",
-        f"#SBATCH --output={ROOT}/logs/grpo-2node-%j.out",
-        f"#SBATCH --error={ROOT}/logs/grpo-2node-%j.err",
+        f"#SBATCH --output={ROOT}/runs/run0a1b2/logs/%j.out",
+        f"#SBATCH --error={ROOT}/runs/run0a1b2/logs/%j.err",
         "#SBATCH --open-mode=append",
-        "#SBATCH --signal=USR1@300",
+        "#SBATCH --requeue",
     ]
 
 
-def test_signal_has_no_batch_prefix_and_no_time_min():
+def test_no_slurm_signal_and_no_time_min():
+    # Slurm's --signal reaches every process of a step, and a plain Python program dies of USR1:
+    # rv's own watcher sends the stop signal, only to processes that handle it.
     for case in GOLDEN_CASES:
         text = render_script(*GOLDEN_CASES[case]())
-        assert "--signal=B:" not in text
+        assert "--signal" not in text
+        assert "--signals-to-handle" not in text
         assert "--time-min" not in text
         assert "set -x" not in text.replace("`set -x`", "")
 
@@ -184,7 +186,7 @@ def test_bad_ids_and_env_names_are_refused():
         render_script(req, ctx(extra_env=(("BAD-NAME", "x"),)))
 
 
-def test_inner_command_of_torchrun_injects_only_missing_flags():
+def test_program_line_of_torchrun_injects_only_missing_flags():
     req = build_request(
         CATALOG,
         command=["torchrun", "--nproc_per_node=4", "--rdzv-id=mine", "--signals-to-handle=SIGUSR2", "t.py"],
@@ -196,7 +198,6 @@ def test_inner_command_of_torchrun_injects_only_missing_flags():
         '--rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT" '
         "--nproc_per_node=4 --rdzv-id=mine --signals-to-handle=SIGUSR2 t.py"
     )
-    assert "--signals-to-handle" not in render_script(req, ctx()).split("# --- the program")[0]
 
 
 def test_one_node_torchrun_with_own_rendezvous_is_left_alone():
@@ -206,9 +207,8 @@ def test_one_node_torchrun_with_own_rendezvous_is_left_alone():
         gpus=2,
         gpu_type="a6000",
     )
-    assert inner_command(req) == (
-        "exec python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 "
-        '${RV_TORCHRUN_SIGNALS:+"$RV_TORCHRUN_SIGNALS"} --standalone t.py'
+    assert (
+        program_line(req) == "python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --standalone t.py"
     )
 
 
@@ -243,8 +243,29 @@ case "$1 $2" in
     "show node")
         printf 'NodeName=%s Arch=x86_64 CoresPerSocket=1\n' "$3"
         printf '   NodeAddr=10.1.2.3 NodeHostName=%s Version=22.05.8\n' "$3" ;;
+    "-o show")
+        # What the EXIT trap asks: the test says how Slurm sees the job (a requeue, a time limit).
+        printf 'JobId=%s JobName=x JobState=%s Reason=%s Restarts=%s ExitCode=0:0\n' "$4" \
+            "${FAKE_STATE:-COMPLETING}" "${FAKE_REASON:-None}" "${FAKE_RESTARTS:-0}" ;;
     *) exit 1 ;;
 esac
+""",
+    "squeue": r"""#!/bin/bash
+# The stop watcher asks for the job's end time (%e); FAKE_END_IN: seconds from now.
+[ -n "${FAKE_SQUEUE_FAIL:-}" ] && exit 1
+date -d "@$(( $(date +%s) + ${FAKE_END_IN:-3600} ))" +%Y-%m-%dT%H:%M:%S
+""",
+    "sbatch": r"""#!/bin/bash
+# Records what the next segment was submitted with: argv, RV_SEGMENT, and the environment.
+n=$(ls "$RV_TEST_OUT"/sbatch-*.json 2>/dev/null | wc -l)
+python3 -c 'import json, os, sys
+json.dump({"argv": sys.argv[2:], "env": dict(os.environ)}, open(sys.argv[1], "w"))' \
+    "$RV_TEST_OUT/sbatch-$n.json" "$@"
+[ -n "${FAKE_SBATCH_FAIL:-}" ] && { echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1; }
+echo "${FAKE_NEXT_JOB:-5001};cluster"
+""",
+    "scancel": r"""#!/bin/bash
+printf '%s\n' "$*" >> "$RV_TEST_OUT/scancel.log"
 """,
     "nvidia-smi": r"""#!/bin/bash
 [ "${FAKE_CC-8.6}" = fail ] && exit 9
@@ -252,10 +273,6 @@ printf '%s\n%s\n' "${FAKE_CC-8.6}" "${FAKE_CC-8.6}"
 """,
     "torchrun": f"""#!{sys.executable}
 import json, os, sys
-if "--help" in sys.argv[1:]:
-    old = os.environ.get("FAKE_OLD_TORCH") == "1"
-    print("usage: torchrun" + ("" if old else " [--signals-to-handle SIGNALS]"))
-    sys.exit(0)
 out = os.path.join(os.environ["RV_TEST_OUT"], "torchrun-" + os.environ["SLURM_NODEID"] + ".json")
 with open(out, "w") as f:
     json.dump(sys.argv[1:], f)
@@ -268,6 +285,7 @@ PRINT_ARGV = (
 )
 
 _job_ids = itertools.count(4242)
+RUN = "run0a1b2"
 
 
 class Sandbox:
@@ -278,7 +296,7 @@ class Sandbox:
         self.root = base / "root"
         self.out = base / "out"
         self.stubs = base / "stubs"
-        for d in (self.root / "logs", self.out, self.stubs):
+        for d in (self.root / "runs" / RUN / "seg", self.root / "runs" / RUN / "logs", self.out, self.stubs):
             d.mkdir(parents=True)
         snap = self.root / "snapshots" / "snap01"
         (snap / "pkg").mkdir(parents=True)
@@ -290,12 +308,15 @@ class Sandbox:
         for path in [snap / "pkg", snap]:
             path.chmod(0o555)
         self.snapshot = snap
+        self.run_dir = self.root / "runs" / RUN
         for name, text in STUBS.items():
             (self.stubs / name).write_text(text)
             (self.stubs / name).chmod(0o755)
 
     def ctx(self, **kw) -> ScriptContext:
-        return ScriptContext(remote_root=str(self.root), snapshot_id="snap01", project="proj", **kw)
+        return ScriptContext(
+            remote_root=str(self.root), snapshot_id="snap01", project="proj", run_id=RUN, **kw
+        )
 
     def env(self, job_id: int, **extra: str) -> dict[str, str]:
         env = {
@@ -310,8 +331,8 @@ class Sandbox:
         return env
 
     def run(self, script: str, timeout: float = 60, **extra: str) -> tuple[subprocess.CompletedProcess, int]:
-        job_id = next(_job_ids)
-        path = self.base / f"job-{job_id}.sh"
+        job_id = int(extra.pop("JOB_ID", 0)) or next(_job_ids)
+        path = self.run_dir / "job.sbatch"
         path.write_text(script)
         result = subprocess.run(
             [BASH, str(path)],
@@ -321,6 +342,16 @@ class Sandbox:
             timeout=timeout,
         )
         return result, job_id
+
+    def record(self, segment: int = 1) -> dict:
+        return json.loads((self.run_dir / "seg" / f"{segment}.json").read_text())
+
+    def ended(self) -> dict | None:
+        path = self.run_dir / "ENDED"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def sbatch_calls(self) -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted(self.out.glob("sbatch-*.json"))]
 
     def cleanup(self) -> None:
         for dirpath, dirnames, _ in os.walk(self.base):
@@ -353,7 +384,7 @@ NASTY = [
     " lead and trail ",
     "'",
     "\t",
-    "${RV_TORCHRUN_SIGNALS}",
+    "${RV_STOP_SIGNAL}",
 ]
 ARG = st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
 ARGS = st.lists(ARG, max_size=6)
@@ -384,7 +415,6 @@ def expected_torchrun_argv(job_id: int, node: int, tail: list[str]) -> list[str]
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=10.1.2.3:{15000 + job_id % 15000}",
         f"--rdzv-id={job_id}",
-        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
         *tail,
     ]
 
@@ -406,15 +436,6 @@ def test_torchrun_command_reaches_each_node_byte_for_byte(args):
         box.cleanup()
 
 
-def test_old_torchrun_gets_no_signals_flag(box):
-    req = build_request(CATALOG, command=["torchrun", "train.py"], gpus=2, gpu_type="a6000")
-    result, _ = box.run(render_script(req, box.ctx()), FAKE_OLD_TORCH="1")
-    assert result.returncode == 0, result.stderr.decode()
-    argv = json.loads((box.out / "torchrun-0.json").read_text())
-    assert not any(a.startswith("--signals-to-handle") for a in argv)
-    assert "--nnodes=1" in argv and "--nproc-per-node=2" in argv and argv[-1] == "train.py"
-
-
 def test_srun_one_task_per_node_with_per_node_logs(box):
     req = build_request(CATALOG, command=["torchrun", "t.py"], gpus=4, gpu_type="a6000", nodes=2, name="r")
     box.run(render_script(req, box.ctx()))
@@ -422,18 +443,27 @@ def test_srun_one_task_per_node_with_per_node_logs(box):
     assert line.startswith(
         "--nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append "
     )
-    assert f"--output={box.root}/logs/r-%j-node%n.out --error={box.root}/logs/r-%j-node%n.err" in line
+    logs = box.run_dir / "logs"
+    assert f"--output={logs}/%j-node%n.out --error={logs}/%j-node%n.err" in line
+    assert line.endswith("bash -c rv_task")
 
 
 def program(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
 
-def test_exit_code_of_the_program_is_the_jobs(box):
-    req = build_request(CATALOG, command=program("import sys; sys.exit(7)"), gpu_type="a6000")
+def test_a_crash_ends_the_run_with_the_programs_exit_code(box):
+    req = build_request(CATALOG, command=program("import sys; sys.exit(7)"), gpu_type="a6000", name="r")
     result, job_id = box.run(render_script(req, box.ctx()))
     assert result.returncode == 7
-    assert f"rv: job {job_id} ended with exit code 7" in result.stdout.decode()
+    assert "rv: run r ended after segment 1: crashed (exit code 7)" in result.stdout.decode()
+    record = box.record()
+    assert (record["state"], record["reason"], record["exit_code"], record["job_id"]) == (
+        "ended", "crashed", 7, str(job_id)
+    )  # fmt: skip
+    assert box.ended() == {"reason": "crashed", "exit_code": 7, "segment": 1, "end": record["end"]}
+    assert (box.run_dir / "seg" / "1.job").read_text() == f"{job_id}\n"
+    assert not box.sbatch_calls()
 
 
 def test_outputs_are_copied_even_when_the_program_fails(box):
@@ -445,78 +475,233 @@ def test_outputs_are_copied_even_when_the_program_fails(box):
         sys.exit(3)
     """
     req = build_request(
-        CATALOG, command=program(code), gpu_type="a6000", outputs=["runs/exp1", "model.pt", "missing.txt"]
-    )
-    result, job_id = box.run(render_script(req, box.ctx()))
+        CATALOG, command=program(code), gpu_type="a6000", outputs=["runs/exp1", "model.pt", "missing.txt"],
+        name="exp",
+    )  # fmt: skip
+    result, _ = box.run(render_script(req, box.ctx()))
     assert result.returncode == 3
-    out = box.root / "jobs" / str(job_id) / "output"
+    out = box.root / "outputs" / "proj" / "exp"
     assert (out / "runs" / "exp1" / "metrics.json").read_text() == "{}"
     assert (out / "model.pt").read_text() == "weights"
     assert "rv: warning: output missing.txt not found" in result.stdout.decode()
 
 
-def test_work_dir_is_a_hard_link_farm_of_the_read_only_snapshot(box):
+def test_work_dir_is_a_private_copy_the_job_may_edit(box):
+    # A job that makes its files writable and edits them changes neither the store nor other runs.
     code = """
+        import os
         open("new.txt", "w").write("mine")
-        try:
-            open("train.py", "a").write("x")
-        except PermissionError:
-            print("snapshot file is read-only")
+        os.chmod("train.py", 0o644)
+        open("train.py", "a").write("edited\\n")
         print(open("pkg/data.txt").read(), end="")
     """
     req = build_request(CATALOG, command=program(code), gpu_type="a6000")
-    result, job_id = box.run(render_script(req, box.ctx()))
-    if os.geteuid() != 0:  # root ignores file modes
-        assert "snapshot file is read-only" in result.stdout.decode()
+    result, _ = box.run(render_script(req, box.ctx()))
     assert result.returncode == 0, result.stderr.decode()
-    work = box.root / "jobs" / str(job_id) / "work"
+    work = box.run_dir / "work"
     assert (work / "new.txt").read_text() == "mine"
+    assert (work / "train.py").read_text() == "print('hi')\nedited\n"
+    assert (box.snapshot / "train.py").read_text() == "print('hi')\n"
     assert not (box.snapshot / "new.txt").exists()
-    assert (work / "pkg" / "data.txt").stat().st_ino == (box.snapshot / "pkg" / "data.txt").stat().st_ino
+    assert (work / "pkg" / "data.txt").stat().st_ino != (box.snapshot / "pkg" / "data.txt").stat().st_ino
     assert stat.S_IMODE((box.snapshot / "train.py").stat().st_mode) == 0o444  # the store was not chmod'ed
+    assert stat.S_IMODE((work / "pkg" / "data.txt").stat().st_mode) & 0o200  # the copy is the user's
     assert "from the snapshot" in result.stdout.decode()
 
 
-def test_secrets_are_loaded_then_removed(box):
-    secrets = box.root / "secrets" / "s.env"
-    secrets.parent.mkdir()
-    secrets.write_text("HF_TOKEN='hf_s3cr3t value'\n")
+def write_secrets(box) -> Path:
+    secrets = box.run_dir / "secrets.env"
+    secrets.write_text("export HF_TOKEN='hf_s3cr3t value'\n")
     secrets.chmod(0o600)
+    return secrets
+
+
+def test_secrets_are_loaded_and_removed_when_the_run_ends(box):
+    secrets = write_secrets(box)
     code = "import os, json; print(json.dumps(os.environ['HF_TOKEN']))"
     req = build_request(CATALOG, command=program(code), gpu_type="a6000")
-    script = render_script(req, box.ctx(secrets_file=str(secrets)))
+    script = render_script(req, box.ctx(has_secrets=True))
     assert "s3cr3t" not in script
     result, _ = box.run(script)
     assert result.returncode == 0, result.stderr.decode()
     assert '"hf_s3cr3t value"' in result.stdout.decode()
     assert not secrets.exists()
+    assert "s3cr3t" not in (box.run_dir / "submit.env").read_text()
 
 
-def test_missing_secrets_file_fails_the_first_attempt(box):
+def test_missing_secrets_file_fails_before_the_program(box):
     req = build_request(CATALOG, command=program("print('ran')"), gpu_type="a6000")
-    script = render_script(req, box.ctx(secrets_file=str(box.root / "secrets" / "gone.env")))
-    result, _ = box.run(script)
+    result, _ = box.run(render_script(req, box.ctx(has_secrets=True)))
     assert result.returncode == 1
-    assert "gone.env is missing" in result.stderr.decode()
+    assert "secrets.env is missing" in result.stderr.decode()
     assert "ran" not in result.stdout.decode()
-    requeued, _ = box.run(script, SLURM_RESTART_COUNT="1")
-    assert requeued.returncode == 0 and "ran" in requeued.stdout.decode()
+    assert box.record()["reason"].startswith("failed before the program started: the secrets file")
 
 
-def test_term_runs_the_exit_trap(box):
-    secrets = box.root / "secrets" / "s.env"
-    secrets.parent.mkdir()
-    secrets.write_text("A=1\n")
+def test_a_requeue_keeps_secrets_and_work_dir_and_the_rerun_finds_them(box):
+    secrets = write_secrets(box)
+    code = (
+        "import os; open('count.txt','a').write('x'); "
+        "print('count', open('count.txt').read(), os.environ['HF_TOKEN'])"
+    )
+    req = build_request(CATALOG, command=program(code), gpu_type="a6000")
+    script = render_script(req, box.ctx(has_secrets=True))
+    # Slurm is requeueing this job (node failure, preemption, scontrol requeue): Restarts went up.
+    first, job_id = box.run(script, FAKE_RESTARTS="1")
+    assert "count x" in first.stdout.decode()
+    assert box.record()["state"] == "requeued" and box.ended() is None and secrets.exists()
+    again, _ = box.run(script, JOB_ID=str(job_id), SLURM_RESTART_COUNT="1", FAKE_RESTARTS="1")
+    assert "count xx hf_s3cr3t value" in again.stdout.decode()  # same work dir, secrets still there
+    record = box.record()
+    assert (record["state"], record["reason"], record["attempt"]) == ("ended", "finished", 1)
+    assert box.ended()["exit_code"] == 0 and not secrets.exists()
+
+
+STOPPER = """
+    import json, os, signal, sys, time
+    ckpt = os.environ["RV_CHECKPOINT_DIR"]
+    got = []
+    if os.environ.get("HANDLE", "1") == "1":
+        signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+    print("stop signal", os.environ["RV_STOP_SIGNAL"], flush=True)
+    deadline = time.time() + float(os.environ.get("RUN_FOR", "20"))
+    while not got and time.time() < deadline:
+        time.sleep(0.05)
+    if got:
+        step = int(os.environ.get("STEP", "40"))
+        if os.environ.get("MARKER") == "bare":
+            open(os.path.join(ckpt, "PREEMPTED"), "w").write("%d\\n" % step)
+        elif os.environ.get("MARKER") == "none":
+            open(os.path.join(ckpt, "weights-%d" % step), "w").write("w")
+            open(os.path.join(ckpt, "PREEMPTED"), "w").write("")
+        else:
+            open(os.path.join(ckpt, "PREEMPTED"), "w").write(json.dumps({"step": step, "reason": "USR1"}))
+        print("saved and stopped", flush=True)
+    else:
+        print("ran to the end", flush=True)
+"""
+
+
+def stopper(box, secrets=False, **kw):
+    kw.setdefault("time", "10m")
+    req = build_request(
+        CATALOG, command=program(STOPPER), gpu_type="a6000", name="chain", signal="USR1@60", **kw
+    )
+    return render_script(req, box.ctx(has_secrets=secrets))
+
+
+def test_a_clean_stop_with_progress_continues_in_a_new_job_with_the_same_environment(box):
+    secrets = write_secrets(box)
+    # The job's end is 30 s away and the lead 60 s: the watcher signals the program at once.
+    result, job_id = box.run(stopper(box, secrets=True), FAKE_END_IN="30", SUBMITTED_WITH="login env")
+    out, err = result.stdout.decode(), result.stderr.decode()
+    assert result.returncode == 0, err
+    assert "saved and stopped" in out and "sent USR1 to pid(s)" in err
+    assert "segment 2 is job 5001" in out
+    (call,) = box.sbatch_calls()
+    assert call["argv"] == [
+        "--parsable", f"--dependency=afterany:{job_id}", "--kill-on-invalid-dep=yes",
+        str(box.run_dir / "job.sbatch"),
+    ]  # fmt: skip
+    env = call["env"]
+    assert env["RV_SEGMENT"] == "2" and env["SUBMITTED_WITH"] == "login env"
+    assert "HF_TOKEN" not in env and "SLURM_JOB_ID" not in env and "RV_CHECKPOINT_DIR" not in env
+    record = box.record()
+    assert (record["reason"], record["checkpoint_step"], record["stop_sent"], record["next_job_id"]) == (
+        "stopped at time limit", 40, True, "5001"
+    )  # fmt: skip
+    assert (box.run_dir / "seg" / "2.job").read_text() == "5001\n"
+    assert box.ended() is None and secrets.exists()  # the run goes on: its secrets stay
+    # Segment 2 starts from step 40: a marker with no more progress does not continue.
+    second, _ = box.run(
+        stopper(box, secrets=True), FAKE_END_IN="30", RV_SEGMENT="2", STEP="40", JOB_ID="5001"
+    )
+    assert second.returncode == 0
+    record = box.record(2)
+    assert record["start_step"] == 40
+    assert (
+        record["reason"]
+        == "stopped at time limit with no progress (step 40, as when it started): not continued"
+    )
+    assert len(box.sbatch_calls()) == 1 and box.ended()["exit_code"] == 1 and not secrets.exists()
+
+
+def test_a_plain_program_is_never_signalled_early(box):
+    # No handler for USR1: at the lead time the watcher sends nothing, and says so.
+    result, _ = box.run(stopper(box), FAKE_END_IN="30", HANDLE="0", RUN_FOR="1.5")
+    assert result.returncode == 0, result.stderr.decode()
+    assert "ran to the end" in result.stdout.decode()
+    assert "no process handles USR1; the program runs on until the limit" in result.stderr.decode()
+    assert box.record()["reason"] == "finished" and box.record()["stop_sent"] is False
+    assert box.ended()["exit_code"] == 0
+
+
+def test_no_signal_before_the_lead_time(box):
+    result, _ = box.run(stopper(box), FAKE_END_IN="3600", RUN_FOR="1.5")
+    assert "ran to the end" in result.stdout.decode()
+    assert "before the time limit" not in result.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("marker", "env", "continues"),
+    [
+        ("bare", {}, True),  # a bare step number is enough
+        ("none", {}, True),  # no step: something new in the checkpoint folder counts as progress
+        ("json", {"RV_SEGMENT": "10"}, False),  # --max-segments (10) reached
+        ("json", {"FAKE_SBATCH_FAIL": "1"}, False),  # sbatch refused: the run ends, and says why
+    ],
+)
+def test_when_a_stop_continues(box, marker, env, continues):
+    write_secrets(box)
+    result, _ = box.run(stopper(box, secrets=True), FAKE_END_IN="30", MARKER=marker, **env)
+    assert result.returncode == 0, result.stderr.decode()
+    ended = box.ended()
+    segment = int(env.get("RV_SEGMENT", "1"))
+    if continues:
+        assert ended is None and box.record(segment)["next_job_id"] == "5001"
+    else:
+        assert ended is not None and ended["exit_code"] == 1
+        reason = box.record(segment)["reason"]
+        assert "all 10 segments used" in reason or "could not be submitted: sbatch: error: QOSMax" in reason
+
+
+def test_rv_stop_ends_the_run_and_a_late_successor_is_cancelled(box):
+    write_secrets(box)
+    (box.run_dir / "STOP").write_text("now\n")
+    box.run(stopper(box, secrets=True), FAKE_END_IN="30")
+    assert box.record()["reason"] == "cancelled by rv stop" and not box.sbatch_calls()
+    assert box.ended()["reason"] == "cancelled by rv stop"
+
+
+def test_stop_written_while_submitting_cancels_the_new_segment(box):
+    # rv stop writes STOP, then cancels the jobs it finds: a segment submitting its successor in
+    # between must cancel that successor itself.
+    stub = box.stubs / "sbatch"
+    stub.write_text(
+        stub.read_text().replace('echo "${FAKE_NEXT_JOB', f'touch {box.run_dir}/STOP; echo "${{FAKE_NEXT_JOB')
+    )
+    box.run(stopper(box), FAKE_END_IN="30")
+    assert (box.out / "scancel.log").read_text() == "5001\n"
+    assert "cancelled by rv stop" in box.record()["reason"] and box.ended() is not None
+
+
+def test_time_limit_without_a_marker_ends_the_run(box):
+    box.run(stopper(box), HANDLE="0", RUN_FOR="0.2", FAKE_REASON="TimeLimit")
+    assert box.record()["reason"] == "time limit" and box.ended()["exit_code"] == 1
+
+
+def test_term_runs_the_exit_trap_as_a_cancel(box):
+    secrets = write_secrets(box)
     code = f"""
         import time
         open("partial.txt", "w").write("so far")
         open({str(box.out / "started")!r}, "w").close()
         time.sleep(30)
     """
-    req = build_request(CATALOG, command=program(code), gpu_type="a6000", outputs=["partial.txt"])
-    path = box.base / "term.sh"
-    path.write_text(render_script(req, box.ctx(secrets_file=str(secrets))))
-    # Slurm's time limit signals every process of the job; a process group stands in for that.
+    req = build_request(CATALOG, command=program(code), gpu_type="a6000", outputs=["partial.txt"], name="t")
+    path = box.run_dir / "job.sbatch"
+    path.write_text(render_script(req, box.ctx(has_secrets=True)))
+    # scancel signals every process of the job; a process group stands in for that.
     proc = subprocess.Popen(
         [BASH, str(path)], env=box.env(9001), cwd=box.base, start_new_session=True, stdout=subprocess.PIPE
     )
@@ -527,8 +712,9 @@ def test_term_runs_the_exit_trap(box):
     stdout, _ = proc.communicate(timeout=20)
     assert proc.returncode == 143
     assert not secrets.exists()
-    assert (box.root / "jobs" / "9001" / "output" / "partial.txt").read_text() == "so far"
-    assert b"ended with exit code 143" in stdout
+    assert (box.root / "outputs" / "proj" / "t" / "partial.txt").read_text() == "so far"
+    assert box.record()["reason"] == "cancelled" and box.ended()["exit_code"] == 143
+    assert b"ended after segment 1: cancelled (exit code 143)" in stdout
 
 
 def test_setup_runs_first_in_the_work_dir_and_a_failure_stops_the_job(box):
@@ -549,6 +735,7 @@ def test_setup_runs_first_in_the_work_dir_and_a_failure_stops_the_job(box):
     assert result.returncode == 5
     assert "rv: setup line 2 failed with exit code 5" in result.stderr.decode()
     assert "ran" not in result.stdout.decode()
+    assert box.record()["reason"] == "failed before the program started: setup line 2 failed with exit code 5"
 
 
 PRECISION = (
@@ -583,26 +770,31 @@ def test_unknown_compute_capability_falls_back_to_fp16(box):
 
 
 def test_cpu_only_job_has_no_mixed_precision(box):
-    req = build_request(CATALOG, command=program(PRECISION), gpus=0)
+    req = build_request(CATALOG, command=program(PRECISION), gpus=0, name="cpu")
     result, job_id = box.run(render_script(req, box.ctx()))
     assert "P no no None" in result.stdout.decode()
-    assert f"rv: job {job_id} on node[1-2]: 1 node(s), CPU only" in result.stdout.decode()
+    assert (
+        f"rv: run cpu, segment 1/10: job {job_id} on node[1-2], 1 node(s), CPU only" in result.stdout.decode()
+    )
 
 
 def test_environment_paths_and_master_port(box):
     code = """
         import os
-        for k in ["RV_JOB_DIR", "RV_OUTPUT_DIR", "RV_CHECKPOINT_DIR", "HF_HOME", "WANDB_DIR",
-                  "MASTER_PORT", "MASTER_ADDR", "RV_SNAPSHOT", "PYTHONUNBUFFERED"]:
+        for k in ["RV_JOB_DIR", "RV_WORK_DIR", "RV_OUTPUT_DIR", "RV_CHECKPOINT_DIR", "HF_HOME", "WANDB_DIR",
+                  "MASTER_PORT", "MASTER_ADDR", "RV_SNAPSHOT", "PYTHONUNBUFFERED", "RV_RUN_ID", "RV_RUN_NAME",
+                  "RV_SEGMENT", "RV_MAX_SEGMENTS", "RV_STOP_SIGNAL"]:
             print(k, os.environ[k])
         print("cwd", os.getcwd())
+        print("exported_functions", [k for k in os.environ if k.startswith("BASH_FUNC")])
     """
     req = build_request(CATALOG, command=program(code), gpu_type="a6000", name="exp")
     result, job_id = box.run(render_script(req, box.ctx()))
     lines = dict(line.split(" ", 1) for line in result.stdout.decode().splitlines() if " " in line)
-    job_dir = f"{box.root}/jobs/{job_id}"
-    assert lines["RV_JOB_DIR"] == job_dir
-    assert lines["RV_OUTPUT_DIR"] == job_dir + "/output"
+    run_dir = str(box.run_dir)
+    assert lines["RV_JOB_DIR"] == f"{run_dir}/jobs/{job_id}"
+    assert lines["RV_WORK_DIR"] == f"{run_dir}/work"
+    assert lines["RV_OUTPUT_DIR"] == f"{box.root}/outputs/proj/exp"
     assert lines["RV_CHECKPOINT_DIR"] == f"{box.root}/checkpoints/proj/exp"
     assert lines["HF_HOME"] == f"{box.root}/cache/hf"
     assert lines["WANDB_DIR"] == f"{box.root}/cache/wandb"
@@ -610,7 +802,10 @@ def test_environment_paths_and_master_port(box):
     assert lines["MASTER_ADDR"] == "10.1.2.3"  # NodeAddr of the first node, not its name
     assert lines["RV_SNAPSHOT"] == "snap01"
     assert lines["PYTHONUNBUFFERED"] == "1"
-    assert os.path.realpath(lines["cwd"]) == os.path.realpath(job_dir + "/work")
+    assert (lines["RV_RUN_ID"], lines["RV_RUN_NAME"], lines["RV_SEGMENT"]) == (RUN, "exp", "1")
+    assert (lines["RV_MAX_SEGMENTS"], lines["RV_STOP_SIGNAL"]) == ("10", "USR1")
+    assert lines["exported_functions"] == "[]"  # rv's own shell functions do not leak into the program
+    assert os.path.realpath(lines["cwd"]) == os.path.realpath(run_dir + "/work")
 
 
 def test_user_cache_setting_wins(box):
@@ -619,17 +814,6 @@ def test_user_cache_setting_wins(box):
     )
     result, _ = box.run(render_script(req, box.ctx()), HF_HOME="/datasets/hf")
     assert "HF /datasets/hf" in result.stdout.decode()
-
-
-def test_requeued_job_keeps_its_work_dir(box):
-    code = "import os; open('count.txt','a').write('x'); print('count', open('count.txt').read())"
-    req = build_request(CATALOG, command=program(code), gpu_type="a6000")
-    script = render_script(req, box.ctx())
-    path = box.base / "requeue.sh"
-    path.write_text(script)
-    for expected in ("count x", "count xx"):
-        result = subprocess.run([BASH, str(path)], env=box.env(777), cwd=box.base, capture_output=True)
-        assert expected in result.stdout.decode()
 
 
 def test_plain_command_on_several_nodes_runs_once_per_node(box):
@@ -658,7 +842,7 @@ def test_several_nodes_report_the_failing_nodes_exit_code(box, codes, expected):
     result, job_id = box.run(render_script(req, box.ctx()))
     assert result.returncode == expected, result.stderr.decode()
     for node, node_code in enumerate(codes):
-        assert (box.root / "jobs" / str(job_id) / f"node{node}.exit").read_text() == f"{node_code}\n"
+        assert (box.run_dir / "jobs" / str(job_id) / f"node{node}.exit").read_text() == f"{node_code}\n"
 
 
 def test_task_shell_outlives_slurms_signal_and_the_program_gets_it(box):
@@ -667,16 +851,16 @@ def test_task_shell_outlives_slurms_signal_and_the_program_gets_it(box):
     code = f"""
         import os, signal, sys, time
         got = []
-        signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+        signal.signal(signal.SIGUSR2, lambda s, f: got.append(s))
         open({str(box.out)!r} + "/pgid-" + os.environ["SLURM_NODEID"], "w").write(str(os.getpgid(0)))
         deadline = time.time() + 20
         while not got and time.time() < deadline:
             time.sleep(0.05)
-        print("node", os.environ["SLURM_NODEID"], "got USR1" if got else "no signal", flush=True)
+        print("node", os.environ["SLURM_NODEID"], "got USR2" if got else "no signal", flush=True)
         sys.exit(0 if got else 9)
     """
     req = build_request(CATALOG, command=program(code), gpus=4, gpu_type="v100", nodes=2)
-    path = box.base / "usr1.sh"
+    path = box.run_dir / "job.sbatch"
     path.write_text(render_script(req, box.ctx()))
     proc = subprocess.Popen(
         [BASH, str(path)], env=box.env(5150, STUB_SETSID="1"), cwd=box.base, stdout=subprocess.PIPE
@@ -687,8 +871,24 @@ def test_task_shell_outlives_slurms_signal_and_the_program_gets_it(box):
         while not pgid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.2)
-        os.killpg(int(pgid_file.read_text()), signal.SIGUSR1)
+        os.killpg(int(pgid_file.read_text()), signal.SIGUSR2)
     stdout, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, stdout
-    assert b"node 0 got USR1" in stdout and b"node 1 got USR1" in stdout
-    assert (box.root / "jobs" / "5150" / "node1.exit").read_text() == "0\n"
+    assert b"node 0 got USR2" in stdout and b"node 1 got USR2" in stdout
+    assert (box.run_dir / "jobs" / "5150" / "node1.exit").read_text() == "0\n"
+
+
+def test_the_stop_signal_goes_to_workers_never_to_a_launcher(box):
+    # A torchrun-like agent that would die (and print a traceback) on USR1, over a worker that saves.
+    agent = box.stubs / "torchrun"
+    agent.write_text(
+        f"#!{sys.executable}\n"
+        "import os, signal, subprocess, sys\n"
+        "signal.signal(signal.SIGUSR1, lambda s, f: (print('AGENT GOT USR1', flush=True), sys.exit(1)))\n"
+        f"sys.exit(subprocess.call([{sys.executable!r}, '-c', {textwrap.dedent(STOPPER)!r}]))\n"
+    )
+    req = build_request(CATALOG, command=["torchrun", "w.py"], gpus=2, gpu_type="a6000", signal="USR1@60")
+    result, _ = box.run(render_script(req, box.ctx()), FAKE_END_IN="30")
+    out = result.stdout.decode()
+    assert "saved and stopped" in out and "AGENT GOT USR1" not in out
+    assert result.returncode == 0 and box.record()["reason"] == "stopped at time limit"

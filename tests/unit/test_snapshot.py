@@ -6,13 +6,14 @@ Real git on temporary repositories (hermetic HOME); nothing touches a network.
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from rv import remote_store, snapshot
+from rv import snapshot
 from rv.errors import UsageError
 from rv.snapshot import (
     MODE_EXEC,
@@ -325,9 +326,10 @@ def test_provenance_of_a_dirty_tree(tmp_path):
 # -- the agent ------------------------------------------------------------------------------------
 
 
-def test_agent_parses_as_python_3_6():
+@pytest.mark.parametrize("module", snapshot.AGENT_MODULES)
+def test_agent_parses_as_python_3_6(module):
     # Login nodes may only have RHEL 8's python3.6: no walrus, no positional-only parameters...
-    source = Path(remote_store.__file__).read_text()
+    source = Path(importlib.import_module(module).__file__).read_text()
     tree = ast.parse(source, feature_version=(3, 6))
     assert "from __future__ import annotations" not in source
     new_keywords = {k.arg for k in ast.walk(tree) if isinstance(k, ast.keyword)} & {"capture_output", "text"}

@@ -20,6 +20,7 @@ import pytest
 from test_snapshot import git, new_repo, write
 
 from rv.errors import RemoteError, UsageError
+from rv.job.cleanup import collect_garbage
 from rv.layout import RemoteLayout
 from rv.snapshot import (
     ManifestCache,
@@ -29,7 +30,6 @@ from rv.snapshot import (
     prepare_snapshot,
     upload_snapshot,
 )
-from rv.sync import collect_garbage
 from rv.transport import LocalTransport
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
@@ -267,40 +267,91 @@ def backdate(layout: RemoteLayout, sid: str, days: float) -> None:
     os.utime(layout.snapshot_meta(sid), (t, t))
 
 
-def test_gc_keeps_what_live_jobs_and_recent_use_need(tmp_path, layout, fake_squeue):
+def fake_run(layout: RemoteLayout, run_id: str, name: str, snapshot: str, job: str, ended_days: float | None):
+    """A run as the jobs leave it: run.json, its segment's job id, ENDED when it ended."""
+    rdir = Path(layout.run_dir(run_id))
+    (rdir / "seg").mkdir(parents=True)
+    (rdir / "work").mkdir()
+    (rdir / "work" / "train.py").write_text("a private copy\n" * 100)
+    (rdir / "logs").mkdir()
+    (rdir / "logs" / f"{job}.out").write_text("log line\n" * 1000)
+    meta = {"name": name, "project": "proj", "snapshot": snapshot, "created": time.time() - 40 * 86400}
+    (rdir / "run.json").write_text(json.dumps(meta))
+    (rdir / "seg" / "1.job").write_text(job + "\n")
+    if ended_days is not None:
+        end = time.time() - ended_days * 86400
+        (rdir / "ENDED").write_text(json.dumps({"reason": "finished", "exit_code": 0, "end": end}))
+    ckpt = Path(layout.checkpoint_dir("proj", name))
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.bin").write_bytes(os.urandom(20000))
+    old = time.time() - 40 * 86400
+    os.utime(ckpt / "state.bin", (old, old))
+    os.utime(ckpt, (old, old))
+
+
+def du(path: str) -> int:
+    """Bytes on disk under path, each inode once (what `du -s -B1` counts)."""
+    seen, total = set(), 0
+    for dirpath, dirs, files in os.walk(path):
+        for name in [*dirs, *files, "."] if dirpath == path else [*dirs, *files]:
+            st = os.lstat(os.path.join(dirpath, name))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def test_gc_keeps_live_and_recent_runs_and_frees_exactly_what_it_reports(tmp_path, layout, fake_squeue):
     t = gc_transport(tmp_path)
     repo = new_repo(tmp_path / "repo", {"shared.txt": "in every snapshot\n"})
-    live = snapshot_of(t, layout, repo, {"v.txt": "live job\n"})
-    done = snapshot_of(t, layout, repo, {"v.txt": "finished job\n"})
+    live = snapshot_of(t, layout, repo, {"v.txt": "live run\n"})
+    done = snapshot_of(t, layout, repo, {"v.txt": "finished run\n"})
     old = snapshot_of(t, layout, repo, {"v.txt": "old, unused\n"})
     young = snapshot_of(t, layout, repo, {"v.txt": "recent\n"})
     for sid in (live.id, done.id, old.id):
         backdate(layout, sid, 30)
-    for job, sid in (("101", live.id), ("102", done.id)):
-        Path(layout.job_dir(job)).mkdir(parents=True)
-        Path(layout.job_dir(job), "snapshot").write_text(sid + "\n")
-    fake_squeue.write_text("101|101|101\n555|555|555_[1-3]\n")  # 101 running, an array pending
+    fake_run(layout, "live0001", "still-going", live.id, "101", ended_days=None)
+    fake_run(layout, "done0001", "finished", done.id, "102", ended_days=20)
+    fake_run(layout, "new00001", "just-ended", young.id, "103", ended_days=1)
+    fake_squeue.write_text("101|RUNNING|None\n555_[1-3]|PENDING|Priority\n")  # 101 running, an array pending
 
-    dry = collect_garbage(t, layout, older_than=14 * 86400, dry_run=True, grace=0)
-    assert sorted(r["id"] for r in dry.removed) == sorted([done.id, old.id])
-    assert dry.objects_removed == 2 and all(Path(layout.snapshot(s)).exists() for s in (done.id, old.id))
+    def files_but_locks() -> dict:
+        # The store lock's file holds a note of its last holder (to name it when busy): not data.
+        return {k: v for k, v in tree_state(Path(layout.root)).items() if not k.endswith(".lock")}
 
-    report = collect_garbage(t, layout, older_than=14 * 86400, grace=0)
-    assert sorted(r["id"] for r in report.removed) == sorted([done.id, old.id])
-    assert {k["id"]: k["reason"] for k in report.kept} == {
-        live.id: "used by job 101",
-        young.id: "used 0s ago",
-    }
-    assert report.in_use == {live.id: ["101"]} and report.live_jobs == ["101", "555"]
-    assert not Path(layout.snapshot(done.id)).exists() and not Path(layout.snapshot_meta(old.id)).exists()
-    assert (Path(live.remote_path) / "v.txt").read_text() == "live job\n"
+    listing = files_but_locks()
+    dry = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=True, dry_run=True)
+    assert files_but_locks() == listing  # a dry run changes nothing
+    before = du(layout.root)
+    assert [r["run_id"] for r in dry["runs_removed"]] == ["done0001"]
+    assert sorted(r["id"] for r in dry["removed"]) == sorted([done.id, old.id])
+
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=True, dry_run=False)
+    after = du(layout.root)
+    assert report["bytes_freed"] == before - after == dry["bytes_freed"]  # measured, and exact
+    assert [r["run_id"] for r in report["runs_removed"]] == ["done0001"]
+    assert [(c["project"], c["name"]) for c in report["checkpoints_removed"]] == [("proj", "finished")]
+    kept = {k["run_id"]: k["why"] for k in report["runs_kept"]}
+    assert kept == {"live0001": "live (job 101)", "new00001": "ended 1d ago"}
+    assert sorted(r["id"] for r in report["removed"]) == sorted([done.id, old.id])
+    assert not Path(layout.run_dir("done0001")).exists()
+    assert (Path(layout.run_dir("live0001")) / "work" / "train.py").exists()  # the live run stays whole
+    assert Path(layout.checkpoint_dir("proj", "still-going")).exists()
+    assert (Path(live.remote_path) / "v.txt").read_text() == "live run\n"
     assert (Path(young.remote_path) / "shared.txt").read_text() == "in every snapshot\n"
-    assert report.objects_removed == 2
-    kept_oids = {blob_id(b"in every snapshot\n"), blob_id(b"live job\n"), blob_id(b"recent\n")}
+    kept_oids = {blob_id(b"in every snapshot\n"), blob_id(b"live run\n"), blob_id(b"recent\n")}
     assert {p.name for p in Path(layout.objects).glob("*/*")} == kept_oids
     # A snapshot made again after gc is rebuilt from scratch, correctly.
     again = snapshot_of(t, layout, repo, {"v.txt": "old, unused\n"})
     assert again.id == old.id and again.created
+
+
+def test_gc_keeps_checkpoints_without_the_flag(tmp_path, layout, fake_squeue):
+    t = gc_transport(tmp_path)
+    fake_run(layout, "done0001", "finished", "nosnapshot", "102", ended_days=20)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert [r["run_id"] for r in report["runs_removed"]] == ["done0001"]
+    assert report["checkpoints_removed"] == [] and Path(layout.checkpoint_dir("proj", "finished")).exists()
 
 
 def test_gc_removes_nothing_when_squeue_fails(tmp_path, layout, fake_squeue):
@@ -308,17 +359,18 @@ def test_gc_removes_nothing_when_squeue_fails(tmp_path, layout, fake_squeue):
     repo = new_repo(tmp_path / "repo")
     snap = make_snapshot(t, layout, repo)
     backdate(layout, snap.id, 30)
+    fake_run(layout, "done0001", "finished", snap.id, "102", ended_days=20)
     fake_squeue.write_text("FAIL")
-    with pytest.raises(RemoteError, match=r"squeue failed .*nothing was removed"):
-        collect_garbage(t, layout, older_than=0, grace=0)
-    assert Path(snap.remote_path).exists()
+    with pytest.raises(RemoteError, match=r"squeue failed"):
+        collect_garbage(t, layout.root, older_than=0, checkpoints=True, dry_run=False)
+    assert Path(snap.remote_path).exists() and Path(layout.run_dir("done0001")).exists()
 
 
 def test_gc_grace_protects_a_submission_in_progress(tmp_path, layout, fake_squeue):
     t = gc_transport(tmp_path)
     snap = make_snapshot(t, layout, new_repo(tmp_path / "repo"))
-    report = collect_garbage(t, layout, older_than=0)
-    assert report.removed == [] and Path(snap.remote_path).exists()
+    report = collect_garbage(t, layout.root, older_than=0, checkpoints=False, dry_run=False)
+    assert report["removed"] == [] and Path(snap.remote_path).exists()
 
 
 def test_delta_against_a_base_whose_tree_is_gone_checks_every_object(tmp_path, transport, layout):

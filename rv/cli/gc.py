@@ -1,0 +1,74 @@
+"""`rv gc` (also `rv sync gc`): remove what finished runs left, then what nothing references."""
+
+from __future__ import annotations
+
+import click
+
+from rv.cli.common import note, print_json, session, warn
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    from rv.timespec import parse_duration
+
+    return float(parse_duration(value))
+
+
+def summary(report: dict) -> str:
+    """One line: what went (or would go), and the bytes, as measured on the cluster."""
+    from rv.snapshot import human_size
+
+    verb = "would free" if report["dry_run"] else "freed"
+    parts = [f"{len(report['runs_removed'])} run(s)"]
+    if report.get("checkpoints_removed") or report.get("outputs_removed"):
+        parts.append(
+            f"{len(report['checkpoints_removed'])} checkpoint folder(s), {len(report['outputs_removed'])} "
+            "output folder(s)"
+        )
+    parts.append(f"{len(report['removed'])} snapshot(s), {report['objects_removed']} object(s)")
+    kept = report["runs_kept"]
+    live = sum(1 for k in kept if k["why"].startswith("live"))
+    freed = human_size(report["bytes_freed"])
+    return f"{verb} {freed}: {', '.join(parts)}; kept {len(kept)} run(s) ({live} live)"
+
+
+@click.command()
+@click.option(
+    "--older-than",
+    default="14d",
+    show_default=True,
+    callback=_duration,
+    help="Remove what runs that ended longer ago than this left (e.g. 14d, 12h, 30m).",
+)
+@click.option("--checkpoints", is_flag=True, help="Also remove those runs' checkpoints and outputs.")
+@click.option("--dry-run", "-n", is_flag=True, help="List what would go; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (bytes_freed, measured).")
+@click.pass_context
+def gc(ctx: click.Context, older_than: float, checkpoints: bool, dry_run: bool, as_json: bool) -> None:
+    """Remove finished runs' work dirs, scripts, logs and records, then snapshots and objects no run uses.
+
+    Never anything of a live run. Checkpoints and outputs only with --checkpoints.
+    """
+    from rv.job.cleanup import collect_garbage
+    from rv.snapshot import human_size
+
+    with session(ctx) as s:
+        report = collect_garbage(
+            s.transport, s.layout.root, older_than=older_than, checkpoints=checkpoints, dry_run=dry_run
+        )
+    for w in report.get("warnings", []):
+        warn(w)
+    if as_json:
+        print_json(report)
+    else:
+        verb = "would remove" if dry_run else "removed"
+        for row in report["runs_removed"]:
+            why = f" ({row['reason']})" if row.get("reason") else ""
+            click.echo(f"{verb}  run {row['name'] or '?'} {row['run_id']}{why}  {human_size(row['bytes'])}")
+        for key, what in (("checkpoints_removed", "checkpoints"), ("outputs_removed", "outputs")):
+            for row in report.get(key, []):
+                click.echo(f"{verb}  {what} of {row['project']}/{row['name']}  {human_size(row['bytes'])}")
+        for row in report["removed"]:
+            click.echo(f"{verb}  snapshot {row['id']}  {human_size(row['bytes'])}")
+        for row in report["runs_kept"]:
+            click.echo(f"keep    run {row['name'] or '?'} {row['run_id']}: {row['why']}")
+    note(summary(report))

@@ -1,0 +1,125 @@
+"""Asking the cluster about runs: one round trip for the records, squeue and (optionally) sacct.
+
+The cluster's records are the truth (the jobs write them; later segments were submitted by jobs,
+not by this laptop); the local ones say which runs this machine started and cache what was learned.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rv.errors import NotFound
+from rv.job.records import ClusterRun, RunRecord, RunStore, parse_runs
+from rv.slurm import commands
+from rv.slurm.parse import AccountedJob, QueuedJob, parse_sacct, parse_squeue
+from rv.snapshot import call_agent
+
+FINISHED_DAYS = 7  # how far back `rv ps -a` looks
+
+
+@dataclass(frozen=True)
+class RunsSnapshot:
+    runs: list[ClusterRun]
+    queued: list[QueuedJob]
+    accounted: list[AccountedJob] = field(default_factory=list)
+    squeue_error: str | None = None
+    sacct_error: str | None = None
+    now: float = 0.0
+
+
+def fetch(
+    transport: Any,
+    root: str,
+    *,
+    ids: Sequence[str] = (),
+    job_ids: Sequence[str] = (),
+    any_names: Sequence[str] = (),
+    live: bool = False,
+    since: float | None = None,
+    sacct_days: int | None = None,
+) -> RunsSnapshot:
+    args: dict[str, Any] = {
+        "root": root,
+        "ids": list(ids),
+        "job_ids": list(job_ids),
+        "any_names": list(any_names),
+        "live": live,
+        "since": since,
+        "squeue": commands.squeue_user(),
+    }
+    if sacct_days is not None:
+        args["sacct"] = commands.sacct_user(sacct_days)
+    reply = call_agent(transport, "runs", args, timeout=120)
+    squeue, sacct = reply.get("squeue") or {}, reply.get("sacct") or {}
+    return RunsSnapshot(
+        runs=parse_runs(reply.get("runs") or []),
+        queued=parse_squeue(squeue.get("text") or "") if not squeue.get("error") else [],
+        accounted=parse_sacct(sacct.get("text") or "") if sacct and not sacct.get("error") else [],
+        squeue_error=squeue.get("error"),
+        sacct_error=sacct.get("error") if sacct else None,
+        now=float(reply.get("now") or time.time()),
+    )
+
+
+def listing(transport: Any, root: str, *, finished: bool) -> RunsSnapshot:
+    """What `rv ps` shows: live runs (and, with ``finished``, those of the last week, and sacct)."""
+    since = time.time() - FINISHED_DAYS * 86400 if finished else None
+    return fetch(transport, root, live=True, since=since, sacct_days=FINISHED_DAYS if finished else None)
+
+
+_JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    run: ClusterRun
+    record: RunRecord | None  # this machine's record of it, when it submitted it
+    snapshot: RunsSnapshot
+
+
+def resolve(transport: Any, store: RunStore, profile: str, root: str, ref: str | None) -> Resolved:
+    """RUN as the user typed it: a run name, a run id, a job id of any segment, or None (the latest)."""
+    local = store.resolve(ref, profile)
+    if local is not None:
+        snap = fetch(transport, local.remote_root, ids=[local.run_id])
+    elif ref is not None:
+        snap = fetch(
+            transport,
+            root,
+            ids=[ref],
+            job_ids=[ref] if _JOB_ID.match(ref) else [],
+            any_names=[ref],
+        )
+    else:
+        raise NotFound("no runs submitted with this profile yet", hint="rv run -- python train.py")
+    runs = snap.runs
+    if local is not None:
+        runs = [r for r in runs if r.run_id == local.run_id]
+    if not runs:
+        what = f"run {ref!r}" if ref else "the latest run"
+        raise NotFound(
+            f"{what} is not on the cluster (by name, run id or job id of any segment)",
+            hint="`rv ps -a` lists runs; `rv gc` may have removed an old one",
+        )
+    run = runs[-1]  # the newest of that name
+    if local is not None:
+        cache_learned(store, local, run)
+    return Resolved(run, local, snap)
+
+
+def cache_learned(store: RunStore, record: RunRecord, run: ClusterRun) -> None:
+    """Remember a run's segments and end locally, so later lookups by job id need no scan."""
+    jobs = run.jobs
+    changes: dict[str, Any] = {}
+    if jobs != record.all_jobs:
+        changes["jobs"] = jobs
+    if run.ended is not None and record.ended is None:
+        changes["ended"] = dict(run.ended)
+        if not run.has_secrets_file:
+            changes["secrets_cleared"] = True
+    if changes:
+        store.update(record.profile, record.run_id, **changes)

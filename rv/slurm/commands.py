@@ -1,0 +1,105 @@
+"""Every Slurm command rv runs, built in one place: argv lists in, nothing executed here.
+
+Three kinds of caller use them: the cluster-side agent (argv lists, run without a shell), the
+batch script (rendered to shell text with :func:`shell`), and shell lines sent over SSH. Keeping
+the formats here means one ``squeue`` format for the whole program, parsed by :mod:`rv.slurm.parse`.
+
+``USER`` in an argv is a placeholder: the agent puts the login name in its place, and :func:`shell`
+writes ``"$(id -un)"``. ``squeue --me`` would be simpler but needs Slurm 20.11.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Sequence
+
+from rv.slurm.parse import SACCT_FORMAT, SINFO_NODE_FORMAT, SQUEUE_FORMAT
+
+USER = "{user}"
+# A word of an argv that is shell text, not a literal: :func:`shell` leaves it unquoted. Only this
+# module makes them, for the batch script (``"$SLURM_JOB_ID"``).
+_RAW = "\0raw:"
+
+
+def raw(text: str) -> str:
+    """Mark ``text`` as shell text for :func:`shell` (a variable the batch script expands)."""
+    return _RAW + text
+
+
+def _joined(prefix: str, value: str) -> str:
+    """``prefix`` + ``value`` as one word, still raw when ``value`` is."""
+    if value.startswith(_RAW):
+        return raw(shlex.quote(prefix) + value[len(_RAW) :])
+    return prefix + value
+
+
+# squeue and sacct print times as SLURM_TIME_FORMAT says; a user's `relative` would break parsing.
+_STANDARD_TIME = ["env", "SLURM_TIME_FORMAT=standard"]
+
+
+def shell(argv: Sequence[str]) -> str:
+    """One shell line for ``argv``: literals quoted once, placeholders and raw words as shell text."""
+    words = []
+    for word in argv:
+        if word == USER:
+            words.append('"$(id -un)"')
+        elif word.startswith(_RAW):
+            words.append(word[len(_RAW) :])
+        else:
+            words.append(shlex.quote(word))
+    return " ".join(words)
+
+
+def squeue_user() -> list[str]:
+    """All of the user's queued and running jobs, one ``SQUEUE_FORMAT`` line each."""
+    return [*_STANDARD_TIME, "squeue", "-h", "-u", USER, "-o", SQUEUE_FORMAT]
+
+
+def sacct_user(days: int) -> list[str]:
+    """The user's jobs of the last ``days`` days from accounting (fails where there is none)."""
+    return [
+        *_STANDARD_TIME, "sacct", "-u", USER, "-S", f"now-{int(days)}days", "-n", "--parsable2",
+        "-o", SACCT_FORMAT,
+    ]  # fmt: skip
+
+
+def sinfo_nodes() -> list[str]:
+    return ["sinfo", "-N", "-h", "-O", SINFO_NODE_FORMAT]
+
+
+def scancel(job_ids: Iterable[str], signal: str | None = None) -> list[str]:
+    argv = ["scancel"]
+    if signal:
+        argv.append(_joined("--signal=", signal))
+    return argv + list(job_ids)
+
+
+def scontrol_show_job(job_id: str) -> list[str]:
+    """One line of ``Key=Value`` words (``JobState=``, ``Reason=``, ``Restarts=``, ``EndTime=``, ...)."""
+    return ["scontrol", "-o", "show", "job", job_id]
+
+
+def scontrol_hostnames(nodelist: str) -> list[str]:
+    return ["scontrol", "show", "hostnames", nodelist]
+
+
+def scontrol_show_node(node: str) -> list[str]:
+    return ["scontrol", "show", "node", node]
+
+
+def sbatch(script: str, *, after: str | None = None) -> list[str]:
+    """Submit ``script``; prints ``ID`` (or ``ID;CLUSTER``). ``after``: start only once that job ended.
+
+    ``afterany`` rather than ``afterok``: a segment that stopped at its time limit may end in any
+    state, and the next one must still start. ``--kill-on-invalid-dep`` removes it from the queue
+    when the dependency can never be met (the earlier job vanished), instead of pending forever.
+    """
+    argv = ["sbatch", "--parsable"]
+    if after is not None:
+        argv += [_joined("--dependency=afterany:", after), "--kill-on-invalid-dep=yes"]
+    return [*argv, script]
+
+
+def squeue_end_time(job_id: str) -> list[str]:
+    """When the job's time runs out, as Slurm now thinks (``2026-11-23T12:27:33``, or N/A)."""
+    return [*_STANDARD_TIME, "squeue", "-h", "-j", job_id, "-o", "%e"]
