@@ -580,7 +580,7 @@ def collect_garbage(root, in_use, args, freed, dry):
     report = {"removed": [], "kept": [], "objects_removed": 0}
     warnings = []
     snaps = join(root, b"snapshots")
-    with store_lock(root, exclusive=True):
+    with store_lock(root, exclusive=True, wait=float(args.get("lock_wait", 120))):
         now = time.time()
         names = os.listdir(snaps) if os.path.isdir(snaps) else []
         kept_ids = []

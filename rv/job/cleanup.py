@@ -9,6 +9,7 @@ and has not yet seen end, so it costs nothing in the common case.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,8 @@ def collect_garbage(
         "checkpoints": checkpoints,
         "dry_run": dry_run,
         "squeue": commands.squeue_user(),
+        # How long to wait for a store another rv holds (an upload, another gc) before giving up.
+        "lock_wait": float(os.environ.get("RV_LOCK_WAIT", "120")),
     }
     return call_agent(transport, "gc", args, timeout=600)
 
