@@ -61,7 +61,9 @@ def store_with_snapshot(base: Path, files: int, mb: int) -> Path:
 
 
 def fs_type(path: Path) -> str:
-    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def main() -> None:
@@ -71,7 +73,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--fs", type=Path, nargs="*", default=[Path(tempfile.gettempdir())])
     args = ap.parse_args()
-    print(f"{'folder':<22} {'fs':<10} {'files':>7} {'MB':>5}  {'links':>8} {'copy':>8}  copy/links  copy-links")
+    print(
+        f"{'folder':<22} {'fs':<10} {'files':>7} {'MB':>5}  {'links':>8} {'copy':>8}  copy/links  copy-links"
+    )
     for where in args.fs:
         for files, mb in zip(args.files, args.mb, strict=True):
             base = Path(tempfile.mkdtemp(prefix="rv-workdir-", dir=where))
