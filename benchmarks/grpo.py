@@ -1,13 +1,30 @@
-"""GRPO on CPU: steps and seconds to a mean reward of 0.9 on digit reversal, and generated tokens per
-second, for 1 and 2 ranks (torchrun, gloo, one thread per rank), side by side.
+"""GRPO on CPU, side by side: rv_train against TRL's GRPOTrainer on a tiny Hugging Face Qwen2, and
+rv_train's built-in model on 1 against 2 ranks. Prints medians over seeds with their [min–max].
 
-    python benchmarks/grpo.py                      # seeds 0 1 2, 1 and 2 ranks
-    python benchmarks/grpo.py --seeds 0 --json     # one seed, machine-readable
+    python benchmarks/grpo.py                       # both comparisons, seeds 0 1 2, 1 and 2 ranks
+    python benchmarks/grpo.py --suite trl --seeds 0 # rv_train vs TRL only, one seed
+    python benchmarks/grpo.py --suite builtin       # built-in model only (no TRL needed)
+    python benchmarks/grpo.py --json                # also every run as a JSON line
 
-Both configurations train on the same global batch (16 prompts × 8 samples per step), so the steps to
-0.9 measure the same learning problem and the seconds show what a second rank buys. "Train seconds"
-sums the logged step times (generation, scoring, update, all-reduces); "wall" adds process start-up,
-model build and the final checkpoint. Tokens per second counts completion tokens over all ranks.
+The TRL comparison needs TRL, installed for the benchmark only (never a dependency of rv):
+``pip install -r benchmarks/requirements-trl.txt`` (it pins torch to 2.13.0 so pip keeps the installed
+build). Both trainers get, per seed, the same tiny Qwen2 built from a config (hidden 64, 2 layers,
+13-token character vocabulary, weights from the seed; no download), saved once and loaded by both; the
+same prompts in the same order (the copy task, 5 digits, drawn as rv_train draws them and handed to
+TRL unshuffled; the token ids are checked equal); 16 prompts × 8 samples per step over all ranks, at
+most 6 new tokens; the same objective and hyper-parameters (dapo loss, group-std advantages, β 0.04,
+ε 0.2, μ 1, AdamW lr 3e-3 constant, clip 1.0, temperature 1, fp32); the same reward function. Runs are
+interleaved (rv_train and TRL alternate which goes first) on one thread per rank.
+
+Columns: s/step is the median step time; tokens/s counts completion tokens over all ranks per second
+of step time after the first step (rv_train's ``step_s``, TRL's on_step_begin → on_step_end: both
+cover generation, scoring and the update); peak MB is the largest rank's peak RSS; reward@N is the mean
+reward of steps N−4…N (one step's batch is noisy). Ratios are taken per seed between the two adjacent
+runs, then the median [min–max] over seeds is printed.
+
+The built-in comparison: steps and seconds to a mean reward of 0.9 on digit reversal, and completion
+tokens per second, for 1 and 2 ranks on the same global batch. "Train seconds" sums the logged step
+times; "wall" adds process start-up and model build (no final checkpoint: ``--skip-final-save``).
 """
 
 from __future__ import annotations
@@ -23,60 +40,170 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_once(ranks: int, seed: int, target: float, max_steps: int, workdir: Path) -> dict:
-    out = workdir / f"r{ranks}-s{seed}"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-        "-m", "rv_train", "--seed", str(seed), "--steps", str(max_steps), "--stop-at-reward", str(target),
-        "--save-every", "0", "--log-samples-every", "0", "--threads", "1", "--output-dir", str(out),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
-    env = {k: v for k, v in env.items() if not k.startswith(("RV_", "ACCELERATE_"))}
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{ranks} rank(s), seed {seed} failed:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads((out / "summary.json").read_text())
-    sequences = 16 * 8  # the trainer's default global batch
-    tokens = sum(r["completion_len"] * sequences for r in rows)
-    train_s = sum(r["step_s"] for r in rows)
-    gen_s = sum(r["gen_s"] for r in rows)
-    reached = summary["reason"] == "reward target"
-    return {
-        "ranks": ranks,
-        "seed": seed,
-        "reached": reached,
-        "steps": summary["step"] if reached else None,
-        "train_s": train_s,
-        "wall_s": wall,
-        "tokens_per_s": tokens / train_s,
-        "gen_tokens_per_s": tokens / gen_s,
-    }
+PROMPTS_PER_STEP, GENERATIONS = 16, 8  # rv_train's defaults: 128 sequences per step
+COPY_DIGITS = 5  # copy task: at most 5 digits + EOS = 6 new tokens
+REWARD_AT = (25, 50, 100)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", choices=("all", "trl", "builtin"), default="all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--target", type=float, default=0.9)
-    parser.add_argument("--max-steps", type=int, default=300)
-    parser.add_argument("--json", action="store_true", help="print every run as JSON lines")
+    parser.add_argument("--steps", type=int, default=100, help="steps per run against TRL")
+    parser.add_argument("--target", type=float, default=0.9, help="built-in: the reward to reach")
+    parser.add_argument("--max-steps", type=int, default=300, help="built-in: give up after this")
+    parser.add_argument("--json", action="store_true", help="also print every run as a JSON line")
     args = parser.parse_args()
-
-    results = []
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
-        for ranks in args.ranks:
-            for seed in args.seeds:
-                r = run_once(ranks, seed, args.target, args.max_steps, Path(tmp))
-                results.append(r)
-                print(json.dumps(r) if args.json else _row(r), flush=True)
+        if args.suite in ("all", "trl"):
+            versus_trl(args, Path(tmp))
+        if args.suite in ("all", "builtin"):
+            builtin(args, Path(tmp))
 
-    print(f"\nmedians over seeds {args.seeds} (reward target {args.target}, CPU, 1 thread per rank, "
-          f"{os.cpu_count()} cores):")  # fmt: skip
+
+# ---------------------------------------------------------------------------------------------------
+# rv_train vs TRL on a tiny Qwen2
+
+
+def versus_trl(args, tmp: Path) -> None:
+    import importlib.metadata
+
+    trl_version = importlib.metadata.version("trl")  # fails here, before any run, if TRL is missing
+    results = []
+    for seed in args.seeds:
+        model_dir, prompts = build_qwen(tmp / f"qwen-s{seed}", seed), tmp / f"prompts-s{seed}.jsonl"
+        write_prompts(prompts, model_dir, seed, args.steps)
+        for ranks in args.ranks:
+            order = ("rv_train", "TRL") if (seed + ranks) % 2 == 0 else ("TRL", "rv_train")
+            for trainer in order:
+                out = tmp / f"{trainer}-r{ranks}-s{seed}"
+                r = run_hf(trainer, ranks, seed, args.steps, model_dir, prompts, out)
+                results.append(r)
+                if args.json:
+                    print(json.dumps(r), flush=True)
+                done = f"  {trainer}, {ranks} rank(s), seed {seed}: {r['s_per_step']:.3f} s/step"
+                print(done, file=sys.stderr, flush=True)
+
+    print(
+        f"\nrv_train vs TRL {trl_version}: tiny Qwen2 from a config, copy {COPY_DIGITS} digits, "
+        f"{PROMPTS_PER_STEP} prompts × {GENERATIONS} samples, ≤ {COPY_DIGITS + 1} new tokens, β 0.04, "
+        f"{args.steps} steps; median [min–max] over seeds {args.seeds}; CPU, 1 thread per rank, "
+        f"{os.cpu_count()} cores"
+    )
+    at = [n for n in REWARD_AT if n <= args.steps]
+    header = ["ranks", "trainer", "s/step", "tokens/s", "peak MB", *(f"reward@{n}" for n in at)]
+    table = []
+    for ranks in args.ranks:
+        mine = [r for r in results if r["ranks"] == ranks]
+        by = {t: [r for r in mine if r["trainer"] == t] for t in ("rv_train", "TRL")}
+        for trainer, runs in by.items():
+            table.append(
+                [str(ranks), trainer, _spread([r["s_per_step"] for r in runs], "{:.3f}"),
+                 _spread([r["tokens_per_s"] for r in runs], "{:,.0f}"),
+                 _spread([r["peak_mem_gb"] * 1024 for r in runs], "{:.0f}"),
+                 *(_spread([r["reward_at"][str(n)] for r in runs], "{:.3f}") for n in at)]
+            )  # fmt: skip
+        pairs = list(zip(by["rv_train"], by["TRL"], strict=True))  # the same seeds, in the same order
+        table.append(
+            [str(ranks), "rv/TRL", _spread([a["s_per_step"] / b["s_per_step"] for a, b in pairs], "×{:.2f}"),
+             _spread([a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs], "×{:.2f}"),
+             _spread([a["peak_mem_gb"] / b["peak_mem_gb"] for a, b in pairs], "×{:.2f}"),
+             *(_spread([a["reward_at"][str(n)] - b["reward_at"][str(n)] for a, b in pairs], "{:+.3f}")
+               for n in at)]
+        )  # fmt: skip
+    _print_table(header, table)
+    print("(reward columns of the rv/TRL rows: rv_train's reward minus TRL's, per seed)")
+
+
+def build_qwen(folder: Path, seed: int) -> Path:
+    """A random Qwen2 (RoPE, tied embeddings, GQA) with a one-character-per-token tokenizer."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate([*"0123456789=", "<s>", "</s>"])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="</s>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="</s>"
+    )
+    tokenizer.save_pretrained(folder)
+    config = transformers.Qwen2Config(
+        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
+        bos_token_id=vocab["<s>"], eos_token_id=vocab["</s>"],
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def write_prompts(path: Path, model_dir: Path, seed: int, steps: int) -> None:
+    """The prompts rv_train draws in ``steps`` steps, in its order, for TRL; checks both tokenise alike."""
+    from transformers import AutoTokenizer
+
+    from rv_train.model import HFTokenizer
+    from rv_train.tasks import TaskContext, prompt_indices
+    from rv_train.tasks.copy import Copy
+
+    examples = Copy(TaskContext(seed, None, {"digits": str(COPY_DIGITS)})).examples()
+    order = [examples[i] for i in prompt_indices(len(examples), seed, 0, steps * PROMPTS_PER_STEP)]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ours = [HFTokenizer(tok, (tok.eos_token_id,), None, chat=False).encode_prompt(e.prompt) for e in order]
+    theirs = tok(text=[e.prompt for e in order])["input_ids"]  # what GRPOTrainer calls on plain prompts
+    if ours != theirs:
+        raise SystemExit("rv_train and TRL would tokenise the prompts differently; the comparison is off")
+    lines = (json.dumps({"prompt": e.prompt, "answer": e.answer}) for e in order)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def run_hf(trainer: str, ranks: int, seed: int, steps: int, model: Path, prompts: Path, out: Path) -> dict:
+    if trainer == "rv_train":
+        args = ["-m", "rv_train", "--model", str(model), "--task", "copy", "--task-option",
+                f"digits={COPY_DIGITS}", "--chat-template", "off", "--seed", str(seed), "--steps", str(steps),
+                "--lr", "3e-3", "--beta", "0.04", "--save-every", "0", "--skip-final-save",
+                "--log-samples-every", "0", "--threads", "1", "--output-dir", str(out)]  # fmt: skip
+    else:
+        args = [str(REPO / "benchmarks" / "grpo_trl.py"), "--model", str(model), "--prompts", str(prompts),
+                "--steps", str(steps), "--seed", str(seed), "--max-new-tokens", str(COPY_DIGITS + 1),
+                "--lr", "3e-3", "--beta", "0.04", "--output-dir", str(out)]  # fmt: skip
+    _launch(ranks, args, f"{trainer}, {ranks} rank(s), seed {seed}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    if [r["step"] for r in rows] != list(range(1, steps + 1)):
+        raise SystemExit(f"{trainer} logged steps {[r['step'] for r in rows][:5]}…, expected 1…{steps}")
+    if trainer == "rv_train":
+        peak = rows[-1]["peak_mem_gb"]  # all-reduced max over ranks
+    else:
+        peak = max(json.loads(p.read_text())["peak_mem_gb"] for p in out.glob("peak_rank*.json"))
+    at = [n for n in REWARD_AT if n <= steps]
+    timed = rows[1:]  # the first step pays one-time costs (lazy inits, first allocations)
+    sequences = PROMPTS_PER_STEP * GENERATIONS
+    return {
+        "trainer": trainer,
+        "ranks": ranks,
+        "seed": seed,
+        "s_per_step": statistics.median(r["step_s"] for r in timed),
+        "tokens_per_s": sum(r["completion_len"] * sequences for r in timed) / sum(r["step_s"] for r in timed),
+        "peak_mem_gb": peak,
+        "reward_at": {str(n): statistics.fmean(r["reward_mean"] for r in rows[n - 5 : n]) for n in at},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# the built-in model, 1 vs 2 ranks
+
+
+def builtin(args, tmp: Path) -> None:
+    results = []
+    for seed in args.seeds:  # interleaved: the rank counts alternate, seed by seed
+        for ranks in args.ranks:
+            r = run_builtin(ranks, seed, args.target, args.max_steps, tmp)
+            results.append(r)
+            print(json.dumps(r) if args.json else _row(r), file=sys.stdout if args.json else sys.stderr)
+
+    print(f"\nbuilt-in model, reversal: medians over seeds {args.seeds} (reward target {args.target}, CPU, "
+          f"1 thread per rank, {os.cpu_count()} cores):")  # fmt: skip
     medians = {}
     for ranks in args.ranks:
         mine = [r for r in results if r["ranks"] == ranks]
@@ -99,10 +226,64 @@ def main() -> None:
         )
 
 
+def run_builtin(ranks: int, seed: int, target: float, max_steps: int, workdir: Path) -> dict:
+    out = workdir / f"builtin-r{ranks}-s{seed}"
+    args = ["-m", "rv_train", "--seed", str(seed), "--steps", str(max_steps), "--stop-at-reward", str(target),
+            "--save-every", "0", "--skip-final-save", "--log-samples-every", "0", "--threads", "1",
+            "--output-dir", str(out)]  # fmt: skip
+    start = time.perf_counter()
+    _launch(ranks, args, f"built-in, {ranks} rank(s), seed {seed}", torchrun=True)
+    wall = time.perf_counter() - start
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    tokens = sum(r["completion_len"] * PROMPTS_PER_STEP * GENERATIONS for r in rows)
+    train_s = sum(r["step_s"] for r in rows)
+    reached = summary["reason"] == "reward target"
+    return {
+        "ranks": ranks,
+        "seed": seed,
+        "reached": reached,
+        "steps": summary["step"] if reached else None,
+        "train_s": train_s,
+        "wall_s": wall,
+        "tokens_per_s": tokens / train_s,
+        "gen_tokens_per_s": tokens / sum(r["gen_s"] for r in rows),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _launch(ranks: int, args: list[str], what: str, torchrun: bool = False) -> None:
+    """One run: plain python for one process (as a user runs either trainer), torchrun for more."""
+    launcher = [sys.executable]
+    if ranks > 1 or torchrun:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
+    env = {k: v for k, v in env.items() if not k.startswith(("RV_", "ACCELERATE_"))}
+    proc = subprocess.run([*launcher, *args], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    mid = fmt.format(statistics.median(values))
+    if len(values) < 2:
+        return mid
+    return f"{mid} [{fmt.format(min(values))}–{fmt.format(max(values))}]"
+
+
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
 def _row(r: dict) -> str:
     steps = f"{r['steps']} steps" if r["reached"] else "not reached"
     return (
-        f"{r['ranks']} rank(s) seed {r['seed']}: {steps}, train {r['train_s']:.1f} s, "
+        f"  built-in {r['ranks']} rank(s) seed {r['seed']}: {steps}, train {r['train_s']:.1f} s, "
         f"wall {r['wall_s']:.1f} s, {r['tokens_per_s']:,.0f} tok/s "
         f"({r['gen_tokens_per_s']:,.0f} during generation)"
     )

@@ -39,8 +39,10 @@ class KVCache:
             self.values[layer] = torch.cat([self.values[layer], v], dim=2)
         return self.keys[layer], self.values[layer]
 
-    def repeat_interleave(self, n: int) -> None:
-        """Copy each row n times, so one prefill of P prompts serves P × n samples (nanochat's trick)."""
+    def batch_repeat_interleave(self, n: int) -> None:
+        """Copy each row n times, so one prefill of P prompts serves P × n samples (nanochat's trick).
+
+        Named as Hugging Face's ``Cache.batch_repeat_interleave``, so the sampler repeats both alike."""
         self.keys = [k.repeat_interleave(n, dim=0) for k in self.keys]
         self.values = [v.repeat_interleave(n, dim=0) for v in self.values]
 

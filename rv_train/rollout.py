@@ -7,15 +7,35 @@ unsharded once (one all-gather each, same order on all ranks), decoding runs on 
 the units are resharded afterwards. Sharded decoding would all-gather at every forward and deadlock as
 soon as one rank stopped early (reproduced in the notes: gloo timeout after 20 s).
 
-The built-in model prefills each prompt once and copies its KV cache G times; Hugging Face models go
-through ``generate`` on the repeated prompts, with a generation config that samples exactly the
-distribution the loss scores: temperature only, no top-k, top-p or repetition penalty (Qwen's own
-config sets top_p 0.8, top_k 20 and repetition_penalty 1.05, which would bias the ratio).
+The G samples of a prompt share its prefill (:func:`choose_sampler` picks the way once per run):
+
+- ``shared``: each prompt is prefilled once, its KV cache and last logits are repeated G times
+  (``batch_repeat_interleave``), then all P·G rows decode together, one token per step. Used for the
+  built-in model and for Hugging Face models whose cache is a ``DynamicCache`` made of layers that hold
+  keys and values only (full attention, sliding window, DSA's indexed layers: every causal LM that
+  transformers gives a dynamic cache). Prompt tokens are computed once instead of G times, and the
+  loop skips ``generate``'s per-step machinery (logits processors, stopping criteria, input
+  preparation), which dominates decoding for a small model.
+- ``copies``: the same loop, but the G copies of a prompt are prefilled separately. The tests hold
+  ``shared`` to it bit for bit; nothing else uses it.
+- ``generate``: Hugging Face ``generate`` on the repeated prompts, for models whose cache holds more
+  than keys and values per row (recurrent or convolution state of hybrid models, static or quantised
+  caches, encoder-decoder caches) or whose forward takes no cache: repeating only keys and values
+  there would silently sample from a wrong state. Its generation config samples exactly the
+  distribution the loss scores: temperature only, no top-k, top-p or repetition penalty (Qwen's own
+  config sets top_p 0.8, top_k 20 and repetition_penalty 1.05, which would bias the ratio).
+
+Reproducibility: ``shared`` and ``copies`` draw every token from one ``torch.Generator`` seeded by
+:func:`sampling_seed` (run seed, step, rank), in the same order (one multinomial over the [B, V]
+probabilities per step), so a resumed run samples exactly what an uninterrupted one did.
+``generate`` takes no generator and samples from the global RNG, seeded the same way before the call.
+Prefilling consumes no randomness (dropout is off), so sharing it changes no sample.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from rv_train.dist import unwrap
-from rv_train.model import KVCache, TinyLM
+from rv_train.model import KVCache, TinyLM, _extra_kwargs
 from rv_train.objective import completion_mask, position_ids_from_mask
 
 
@@ -92,6 +112,32 @@ def generation_model(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
+SAMPLERS = ("shared", "copies", "generate")
+
+# Cache layers whose whole per-row state is keys and values with the batch first (DynamicIndexedLayer's
+# extra indexer keys are repeated by its own batch_repeat_interleave). Compared by name: older
+# transformers releases lack some of these classes.
+_REPEATABLE_LAYERS = frozenset({"DynamicLayer", "DynamicSlidingWindowLayer", "DynamicIndexedLayer"})
+
+
+@dataclass(frozen=True)
+class Sampler:
+    mode: str  # one of SAMPLERS
+    description: str  # one line for the log: what is done and, for generate, why
+
+
+def choose_sampler(model: nn.Module) -> Sampler:
+    """How to sample from ``model`` (the unwrapped module): inspection only, no forward pass."""
+    if isinstance(model, TinyLM):
+        return Sampler("shared", "one prefill per prompt, its KV cache repeated for the group's G samples")
+    problem = _cache_problem(model)
+    if problem is None:
+        return Sampler(
+            "shared", "one prefill per prompt, its DynamicCache repeated for the group's G samples"
+        )
+    return Sampler("generate", f"generate() on G copies of each prompt ({problem})")
+
+
 @torch.no_grad()
 def sample(
     model: nn.Module,
@@ -104,32 +150,17 @@ def sample(
     eos_ids: Sequence[int],
     pad_id: int,
     seed: int,
+    mode: str = "shared",
 ) -> Rollout:
-    """P prompts [P, Tp] -> a Rollout of P·G completions. temperature 0 is greedy."""
-    if isinstance(model, TinyLM):
-        completions = _sample_tiny(
-            model,
-            prompt_ids,
-            prompt_mask,
-            num_generations,
-            max_new_tokens,
-            temperature,
-            eos_ids,
-            pad_id,
-            seed,
-        )
+    """P prompts [P, Tp] -> a Rollout of P·G completions. temperature 0 is greedy; ``mode``: module doc."""
+    g = num_generations
+    args = (model, prompt_ids, prompt_mask, g, max_new_tokens, temperature, eos_ids, pad_id, seed)
+    if mode in ("shared", "copies"):
+        completions = _sample_cached(*args, shared=mode == "shared")
+    elif mode == "generate" and not isinstance(model, TinyLM):
+        completions = _sample_generate(*args)
     else:
-        completions = _sample_hf(
-            model,
-            prompt_ids,
-            prompt_mask,
-            num_generations,
-            max_new_tokens,
-            temperature,
-            eos_ids,
-            pad_id,
-            seed,
-        )
+        raise ValueError(f"mode must be one of {SAMPLERS} (generate: Hugging Face models only), not {mode!r}")
     mask, finished = completion_mask(completions, eos_ids)
     # Whatever a sampler put after the first EOS, the rows read as padding from here on.
     completions = torch.where(mask, completions, torch.full_like(completions, pad_id))
@@ -150,15 +181,19 @@ def _next_token(logits: Tensor, temperature: float, generator: torch.Generator) 
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def _sample_tiny(model, prompt_ids, prompt_mask, g, max_new, temperature, eos_ids, pad_id, seed) -> Tensor:
+def _sample_cached(
+    model, prompt_ids, prompt_mask, g, max_new, temperature, eos_ids, pad_id, seed, *, shared: bool
+) -> Tensor:
     generator = torch.Generator(prompt_ids.device).manual_seed(seed)
-    cache = KVCache()
-    positions = position_ids_from_mask(prompt_mask)  # [P, Tp]
-    logits = model(prompt_ids, prompt_mask, positions, kv_cache=cache, logits_to_keep=1)[:, -1]  # [P, V]
-    cache.repeat_interleave(g)  # one prefill serves all G samples of a prompt
-    logits = logits.repeat_interleave(g, dim=0)  # [B, V]
+    cache = _new_cache(model)
     mask = prompt_mask.repeat_interleave(g, dim=0)  # [B, Tp], grows by one column per step
-    next_pos = prompt_mask.sum(dim=1).repeat_interleave(g)  # [B]: position of the first new token
+    next_pos = mask.sum(dim=1)  # [B]: position of the first new token
+    if shared:
+        logits = _forward_cached(model, prompt_ids, prompt_mask, cache)  # [P, V]
+        cache.batch_repeat_interleave(g)  # [P, H, Tp, Dh] -> [B, H, Tp, Dh] in every layer
+        logits = logits.repeat_interleave(g, dim=0)  # [B, V]
+    else:
+        logits = _forward_cached(model, prompt_ids.repeat_interleave(g, dim=0), mask, cache)  # [B, V]
     eos = torch.tensor(list(eos_ids), device=prompt_ids.device)
     done = torch.zeros(len(mask), dtype=torch.bool, device=prompt_ids.device)
     out = []
@@ -170,11 +205,58 @@ def _sample_tiny(model, prompt_ids, prompt_mask, g, max_new, temperature, eos_id
         if bool(done.all()) or t == max_new - 1:
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        logits = model(token[:, None], mask, (next_pos + t)[:, None], kv_cache=cache)[:, -1]
+        logits = _forward_cached(model, token[:, None], mask, cache, (next_pos + t)[:, None])
     return torch.stack(out, dim=1)  # [B, L]
 
 
-def _sample_hf(model, prompt_ids, prompt_mask, g, max_new, temperature, eos_ids, pad_id, seed) -> Tensor:
+def _new_cache(model: nn.Module):
+    if isinstance(model, TinyLM):
+        return KVCache()
+    from transformers import DynamicCache
+
+    if "config" in inspect.signature(DynamicCache.__init__).parameters:
+        # With the config, layers get the model's attention kinds (sliding window where it has them).
+        return DynamicCache(config=model.config)
+    return DynamicCache()  # transformers < 4.56: key and value lists, nothing else
+
+
+def _forward_cached(model, ids: Tensor, mask: Tensor, cache, positions: Tensor | None = None) -> Tensor:
+    """ids [N, T] with mask [N, S] over cached and new keys -> logits of the last position [N, V].
+
+    positions [N, T] default to the prompt's (``position_ids_from_mask``), for the prefill.
+    """
+    if positions is None:
+        positions = position_ids_from_mask(mask)
+    if isinstance(model, TinyLM):
+        return model(ids, mask, positions, kv_cache=cache, logits_to_keep=1)[:, -1]
+    kwargs = {**_extra_kwargs(model, 1), "use_cache": True}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, **kwargs)
+    if out.past_key_values is not cache:
+        # The model built a cache of its own: repeating ours would sample from prompts it never saw.
+        raise RuntimeError(
+            f"{type(model).__name__} did not use the DynamicCache it was given; "
+            "rv_train cannot share the prefill for it (please report the model)"
+        )
+    return out.logits[:, -1]
+
+
+def _cache_problem(model: nn.Module) -> str | None:
+    """Why the shared prefill cannot serve this Hugging Face model, or None when it can."""
+    if "past_key_values" not in inspect.signature(model.forward).parameters:
+        return f"{type(model).__name__}.forward takes no past_key_values"
+    cache = _new_cache(model)
+    from transformers import DynamicCache
+
+    if type(cache) is not DynamicCache:
+        return f"its cache is a {type(cache).__name__}"
+    kinds = {type(layer).__name__ for layer in getattr(cache, "layers", [])}
+    odd = sorted(kinds - _REPEATABLE_LAYERS)
+    if odd:
+        return f"its cache has {', '.join(odd)} layers, which hold more than keys and values per row"
+    return None
+
+
+def _sample_generate(model, prompt_ids, prompt_mask, g, max_new, temperature, eos_ids, pad_id, seed):
     from transformers import GenerationConfig
 
     config = GenerationConfig(

@@ -80,7 +80,15 @@ from rv_train.objective import (
     token_normaliser,
     zero_spread_groups,
 )
-from rv_train.rollout import Rollout, generation_model, left_pad, sample, sampling_seed
+from rv_train.rollout import (
+    Rollout,
+    Sampler,
+    choose_sampler,
+    generation_model,
+    left_pad,
+    sample,
+    sampling_seed,
+)
 from rv_train.signals import StopSignals, default_signals, parse_signals
 from rv_train.tasks import Example, TaskContext, get_task, prompt_indices
 
@@ -143,6 +151,9 @@ class Config:
         None, "checkpoints (default: RV_CHECKPOINT_DIR, else <output>/checkpoints)"
     )
     save_every: int = _opt(50, "checkpoint every N steps (0: only at the end and on a stop)")
+    skip_final_save: bool = _opt(
+        False, "no checkpoint or model export when the run ends normally (benchmarks); stops still save"
+    )
     keep_last: int = _opt(3, "complete checkpoints to keep (0: all)")
     breaker_steps: int = _opt(30, "stop (exit 3) after N steps in a row with mean reward 0 (0: never)")
     max_nonfinite_steps: int = _opt(
@@ -217,6 +228,7 @@ class Run:
     output_dir: Path
     checkpoint_dir: Path
     max_new_tokens: int
+    sampler: Sampler  # how the G samples of a prompt are drawn (rollout.py), chosen once
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,6 +330,8 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     )
     log.info(f"precision: {precision.name} ({precision.reason})")
     log.info(f"model: {model_name}; task {cfg.task}: {len(examples):,} examples")
+    sampler = choose_sampler(policy)
+    log.info(f"sampling: {sampler.description}")
     if latest is not None:
         log.info(f"resumed from {latest} at step {state.step} (data position {state.prompts_seen})")
         for key, (old, new) in changed.items():
@@ -342,12 +356,13 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         output_dir=output_dir,
         checkpoint_dir=checkpoint_dir,
         max_new_tokens=max_new_tokens,
+        sampler=sampler,
     )
 
 
 # Options that do not change what is learned: changing them on a resume deserves no warning.
 _FREE_ON_RESUME = {
-    "steps", "output_dir", "checkpoint_dir", "save_every", "keep_last", "breaker_steps",
+    "steps", "output_dir", "checkpoint_dir", "save_every", "skip_final_save", "keep_last", "breaker_steps",
     "max_nonfinite_steps", "stop_at_reward", "signals", "log_samples_every", "wandb", "wandb_project",
     "threads", "dist_timeout",
 }  # fmt: skip
@@ -439,6 +454,7 @@ def train(run: Run, stop: StopSignals) -> int:
                 eos_ids=run.tokenizer.eos_ids,
                 pad_id=run.tokenizer.pad_id,
                 seed=sampling_seed(cfg.seed, step, env.rank),
+                mode=run.sampler.mode,
             )
         t_generated = time.perf_counter()
         texts = [_completion_text(run.tokenizer, rollout, i) for i in range(len(rollout.finished))]
@@ -500,10 +516,10 @@ def train(run: Run, stop: StopSignals) -> int:
         elif cfg.stop_at_reward is not None and metrics["reward_mean"] >= cfg.stop_at_reward:
             reason = "reward target"
         if reason is not None:
-            return _finish(run, reason, code, _save(run), metrics)
+            return _finish(run, reason, code, _final_save(run, reason), metrics)
         if cfg.save_every and step % cfg.save_every == 0:
             _save(run)
-    return _finish(run, "completed", EXIT_OK, _save(run), metrics)
+    return _finish(run, "completed", EXIT_OK, _final_save(run, "completed"), metrics)
 
 
 def policy_update(
@@ -704,6 +720,15 @@ def _save(run: Run) -> Path:
     return path
 
 
+def _final_save(run: Run, reason: str) -> Path | None:
+    """The checkpoint the run ends with. ``--skip-final-save`` drops it at a normal end (steps done or the
+    reward target reached), where a benchmark has no use for it; a signal, the breaker and a non-finite
+    stop always save: the stop protocol and the resume hints rely on that checkpoint."""
+    if run.cfg.skip_final_save and reason in ("completed", "reward target"):
+        return None
+    return _save(run)
+
+
 def _export_hf(run: Run) -> Path:
     """The trained weights as a Hugging Face folder (``from_pretrained`` loads it), written by rank 0.
 
@@ -721,7 +746,7 @@ def _export_hf(run: Run) -> Path:
     return target
 
 
-def _finish(run: Run, reason: str, code: int, path: Path, metrics: dict | None) -> int:
+def _finish(run: Run, reason: str, code: int, path: Path | None, metrics: dict | None) -> int:
     """Say why the run ended and how to go on; write summary.json and, on a signal, the marker."""
     cfg, env, state, log = run.cfg, run.env, run.state, run.log
     checksums = gather_objects(param_checksum(run.model), env)
@@ -748,18 +773,19 @@ def _finish(run: Run, reason: str, code: int, path: Path, metrics: dict | None) 
             f"or lower --lr. Saved {path}. Exit code {EXIT_NON_FINITE}."
         )
     else:
-        log.info(f"finished at step {state.step} ({reason}); saved {path}")
+        saved = f"saved {path}" if path is not None else "no final checkpoint (--skip-final-save)"
+        log.info(f"finished at step {state.step} ({reason}); {saved}")
     if len(set(checksums)) > 1:
         log.warn(f"the ranks' parameters differ (a bug): {checksums}")
     exported = None
-    if cfg.model != "tiny" and code == EXIT_OK and not reason.startswith("signal"):
+    if cfg.model != "tiny" and code == EXIT_OK and not reason.startswith("signal") and path is not None:
         exported = _export_hf(run)
     if env.is_main:
         summary = {
             "reason": reason,
             "exit_code": code,
             "step": state.step,
-            "checkpoint": str(path),
+            "checkpoint": str(path) if path is not None else None,
             "reward_mean": metrics["reward_mean"] if metrics else None,
             "skipped_steps": state.skipped_steps,
             "resumes": state.resumes,
