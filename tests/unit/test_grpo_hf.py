@@ -15,7 +15,7 @@ from train_helpers import explain, summary, torchrun
 
 from rv_train.model import forward_logits, load_hf
 from rv_train.objective import position_ids_from_mask
-from rv_train.rollout import left_pad, sample
+from rv_train.rollout import choose_sampler, left_pad, sample
 from rv_train.trainer import main
 
 pytest.importorskip(
@@ -110,12 +110,67 @@ def test_sampling_ignores_the_models_own_generation_config(tiny_qwen):
             assert row[n - 1] == tok.eos_ids[0]
 
 
+def test_shared_prefill_gives_the_samples_of_separate_prefills(tiny_qwen):
+    # One prefill per prompt with its DynamicCache repeated G times must sample exactly what prefilling
+    # each copy samples: same seed, bit for bit (fp32), left padding in the repeated cache.
+    model, tok = load_hf(str(tiny_qwen), chat_template="off")
+    assert choose_sampler(model).mode == "shared"
+    prompts = [tok.encode_prompt(p) for p in ("31415=", "27=", "8=")]
+    ids, mask = left_pad(prompts, tok.pad_id, torch.device("cpu"))
+    kwargs = dict(num_generations=4, max_new_tokens=6, temperature=1.0, eos_ids=tok.eos_ids)
+    kwargs["pad_id"] = tok.pad_id
+    shared = sample(model.eval(), ids, mask, seed=5, mode="shared", **kwargs)
+    copies = sample(model, ids, mask, seed=5, mode="copies", **kwargs)
+    assert torch.equal(shared.completion_ids, copies.completion_ids)
+    assert torch.equal(shared.finished, copies.finished)
+    assert len({tuple(r) for r in shared.completion_ids.tolist()}) > 3  # real sampling, not one fixed row
+    other = sample(model, ids, mask, seed=6, mode="shared", **kwargs)
+    assert not torch.equal(shared.completion_ids, other.completion_ids)  # the seed drives the samples
+
+
+def _mamba():
+    import transformers
+
+    return transformers.MambaForCausalLM(
+        transformers.MambaConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1)
+    )
+
+
+def _lfm2():
+    import transformers
+
+    if not hasattr(transformers, "Lfm2Config"):
+        pytest.skip(f"transformers {transformers.__version__} has no LFM2 (a model with convolution state)")
+    config = transformers.Lfm2Config(
+        vocab_size=len(VOCAB), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, layer_types=["conv", "full_attention"],
+    )  # fmt: skip
+    return transformers.Lfm2ForCausalLM(config)
+
+
+@pytest.mark.parametrize(
+    ("build", "reason"),
+    [(_mamba, "forward takes no past_key_values"), (_lfm2, "hold more than keys and values per row")],
+)
+def test_models_whose_cache_cannot_be_repeated_fall_back_to_generate(build, reason):
+    model = build().eval()
+    sampler = choose_sampler(model)
+    assert sampler.mode == "generate" and reason in sampler.description
+    ids, mask = left_pad([[1, 2, 10], [3, 10]], 12, torch.device("cpu"))
+    kwargs = dict(num_generations=3, max_new_tokens=4, temperature=1.0, eos_ids=(12,), pad_id=12, seed=2)
+    out = sample(model, ids, mask, mode=sampler.mode, **kwargs)
+    assert out.completion_ids.shape[0] == 6
+    assert torch.equal(out.completion_ids, sample(model, ids, mask, mode="generate", **kwargs).completion_ids)
+
+
 def test_trainer_runs_on_a_hugging_face_model(tiny_qwen, tmp_path, capsys):
     code = main(
         ["--model", str(tiny_qwen), "--task", "copy", "--chat-template", "off", "--steps", "3",
          "--num-iterations", "2", "--micro-batch-size", "32", "--output-dir", str(tmp_path), "--threads", "1"]
     )  # fmt: skip
-    assert code == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.count("sampling: one prefill per prompt, its DynamicCache repeated") == 1  # said once
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["kl"] > 0  # the reference (rebuilt from the folder) and the policy have moved apart
@@ -123,6 +178,16 @@ def test_trainer_runs_on_a_hugging_face_model(tiny_qwen, tmp_path, capsys):
     original, _ = load_hf(str(tiny_qwen), chat_template="off")
     moved = [not torch.equal(a, b) for a, b in zip(trained.parameters(), original.parameters(), strict=True)]
     assert any(moved)
+
+
+def test_skip_final_save_skips_the_export_too(tiny_qwen, tmp_path):
+    code = main(
+        ["--model", str(tiny_qwen), "--task", "copy", "--chat-template", "off", "--steps", "2",
+         "--save-every", "0", "--skip-final-save", "--output-dir", str(tmp_path), "--threads", "1"]
+    )  # fmt: skip
+    assert code == 0
+    assert not (tmp_path / "final_model").exists() and not (tmp_path / "checkpoints").exists()
+    assert summary(tmp_path)["final_model"] is None
 
 
 @pytest.mark.slow

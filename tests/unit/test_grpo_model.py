@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.nn import functional as F
 
@@ -66,6 +67,27 @@ def test_samples_are_grouped_prompt_major_and_reproducible():
     assert len({tuple(r) for r in a.completion_ids[:4].tolist()}) > 1  # G samples differ
     # The rollout's sequences line up with the prompt and completion.
     assert torch.equal(a.input_ids[:, -5:], a.completion_ids) and a.attention_mask.shape == a.input_ids.shape
+
+
+def test_shared_prefill_gives_the_samples_of_separate_prefills():
+    # One prefill per prompt, its cache repeated G times, must sample exactly what prefilling each of the
+    # G copies on its own samples: same seed, bit for bit (fp32). Prompts of different lengths, so the
+    # repeated cache carries left padding.
+    model = _model()
+    ids, mask = left_pad([[BOS, 1, 2, 3, 11], [BOS, 7, 11], [BOS, 4, 4, 11]], PAD, CPU)
+    kwargs = dict(num_generations=4, max_new_tokens=6, temperature=1.0, eos_ids=(EOS,), pad_id=PAD, seed=3)
+    shared = sample(model, ids, mask, mode="shared", **kwargs)
+    copies = sample(model, ids, mask, mode="copies", **kwargs)
+    assert torch.equal(shared.completion_ids, copies.completion_ids)
+    assert torch.equal(shared.finished, copies.finished)
+    assert len({tuple(r) for r in shared.completion_ids.tolist()}) > 3  # real sampling, not one fixed row
+
+
+def test_the_built_in_model_has_no_generate_fallback():
+    ids, mask = left_pad([[BOS, 1, 11]], PAD, CPU)
+    with pytest.raises(ValueError, match="generate: Hugging Face models only"):
+        sample(_model(), ids, mask, num_generations=2, max_new_tokens=2, temperature=1.0, eos_ids=(EOS,),
+               pad_id=PAD, seed=0, mode="generate")  # fmt: skip
 
 
 class ScriptedLM(TinyLM):

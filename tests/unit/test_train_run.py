@@ -19,6 +19,7 @@ from train_helpers import (
 )
 
 from rv_train import EXIT_USAGE, EXIT_ZERO_REWARD
+from rv_train import checkpoint as ckpt
 from rv_train.checkpoint import COMPLETE
 from rv_train.trainer import main
 
@@ -63,6 +64,24 @@ def test_circuit_breaker_saves_explains_and_exits_3(tmp_path, capsys):
     # Raising the limit lets it continue.
     assert main([*args[:-4], "--breaker-steps", "6", "--steps", "20", "--output-dir", str(tmp_path)]) == 3
     assert summary(tmp_path)["step"] == 6
+
+
+def test_skip_final_save_leaves_no_checkpoint_at_a_normal_end(tmp_path, capsys):
+    args = ["--steps", "3", "--save-every", "0", "--skip-final-save", "--output-dir", str(tmp_path)]
+    assert main(args) == 0
+    assert "no final checkpoint (--skip-final-save)" in capsys.readouterr().out
+    assert ckpt.complete_checkpoints(tmp_path / "checkpoints") == []
+    assert summary(tmp_path)["checkpoint"] is None and summary(tmp_path)["step"] == 3
+
+
+def test_skip_final_save_still_saves_on_a_stop_signal(tmp_path):
+    # The stop protocol: a signal always ends with a checkpoint, whatever the flags say.
+    args = ["--task", f"{HELPERS}:SignalAtStep2", "--signals", "SIGUSR2", "--steps", "10",
+            "--save-every", "0", "--skip-final-save", "--output-dir", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    result = summary(tmp_path)
+    assert result["reason"] == "signal SIGUSR2" and result["step"] == 2
+    assert (tmp_path / "checkpoints" / "step_0000002" / COMPLETE).is_file()
 
 
 def test_gsm8k_runs_on_the_built_in_model(tmp_path):

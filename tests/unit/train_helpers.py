@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,18 @@ class NaNReward(Reversal):
 
     def score(self, completion, finished, example):
         return {"nan": float("nan")}
+
+
+class SignalAtStep2(Reversal):
+    """Injected stop: the process sends itself SIGUSR2 while scoring step 2 (16 prompts × 8 per step)."""
+
+    calls = 0
+
+    def score(self, completion, finished, example):
+        SignalAtStep2.calls += 1
+        if SignalAtStep2.calls == 16 * 8 + 1:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return super().score(completion, finished, example)
 
 
 @pytest.fixture
