@@ -7,7 +7,8 @@
 One step, on every rank:
 
 1. take this rank's P = prompts_per_step / world_size prompts from the global order;
-2. sample G completions of each — the whole group on this rank — score them, compute advantages;
+2. sample G completions of each — the whole group on this rank, from one prefill of the prompt —
+   score them, compute advantages;
 3. compute old (μ > 1) and reference (β > 0) log-probs, without gradients;
 4. take μ optimizer steps on the batch, accumulating gradients over micro-batches;
 5. all-reduce the metrics and every stop decision, log on rank 0, checkpoint when due.
