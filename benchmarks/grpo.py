@@ -16,11 +16,16 @@ most 6 new tokens; the same objective and hyper-parameters (dapo loss, group-std
 ε 0.2, μ 1, AdamW lr 3e-3 constant, clip 1.0, temperature 1, fp32); the same reward function. Runs are
 interleaved (rv_train and TRL alternate which goes first) on one thread per rank.
 
-Columns: s/step is the median step time; tokens/s counts completion tokens over all ranks per second
-of step time after the first step (rv_train's ``step_s``, TRL's on_step_begin → on_step_end: both
-cover generation, scoring and the update); peak MB is the largest rank's peak RSS; reward@N is the mean
-reward of steps N−4…N (one step's batch is noisy). Ratios are taken per seed between the two adjacent
-runs, then the median [min–max] over seeds is printed.
+Columns: s/step is the median step time (rv_train's ``step_s``, TRL's on_step_begin → on_step_end:
+both cover generation, scoring and the update); tokens/s the median over steps of the step's completion
+tokens (all ranks) per second, medians because other work on a shared machine stalls single steps;
+peak MB is the largest rank's peak RSS; reward@N is the mean reward of steps N−4…N (one step's batch is
+noisy). Ratios are taken per seed between the two adjacent runs, then the median [min–max] over seeds
+is printed. A second table times rv_train's samplers alone on the same model (one process, runs
+interleaved call by call): ``generate`` (Hugging Face ``generate`` on G copies of each prompt, the path
+before the shared prefill and still the fallback), ``copies`` (rv_train's decoding loop, each copy
+prefilled) and ``shared`` (one prefill per prompt, the cache repeated), at the task's prompt length and
+at 64 tokens, where the prefill weighs more.
 
 The built-in comparison: steps and seconds to a mean reward of 0.9 on digit reversal, and completion
 tokens per second, for 1 and 2 ranks on the same global batch. "Train seconds" sums the logged step
@@ -114,6 +119,43 @@ def versus_trl(args, tmp: Path) -> None:
         )  # fmt: skip
     _print_table(header, table)
     print("(reward columns of the rv/TRL rows: rv_train's reward minus TRL's, per seed)")
+    samplers_alone(build_qwen(tmp / "qwen-sampling", args.seeds[0]))
+
+
+def samplers_alone(model_dir: Path, calls: int = 60) -> None:
+    """rv_train's three samplers on one model, interleaved call by call, in this process (1 thread)."""
+    import random
+
+    import torch
+    import transformers
+
+    from rv_train.rollout import left_pad, sample
+
+    torch.set_num_threads(1)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    eos = model.config.eos_token_id
+    print(f"\nrv_train's samplers alone, same model: {PROMPTS_PER_STEP} prompts × {GENERATIONS}, "
+          f"≤ {COPY_DIGITS + 1} new tokens, {calls} calls each; ms per call, median [p10–p90]")  # fmt: skip
+    table = []
+    for length in (COPY_DIGITS + 1, 64):
+        rng = random.Random(length)
+        # Digits then "=" (ids 0-9 and 10 in build_qwen's vocabulary), as the copy task's prompts.
+        prompts = [[rng.randrange(10) for _ in range(length - 1)] + [10] for _ in range(PROMPTS_PER_STEP)]
+        ids, mask = left_pad(prompts, eos, torch.device("cpu"))
+        kwargs = dict(num_generations=GENERATIONS, max_new_tokens=COPY_DIGITS + 1, temperature=1.0,
+                      eos_ids=(eos,), pad_id=eos, seed=1)  # fmt: skip
+        times = {mode: [] for mode in ("generate", "copies", "shared")}
+        for _ in range(calls):
+            for mode, ts in times.items():
+                start = time.perf_counter()
+                sample(model, ids, mask, mode=mode, **kwargs)
+                ts.append((time.perf_counter() - start) * 1e3)
+        base = statistics.median(times["generate"])
+        for mode, ts in times.items():
+            p10, *_, p90 = statistics.quantiles(ts, n=10)
+            ms = statistics.median(ts)
+            table.append([str(length), mode, f"{ms:.1f} [{p10:.1f}–{p90:.1f}]", f"×{base / ms:.2f}"])
+    _print_table(["prompt tokens", "sampler", "ms per call", "speed vs generate"], table)
 
 
 def build_qwen(folder: Path, seed: int) -> Path:
@@ -184,7 +226,7 @@ def run_hf(trainer: str, ranks: int, seed: int, steps: int, model: Path, prompts
         "ranks": ranks,
         "seed": seed,
         "s_per_step": statistics.median(r["step_s"] for r in timed),
-        "tokens_per_s": sum(r["completion_len"] * sequences for r in timed) / sum(r["step_s"] for r in timed),
+        "tokens_per_s": statistics.median(r["completion_len"] * sequences / r["step_s"] for r in timed),
         "peak_mem_gb": peak,
         "reward_at": {str(n): statistics.fmean(r["reward_mean"] for r in rows[n - 5 : n]) for n in at},
     }

@@ -11,11 +11,12 @@ The G samples of a prompt share its prefill (:func:`choose_sampler` picks the wa
 
 - ``shared``: each prompt is prefilled once, its KV cache and last logits are repeated G times
   (``batch_repeat_interleave``), then all P·G rows decode together, one token per step. Used for the
-  built-in model and for Hugging Face models whose cache is a ``DynamicCache`` made of layers that hold
-  keys and values only (full attention, sliding window, DSA's indexed layers: every causal LM that
-  transformers gives a dynamic cache). Prompt tokens are computed once instead of G times, and the
-  loop skips ``generate``'s per-step machinery (logits processors, stopping criteria, input
-  preparation), which dominates decoding for a small model.
+  built-in model and for Hugging Face models whose ``DynamicCache`` is made of layers that hold keys
+  and values only (full attention, sliding window, DSA's indexed layers); checked bit for bit against
+  ``generate`` on CPU for Qwen2, Llama, Mistral (sliding window), Gemma 2 and GPT-2 with transformers
+  5.23. Prompt tokens are computed once instead of G times, and the loop skips ``generate``'s per-step
+  machinery (logits processors, stopping criteria, input preparation), which is a large part of a
+  decode step for a small model.
 - ``copies``: the same loop, but the G copies of a prompt are prefilled separately. The tests hold
   ``shared`` to it bit for bit; nothing else uses it.
 - ``generate``: Hugging Face ``generate`` on the repeated prompts, for models whose cache holds more
@@ -244,12 +245,11 @@ def _cache_problem(model: nn.Module) -> str | None:
     """Why the shared prefill cannot serve this Hugging Face model, or None when it can."""
     if "past_key_values" not in inspect.signature(model.forward).parameters:
         return f"{type(model).__name__}.forward takes no past_key_values"
-    cache = _new_cache(model)
-    from transformers import DynamicCache
-
-    if type(cache) is not DynamicCache:
-        return f"its cache is a {type(cache).__name__}"
-    kinds = {type(layer).__name__ for layer in getattr(cache, "layers", [])}
+    if getattr(model, "_is_stateful", False):  # transformers' own flag for recurrent state (Mamba, Jamba)
+        return f"{type(model).__name__} keeps recurrent state"
+    # The layers a DynamicCache built from this model's config would hold (none before transformers
+    # 4.56, whose DynamicCache is key and value lists only).
+    kinds = {type(layer).__name__ for layer in getattr(_new_cache(model), "layers", [])}
     odd = sorted(kinds - _REPEATABLE_LAYERS)
     if odd:
         return f"its cache has {', '.join(odd)} layers, which hold more than keys and values per row"
