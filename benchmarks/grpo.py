@@ -74,7 +74,13 @@ def main() -> None:
 def versus_trl(args, tmp: Path) -> None:
     import importlib.metadata
 
-    trl_version = importlib.metadata.version("trl")  # fails here, before any run, if TRL is missing
+    try:
+        trl_version = importlib.metadata.version("trl")
+    except importlib.metadata.PackageNotFoundError:
+        raise SystemExit(
+            "the comparison with TRL needs it: pip install -r benchmarks/requirements-trl.txt "
+            "(or --suite builtin)"
+        ) from None
     results = []
     for seed in args.seeds:
         model_dir, prompts = build_qwen(tmp / f"qwen-s{seed}", seed), tmp / f"prompts-s{seed}.jsonl"
@@ -159,7 +165,10 @@ def samplers_alone(model_dir: Path, calls: int = 60) -> None:
 
 
 def build_qwen(folder: Path, seed: int) -> Path:
-    """A random Qwen2 (RoPE, tied embeddings, GQA) with a one-character-per-token tokenizer."""
+    """A random Qwen2 (RoPE, tied embeddings, GQA) with a one-character-per-token tokenizer.
+
+    max_position_embeddings only bounds what ``generate`` accepts without a warning (the samplers' table
+    goes to 70 positions); RoPE's weights and outputs do not depend on it."""
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -173,7 +182,7 @@ def build_qwen(folder: Path, seed: int) -> Path:
     tokenizer.save_pretrained(folder)
     config = transformers.Qwen2Config(
         vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
         bos_token_id=vocab["<s>"], eos_token_id=vocab["</s>"],
     )  # fmt: skip
     torch.manual_seed(seed)
