@@ -151,9 +151,15 @@ def sample(
     eos_ids: Sequence[int],
     pad_id: int,
     seed: int,
-    mode: str = "shared",
+    mode: str | None = None,
 ) -> Rollout:
-    """P prompts [P, Tp] -> a Rollout of P·G completions. temperature 0 is greedy; ``mode``: module doc."""
+    """P prompts [P, Tp] -> a Rollout of P·G completions. temperature 0 is greedy.
+
+    ``mode`` is one of SAMPLERS (module doc); None asks :func:`choose_sampler`, which the trainer calls
+    once per run instead.
+    """
+    if mode is None:
+        mode = choose_sampler(model).mode
     g = num_generations
     args = (model, prompt_ids, prompt_mask, g, max_new_tokens, temperature, eos_ids, pad_id, seed)
     if mode in ("shared", "copies"):
