@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -62,7 +63,7 @@ def main() -> None:
 
     credit.__name__ = "copy"  # the metric name TRL logs
 
-    world = int(__import__("os").environ.get("WORLD_SIZE", 1))
+    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun sets it; plain python is one process
     sequences = args.prompts_per_step * args.num_generations
     config = GRPOConfig(
         output_dir=str(out / "trl"),
