@@ -18,9 +18,18 @@ File: ``$RV_CONFIG``, else ``$XDG_CONFIG_HOME/rv/config.toml`` (``~/.config/rv/c
     gpus_per_node = 8
     compute_capability = 8.6
 
-Reading uses the standard library's tomllib. Writing uses the small serialiser below rather than a
-TOML-writing dependency: the schema is fixed and flat (strings, numbers, booleans, string lists),
-and the CLI's dependencies are kept to click, rich, paramiko and gitpython.
+Reading uses the standard library's tomllib (fast, and every command reads). Writing (`rv init`)
+uses tomlkit, which round-trips: the user's comments, blank lines and key order survive, and only
+the values rv changes are touched.
+
+Where files live (platformdirs, so each OS gets its usual places; the ``RV_*`` variables override):
+
+* config: ``$RV_CONFIG``, else the user config dir (``~/.config/rv/config.toml`` on Linux);
+* state (job records, stored secrets): ``$RV_STATE_DIR``, else the user state dir
+  (``~/.local/state/rv`` on Linux). Earlier versions kept them beside the config file; they are
+  moved (or merged) the first time this version runs, losing nothing;
+* cache (manifests for deltas, root commits): ``$RV_CACHE_DIR``, else the user cache dir
+  (``~/.cache/rv`` on Linux).
 """
 
 from __future__ import annotations
@@ -39,16 +48,106 @@ from rv.errors import ConfigError
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
+_STATE_FILES = ("jobs.json", "secrets.json")
+_migrated: set[tuple[Path, Path]] = set()
+
+
 def config_path() -> Path:
     if os.environ.get("RV_CONFIG"):
         return Path(os.environ["RV_CONFIG"]).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or "~/.config"
-    return Path(base).expanduser() / "rv" / "config.toml"
+    import platformdirs
+
+    path = platformdirs.user_config_path("rv", appauthor=False) / "config.toml"
+    # Before platformdirs, macOS users had ~/.config/rv too: keep using a file found there.
+    legacy = Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config").expanduser() / "rv" / "config.toml"
+    if not path.exists() and legacy.exists():
+        return legacy
+    return path
 
 
 def state_dir() -> Path:
-    """Local state (job records, secrets) lives next to the config file."""
-    return config_path().parent
+    """Local state (job records, secrets): ``$RV_STATE_DIR``, else the platform's user state folder.
+
+    The first call moves state an earlier rv kept beside the config file (see _migrate_state).
+    """
+    if os.environ.get("RV_STATE_DIR"):
+        path = Path(os.environ["RV_STATE_DIR"]).expanduser()
+    else:
+        import platformdirs
+
+        path = platformdirs.user_state_path("rv", appauthor=False)
+    _migrate_state(config_path().parent, path)
+    return path
+
+
+def cache_dir() -> Path:
+    """Caches that only save time (manifests for deltas, root commits): safe to delete."""
+    if os.environ.get("RV_CACHE_DIR"):
+        return Path(os.environ["RV_CACHE_DIR"]).expanduser()
+    import platformdirs
+
+    return platformdirs.user_cache_path("rv", appauthor=False)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _merge_state(name: str, old: bytes, new: bytes) -> bytes:
+    """Both versions exist: keep every record of both. The state folder's copy wins on a clash."""
+    mine, theirs = json.loads(new), json.loads(old)
+    if name == "jobs.json":
+        seen = {(j.get("job_id"), j.get("profile")) for j in mine.get("jobs", [])}
+        extra = [j for j in theirs.get("jobs", []) if (j.get("job_id"), j.get("profile")) not in seen]
+        merged = {
+            **mine,
+            "jobs": sorted([*extra, *mine.get("jobs", [])], key=lambda j: j.get("submitted_at", 0)),
+        }
+    else:
+        merged = {**theirs, **mine}
+    return json.dumps(merged, indent=1, sort_keys=name != "jobs.json").encode()
+
+
+def _migrate_state(old_dir: Path, new_dir: Path) -> None:
+    """Move job records and secrets from beside the config file (where rv kept them) to new_dir.
+
+    Once per process and pair of folders; under a lock, so two rv commands starting at once do not
+    both move. A file that exists in both places is merged, never overwritten. Secrets stay 0600.
+    """
+    key = (old_dir.resolve(), new_dir.resolve()) if old_dir.exists() else (old_dir, new_dir)
+    if key in _migrated or key[0] == key[1]:
+        return
+    _migrated.add(key)
+    pending = [n for n in _STATE_FILES if (old_dir / n).is_file()]
+    if not pending:
+        return
+    import fcntl
+
+    new_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(new_dir / ".migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in pending:
+            old, new = old_dir / name, new_dir / name
+            try:
+                data = old.read_bytes()
+            except FileNotFoundError:
+                continue  # another rv moved it while we waited for the lock
+            try:
+                if new.exists():
+                    data = _merge_state(name, data, new.read_bytes())
+            except ValueError as exc:
+                raise ConfigError(
+                    f"cannot move {old} to {new}: one of them is not valid JSON ({exc})",
+                    hint=f"fix or remove the broken one, then run rv again (the other is {new_dir})",
+                ) from exc
+            _write_private(new, data)
+            old.unlink()
 
 
 @dataclass(frozen=True)
@@ -64,6 +163,7 @@ class Profile:
     catalog: str = "discovered"  # a built-in catalog name, or "discovered" (use `gpus`)
     setup: tuple[str, ...] = ()
     gpus: dict[str, GpuType] = field(default_factory=dict)
+    share_with_group: bool = False  # remote files group-readable (0750/0640) instead of private
 
     def gpu_catalog(self) -> dict[str, GpuType]:
         """The built-in catalog (if any) with this profile's own types laid over it."""
@@ -92,6 +192,7 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "catalog": str,
     "setup": list,
     "gpus": dict,
+    "share_with_group": bool,
 }
 _TYPE_NAMES = {
     str: "a string",
@@ -107,6 +208,25 @@ _GPU_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     f.name: _ANNOTATION_TYPES[str(f.type).split(" ")[0]] for f in fields(GpuType) if f.name != "name"
 }
 _GPU_REQUIRED = ("partition", "gres", "gpus_per_node")
+_HOST_PROBLEM = re.compile(r"^-|[\s\x00-\x1f\x7f]")
+
+
+def remote_root_problem(root: str) -> str | None:
+    """Why ``root`` cannot be a remote root (None when it can).
+
+    Absolute, because every job script and remote step starts from it wherever it runs; no
+    whitespace or control characters, because Slurm's ``#SBATCH --output`` cannot quote them; no
+    ``%``, because Slurm expands ``%j``-style patterns inside log paths.
+    """
+    if not root.startswith("/"):
+        return "must be an absolute path"
+    if re.search(r"[\s\x00-\x1f\x7f]", root):
+        return "must not contain spaces or control characters"
+    if "%" in root:
+        return "must not contain '%' (Slurm expands it in log file names)"
+    if any(part == ".." for part in root.split("/")):
+        return "must not contain '..'"
+    return None
 
 
 @dataclass(frozen=True)
@@ -186,6 +306,16 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
     for key, value in table.items():
         if not _is(value, _PROFILE_KEYS[key]):
             raise _type_error(where, key, _PROFILE_KEYS[key], value)
+    if _HOST_PROBLEM.search(table["host"]) or not table["host"]:
+        raise ConfigError(f"{where}: host {table['host']!r} is not a host name (spaces, or a leading '-')")
+    root = table.get("remote_root")
+    problem = remote_root_problem(root) if root is not None else None
+    if problem:
+        raise ConfigError(
+            f"{where}: remote_root {root!r} {problem}",
+            hint=f"run `rv init --profile {name} --remote-root /absolute/path` (or ~/path: the cluster "
+            "expands it)",
+        )
     port = table.get("port")
     if port is not None and not 1 <= port <= 65535:
         raise ConfigError(f"{where}: port must be between 1 and 65535, not {port}")
@@ -209,6 +339,7 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         catalog=catalog,
         setup=tuple(setup),
         gpus=gpus,
+        share_with_group=table.get("share_with_group", False),
     )
 
 
@@ -246,57 +377,75 @@ def load_config(path: Path | None = None, *, missing_ok: bool = False) -> Config
 # --------------------------------------------------------------------------------------------------
 # Writing
 
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a JSON string is a valid TOML basic string
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+_HEADER_COMMENT = "rv configuration: see `rv init --help`. Edited by rv init; safe to edit by hand."
+_SCALAR_KEYS = ("host", "port", "user", "identity_file", "known_hosts", "account", "remote_root", "catalog")
 
 
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+def _profile_values(p: Profile) -> dict[str, Any]:
+    """The keys a profile table holds, in the order rv writes new ones (unset keys are absent)."""
+    values: dict[str, Any] = {k: getattr(p, k) for k in _SCALAR_KEYS if getattr(p, k) is not None}
+    if p.setup:
+        values["setup"] = list(p.setup)
+    if p.share_with_group:
+        values["share_with_group"] = True
+    return values
 
 
-def render_config(config: Config) -> str:
-    lines = ["# rv configuration: see `rv init --help`. Edited by rv init; safe to edit by hand."]
+def _sync_table(table: Any, values: dict[str, Any]) -> None:
+    """Make ``table`` hold ``values``: changed keys are assigned in place, unchanged ones untouched
+    (their comments and formatting stay), keys no longer set removed, new ones appended."""
+    for key in [k for k in table if k not in values and k != "gpus"]:
+        del table[key]
+    for key, value in values.items():
+        current = table.get(key)
+        unwrapped = current.unwrap() if hasattr(current, "unwrap") else current
+        if key not in table or unwrapped != value:
+            table[key] = value
+
+
+def render_config(config: Config, existing: str | None = None) -> str:
+    """The config file's text: ``existing`` edited in place (comments kept), or a new file."""
+    import tomlkit
+
+    doc = tomlkit.parse(existing) if existing is not None else tomlkit.document()
+    if existing is None:
+        doc.add(tomlkit.comment(_HEADER_COMMENT))
     if config.default:
-        lines.append(f"default = {_toml_value(config.default)}")
+        if doc.get("default") != config.default:
+            doc["default"] = config.default
+    elif "default" in doc:
+        del doc["default"]
+    if "profiles" not in doc:
+        doc["profiles"] = tomlkit.table(is_super_table=True)
+    profiles = doc["profiles"]
+    for name in [n for n in profiles if n not in config.profiles]:
+        del profiles[name]
     for name, p in config.profiles.items():
-        lines += ["", f"[profiles.{_toml_key(name)}]"]
-        for key in (
-            "host",
-            "port",
-            "user",
-            "identity_file",
-            "known_hosts",
-            "account",
-            "remote_root",
-            "catalog",
-        ):
-            value = getattr(p, key)
-            if value is not None:
-                lines.append(f"{key} = {_toml_value(value)}")
-        if p.setup:
-            lines.append(f"setup = {_toml_value(list(p.setup))}")
-        for gname, gpu in p.gpus.items():
-            lines.append(f"\n[profiles.{_toml_key(name)}.gpus.{_toml_key(gname)}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in gpu.to_dict().items() if k != "name"]
-    return "\n".join(lines) + "\n"
+        if name not in profiles:
+            profiles[name] = tomlkit.table()
+        table = profiles[name]
+        _sync_table(table, _profile_values(p))
+        if p.gpus or "gpus" in table:
+            if "gpus" not in table:
+                table["gpus"] = tomlkit.table(is_super_table=True)
+            gpus = table["gpus"]
+            for gname in [g for g in gpus if g not in p.gpus]:
+                del gpus[gname]
+            for gname, gpu in p.gpus.items():
+                if gname not in gpus:
+                    gpus[gname] = tomlkit.table()
+                _sync_table(
+                    gpus[gname], {k: v for k, v in gpu.to_dict().items() if k != "name" and v is not None}
+                )
+            if not p.gpus:
+                del table["gpus"]
+    return tomlkit.dumps(doc)
 
 
 def save_config(config: Config) -> None:
-    """Write atomically, mode 0600 (the file names identity files and accounts)."""
-    text = render_config(config)
+    """Write atomically, mode 0600 (the file names identity files and accounts), keeping comments."""
+    existing = config.path.read_text(encoding="utf-8") if config.path.exists() else None
+    text = render_config(config, existing)
     parse_config(text, config.path)  # never write a file we could not read back
     config.path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = config.path.with_name(config.path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, config.path)
+    _write_private(config.path, text.encode("utf-8"))

@@ -19,6 +19,9 @@
 <root>/outputs/<project>/<name>/        RV_OUTPUT_DIR: likewise
 <root>/cache/{hf,torch,triton,pip,wandb,xdg}   caches kept off the home quota
 <root>/tmp/                     staging for uploads; renamed into place when complete
+
+Everything rv writes here is private to the user (folders 0700, files 0600, executables 0700)
+unless the profile sets ``share_with_group = true``: then the group may read (0750/0640).
 """
 
 from __future__ import annotations
@@ -30,6 +33,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class RemoteLayout:
     root: str
+    share_with_group: bool = False
+
+    @property
+    def umask(self) -> int:
+        """The umask every remote step runs under: 077 (private), or 027 (group may read)."""
+        return 0o027 if self.share_with_group else 0o077
+
+    def agent_args(self, **extra: object) -> dict[str, object]:
+        """Arguments for a remote_store mode: the root, the umask, and the mode's own."""
+        return {"root": self.root, "umask": self.umask, **extra}
 
     def _join(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)

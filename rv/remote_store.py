@@ -22,6 +22,10 @@ Rules every mode keeps:
   never leaves a bad object (and the partial temp file is removed when stdin ends early).
 * ``snapshots/<id>`` appears by one rename of a fully built tree, so it exists only when complete.
 * gc takes the store lock exclusively; uploads and queries hold it shared.
+* Private by default: every mode runs under the umask the client sends (077, or 027 when the
+  profile shares with the group), explicit modes are masked by it too (objects 0400, executables
+  0500, snapshot folders 0500), and the remote root itself is kept at 0700 (0750), so nothing under
+  it is reachable by others even in a store written by an older rv.
 * Paths travel as UTF-8 with surrogate escapes and are used as bytes here, so file names that are
   not valid UTF-8, and a cluster whose locale is C, both work.
 
@@ -112,6 +116,21 @@ def check_relpath(path):
 
 _stdin = None
 _cleanup = set()
+UMASK = 0o077  # replaced by the client's (see main); private unless the profile shares with the group
+
+
+def private(mode):
+    """``mode`` without what the umask forbids: what a chmod must use (chmod ignores the umask)."""
+    return mode & ~UMASK & 0o7777
+
+
+def protect_root(root):
+    """Keep the remote root itself at 0700 (0750): the one gate in front of everything below it."""
+    want = 0o777 & ~UMASK
+    with contextlib.suppress(OSError):  # not there yet (makedirs creates it with the umask)
+        st = os.stat(root)
+        if stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) != want and st.st_uid == os.getuid():
+            os.chmod(root, want)
 
 
 def stdin():
@@ -316,7 +335,7 @@ def write_atomic(path, data, mode):
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
-        os.chmod(tmp, mode)
+        os.chmod(tmp, private(mode))
         os.replace(tmp, path)
     finally:
         _cleanup.discard(tmp)
@@ -449,7 +468,7 @@ def receive_objects(root):
             hasher = blob_hasher(size)
             receive_into(tmp, size, hasher)
             if hasher.hexdigest() == oid:
-                os.chmod(tmp, 0o444)
+                os.chmod(tmp, private(0o444))
                 dest = object_path(root, oid)
                 if oid[:2] not in fans:
                     makedirs(os.path.dirname(dest))
@@ -473,7 +492,7 @@ def link_or_copy(src, dst, mode):
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
             raise
         shutil.copyfile(src, dst)
-        os.chmod(dst, mode)
+        os.chmod(dst, private(mode))
 
 
 def exec_object(root, oid):
@@ -485,7 +504,7 @@ def exec_object(root, oid):
         _cleanup.add(tmp)
         try:
             shutil.copyfile(plain, tmp)
-            os.chmod(tmp, 0o555)
+            os.chmod(tmp, private(0o555))
             os.rename(tmp, path)
         finally:
             _cleanup.discard(tmp)
@@ -520,8 +539,8 @@ def build_snapshot(root, sid, entries, provenance):
             else:
                 link_or_copy(object_path(root, oid), dst, 0o444)
         for d in made:
-            os.chmod(join(build, d), 0o555)
-        os.chmod(build, 0o555)
+            os.chmod(join(build, d), private(0o555))
+        os.chmod(build, private(0o555))
         meta = {
             "version": VERSION,
             "id": sid,
@@ -756,7 +775,7 @@ def mode_apply(args):
             if hasher.hexdigest() != oid:
                 done["bad"].append(rel)
                 continue
-            os.chmod(tmp, mode)
+            os.chmod(tmp, private(mode))
             os.utime(tmp, ns=(mtime_ns, mtime_ns))
             if os.path.isdir(p) and not os.path.islink(p):
                 force_rmtree(p)
@@ -776,7 +795,7 @@ def mode_apply(args):
             force_rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
         os.symlink(enc(link), p)
     for rel, mode in plan.get("chmod", ()):
-        os.chmod(target(rel), mode)
+        os.chmod(target(rel), private(mode))
     for rel, mtime_ns in plan.get("touch", ()):
         os.utime(target(rel), ns=(mtime_ns, mtime_ns))
     for rel in sorted(plan.get("rmdir", ()), key=lambda r: -r.count("/")):
@@ -846,7 +865,12 @@ def main(argv):
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, _on_signal)
     mode, args = argv[1], json.loads(argv[2])
+    global UMASK
+    UMASK = int(args.get("umask", 0o077)) & 0o777
+    os.umask(UMASK)
     try:
+        if "root" in args:
+            protect_root(root_path(args["root"]))
         result = MODES[mode](args)
         if result is not None:
             reply(result)

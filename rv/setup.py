@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from rv.catalog import GpuType
-from rv.config import Profile
+from rv.config import Profile, remote_root_problem
 from rv.errors import RemoteCommandMissing, UsageError
 from rv.slurm.parse import (
     SINFO_NODE_FORMAT,
@@ -111,6 +111,48 @@ def is_rivanna(host: str) -> bool:
     return h.endswith("hpc.virginia.edu") or "rivanna" in h
 
 
+def check_remote_root(root: str) -> str:
+    """Validate a --remote-root before connecting: absolute, or ``~``/``~/...`` (expanded on the cluster).
+
+    Raises UsageError naming the problem; returns the value unchanged.
+    """
+    if root == "~" or root.startswith("~/"):
+        probe = "/home/user" + root[1:]  # the cluster's home is not known yet; check the rest
+    elif root.startswith("~"):
+        raise UsageError(
+            f"remote root {root!r}: only your own home (~ or ~/...) can be written with ~",
+            hint="give an absolute path, e.g. /scratch/$USER/rv",
+        )
+    else:
+        probe = root
+    problem = remote_root_problem(probe)
+    if problem:
+        raise UsageError(
+            f"remote root {root!r} {problem}",
+            hint="give an absolute path without spaces, e.g. /scratch/me/rv or ~/rv",
+        )
+    return root
+
+
+def expand_remote_root(root: str, home: str) -> str:
+    """``~`` and ``~/...`` with the cluster's own home folder (as the probe reported it)."""
+    if root == "~" or root.startswith("~/"):
+        if not home.startswith("/"):
+            raise RemoteCommandMissing(
+                f"cannot expand {root!r}: the cluster did not report an absolute home folder ({home!r})",
+                hint="give --remote-root as an absolute path",
+            )
+        expanded = posixpath.normpath(home + root[1:])
+        problem = remote_root_problem(expanded)
+        if problem:
+            raise UsageError(
+                f"remote root {root!r} expands to {expanded!r} on the cluster, which {problem}",
+                hint="give an absolute path without spaces, e.g. /scratch/me/rv",
+            )
+        return expanded
+    return root
+
+
 def build_profile(
     *,
     name: str,
@@ -124,6 +166,7 @@ def build_profile(
     setup: tuple[str, ...],
     catalog: str,
     facts: ClusterFacts,
+    share_with_group: bool = False,
 ) -> Profile:
     """The profile `rv init` saves: explicit options win, then what the probe found."""
     if catalog == "auto":
@@ -141,16 +184,24 @@ def build_profile(
         identity_file=identity_file,
         known_hosts=known_hosts,
         account=account or facts.account,
-        remote_root=remote_root or facts.default_remote_root,
+        remote_root=expand_remote_root(remote_root, facts.home) if remote_root else facts.default_remote_root,
         catalog=catalog,
         setup=setup,
         gpus=gpus,
+        share_with_group=share_with_group,
     )
 
 
-def prepare_remote_root(transport: Transport, remote_root: str) -> None:
-    """Create the remote root; a test write proves it is writable (quota, permissions)."""
+def prepare_remote_root(transport: Transport, remote_root: str, share_with_group: bool = False) -> None:
+    """Create the remote root, readable by the user only (0700; 0750 when shared with the group).
+
+    An existing root is narrowed to that mode too: it is the one gate in front of snapshots,
+    manifests (which hold the repo's diff) and job records. A test write proves it is writable.
+    """
     q = shlex.quote(remote_root)
-    transport.run(f"mkdir -p {q} && touch {q}/.rv-write-test && rm -f {q}/.rv-write-test", timeout=60).check(
-        f"creating the remote root {remote_root}"
-    )
+    mode = "750" if share_with_group else "700"
+    umask = "027" if share_with_group else "077"
+    test = f"{q}/.rv-write-test"
+    transport.run(
+        f"umask {umask} && mkdir -p {q} && chmod {mode} {q} && touch {test} && rm -f {test}", timeout=60
+    ).check(f"creating the remote root {remote_root}")

@@ -57,13 +57,14 @@ from rv import __version__
 from rv import remote_store as agent
 from rv.errors import NotFound, RemoteCommandMissing, RemoteError, RvError, UsageError
 from rv.layout import RemoteLayout
+from rv.progress import Progress, ProgressCounter
 
 DEFAULT_MAX_FILE_SIZE = 100 * 1000 * 1000  # 100 MB
 MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
 DIFF_LIMIT = 1 << 20  # provenance keeps at most 1 MiB of a dirty tree's diff
 _READ = 1 << 20
 
-Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+# Transfers report TransferProgress(files, bytes done and total) to an optional callback; see rv.progress.
 
 
 # --------------------------------------------------------------------------------------------------
@@ -580,7 +581,7 @@ def _head_questions(top: Path, git: Git, pool: ThreadPoolExecutor) -> Callable[.
         branch = r.stdout.decode("utf-8", "replace").strip() if r.returncode == 0 else None
         # Without a commit everything staged is new; with one, diff-index says (exit 1: differs).
         is_staged = st.returncode == 1 if commit else bool(cand.index_ids)
-        url = cand.top_config.get("remote.origin.url")
+        url = redact_url(cand.top_config.get("remote.origin.url"))
         dirty = modified or is_staged or bool(untracked)
         return RepoInfo(top, Path(cand.top_git_dir), commit, branch, url, dirty, untracked)
 
@@ -589,6 +590,29 @@ def _head_questions(top: Path, git: Git, pool: ThreadPoolExecutor) -> Callable[.
 
 # --------------------------------------------------------------------------------------------------
 # Project key and provenance
+
+_URL_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<userinfo>[^@/?#]*)@")
+
+
+def redact_url(url: str | None) -> str | None:
+    """A remote URL without the credentials it may carry, fit to record and print.
+
+    ``https://user:token@host/x`` -> ``https://host/x`` (over http(s) the user part alone can be a
+    token, e.g. ``https://ghp_...@github.com``); ``ssh://user:password@host/x`` ->
+    ``ssh://user@host/x`` (an ssh user name is not a secret, the password is). ``git@host:x`` has
+    no password and stays as it is.
+    """
+    if not url:
+        return url
+    m = _URL_USERINFO.match(url)
+    if not m:
+        return url
+    scheme, userinfo = m.group("scheme"), m.group("userinfo")
+    rest = url[m.end() :]
+    if scheme.lower() in ("http", "https", "ftp", "ftps"):
+        return f"{scheme}://{rest}"
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}@{rest}" if user else f"{scheme}://{rest}"
 
 
 def _slug(name: str) -> str:
@@ -825,10 +849,9 @@ def manifest_payload(rows: list[list[Any]], bases: list[tuple[str, list[list[Any
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("RV_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "rv"
+    from rv.config import cache_dir
+
+    return cache_dir()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -960,19 +983,21 @@ def _object_stream(
     root: Path,
     header: bytes,
     sends: list[Entry],
-    on_progress: Progress | None,
-    total: int,
+    progress: ProgressCounter,
     counter: list[int],
 ) -> Iterator[bytes]:
-    """``header``, then ``O <oid> <size> <content>`` per object, then ``E``, in ~1 MiB chunks."""
+    """``header``, then ``O <oid> <size> <content>`` per object, then ``E``, in ~1 MiB chunks.
+
+    Progress counts an object's bytes as they are handed to the connection.
+    """
     buf = bytearray(header)
-    done = 0
     for e in sends:
         buf += b"O" + bytes.fromhex(e.oid) + struct.pack(">Q", e.size)
         full = os.path.join(root, e.path)
         if e.is_link:
             data = os.fsencode(os.readlink(full)) if os.path.islink(full) else b""
             buf += data[: e.size].ljust(e.size, b"\0")
+            progress.add(e.size)
         else:
             left = e.size
             try:
@@ -992,12 +1017,11 @@ def _object_stream(
                         counter[0] += len(buf)
                         yield bytes(buf)
                         buf.clear()
+                    progress.add(len(data))
             finally:
                 if fh:
                     fh.close()
-        done += e.size
-        if on_progress:
-            on_progress(done, total)
+        progress.add(files=1)
         if len(buf) >= _READ:
             counter[0] += len(buf)
             yield bytes(buf)
@@ -1005,6 +1029,7 @@ def _object_stream(
     buf += b"E"
     counter[0] += len(buf)
     yield bytes(buf)
+    progress.done()
 
 
 def _query_stdin(snap: LocalSnapshot, payload: dict[str, Any]) -> bytes:
@@ -1026,7 +1051,7 @@ def upload_snapshot(
     (``_query``: the payload sent and the reply of a snap-query already made, by make_snapshot.)
     """
     rows = [e.row() for e in snap.tree.entries]
-    args = {"root": layout.root}
+    args = layout.agent_args()
     if _query is None:
         payload = manifest_payload(rows, cache.bases(snap.project) if cache else [])
         reply = call_agent(transport, "snap-query", args, stdin=_query_stdin(snap, payload))
@@ -1054,9 +1079,8 @@ def upload_snapshot(
         for _attempt in range(3):
             sends = [by_oid[o] for o in missing]
             header = frame({"id": snap.id, **payload, "provenance": stored_provenance})
-            stream = _object_stream(
-                snap.tree.root, header, sends, on_progress, sum(e.size for e in sends), sent
-            )
+            progress = ProgressCounter(on_progress, "upload", len(sends), sum(e.size for e in sends))
+            stream = _object_stream(snap.tree.root, header, sends, progress, sent)
             reply = call_agent(transport, "snap-put", args, stdin=stream)
             if reply.get("bad"):
                 paths = sorted(e.path for e in snap.tree.entries if e.oid in set(reply["bad"]))
@@ -1131,7 +1155,7 @@ def make_snapshot(
             yield data
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        early = pool.submit(call_agent, transport, "snap-query", {"root": layout.root}, stdin=query_stdin())
+        early = pool.submit(call_agent, transport, "snap-query", layout.agent_args(), stdin=query_stdin())
         try:
             snap = prepare_snapshot(
                 path, max_file_size=max_file_size, allow_large=allow_large, git=git, cache_dir=cache_dir

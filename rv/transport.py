@@ -1,13 +1,19 @@
-"""Running commands and moving files on the cluster: the one module that imports paramiko.
+"""Running commands and moving files on the cluster: the transport API, without importing paramiko.
 
-One :class:`SSHTransport` per ``rv`` invocation holds one SSH connection; every command (an exec
-channel) and every file transfer (one SFTP session, opened once) reuses it. A reused connection cut a
-loopback command from ~250 ms to ~80 ms in the old tool; on a real link with 2FA or a VPN every extra
-handshake is felt far more.
+Three transports share one API (:class:`Transport`):
 
-:class:`LocalTransport` has the same API and runs commands with local bash. It is the one fake seam
-for unit tests of code that drives a transport (sync planning, the job client); integration tests
-always use :class:`SSHTransport` against a real sshd.
+* :class:`rv.warm.WarmTransport` (what every command gets from :func:`open_transport`): talks to a
+  small per-profile background process that holds one SSH connection for a few minutes, so the
+  second ``rv ps`` pays no handshake and no paramiko import. It falls back to a direct connection
+  whenever the background process is missing, stale or dead.
+* :class:`rv.ssh.SSHTransport`: one paramiko connection in this process (``rv init``, the fallback,
+  and the background process itself). ``rv.ssh`` is the one module that imports paramiko; its name
+  is re-exported here lazily, so ``from rv.transport import SSHTransport`` keeps working.
+* :class:`LocalTransport`: local bash, the one fake seam for unit tests.
+
+Where to connect comes from :func:`resolve_target`: the profile's explicit values laid over what
+OpenSSH itself makes of ``~/.ssh/config`` (``ssh -G``: ``Include``, ``Match``, every hop of a
+``ProxyJump`` chain), with a parser of our own only where no ``ssh`` binary is installed.
 """
 
 from __future__ import annotations
@@ -15,22 +21,25 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import select
+import re
+import shutil
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import paramiko
+from rv.errors import ConfigError, RemoteError, UsageError
 
-from rv.errors import AuthError, ConnectError, HostKeyError, RemoteError
+if TYPE_CHECKING:
+    from rv.config import Profile
 
 Stdin = bytes | Iterable[bytes] | None
 _CHUNK = 1 << 16
+PRIVATE_MASK = 0o077  # what rv never grants to anyone but the user...
+GROUP_MASK = 0o027  # ...unless the profile says share_with_group = true (then the group may read)
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,7 @@ class Transport(Protocol):
         keep_stdin_open: bool = False,
     ) -> int: ...
 
-    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None: ...
+    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None: ...
 
     def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None: ...
 
@@ -98,14 +107,59 @@ def _temp_name(path: str) -> str:
     return posixpath.join(head, f".{tail}.rv-tmp-{uuid.uuid4().hex[:12]}")
 
 
+def file_mode(mode: int, mask: int) -> int:
+    """``mode`` with what ``mask`` forbids removed: 0o644 -> 0o600 when private, 0o640 with the group."""
+    return mode & ~mask & 0o7777
+
+
+def local_file_mode(local_path: str | Path, mask: int) -> int:
+    """The mode an uploaded copy of a local file gets: executables stay executable, for the user only."""
+    executable = os.stat(local_path).st_mode & 0o100
+    return file_mode(0o755 if executable else 0o644, mask)
+
+
+def read_chunks(path: str | Path, size: int = 1 << 20) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        while data := fh.read(size):
+            yield data
+
+
+def write_local_atomically(
+    local_path: str | Path, produce: Callable[[Callable[[bytes], None]], None]
+) -> None:
+    """Write a local file by temp file and rename: a failure or Ctrl-C never leaves half a file."""
+    local = Path(local_path)
+    tmp = local.with_name(f".{local.name}.rv-tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as fh:
+            produce(fh.write)
+        tmp.replace(local)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 class RemoteTimeout(RemoteError):
     pass
+
+
+class TransferError(RemoteError):
+    """The data being sent could not be read here (a file vanished or failed mid-read)."""
 
 
 class _Collecting:
     """`run` for any transport with `stream`: collect the output instead of handing it on."""
 
-    def stream(self, command: str, **kwargs) -> int:  # type: ignore[no-untyped-def]
+    def stream(
+        self,
+        command: str,
+        *,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None] | None = None,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        keep_stdin_open: bool = False,
+    ) -> int:
         raise NotImplementedError
 
     def run(self, command: str, *, stdin: Stdin = None, timeout: float | None = None) -> RunResult:
@@ -116,7 +170,7 @@ class _Collecting:
 
 
 # --------------------------------------------------------------------------------------------------
-# SSH
+# Where to connect
 
 
 @dataclass(frozen=True)
@@ -129,8 +183,9 @@ class SSHTarget:
     user: str | None = None
     identity_files: tuple[str, ...] = ()
     known_hosts: str | None = None  # None: ~/.ssh/known_hosts
-    proxy_jump: SSHTarget | None = None
+    proxy_jump: SSHTarget | None = None  # the last hop before this host; it has its own proxy_jump
     connect_timeout: float = 10.0
+    proxy_command: str | None = None  # OpenSSH's ProxyCommand, tokens not yet expanded
 
     @property
     def known_hosts_path(self) -> Path:
@@ -141,265 +196,286 @@ class SSHTarget:
         """The name known_hosts files use: ``host`` on port 22, ``[host]:port`` otherwise (OpenSSH)."""
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's SHA256 fingerprint, as `ssh` prints it, so users can compare the two."""
-    return key.fingerprint if hasattr(key, "fingerprint") else key.get_fingerprint().hex()
-
-
-ConfirmHostKey = Callable[[str, str, str], bool]  # (host, key type, fingerprint) -> accept?
-
-
-class _AskPolicy(paramiko.MissingHostKeyPolicy):
-    """Unknown host key: ask (or accept with --yes), then remember it in the known_hosts file."""
-
-    def __init__(self, target: SSHTarget, confirm: ConfirmHostKey | None) -> None:
-        self.target = target
-        self.confirm = confirm
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        fp = fingerprint(key)
-        if self.confirm is None or not self.confirm(self.target.host_key_name, key.get_name(), fp):
-            raise HostKeyError(
-                f"host key of {self.target.host_key_name} is not known ({key.get_name()} {fp})",
-                hint="check the fingerprint with your cluster's documentation, then run `rv init` "
-                "and accept it (or pass --yes)",
-            )
-        path = self.target.known_hosts_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Append one line rather than rewriting the file: paramiko's save_host_keys would reformat
-        # (and drop comments from) the user's own known_hosts.
-        with path.open("a", encoding="utf-8") as fh:
-            fh.write(f"{self.target.host_key_name} {key.get_name()} {key.get_base64()}\n")
-        client.get_host_keys().add(self.target.host_key_name, key.get_name(), key)
-
-
-class SSHTransport(_Collecting):
-    """One SSH connection, reused for every command and transfer of this rv invocation."""
-
-    def __init__(self, target: SSHTarget, confirm_host_key: ConfirmHostKey | None = None) -> None:
-        self.target = target
-        self._confirm = confirm_host_key
-        self._client: paramiko.SSHClient | None = None
-        self._jump: SSHTransport | None = None
-        self._sftp: paramiko.SFTPClient | None = None
-        self._lock = threading.Lock()
-
-    # -- connection ---------------------------------------------------------------------------------
-    def connect(self) -> SSHTransport:
-        if self._client is not None:
-            return self
-        t = self.target
-        sock = None
-        if t.proxy_jump is not None:
-            # ProxyJump: a direct-tcpip channel through the jump host's own connection, as OpenSSH does.
-            self._jump = SSHTransport(t.proxy_jump, self._confirm).connect()
-            jump_transport = self._jump._client.get_transport()  # type: ignore[union-attr]
-            try:
-                sock = jump_transport.open_channel(
-                    "direct-tcpip", (t.hostname, t.port), ("127.0.0.1", 0), timeout=t.connect_timeout
-                )
-            except (paramiko.SSHException, OSError) as exc:
-                raise ConnectError(
-                    f"cannot reach {t.hostname}:{t.port} through {t.proxy_jump.hostname}: {exc}",
-                    hint="check the ProxyJump host in ~/.ssh/config",
-                ) from exc
-        client = paramiko.SSHClient()
-        known = t.known_hosts_path
-        if known.exists():
-            client.load_host_keys(str(known))
-        client.set_missing_host_key_policy(_AskPolicy(t, self._confirm))
-        where = f"{t.user + '@' if t.user else ''}{t.hostname}:{t.port}"
-        try:
-            client.connect(
-                t.hostname,
-                port=t.port,
-                username=t.user,
-                key_filename=list(t.identity_files) or None,
-                # With an explicit identity file, don't also try every key in ~/.ssh: servers count
-                # each try against MaxAuthTries and a wrong key would be blamed for the failure.
-                look_for_keys=not t.identity_files,
-                allow_agent=True,
-                timeout=t.connect_timeout,
-                banner_timeout=t.connect_timeout,
-                auth_timeout=t.connect_timeout,
-                sock=sock,
-            )
-        except paramiko.BadHostKeyException as exc:
-            raise HostKeyError(
-                f"host key of {t.host_key_name} has CHANGED: expected {fingerprint(exc.expected_key)}, "
-                f"got {fingerprint(exc.key)} — refusing to connect",
-                hint=f"if the cluster really changed its key, remove the old line from {known} and run "
-                "`rv init` again; otherwise someone may be intercepting the connection",
-            ) from exc
-        except HostKeyError:
-            raise
-        except paramiko.AuthenticationException as exc:
-            raise AuthError(
-                f"authentication refused by {where} ({exc})",
-                hint="check the user and identity file (`rv init --identity-file ...`), or load your key "
-                "into ssh-agent",
-            ) from exc
-        except TimeoutError as exc:
-            raise ConnectError(
-                f"timed out connecting to {where} after {t.connect_timeout:g}s",
-                hint="check the host and port, and that you are on the cluster's network or VPN",
-            ) from exc
-        except (OSError, paramiko.SSHException) as exc:
-            raise ConnectError(
-                f"cannot connect to {where}: {exc}",
-                hint="check the host and port, and that you are on the cluster's network or VPN",
-            ) from exc
-        transport = client.get_transport()
-        assert transport is not None
-        transport.set_keepalive(30)
-        self._client = client
-        return self
-
     @property
-    def client(self) -> paramiko.SSHClient:
-        return self.connect()._client  # type: ignore[return-value]
+    def where(self) -> str:
+        return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port}"
 
-    @property
-    def sftp(self) -> paramiko.SFTPClient:
-        with self._lock:
-            if self._sftp is None:
-                self._sftp = self.client.open_sftp()
-            return self._sftp
+    def hops(self) -> list[SSHTarget]:
+        """Every host on the way, first hop first, this one last."""
+        chain = [self]
+        while chain[0].proxy_jump is not None:
+            chain.insert(0, chain[0].proxy_jump)  # type: ignore[arg-type]
+        return chain
 
-    def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
-            self._sftp = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-        if self._jump is not None:
-            self._jump.close()
-            self._jump = None
 
-    def __enter__(self) -> SSHTransport:
-        return self.connect()
+_BAD_HOST = re.compile(r"^-|[\s\x00-\x1f\x7f]")
+_MAX_HOPS = 8
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
-    # -- commands -------------------------------------------------------------------------------------
-    def _open(self, command: str) -> paramiko.Channel:
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise ConnectError(
-                f"connection to {self.target.hostname} was lost", hint="check the network and retry"
-            )
-        channel = transport.open_session(timeout=self.target.connect_timeout)
-        channel.exec_command(command)
-        return channel
+def check_host(host: str, what: str = "host") -> str:
+    """A host name that cannot turn into an ssh option or break a command line."""
+    if not host or _BAD_HOST.search(host):
+        raise UsageError(
+            f"invalid {what} {host!r}: no spaces or control characters, and it cannot start with '-'",
+            hint="use the login node's name or a Host alias from ~/.ssh/config",
+        )
+    return host
 
-    def stream(
-        self,
-        command: str,
-        *,
-        on_stdout: Callable[[bytes], None],
-        on_stderr: Callable[[bytes], None] | None = None,
-        stdin: Stdin = None,
-        timeout: float | None = None,
-        keep_stdin_open: bool = False,
-    ) -> int:
-        """Run ``command``, handing output to the callbacks as it arrives; return the exit code.
 
-        ``keep_stdin_open`` leaves the command's stdin open until we close the channel, so a remote
-        watchdog reading stdin learns at once when rv goes away (Ctrl-C, a dropped laptop lid).
-        """
-        channel = self._open(command)
-        feeder = None
-        if stdin is not None:
-            # A thread feeds stdin so a command that writes a lot before it reads everything cannot
-            # deadlock against us (both sides' windows full).
-            def feed() -> None:
-                try:
-                    for chunk in _chunks(stdin):
-                        channel.sendall(chunk)
-                    channel.shutdown_write()
-                except (OSError, EOFError, paramiko.SSHException):
-                    pass  # the command exited early: its exit code and stderr say why
+def _default_timeout(connect_timeout: float | None) -> float:
+    if connect_timeout is not None:
+        return connect_timeout
+    raw = os.environ.get("RV_CONNECT_TIMEOUT", "10")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"RV_CONNECT_TIMEOUT must be a number of seconds, not {raw!r}", hint="e.g. RV_CONNECT_TIMEOUT=20"
+        ) from None
+    if value <= 0:
+        raise ConfigError(
+            f"RV_CONNECT_TIMEOUT must be positive, not {raw!r}", hint="e.g. RV_CONNECT_TIMEOUT=20"
+        )
+    return value
 
-            feeder = threading.Thread(target=feed, daemon=True)
-            feeder.start()
-        elif not keep_stdin_open:
-            channel.shutdown_write()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while True:
-                wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
-                select.select([channel], [], [], wait)
-                while channel.recv_ready():
-                    on_stdout(channel.recv(_CHUNK))
-                while channel.recv_stderr_ready():
-                    data = channel.recv_stderr(_CHUNK)
-                    if on_stderr is not None:
-                        on_stderr(data)
-                if (
-                    channel.exit_status_ready()
-                    and not channel.recv_ready()
-                    and not channel.recv_stderr_ready()
-                ):
-                    break
-                pending = channel.exit_status_ready() or channel.recv_ready() or channel.recv_stderr_ready()
-                if not pending and (channel.closed or not channel.get_transport().is_active()):
-                    # The connection dropped: no exit status will ever come. Say so instead of
-                    # waiting forever, so a follower can reconnect.
-                    raise ConnectError(
-                        f"connection to {self.target.hostname} was lost",
-                        hint="check the network and retry",
-                    )
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise RemoteTimeout(
-                        f"remote command timed out after {timeout:g}s: {command[:80]}",
-                        hint="raise the limit with --timeout",
-                    )
-            code = channel.recv_exit_status()
-            return 255 if code == -1 else code
-        finally:
-            channel.close()
-            if feeder is not None:
-                feeder.join(timeout=1)
 
-    # -- files ----------------------------------------------------------------------------------------
-    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        tmp = _temp_name(remote_path)
-        sftp = self.sftp
-        try:
-            with sftp.open(tmp, "wb") as fh:
-                fh.set_pipelined(True)
-                fh.chmod(mode)  # before the data lands: a secret is never readable by others
-                fh.write(data)
-            sftp.posix_rename(tmp, remote_path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                sftp.remove(tmp)
-            raise RemoteError(f"upload to {remote_path} failed: {exc}") from exc
+def resolve_target(
+    host: str,
+    *,
+    port: int | None = None,
+    user: str | None = None,
+    identity_file: str | None = None,
+    known_hosts: str | None = None,
+    ssh_config_path: str | Path | None = None,
+    connect_timeout: float | None = None,
+    use_openssh: bool | None = None,
+) -> SSHTarget:
+    """Merge what the profile says with ~/.ssh/config as OpenSSH reads it.
 
-    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
-        tmp = _temp_name(remote_path)
-        sftp = self.sftp
-        try:
-            sftp.put(str(local_path), tmp)
-            sftp.chmod(tmp, mode if mode is not None else os.stat(local_path).st_mode & 0o7777)
-            sftp.posix_rename(tmp, remote_path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                sftp.remove(tmp)
-            raise RemoteError(f"upload of {local_path} to {remote_path} failed: {exc}") from exc
+    The profile wins where it sets a value (it was written by `rv init` on purpose); the SSH config
+    fills in the rest: Host aliases, HostName, User, Port, IdentityFile, UserKnownHostsFile,
+    ProxyJump (every hop) and ProxyCommand. ``ssh -G`` answers when an ``ssh`` binary is installed
+    (``use_openssh=None``), so ``Include``, ``Match`` and tokens mean exactly what they mean to
+    OpenSSH; otherwise paramiko's parser reads the file, with ``Include`` expanded by us.
+    ``ssh_config_path`` (or ``$RV_SSH_CONFIG``) replaces the user's and the system's config files.
+    """
+    check_host(host)
+    raw_path = ssh_config_path or os.environ.get("RV_SSH_CONFIG")
+    path = Path(raw_path).expanduser() if raw_path else None
+    timeout = _default_timeout(connect_timeout)
+    ssh = shutil.which("ssh") if use_openssh is not False else None
+    if use_openssh and ssh is None:
+        raise UsageError("ssh is not installed here, so `ssh -G` cannot be asked")
+    if ssh is not None:
+        found: str = ssh
 
-    def get_file(self, remote_path: str, local_path: str | Path) -> None:
-        local = Path(local_path)
-        tmp = local.with_name(f".{local.name}.rv-tmp-{uuid.uuid4().hex[:12]}")
-        try:
-            self.sftp.get(remote_path, str(tmp))
-            tmp.replace(local)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise RemoteError(f"download of {remote_path} failed: {exc}") from exc
+        def lookup(h: str, p: int | None, u: str | None) -> dict[str, list[str]]:
+            return _openssh_lookup(found, path, h, p, u)
+    else:
+        from rv.ssh import paramiko_lookup
+
+        def lookup(h: str, p: int | None, u: str | None) -> dict[str, list[str]]:
+            return paramiko_lookup(path, h, p, u)
+
+    return _resolve(lookup, host, port, user, identity_file, known_hosts, timeout, None, 0)
+
+
+def _resolve(
+    lookup: Callable[[str, int | None, str | None], dict[str, list[str]]],
+    host: str,
+    port: int | None,
+    user: str | None,
+    identity_file: str | None,
+    known_hosts: str | None,
+    timeout: float,
+    jumps: list[str] | None,
+    depth: int,
+) -> SSHTarget:
+    if depth > _MAX_HOPS:
+        raise ConfigError(
+            f"the ProxyJump chain to {host} has more than {_MAX_HOPS} hops (a loop in ~/.ssh/config?)",
+            hint="check the ProxyJump lines of your SSH config (`ssh -G HOST` shows what OpenSSH reads)",
+        )
+    entry = lookup(host, port, user)
+
+    def first(key: str) -> str | None:
+        values = entry.get(key)
+        return values[0] if values else None
+
+    identities = (identity_file,) if identity_file else _configured_identities(entry.get("identityfile", []))
+    known = known_hosts or _configured_known_hosts(first("userknownhostsfile"))
+    proxy = jumps if jumps is not None else _jump_list(first("proxyjump"))
+    jump = None
+    if proxy:
+        # OpenSSH's rule for `ProxyJump a,b`: reach b through a, then the target through b. The
+        # last hop is connected with the rest of the list as its own jumps (its config's ProxyJump is
+        # overridden); the first hop follows its own config.
+        last_user, last_host, last_port = _parse_jump(proxy[-1])
+        jump = _resolve(
+            lookup,
+            last_host,
+            last_port,
+            last_user,
+            None,
+            known_hosts,
+            timeout,
+            proxy[:-1] or None,
+            depth + 1,
+        )
+    command = first("proxycommand")
+    return SSHTarget(
+        host=host,
+        hostname=first("hostname") or host,
+        port=port or int(first("port") or 22),
+        user=user or first("user"),
+        identity_files=tuple(str(Path(i).expanduser()) for i in identities),
+        known_hosts=known,
+        proxy_jump=jump,
+        connect_timeout=timeout,
+        proxy_command=None if jump is not None or not command or command.lower() == "none" else command,
+    )
+
+
+def _jump_list(value: str | None) -> list[str]:
+    if not value or value.lower() == "none":
+        return []
+    return [hop.strip() for hop in value.split(",") if hop.strip()]
+
+
+def _parse_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]``, ``ssh://[user@]host[:port]`` or ``[user@][v6addr]:port``."""
+    spec = spec.removeprefix("ssh://").rstrip("/")
+    user, _, rest = spec.rpartition("@")
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = tail.removeprefix(":")
+    else:
+        host, _, port = rest.partition(":")
+    if port and not port.isdigit():
+        raise ConfigError(f"ProxyJump hop {spec!r} has a port that is not a number")
+    check_host(host, "ProxyJump host")
+    return user or None, host, int(port) if port else None
+
+
+# OpenSSH lists these when the config names no IdentityFile; then paramiko's own search
+# (look_for_keys) is the equivalent, and the list means "none configured".
+_DEFAULT_IDENTITIES = {
+    "id_rsa",
+    "id_dsa",
+    "id_ecdsa",
+    "id_ecdsa_sk",
+    "id_ed25519",
+    "id_ed25519_sk",
+    "id_xmss",
+}
+
+
+def _configured_identities(values: list[str]) -> tuple[str, ...]:
+    if len(values) > 1 and all(
+        posixpath.dirname(v) in ("~/.ssh", str(Path.home() / ".ssh"))
+        and posixpath.basename(v) in _DEFAULT_IDENTITIES
+        for v in values
+    ):
+        return ()
+    return tuple(values)
+
+
+def _configured_known_hosts(value: str | None) -> str | None:
+    """The first UserKnownHostsFile, or None when it is OpenSSH's default (then $HOME's is used)."""
+    if not value:
+        return None
+    first = value.split()[0]
+    for home in {str(Path.home()), _passwd_home()}:
+        if first in (f"{home}/.ssh/known_hosts", "~/.ssh/known_hosts"):
+            return None
+    return first
+
+
+def _passwd_home() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        return str(Path.home())
+
+
+def _openssh_lookup(
+    ssh: str, path: Path | None, host: str, port: int | None, user: str | None
+) -> dict[str, list[str]]:
+    """What OpenSSH would use for ``host``: ``ssh -G``, which reads the config and connects nowhere."""
+    cmd = [ssh, "-G"]
+    if path is not None:
+        cmd += ["-F", str(path) if path.exists() else os.devnull]
+    if port:
+        cmd += ["-p", str(port)]
+    if user:
+        cmd += ["-l", user]  # `Match user` depends on it
+    cmd += ["--", host]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, timeout=20)
+    except subprocess.TimeoutExpired as exc:
+        raise ConfigError(
+            f"`ssh -G {host}` did not finish in 20 s (a slow `Match exec` in your SSH config?)",
+            hint="run `ssh -G " + host + "` to see where it stops",
+        ) from exc
+    if proc.returncode != 0:
+        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise ConfigError(
+            f"OpenSSH cannot read the SSH config for {host}: {lines[-1] if lines else 'no message'}",
+            hint=f"fix the line it names, then check with `ssh -G {host}`",
+        )
+    return parse_ssh_g(proc.stdout.decode("utf-8", "replace"))
+
+
+def parse_ssh_g(text: str) -> dict[str, list[str]]:
+    """``ssh -G`` output: one ``key value`` per line, keys lower case; repeated keys collect."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key:
+            out.setdefault(key.lower(), []).append(value.strip())
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Opening one for a profile
+
+
+def profile_mask(profile: Profile) -> int:
+    return GROUP_MASK if profile.share_with_group else PRIVATE_MASK
+
+
+def open_transport(
+    profile: Profile,
+    *,
+    confirm_host_key: Callable[[str, str, str], bool] | None = None,
+    config_path: Path | None = None,
+) -> Any:
+    """A connected transport for ``profile``: the warm background connection unless switched off.
+
+    ``RV_WARM_SECONDS=0`` (or a platform without Unix sockets) connects directly, as rv did before.
+    """
+    target = resolve_target(
+        profile.host,
+        port=profile.port,
+        user=profile.user,
+        identity_file=profile.identity_file,
+        known_hosts=profile.known_hosts,
+    )
+    mask = profile_mask(profile)
+    from rv import warm
+
+    if warm.enabled():
+        return warm.WarmTransport(
+            target,
+            profile_key=f"{config_path or ''}\0{profile.name}",
+            confirm_host_key=confirm_host_key,
+            mask=mask,
+        ).connect()
+    from rv.ssh import SSHTransport
+
+    return SSHTransport(target, confirm_host_key, mask=mask).connect()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -412,6 +488,7 @@ class LocalTransport(_Collecting):
 
     env: dict[str, str] | None = None
     calls: list[str] = field(default_factory=list)  # every command run, so tests can count round trips
+    mask: int = PRIVATE_MASK
 
     def stream(
         self,
@@ -432,7 +509,7 @@ class LocalTransport(_Collecting):
             env=self.env,
         )
 
-        def pump(src, sink) -> None:  # type: ignore[no-untyped-def]
+        def pump(src: Any, sink: Callable[[bytes], None] | None) -> None:
             for chunk in iter(lambda: src.read1(_CHUNK), b""):
                 if sink is not None:
                     sink(chunk)
@@ -443,33 +520,59 @@ class LocalTransport(_Collecting):
         ]
         for t in threads:
             t.start()
-        if stdin is not None:
-            try:
-                for chunk in _chunks(stdin):
-                    proc.stdin.write(chunk)  # type: ignore[union-attr]
-                proc.stdin.close()  # type: ignore[union-attr]
-            except BrokenPipeError:
-                pass  # the command exited early: its exit code and stderr say why
         try:
+            if stdin is not None:
+                assert proc.stdin is not None
+                source = _chunks(stdin)
+                while True:
+                    try:
+                        chunk = next(source)
+                    except StopIteration:
+                        break
+                    except OSError as exc:
+                        raise TransferError(
+                            f"upload stopped: reading the data to send failed: {exc}"
+                        ) from exc
+                    try:
+                        proc.stdin.write(chunk)
+                    except BrokenPipeError:
+                        break  # the command exited early: its exit code and stderr say why
+                with contextlib.suppress(BrokenPipeError):
+                    proc.stdin.close()
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             proc.kill()
+            proc.wait()
             raise RemoteTimeout(f"command timed out after {timeout:g}s: {command[:80]}") from exc
+        except BaseException:
+            # Ctrl-C or a local read error: the command must not outlive us (as a closed channel).
+            proc.kill()
+            proc.wait()
+            raise
         for t in threads:
             t.join()
         return code
 
-    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
+    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
+        self._put([data], remote_path, file_mode(mode, self.mask))
+
+    def _put(self, chunks: Iterable[bytes], remote_path: str, mode: int) -> None:
         tmp = _temp_name(remote_path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)  # umask must not widen or narrow what the caller asked for
-        os.replace(tmp, remote_path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.fchmod(fd, mode)  # umask must not widen or narrow what the caller asked for
+            with os.fdopen(fd, "wb") as fh:
+                for chunk in chunks:
+                    fh.write(chunk)
+            os.replace(tmp, remote_path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
     def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
-        data = Path(local_path).read_bytes()
-        self.put_bytes(data, remote_path, mode if mode is not None else os.stat(local_path).st_mode & 0o7777)
+        want = file_mode(mode, self.mask) if mode is not None else local_file_mode(local_path, self.mask)
+        self._put(read_chunks(local_path), remote_path, want)
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         local = Path(local_path)
@@ -481,59 +584,11 @@ class LocalTransport(_Collecting):
         pass
 
 
-# --------------------------------------------------------------------------------------------------
-# ~/.ssh/config
+def __getattr__(name: str) -> Any:
+    # Lazy re-exports: `from rv.transport import SSHTransport` works, but importing this module
+    # never imports paramiko (150-350 ms); only code that really connects pays for it.
+    if name in ("SSHTransport", "fingerprint"):
+        from rv import ssh
 
-
-def resolve_target(
-    host: str,
-    *,
-    port: int | None = None,
-    user: str | None = None,
-    identity_file: str | None = None,
-    known_hosts: str | None = None,
-    ssh_config_path: str | Path | None = None,
-    connect_timeout: float | None = None,
-    _depth: int = 0,
-) -> SSHTarget:
-    """Merge what the profile says with ~/.ssh/config, using paramiko's own parser.
-
-    The profile wins where it sets a value (it was written by `rv init` on purpose); ~/.ssh/config
-    fills the rest: Host aliases, HostName, User, Port, IdentityFile, UserKnownHostsFile, ProxyJump.
-    """
-    path = Path(ssh_config_path or os.environ.get("RV_SSH_CONFIG") or "~/.ssh/config").expanduser()
-    if connect_timeout is None:
-        connect_timeout = float(os.environ.get("RV_CONNECT_TIMEOUT", "10"))
-    cfg = paramiko.SSHConfig.from_path(str(path)) if path.exists() else paramiko.SSHConfig()
-    entry = cfg.lookup(host)
-    identities = (identity_file,) if identity_file else tuple(entry.get("identityfile", ()))
-    known = known_hosts or (entry.get("userknownhostsfile", "").split() or [None])[0]
-    jump = None
-    proxy = entry.get("proxyjump")
-    if proxy and proxy.lower() != "none":
-        if _depth > 5:
-            raise ConnectError(f"ProxyJump chain for {host} is too deep (a loop in ~/.ssh/config?)")
-        # Only the first hop of a comma-separated chain is taken from this entry; that hop's own
-        # ProxyJump (if any) is resolved recursively, which covers chains written host by host.
-        first = proxy.split(",")[0].strip()
-        jump_user, _, jump_host = first.rpartition("@")
-        jump_host, _, jump_port = jump_host.partition(":")
-        jump = resolve_target(
-            jump_host,
-            port=int(jump_port) if jump_port else None,
-            user=jump_user or None,
-            known_hosts=known,
-            ssh_config_path=path,
-            connect_timeout=connect_timeout,
-            _depth=_depth + 1,
-        )
-    return SSHTarget(
-        host=host,
-        hostname=entry.get("hostname", host),
-        port=port or int(entry.get("port", 22)),
-        user=user or entry.get("user"),
-        identity_files=tuple(str(Path(i).expanduser()) for i in identities),
-        known_hosts=known,
-        proxy_jump=jump,
-        connect_timeout=connect_timeout,
-    )
+        return getattr(ssh, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

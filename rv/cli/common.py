@@ -1,32 +1,86 @@
-"""What every command needs: the chosen profile, one lazily opened connection, and stderr output."""
+"""What every command needs: the chosen profile, one lazily opened connection, and stderr output.
+
+Nothing here imports rich or paramiko at import time: `rv ps` on a warm connection must not pay for
+either. rich is loaded on the first styled message or progress bar on a terminal; paramiko only if
+the command has to connect directly (see rv.warm).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
 from rv.config import Config, Profile, load_config
 from rv.layout import RemoteLayout
 
-# Chatter (progress, warnings, hints) goes to stderr; stdout is for data so `--json` stays parseable.
-# rich honours NO_COLOR and drops styling when stderr is not a terminal.
-err_console = Console(stderr=True, highlight=False)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from rv.progress import Progress, TransferProgress
+
+
+class _LazyConsole:
+    """rich's stderr Console, created on first use (importing rich costs ~40 ms).
+
+    Chatter (progress, warnings, hints) goes to stderr; stdout is for data so `--json` stays
+    parseable. rich honours NO_COLOR and drops styling when stderr is not a terminal.
+    """
+
+    _console: Console | None = None
+
+    def _get(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    @property
+    def is_terminal(self) -> bool:
+        if self._console is None:
+            return sys.stderr.isatty()
+        return self._console.is_terminal
+
+
+err_console: Any = _LazyConsole()
+
+
+def _plain(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
 
 
 def note(message: str) -> None:
     # Paths may hold "[...]" (not rich markup) and must not be wrapped mid-line when piped.
+    if not err_console.is_terminal:
+        _plain(message)
+        return
     err_console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
 def warn(message: str) -> None:
+    if not err_console.is_terminal or os.environ.get("NO_COLOR"):
+        _plain(f"warning: {message}")
+        return
     err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True, style="yellow")
+
+
+def escape(text: str) -> str:
+    """Text safe inside rich markup: ``[host]:port`` and ``[bold]`` in a path are printed, not parsed."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def print_json(data: Any) -> None:
@@ -35,7 +89,7 @@ def print_json(data: Any) -> None:
 
 def confirm_host_key_interactively(host: str, key_type: str, fp: str) -> bool:
     """Ask before trusting a host key we have never seen; without a terminal, refuse."""
-    err_console.print(f"The host key of [bold]{host}[/] is not known yet:\n  {key_type} {fp}")
+    err_console.print(f"The host key of [bold]{escape(host)}[/] is not known yet:\n  {escape(key_type)} {fp}")
     if not sys.stdin.isatty():
         return False
     return click.confirm("Trust it and remember it?", default=False, err=True)
@@ -48,20 +102,20 @@ class Session:
     _transport: Any = field(default=None, repr=False)
 
     @property
-    def transport(self):  # -> rv.transport.SSHTransport; imported lazily (paramiko is slow to import)
+    def transport(self) -> Any:  # -> rv.transport.Transport, connected on first use
         if self._transport is None:
-            from rv.transport import SSHTransport, resolve_target
+            from rv.transport import open_transport
 
-            p = self.profile
-            target = resolve_target(
-                p.host, port=p.port, user=p.user, identity_file=p.identity_file, known_hosts=p.known_hosts
+            self._transport = open_transport(
+                self.profile, confirm_host_key=confirm_host_key_interactively, config_path=self.config.path
             )
-            self._transport = SSHTransport(target, confirm_host_key_interactively).connect()
         return self._transport
 
     @property
     def layout(self) -> RemoteLayout:
-        return RemoteLayout(self.profile.require_remote_root())
+        return RemoteLayout(
+            self.profile.require_remote_root(), share_with_group=self.profile.share_with_group
+        )
 
     @property
     def connected(self) -> bool:
@@ -111,3 +165,67 @@ def _sweep(s: Session) -> None:
         sweep_secrets(s.transport, run_store(), s.profile.name, s.layout.root, note)
     except RvError as exc:
         warn(f"could not check for leftover secrets of ended runs: {exc.message}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Progress
+
+
+@contextmanager
+def progress_renderer(what: str, *, delay: float = 1.0) -> Iterator[Progress]:
+    """A progress callback for the core's transfers (see rv.progress): a rich bar on a terminal.
+
+    The bar appears only once a transfer has run ``delay`` seconds (short ones stay silent) and
+    shows files, bytes, rate and time left; on a pipe or file nothing is drawn at all.
+    """
+    if not err_console.is_terminal:
+        yield _ignore
+        return
+    start = time.monotonic()
+    state: dict[str, Any] = {"bar": None, "task": None}
+
+    def update(p: TransferProgress) -> None:
+        if state["bar"] is None:
+            if time.monotonic() - start < delay or p.finished:
+                return
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            bar = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TextColumn("{task.fields[files]} files"),
+                TimeRemainingColumn(),
+                console=err_console._get(),
+                transient=True,
+            )
+            bar.start()
+            state["bar"] = bar
+            state["task"] = bar.add_task(what, total=p.bytes_total, files="")
+        state["bar"].update(
+            state["task"],
+            completed=p.bytes_done,
+            total=p.bytes_total,
+            files=f"{p.files_done:,}/{p.files_total:,}",
+        )
+
+    try:
+        yield update
+    finally:
+        if state["bar"] is not None:
+            state["bar"].stop()
+
+
+def _ignore(p: TransferProgress) -> None:
+    """No terminal to draw on: progress is dropped, by design (nothing on a pipe)."""
+
+
+ProgressCallback = Callable[["TransferProgress"], None]

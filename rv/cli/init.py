@@ -7,7 +7,7 @@ import time
 
 import click
 
-from rv.cli.common import err_console, note, print_json
+from rv.cli.common import err_console, escape, note, print_json
 from rv.errors import UsageError
 
 RIVANNA_HOST = "login.hpc.virginia.edu"
@@ -50,6 +50,11 @@ def _default_profile_name(host: str) -> str:
     default=None,
     help="Make this the default profile (default: yes if it is the first).",
 )
+@click.option(
+    "--share-with-group/--private",
+    default=None,
+    help="Let your Unix group read what rv writes on the cluster (default: --private, only you can).",
+)
 @click.option("--yes", "-y", is_flag=True, help="Non-interactive: accept the host key, ask nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the saved profile as JSON.")
 def init(
@@ -64,6 +69,7 @@ def init(
     setup: tuple[str, ...],
     catalog: str,
     make_default: bool | None,
+    share_with_group: bool | None,
     yes: bool,
     as_json: bool,
 ) -> None:
@@ -77,8 +83,8 @@ def init(
     from pathlib import Path
 
     from rv.config import load_config, save_config
-    from rv.setup import build_profile, prepare_remote_root, probe
-    from rv.transport import SSHTransport, resolve_target
+    from rv.setup import build_profile, check_remote_root, prepare_remote_root, probe
+    from rv.transport import GROUP_MASK, PRIVATE_MASK, check_host, resolve_target
 
     interactive = not yes and sys.stdin.isatty()
     if host is None:
@@ -90,8 +96,14 @@ def init(
         host = click.prompt("Cluster login host", default=RIVANNA_HOST, err=True)
         user = user or click.prompt("User on the cluster", default="", show_default=False, err=True) or None
     assert host is not None
+    check_host(host)
+    if remote_root is not None:
+        check_remote_root(remote_root)
     name = profile_name or _default_profile_name(host)
     config = load_config(missing_ok=True)  # a broken config fails here, before we connect
+    if share_with_group is None:  # rerunning init keeps what the profile said
+        previous = config.profiles.get(name)
+        share_with_group = bool(previous and previous.share_with_group)
     for path in (identity_file, known_hosts):
         if path and not Path(path).expanduser().parent.exists():
             raise UsageError(f"folder of {path} does not exist")
@@ -102,7 +114,7 @@ def init(
         )
 
     def confirm(host_name: str, key_type: str, fp: str) -> bool:
-        err_console.print(f"Host key of [bold]{host_name}[/]: {key_type} {fp}")
+        err_console.print(f"Host key of [bold]{escape(host_name)}[/]: {escape(key_type)} {fp}")
         if yes:
             note("accepted (--yes) and saved to known_hosts")
             return True
@@ -110,7 +122,10 @@ def init(
 
     target = resolve_target(host, port=port, user=user, identity_file=identity_file, known_hosts=known_hosts)
     started = time.monotonic()
-    with SSHTransport(target, confirm).connect() as transport:
+    from rv.ssh import SSHTransport
+
+    mask = GROUP_MASK if share_with_group else PRIVATE_MASK
+    with SSHTransport(target, confirm, mask=mask).connect() as transport:
         latency_ms = (time.monotonic() - started) * 1000
         with err_console.status("Asking the cluster what it has..."):
             facts = probe(transport)
@@ -130,8 +145,9 @@ def init(
             setup=setup,
             catalog=catalog,
             facts=facts,
+            share_with_group=share_with_group,
         )
-        prepare_remote_root(transport, profile.require_remote_root())
+        prepare_remote_root(transport, profile.require_remote_root(), share_with_group)
     first = not config.profiles
     save_config(config.with_profile(profile, make_default if make_default is not None else first))
 
@@ -144,6 +160,7 @@ def init(
                 "user": facts.user,
                 "account": profile.account,
                 "remote_root": profile.remote_root,
+                "share_with_group": profile.share_with_group,
                 "catalog": profile.catalog,
                 "gpus": {n: g.to_dict() for n, g in profile.gpu_catalog().items()},
             }
@@ -158,7 +175,9 @@ def init(
         f"  host         {facts.user}@{target.hostname}:{target.port} ({latency_ms:.0f} ms to connect)"
     )
     click.echo(f"  account      {profile.account or '(none found: pass --account)'}")
-    click.echo(f"  remote root  {profile.remote_root}")
+    expanded = f" (from {remote_root})" if remote_root and remote_root != profile.remote_root else ""
+    access = "you and your group can read it" if profile.share_with_group else "only you can read it"
+    click.echo(f"  remote root  {profile.remote_root}{expanded}; {access}")
     click.echo(f"  catalog      {profile.catalog}: {gpu_line}")
     if profile.setup:
         click.echo(f"  setup        {'; '.join(profile.setup)}")

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
 
-from rv.cli.common import err_console, note, print_json, session, warn
+from rv.cli.common import note, print_json, progress_renderer, session, warn
 
 
-def _cache_dir():
-    from rv.config import state_dir
+def _cache_dir() -> Path:
+    from rv.config import cache_dir
 
-    return state_dir() / "cache"
+    return cache_dir()
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
@@ -58,37 +57,6 @@ class _Lazy:
         return getattr(self._session.transport, name)
 
 
-@contextmanager
-def progress_after(delay: float = 1.0, what: str = "sending") -> Iterator[Any]:
-    """A progress callback that shows a rich bar only once an operation has run longer than ``delay``."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-    start = time.monotonic()
-    state: dict[str, Any] = {"bar": None, "task": None}
-
-    def update(done: int, total: int) -> None:
-        if state["bar"] is None:
-            if time.monotonic() - start < delay or done >= total:
-                return
-            bar = Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                console=err_console,
-                transient=True,
-            )
-            bar.start()
-            state["bar"], state["task"] = bar, bar.add_task(what, total=total)
-        state["bar"].update(state["task"], completed=done, total=total)
-
-    try:
-        yield update
-    finally:
-        if state["bar"] is not None:
-            state["bar"].stop()
-
-
 @click.group()
 def sync() -> None:
     """Push, pull and watch files; collect garbage on the cluster.
@@ -123,7 +91,7 @@ def push(
     """
     from rv import sync as core
 
-    with session(ctx) as s, progress_after() as bar:
+    with session(ctx) as s, progress_renderer("uploading") as bar:
         result = core.push(
             _Lazy(s),
             s.layout,
@@ -162,14 +130,33 @@ def push(
 @sync.command()
 @click.argument("remote")
 @click.argument("local", required=False, type=click.Path())
+@click.option("--force", is_flag=True, help="Overwrite local files changed since they were last pulled.")
+@click.option(
+    "--keep-local", is_flag=True, help="Keep local files changed since the last pull; pull the rest."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was transferred as JSON.")
 @click.pass_context
-def pull(ctx: click.Context, remote: str, local: str | None, as_json: bool) -> None:
-    """Download REMOTE (a file or folder) to LOCAL (default: ./its name), sending only what differs."""
-    from rv import sync as core
+def pull(
+    ctx: click.Context, remote: str, local: str | None, force: bool, keep_local: bool, as_json: bool
+) -> None:
+    """Download REMOTE (a file or folder) to LOCAL (default: ./its name), sending only what differs.
 
-    with session(ctx) as s, progress_after(what="receiving") as bar:
-        result = core.pull(s.transport, s.layout, remote, local, on_progress=bar)
+    A local file that changed since rv last pulled it (or that rv never pulled) is not overwritten:
+    the pull stops before changing anything and lists them; --force overwrites them, --keep-local
+    keeps them and pulls everything else. Each file lands whole (temp file, then rename).
+    """
+    from rv import sync as core
+    from rv.config import state_dir
+    from rv.errors import UsageError
+
+    if force and keep_local:
+        raise UsageError("--force and --keep-local contradict each other", hint="pick one")
+    on_conflict = "force" if force else "keep-local" if keep_local else "refuse"
+    ledger = core.PullLedger(state_dir() / "pulled.json")
+    with session(ctx) as s, progress_renderer("downloading") as bar:
+        result = core.pull(
+            s.transport, s.layout, remote, local, on_progress=bar, on_conflict=on_conflict, ledger=ledger
+        )
     for w in result.warnings:
         warn(w)
     if as_json:
@@ -181,10 +168,17 @@ def pull(ctx: click.Context, remote: str, local: str | None, as_json: bool) -> N
                 "downloaded_bytes": result.downloaded_bytes,
                 "same_content": result.same_content,
                 "unchanged": result.unchanged,
+                "kept_local": list(result.kept_local),
+                "overwritten": list(result.overwritten),
             }
         )
     from rv.snapshot import human_size
 
+    if result.kept_local:
+        shown = ", ".join(result.kept_local[:10])
+        note(f"kept {len(result.kept_local)} local file(s) changed since the last pull: {shown}")
+    if result.overwritten:
+        note(f"overwrote {len(result.overwritten)} local file(s): {', '.join(result.overwritten[:10])}")
     note(
         f"pulled {remote} to {result.local}: {result.downloaded} file(s) "
         f"({human_size(result.downloaded_bytes)}), {result.unchanged + result.same_content} unchanged"
@@ -277,7 +271,7 @@ def snapshot(ctx: click.Context, path: str, max_file_size: int, allow_large: boo
     )
     for w in snap.tree.warnings:
         warn(w)
-    with session(ctx) as s, progress_after() as bar:
+    with session(ctx) as s, progress_renderer("uploading") as bar:
         cache = ManifestCache(_cache_dir(), f"{s.profile.name}:{s.layout.root}")
         result = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note, on_progress=bar)
     if as_json:

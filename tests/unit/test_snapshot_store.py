@@ -420,8 +420,9 @@ def test_file_systems_without_hard_links_get_copies(tmp_path, monkeypatch):
     assert agent.build_snapshot(root, sid, entries, {}) == "created"
     snap = Path(os.fsdecode(agent.snapshot_dir(root, sid)))
     assert (snap / "a.txt").read_bytes() == b"plain" and (snap / "a.txt").stat().st_nlink == 1
-    assert stat.S_IMODE((snap / "a.txt").stat().st_mode) == 0o444
-    assert stat.S_IMODE((snap / "bin/run").stat().st_mode) == 0o555
+    # Private by default (the agent's umask is 077 unless the profile shares with the group).
+    assert stat.S_IMODE((snap / "a.txt").stat().st_mode) == 0o400
+    assert stat.S_IMODE((snap / "bin/run").stat().st_mode) == 0o500
 
 
 def test_a_local_error_abandons_the_early_query_cleanly(tmp_path, transport, layout):

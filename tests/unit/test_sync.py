@@ -15,6 +15,8 @@ from test_snapshot_store import local_python_first, tree_state
 from rv.errors import NotFound, UsageError
 from rv.snapshot import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id
 from rv.sync import (
+    PullConflict,
+    PullLedger,
     PushPlan,
     RemoteEntry,
     _PullWriter,
@@ -260,18 +262,19 @@ def test_pull_folder_sends_only_changed_and_new_files(tmp_path, transport, layou
     (src / "sub").mkdir()
     (src / "link").symlink_to("f1.txt")
     dest = tmp_path / "out"
-    first = pull(transport, layout, "jobs/7/output", dest)
+    ledger = PullLedger(None)  # what rv pulled, so later pulls may replace those files
+    first = pull(transport, layout, "jobs/7/output", dest, ledger=ledger)
     assert first.downloaded == 21 and tree_state(dest) == tree_state(src)
     assert (dest / "sub").is_dir()
     write(src / "f3.txt", "changed!\n")
     write(src / "new.txt", "new\n")
     os.utime(src / "f5.txt")  # newer mtime, same content: compared by blob id, not sent
-    second = pull(transport, layout, "jobs/7/output", dest)
+    second = pull(transport, layout, "jobs/7/output", dest, ledger=ledger)
     assert (second.downloaded, second.downloaded_bytes) == (2, len("changed!\n") + len("new\n"))
     assert second.same_content == 1 and second.unchanged == 20 - 2 + 2  # 18 files + run.sh + link
     assert tree_state(dest) == tree_state(src)
     assert (dest / "f5.txt").stat().st_mtime_ns == (src / "f5.txt").stat().st_mtime_ns
-    third = pull(transport, layout, "jobs/7/output", dest)
+    third = pull(transport, layout, "jobs/7/output", dest, ledger=ledger)
     assert third.downloaded == 0 and third.same_content == 0
 
 

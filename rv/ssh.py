@@ -1,0 +1,609 @@
+"""One SSH connection in this process: the one module that imports paramiko.
+
+One :class:`SSHTransport` holds one connection; every command (an exec channel) and every file
+transfer (one SFTP session, opened once) reuses it. Most commands do not build one themselves: they
+talk to the warm background process (:mod:`rv.warm`), which holds an SSHTransport for them across
+invocations; `rv init`, the fallback when that process is unavailable, and the process itself use
+this class directly.
+
+Uploads are private: a file is created, chmod-ed to the caller's mode with the profile's mask
+applied (``0600``/``0700`` by default) and only then written, and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from rv.errors import AuthError, ConnectError, HostKeyError, RemoteError
+from rv.transport import (
+    _CHUNK,
+    PRIVATE_MASK,
+    RemoteTimeout,
+    SSHTarget,
+    Stdin,
+    TransferError,
+    _chunks,
+    _Collecting,
+    _temp_name,
+    file_mode,
+    local_file_mode,
+    read_chunks,
+    write_local_atomically,
+)
+
+
+def _import_paramiko() -> Any:
+    # paramiko's config module imports `invoke` (~140 ms, half of paramiko's import time) only to run
+    # `Match exec` lines. rv asks OpenSSH (`ssh -G`) about the config, so the import is skipped here;
+    # paramiko_lookup loads invoke itself on the rare machine without an ssh binary.
+    blocked = "invoke" not in sys.modules
+    if blocked:
+        sys.modules["invoke"] = None  # type: ignore[assignment]
+    try:
+        import paramiko
+    finally:
+        if blocked and sys.modules.get("invoke", 0) is None:
+            del sys.modules["invoke"]
+    return paramiko
+
+
+paramiko = _import_paramiko()
+
+ConfirmHostKey = Callable[[str, str, str], bool]  # (host, key type, fingerprint) -> accept?
+
+
+# A "hot" shell: the login shell starts (rc files, module systems: often 100-500 ms on a login node)
+# ahead of time, says it is ready with one \001 byte, then reads one NUL-terminated command from
+# stdin (bash's read takes it byte by byte, so nothing meant for the command is consumed) and runs
+# it with eval: same shell, same environment, same stdin, stdout, stderr and exit status as
+# `$SHELL -c COMMAND`. Only bash says it is ready; any other login shell fails the test quietly and
+# commands are then exec-ed one by one as before.
+HOT_SHELL = (
+    'test -n "$BASH_VERSION" && { printf "\\001"; '
+    'IFS= read -r -d "" __rv_cmd || exit 254; eval "$__rv_cmd"; }'
+)
+
+
+class _Spare:
+    """One pre-started hot shell on its own channel, waiting for a command."""
+
+    def __init__(self, transport: Any, timeout: float) -> None:
+        self.channel: Any = None
+        self.ok = False
+        self.ready = threading.Event()
+        threading.Thread(target=self._start, args=(transport, timeout), daemon=True).start()
+
+    def _start(self, transport: Any, timeout: float) -> None:
+        try:
+            channel = transport.open_session(timeout=timeout)
+            self.channel = channel
+            channel.exec_command(HOT_SHELL)
+            channel.settimeout(max(timeout, 60.0))  # a busy login node may take a while to start a shell
+            seen = 0
+            while seen < 1 << 16:
+                data = channel.recv(1)
+                if not data:
+                    return  # not bash, or it died: no hot shells on this connection
+                if data == b"\001":
+                    self.ok = True
+                    return
+                seen += 1  # something the rc files printed on stdout: not the command's output
+        except (OSError, EOFError, paramiko.SSHException):
+            return  # no spare: the next command starts its own shell, as without one
+        finally:
+            self.ready.set()
+
+    def take(self, command: str, wait: float) -> Any:
+        """The channel, now running ``command``; None when this spare cannot be used."""
+        self.ready.wait(wait)
+        channel = self.channel
+        if not self.ok or channel is None or channel.closed or channel.exit_status_ready():
+            self.close()
+            return None
+        while channel.recv_stderr_ready():
+            channel.recv_stderr(_CHUNK)  # what the rc files said on stderr belongs to no command
+        channel.settimeout(None)
+        try:
+            channel.sendall(command.encode("utf-8", "surrogateescape") + b"\0")
+        except (OSError, EOFError, paramiko.SSHException):
+            self.close()
+            return None
+        return channel
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+
+class ChannelOpenError(ConnectError):
+    """The connection could not start the command: nothing ran on the cluster."""
+
+
+def fingerprint(key: Any) -> str:
+    """OpenSSH's SHA256 fingerprint, as `ssh` prints it, so users can compare the two."""
+    return str(key.fingerprint) if hasattr(key, "fingerprint") else key.get_fingerprint().hex()
+
+
+def _append_known_host(path: Path, line: str) -> None:
+    """Append one line (never rewrite: that would reformat and drop comments of the user's file)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(line)
+
+
+class _AskPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
+    """Unknown host key: ask (or accept with --yes), then remember it in the known_hosts file."""
+
+    def __init__(self, target: SSHTarget, confirm: ConfirmHostKey | None) -> None:
+        self.target = target
+        self.confirm = confirm
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        fp = fingerprint(key)
+        if self.confirm is None or not self.confirm(self.target.host_key_name, key.get_name(), fp):
+            raise HostKeyError(
+                f"host key of {self.target.host_key_name} is not known ({key.get_name()} {fp})",
+                hint="check the fingerprint with your cluster's documentation, then run `rv init` "
+                "and accept it (or pass --yes)",
+            )
+        _append_known_host(
+            self.target.known_hosts_path, f"{self.target.host_key_name} {key.get_name()} {key.get_base64()}\n"
+        )
+        client.get_host_keys().add(self.target.host_key_name, key.get_name(), key)
+
+
+def _expand_proxy_command(command: str, t: SSHTarget) -> str:
+    tokens = {"h": t.hostname, "p": str(t.port), "r": t.user or "", "n": t.host, "%": "%"}
+    out, i = [], 0
+    while i < len(command):
+        if command[i] == "%" and i + 1 < len(command) and command[i + 1] in tokens:
+            out.append(tokens[command[i + 1]])
+            i += 2
+        else:
+            out.append(command[i])
+            i += 1
+    return "".join(out)
+
+
+class SSHTransport(_Collecting):
+    """One SSH connection, reused for every command and transfer made through it."""
+
+    def __init__(
+        self, target: SSHTarget, confirm_host_key: ConfirmHostKey | None = None, *, mask: int = PRIVATE_MASK
+    ) -> None:
+        self.target = target
+        self.mask = mask
+        self._confirm = confirm_host_key
+        self._client: Any = None
+        self._jump: SSHTransport | None = None
+        self._sftp: Any = None
+        self._lock = threading.Lock()
+        self._sftp_lock = threading.Lock()
+        self._hot = False  # keep a pre-started shell ready (see HOT_SHELL)
+        self._spare: _Spare | None = None
+        self.hot_commands = 0  # commands that ran in a pre-started shell
+
+    # -- connection ---------------------------------------------------------------------------------
+    def connect(self) -> SSHTransport:
+        if self._client is not None:
+            return self
+        t = self.target
+        sock: Any = None
+        if t.proxy_jump is not None:
+            # ProxyJump: a direct-tcpip channel through the previous hop's own connection, as OpenSSH
+            # does; that hop reaches its own previous hop the same way, so chains of any length work.
+            self._jump = SSHTransport(t.proxy_jump, self._confirm, mask=self.mask).connect()
+            jump_transport = self._jump._client.get_transport()
+            try:
+                sock = jump_transport.open_channel(
+                    "direct-tcpip", (t.hostname, t.port), ("127.0.0.1", 0), timeout=t.connect_timeout
+                )
+            except (paramiko.SSHException, OSError) as exc:
+                self._jump.close()
+                self._jump = None
+                raise ConnectError(
+                    f"cannot reach {t.hostname}:{t.port} through {t.proxy_jump.hostname}: {exc}",
+                    hint="check the ProxyJump hosts in ~/.ssh/config (`ssh -G " + t.host + "` shows them)",
+                ) from exc
+        elif t.proxy_command:
+            sock = paramiko.ProxyCommand(_expand_proxy_command(t.proxy_command, t))
+        client = paramiko.SSHClient()
+        known = t.known_hosts_path
+        if known.exists():
+            client.load_host_keys(str(known))
+        client.set_missing_host_key_policy(_AskPolicy(t, self._confirm))
+        try:
+            client.connect(
+                t.hostname,
+                port=t.port,
+                username=t.user,
+                key_filename=list(t.identity_files) or None,
+                # With an explicit identity file, don't also try every key in ~/.ssh: servers count
+                # each try against MaxAuthTries and a wrong key would be blamed for the failure.
+                look_for_keys=not t.identity_files,
+                allow_agent=True,
+                timeout=t.connect_timeout,
+                banner_timeout=t.connect_timeout,
+                auth_timeout=t.connect_timeout,
+                channel_timeout=t.connect_timeout,
+                sock=sock,
+            )
+        except BaseException as exc:
+            client.close()
+            if self._jump is not None:
+                self._jump.close()
+                self._jump = None
+            raise self._connect_error(exc) from exc
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(30)
+        self._client = client
+        return self
+
+    def _connect_error(self, exc: BaseException) -> BaseException:
+        t = self.target
+        where = t.where
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return HostKeyError(
+                f"host key of {t.host_key_name} has CHANGED: expected {fingerprint(exc.expected_key)}, "
+                f"got {fingerprint(exc.key)} — refusing to connect",
+                hint=f"if the cluster really changed its key, remove the old line from {t.known_hosts_path} "
+                "and run `rv init` again; otherwise someone may be intercepting the connection",
+            )
+        if isinstance(exc, HostKeyError | KeyboardInterrupt):
+            return exc
+        if isinstance(exc, paramiko.AuthenticationException):
+            return AuthError(
+                f"authentication refused by {where} ({exc})",
+                hint="check the user and identity file (`rv init --identity-file ...`), or load your key "
+                "into ssh-agent",
+            )
+        if isinstance(exc, TimeoutError):
+            return ConnectError(
+                f"timed out connecting to {where} after {t.connect_timeout:g}s",
+                hint="check the host and port, and that you are on the cluster's network or VPN",
+            )
+        if isinstance(exc, OSError | paramiko.SSHException | EOFError):
+            return ConnectError(
+                f"cannot connect to {where}: {exc}",
+                hint="check the host and port, and that you are on the cluster's network or VPN",
+            )
+        return exc
+
+    @property
+    def client(self) -> Any:
+        return self.connect()._client
+
+    @property
+    def sftp(self) -> Any:
+        with self._lock:
+            if self._sftp is None:
+                self._sftp = self.client.open_sftp()
+                # Every SFTP reply is awaited at most this long: a stalled server turns into an error
+                # instead of a hang (paramiko waits forever by default).
+                self._sftp.get_channel().settimeout(self.target.connect_timeout)
+            return self._sftp
+
+    def is_alive(self) -> bool:
+        if self._client is None:
+            return False
+        transport = self._client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def host_keys_still_trusted(self) -> bool:
+        """Is every hop's key (the one this connection verified) still in its known_hosts file?"""
+        hop: SSHTransport | None = self
+        while hop is not None:
+            if hop._client is None:
+                return False
+            transport = hop._client.get_transport()
+            if transport is None:
+                return False
+            key = transport.get_remote_server_key()
+            try:
+                keys = paramiko.HostKeys(str(hop.target.known_hosts_path))
+            except (OSError, paramiko.SSHException):
+                return False  # unreadable now: do not trust what we cannot check
+            if not keys.check(hop.target.host_key_name, key):
+                return False
+            hop = hop._jump
+        return True
+
+    def enable_hot_shell(self) -> None:
+        """Start each command in a shell started ahead of time (for a long-lived connection)."""
+        self._hot = True
+        self._refill()
+
+    def _refill(self) -> None:
+        with self._lock:
+            if self._hot and self._spare is None and self.is_alive():
+                self._spare = _Spare(self._client.get_transport(), self.target.connect_timeout)
+
+    def _take_spare(self, command: str) -> Any:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        channel = spare.take(command, self.target.connect_timeout)
+        if channel is None and spare.ready.is_set() and not spare.ok:
+            self._hot = False  # this login shell cannot do it (not bash): stop trying
+        elif channel is not None:
+            self.hot_commands += 1
+        return channel
+
+    def close(self) -> None:
+        self._hot = False
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.close()
+        if self._sftp is not None:
+            with contextlib.suppress(OSError, EOFError):  # already gone with the connection
+                self._sftp.close()
+            self._sftp = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._jump is not None:
+            self._jump.close()
+            self._jump = None
+
+    def __enter__(self) -> SSHTransport:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- commands -------------------------------------------------------------------------------------
+    def _open(self, command: str) -> Any:
+        if self._hot:
+            channel = self._take_spare(command)
+            if channel is not None:
+                return channel
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ChannelOpenError(
+                f"connection to {self.target.hostname} was lost", hint="check the network and retry"
+            )
+        try:
+            channel = transport.open_session(timeout=self.target.connect_timeout)
+            channel.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ChannelOpenError(
+                f"could not start a command on {self.target.hostname}: {exc}",
+                hint="check the network and retry",
+            ) from exc
+        return channel
+
+    def stream(
+        self,
+        command: str,
+        *,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None] | None = None,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        keep_stdin_open: bool = False,
+        cancelled: Callable[[], bool] | None = None,
+        on_started: Callable[[], None] | None = None,
+    ) -> int:
+        """Run ``command``, handing output to the callbacks as it arrives; return the exit code.
+
+        ``keep_stdin_open`` leaves the command's stdin open until we close the channel, so a remote
+        watchdog reading stdin learns at once when rv goes away (Ctrl-C, a dropped laptop lid).
+        ``cancelled`` (polled a few times a second) closes the channel when it turns true: the warm
+        background process passes "the rv command that asked has gone".
+
+        When the data for stdin cannot be produced here (a file fails mid-read), the channel is
+        closed at once and :class:`TransferError` raised: the command must not wait for the rest.
+        """
+        channel = self._open(command)
+        if on_started is not None:
+            try:
+                on_started()
+            except BaseException:
+                channel.close()
+                raise
+        feeder = None
+        failure: list[BaseException] = []
+        if stdin is not None:
+            source = _chunks(stdin)
+
+            # A thread feeds stdin so a command that writes a lot before it reads everything cannot
+            # deadlock against us (both sides' windows full).
+            def feed() -> None:
+                while True:
+                    try:
+                        chunk = next(source)
+                    except StopIteration:
+                        break
+                    except BaseException as exc:  # handed to the caller below, never dropped
+                        failure.append(exc)
+                        channel.close()
+                        return
+                    try:
+                        channel.sendall(chunk)
+                    except (OSError, EOFError, paramiko.SSHException):
+                        return  # the command stopped reading (it exited): its exit code says why
+                with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                    channel.shutdown_write()  # fails only when the channel is already closed
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+        elif not keep_stdin_open:
+            channel.shutdown_write()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        tick = 0.2 if cancelled is not None else 0.5
+        try:
+            while True:
+                wait = tick if deadline is None else max(0.0, min(tick, deadline - time.monotonic()))
+                select.select([channel], [], [], wait)
+                while channel.recv_ready():
+                    on_stdout(channel.recv(_CHUNK))
+                while channel.recv_stderr_ready():
+                    data = channel.recv_stderr(_CHUNK)
+                    if on_stderr is not None:
+                        on_stderr(data)
+                if failure:
+                    raise TransferError(
+                        f"upload stopped: reading the data to send failed: {failure[0]}"
+                    ) from failure[0]
+                if (
+                    channel.exit_status_ready()
+                    and not channel.recv_ready()
+                    and not channel.recv_stderr_ready()
+                ):
+                    break
+                pending = channel.exit_status_ready() or channel.recv_ready() or channel.recv_stderr_ready()
+                if not pending and (channel.closed or not channel.get_transport().is_active()):
+                    # The connection dropped: no exit status will ever come. Say so instead of
+                    # waiting forever, so a follower can reconnect.
+                    raise ConnectError(
+                        f"connection to {self.target.hostname} was lost", hint="check the network and retry"
+                    )
+                if cancelled is not None and cancelled():
+                    raise Cancelled()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RemoteTimeout(
+                        f"remote command timed out after {timeout:g}s: {command[:80]}",
+                        hint="raise the limit with --timeout",
+                    )
+            if failure:
+                raise TransferError(
+                    f"upload stopped: reading the data to send failed: {failure[0]}"
+                ) from failure[0]
+            code = channel.recv_exit_status()
+            return 255 if code == -1 else int(code)
+        finally:
+            channel.close()
+            if feeder is not None:
+                feeder.join(timeout=1)
+            if self._hot:
+                self._refill()  # after the command, so its shell start does not compete with it
+
+    # -- files ----------------------------------------------------------------------------------------
+    def put_stream(self, chunks: Iterable[bytes], remote_path: str, mode: int) -> None:
+        """Write ``chunks`` to ``remote_path``: private before the first byte, renamed when complete."""
+        tmp = _temp_name(remote_path)
+        with self._sftp_lock:
+            sftp = self.sftp
+            try:
+                with sftp.open(tmp, "wb") as fh:
+                    fh.chmod(file_mode(mode, self.mask))  # before the data lands: never readable by others
+                    fh.set_pipelined(True)
+                    source = iter(chunks)
+                    while True:
+                        try:
+                            chunk = next(source)
+                        except StopIteration:
+                            break
+                        except OSError as exc:
+                            raise TransferError(
+                                f"upload to {remote_path} stopped: reading the data failed: {exc}"
+                            ) from exc
+                        fh.write(chunk)
+                sftp.posix_rename(tmp, remote_path)
+            except BaseException as exc:
+                with contextlib.suppress(OSError, EOFError):  # best effort; the timeout bounds it
+                    sftp.remove(tmp)
+                if isinstance(exc, TransferError) or not isinstance(exc, OSError | EOFError):
+                    raise
+                raise RemoteError(f"upload to {remote_path} failed: {exc}") from exc
+
+    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
+        self.put_stream([data], remote_path, mode)
+
+    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
+        self.put_stream(
+            read_chunks(local_path), remote_path, mode if mode is not None else local_file_mode(local_path, 0)
+        )
+
+    def get_stream(self, remote_path: str, sink: Callable[[bytes], None]) -> None:
+        with self._sftp_lock:
+            try:
+                with self.sftp.open(remote_path, "rb") as fh:
+                    fh.prefetch()
+                    while data := fh.read(1 << 20):
+                        sink(data)
+            except (OSError, EOFError) as exc:
+                raise RemoteError(f"download of {remote_path} failed: {exc}") from exc
+
+    def get_file(self, remote_path: str, local_path: str | Path) -> None:
+        write_local_atomically(local_path, lambda sink: self.get_stream(remote_path, sink))
+
+
+class Cancelled(Exception):
+    """The caller went away while its command ran (see SSHTransport.stream's ``cancelled``)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# ~/.ssh/config without OpenSSH
+
+
+def paramiko_lookup(path: Path | None, host: str, port: int | None, user: str | None) -> dict[str, list[str]]:
+    """What paramiko's parser makes of the SSH config, with ``Include`` expanded (paramiko ignores it).
+
+    Used only where no ``ssh`` binary is installed; keys and values as ``ssh -G`` would give them.
+    """
+    files = [path] if path is not None else [Path("~/.ssh/config").expanduser(), Path("/etc/ssh/ssh_config")]
+    text = "\n".join(
+        _with_includes(f, user_file=(f != Path("/etc/ssh/ssh_config"))) for f in files if f.exists()
+    )
+    if "exec" in text and paramiko.config.invoke is None:
+        with contextlib.suppress(ImportError):  # then paramiko names the missing invoke itself
+            import invoke
+
+            paramiko.config.invoke = invoke
+    cfg = paramiko.SSHConfig.from_text(text)
+    try:
+        entry = cfg.lookup(host)
+    except (paramiko.SSHException, ImportError, ValueError) as exc:
+        from rv.errors import ConfigError
+
+        raise ConfigError(
+            f"cannot read the SSH config for {host}: {exc}", hint="fix the line it names"
+        ) from exc
+    out: dict[str, list[str]] = {}
+    for key, value in entry.items():
+        out[key.lower()] = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    if port:
+        out["port"] = [str(port)]
+    if user:
+        out["user"] = [user]
+    if "user" not in out:
+        import getpass
+
+        out["user"] = [getpass.getuser()]  # as `ssh -G` reports (and as paramiko would log in)
+    return out
+
+
+def _with_includes(path: Path, *, user_file: bool, depth: int = 0) -> str:
+    """The file's text with every ``Include`` line replaced by the files it names (globs, in order)."""
+    import glob
+
+    if depth > 16:
+        from rv.errors import ConfigError
+
+        raise ConfigError(f"SSH config Include nesting is too deep at {path} (an Include loop?)")
+    base = Path("~/.ssh").expanduser() if user_file else Path("/etc/ssh")
+    lines = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        words = line.strip().split(None, 1)
+        if len(words) == 2 and words[0].lower() == "include":
+            for pattern in words[1].split():
+                pattern = os.path.expanduser(pattern)
+                full = pattern if os.path.isabs(pattern) else str(base / pattern)
+                for match in sorted(glob.glob(full)):
+                    lines.append(_with_includes(Path(match), user_file=user_file, depth=depth + 1))
+        else:
+            lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,959 @@
+"""Warm connections: one background process per profile keeps the SSH connection open for a while.
+
+The first rv command of a profile starts the process (a fork of itself, or ``python -m rv.warm``);
+later commands, within ``RV_WARM_SECONDS`` (default 300) of the last one, reach it through a Unix
+socket and pay neither the SSH handshake nor paramiko's import. Why our own process rather than
+OpenSSH's ControlMaster: it works the same on every machine (no ``ssh`` binary, user config or
+``ControlPath`` needed), host keys and errors keep one implementation (paramiko's, with the
+prompts and exit codes rv documents), and it needs nothing from the user's ``~/.ssh/config``.
+
+Rules it keeps:
+
+* **Private.** The socket lives in a folder only the user can enter (``$XDG_RUNTIME_DIR/rv``, else
+  ``/tmp/rv-<uid>``, checked to be ours and mode 0700); the socket itself is 0600 and the peer's uid
+  is checked on every connection.
+* **One connection per profile, never shared.** The socket is named after the config file and the
+  profile; every request carries the full connection identity (each hop's user, host, port, keys
+  and their files' stat, known_hosts, the mask, rv's version). A request that differs makes the
+  process exit ("stale") and the command starts a fresh one. So does a host key that is no longer
+  in known_hosts.
+* **Never a hang.** Anything that goes wrong before the command starts (no process, a stale or
+  dying one, a dropped connection) sends the command to a new process or a direct connection;
+  nothing is ever run twice. Starting waits at most a few seconds.
+* **Remote commands end with the rv command.** Each command is its own SSH channel; the process
+  closes it the moment the rv process that asked goes away (Ctrl-C, SIGKILL: its socket closes),
+  exactly as the channel closed with a direct connection.
+* **Idle exit.** After ``RV_WARM_SECONDS`` without a request, or when the connection dies, the
+  process closes the connection, removes its socket and exits. ``RV_WARM_SECONDS=0`` switches the
+  whole mechanism off.
+
+Wire format between an rv command and the process: frames of ``kind:1 length:4 payload``. The
+command sends ``H`` (a JSON header), then ``D`` (stdin data) frames and ``e`` (end of stdin); the
+process answers ``K`` (an unknown host key to confirm, answered by ``k``), then ``O`` (started) or
+``S`` (stale) or ``E`` (error), then ``1``/``2`` (stdout/stderr), and ``X`` (exit code) or ``F``
+(done). The process never reads local files for a command: put and get stream through the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import stat as stat_
+import struct
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rv import __version__, errors
+from rv.errors import ConnectError, RemoteError, RvError
+from rv.transport import (
+    PRIVATE_MASK,
+    RemoteTimeout,
+    SSHTarget,
+    Stdin,
+    TransferError,
+    _chunks,
+    _Collecting,
+    local_file_mode,
+    read_chunks,
+    write_local_atomically,
+)
+
+PROTOCOL = 1
+DEFAULT_IDLE_S = 300.0
+_START_WAIT_S = 10.0  # a new process is listening within milliseconds; this bounds a broken start
+_HEADER = struct.Struct(">cI")
+
+
+def idle_seconds() -> float:
+    raw = os.environ.get("RV_WARM_SECONDS", "")
+    if not raw:
+        return DEFAULT_IDLE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise errors.ConfigError(
+            f"RV_WARM_SECONDS must be a number of seconds, not {raw!r}",
+            hint="e.g. RV_WARM_SECONDS=600, or 0 to connect afresh for every command",
+        ) from None
+    return max(0.0, value)
+
+
+def enabled() -> bool:
+    return os.name == "posix" and hasattr(socket, "AF_UNIX") and idle_seconds() > 0
+
+
+class WarmUnavailable(Exception):
+    """The background process cannot take this command; nothing ran. The caller connects directly."""
+
+
+class _Retry(Exception):
+    """The process is going away (stale, idle exit): start a fresh one and ask again. Nothing ran."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Where the sockets live
+
+
+def runtime_dir() -> Path:
+    """A folder only this user can enter: ``$RV_RUNTIME_DIR``, ``$XDG_RUNTIME_DIR/rv``, ``/tmp/rv-<uid>``."""
+    if os.environ.get("RV_RUNTIME_DIR"):
+        path = Path(os.environ["RV_RUNTIME_DIR"])
+    elif os.environ.get("XDG_RUNTIME_DIR") and os.path.isdir(os.environ["XDG_RUNTIME_DIR"]):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "rv"
+    else:
+        path = Path(tempfile.gettempdir()) / f"rv-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700, parents=True)
+    st = os.lstat(path)
+    if not stat_.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        # Someone else's folder, a symlink, or one others can enter: their processes could reach
+        # our socket (or plant one). Refuse to keep a connection there.
+        raise WarmUnavailable(f"{path} is not a private folder of this user (mode {st.st_mode & 0o777:o})")
+    return path
+
+
+def _key(profile_key: str) -> str:
+    return hashlib.sha256(profile_key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+
+
+def _stat_sig(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size, st.st_ino]
+
+
+def _code_stamp() -> list[Any]:
+    here = Path(__file__).parent
+    return [sys.executable, *(_stat_sig(str(here / n)) for n in ("warm.py", "ssh.py", "transport.py"))]
+
+
+def identity(target: SSHTarget, mask: int) -> dict[str, Any]:
+    """Everything that decides what a connection is; two requests share one only if these are equal."""
+    hops = []
+    for hop in target.hops():
+        hops.append(
+            {
+                "host": hop.host,
+                "hostname": hop.hostname,
+                "port": hop.port,
+                "user": hop.user,
+                "identity_files": [[f, _stat_sig(f)] for f in hop.identity_files],
+                "known_hosts": str(hop.known_hosts_path),
+                "proxy_command": hop.proxy_command,
+            }
+        )
+    return {
+        "hops": hops,
+        "mask": mask,
+        "hot_shell": hot_shell_enabled(),
+        "rv": __version__,
+        "protocol": PROTOCOL,
+        "code": _code_stamp(),
+    }
+
+
+def hot_shell_enabled() -> bool:
+    """``RV_HOT_SHELL=0`` starts every command's shell on demand (see rv.ssh.HOT_SHELL)."""
+    return os.environ.get("RV_HOT_SHELL", "1") != "0"
+
+
+def target_to_json(target: SSHTarget) -> dict[str, Any]:
+    return dataclasses.asdict(target)
+
+
+def target_from_json(data: dict[str, Any]) -> SSHTarget:
+    jump = data.get("proxy_jump")
+    return SSHTarget(
+        **{
+            **data,
+            "identity_files": tuple(data["identity_files"]),
+            "proxy_jump": target_from_json(jump) if jump else None,
+        }
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Frames
+
+
+def send_frame(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
+    sock.sendall(_HEADER.pack(kind, len(payload)) + payload)
+
+
+def send_json(sock: socket.socket, kind: bytes, obj: Any) -> None:
+    send_frame(sock, kind, json.dumps(obj).encode())
+
+
+class FrameReader:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+
+    def _fill(self, n: int) -> bool:
+        while len(self.buf) < n:
+            data = self.sock.recv(max(1 << 16, n - len(self.buf)))
+            if not data:
+                return False
+            self.buf += data
+        return True
+
+    def read(self) -> tuple[bytes, bytes] | None:
+        """The next frame, or None when the other side closed (or broke off mid-frame)."""
+        if not self._fill(_HEADER.size):
+            return None
+        kind, n = _HEADER.unpack(bytes(self.buf[: _HEADER.size]))
+        if not self._fill(_HEADER.size + n):
+            return None
+        payload = bytes(self.buf[_HEADER.size : _HEADER.size + n])
+        del self.buf[: _HEADER.size + n]
+        return kind, payload
+
+
+def _error_json(exc: BaseException, *, retry: bool) -> dict[str, Any]:
+    if isinstance(exc, RvError):
+        return {"kind": type(exc).__name__, "message": exc.message, "hint": exc.hint, "retry": retry}
+    return {"kind": "RemoteError", "message": f"{type(exc).__name__}: {exc}", "hint": None, "retry": retry}
+
+
+def _raise_error(data: dict[str, Any]) -> None:
+    """Raise, in the rv command, the error the background process met (same class, same words)."""
+    classes: dict[str, type[RvError]] = {
+        c.__name__: c
+        for c in (
+            errors.UsageError, errors.ConfigError, errors.ConnectError, errors.AuthError, errors.HostKeyError,
+            errors.RemoteCommandMissing, errors.RemoteError, errors.NotFound, RemoteTimeout, TransferError,
+        )
+    }  # fmt: skip
+    classes["ChannelOpenError"] = ConnectError
+    cls = classes.get(data.get("kind", ""), RemoteError)
+    raise cls(data.get("message", "the background connection failed"), hint=data.get("hint"))
+
+
+# --------------------------------------------------------------------------------------------------
+# The client: what every rv command uses
+
+
+class WarmTransport(_Collecting):
+    """The Transport API over the profile's background connection; a direct one when that fails."""
+
+    def __init__(
+        self,
+        target: SSHTarget,
+        *,
+        profile_key: str,
+        confirm_host_key: Callable[[str, str, str], bool] | None = None,
+        mask: int = PRIVATE_MASK,
+    ) -> None:
+        self.target = target
+        self.mask = mask
+        self._confirm = confirm_host_key
+        self.key = _key(profile_key)
+        self.ident = identity(target, mask)
+        self._direct: Any = None
+        self.reused: bool | None = None  # did connect() find the connection already open?
+        self.daemon_pid: int | None = None
+        self.fallback_reason: str | None = None
+        self.started_daemon = False
+
+    # -- paths -----------------------------------------------------------------------------------------
+    def _paths(self) -> tuple[Path, Path, Path]:
+        d = runtime_dir()
+        sock = d / f"{self.key}.sock"
+        if len(os.fsencode(sock)) > 100:  # sun_path holds 104-108 bytes depending on the system
+            raise WarmUnavailable(f"socket path too long for this system: {sock}")
+        return sock, d / f"{self.key}.lock", d / f"{self.key}.log"
+
+    # -- connecting ------------------------------------------------------------------------------------
+    def connect(self) -> WarmTransport:
+        if self._direct is not None or self.reused is not None:
+            return self
+        try:
+            reply = self._call({"op": "ping"})
+            self.reused = bool(reply.get("reused"))
+            self.daemon_pid = reply.get("pid")
+        except WarmUnavailable as exc:
+            self._fall_back(exc)
+        return self
+
+    def _fall_back(self, exc: BaseException) -> None:
+        """Connect directly, in this process. Said on stderr: it is slower, and should not happen."""
+        self.fallback_reason = str(exc)
+        if self._direct is None:
+            sys.stderr.write(f"rv: note: connecting directly ({exc})\n")
+            from rv.ssh import SSHTransport
+
+            self._direct = SSHTransport(self.target, self._confirm, mask=self.mask).connect()
+
+    def _socket(self) -> socket.socket:
+        path, lock_path, log_path = self._paths()
+        sock = _try_connect(path, self.target.connect_timeout)
+        if sock is not None:
+            return sock
+        self._start(path, lock_path, log_path)
+        sock = _try_connect(path, self.target.connect_timeout)
+        if sock is None:
+            raise WarmUnavailable(f"the background process did not accept connections (log: {log_path})")
+        return sock
+
+    def _start(self, path: Path, lock_path: Path, log_path: Path) -> None:
+        """Start the background process, unless another rv is starting one (then wait for it)."""
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + _START_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    # The lock's holder is a live process: starting, serving, or on its way out.
+                    probe = _try_connect(path, 1.0)
+                    if probe is not None:
+                        probe.close()
+                        return
+                    if time.monotonic() > deadline:
+                        raise WarmUnavailable(
+                            "another rv process holds the background connection's lock"
+                        ) from None
+                    time.sleep(0.02)
+            # We hold the lock, so nobody serves this profile: a socket file left here is stale.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            ready_r, ready_w = os.pipe()
+            spec = {
+                "path": str(path),
+                "log": str(log_path),
+                "key": self.key,
+                "target": target_to_json(self.target),
+                "ident": self.ident,
+                "mask": self.mask,
+                "idle": idle_seconds(),
+            }
+            try:
+                _spawn(spec, fd, ready_w)
+            finally:
+                os.close(ready_w)
+            try:
+                ready, _, _ = select.select([ready_r], [], [], _START_WAIT_S)
+                said = os.read(ready_r, 1) if ready else b""
+            finally:
+                os.close(ready_r)
+            if said != b"R":
+                raise WarmUnavailable(f"the background process did not start (log: {log_path})")
+            self.started_daemon = True
+        finally:
+            os.close(fd)  # the process keeps its own copy of the lock
+
+    # -- one request ----------------------------------------------------------------------------------
+    def _call(
+        self,
+        header: dict[str, Any],
+        *,
+        data: Stdin = None,
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        for _attempt in range(3):
+            sock = self._socket()
+            try:
+                return self._converse(sock, header, data, on_stdout, on_stderr, timeout)
+            except _Retry:
+                continue
+            finally:
+                sock.close()
+        raise WarmUnavailable("the background connection kept restarting")
+
+    def _converse(
+        self,
+        sock: socket.socket,
+        header: dict[str, Any],
+        data: Stdin,
+        on_stdout: Callable[[bytes], None] | None,
+        on_stderr: Callable[[bytes], None] | None,
+        timeout: float | None,
+    ) -> dict[str, Any]:
+        reader = FrameReader(sock)
+        try:
+            send_json(sock, b"H", {"v": PROTOCOL, "ident": self.ident, **header})
+        except OSError as exc:
+            raise _Retry() from exc
+        # Until "O" nothing has run: every failure here may be retried or sent elsewhere.
+        sock.settimeout(None)  # the first request waits for the SSH handshake (bounded by its timeouts)
+        while True:
+            try:
+                frame = reader.read()
+            except OSError:
+                frame = None
+            if frame is None:
+                raise _Retry()
+            kind, payload = frame
+            if kind == b"K":
+                q = json.loads(payload)
+                accept = bool(self._confirm and self._confirm(q["host"], q["key_type"], q["fingerprint"]))
+                send_json(sock, b"k", {"accept": accept})
+            elif kind == b"S":
+                raise _Retry()
+            elif kind == b"E":
+                err = json.loads(payload)
+                if err.get("retry"):
+                    raise WarmUnavailable(err.get("message", "the background connection failed"))
+                _raise_error(err)
+            elif kind == b"O":
+                started = json.loads(payload)
+                break
+            else:
+                raise WarmUnavailable(f"unexpected reply {kind!r} from the background process")
+        if header["op"] == "ping":
+            return started
+
+        failure: list[BaseException] = []
+        feeder = None
+        if data is not None:
+
+            def feed() -> None:
+                source = _chunks(data)
+                try:
+                    for chunk in source:
+                        send_frame(sock, b"D", chunk)
+                    send_frame(sock, b"e")
+                except OSError as exc:
+                    if isinstance(exc, BrokenPipeError | ConnectionResetError):
+                        return  # the process ended the command; its reply (or EOF) says why
+                    failure.append(exc)
+                except BaseException as exc:  # handed to the caller below, never dropped
+                    failure.append(exc)
+                if failure:
+                    # Stop everything now: the process sees the socket close and ends the command,
+                    # and our reader wakes up, instead of both waiting for data that never comes.
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        what = str(header.get("command", ""))[:80]
+                        raise RemoteTimeout(
+                            f"remote command timed out after {timeout:g}s: {what}",
+                            hint="raise the limit with --timeout",
+                        )
+                    sock.settimeout(min(left, 1.0))
+                try:
+                    frame = reader.read()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    frame = None
+                if frame is None:
+                    if failure:
+                        raise TransferError(
+                            f"upload stopped: reading the data to send failed: {failure[0]}"
+                        ) from (failure[0])
+                    raise ConnectError(
+                        f"the background connection to {self.target.hostname} ended while a command ran",
+                        hint="run the command again (it connects afresh)",
+                    )
+                kind, payload = frame
+                if kind == b"1":
+                    if on_stdout is not None:
+                        on_stdout(payload)
+                elif kind == b"2":
+                    if on_stderr is not None:
+                        on_stderr(payload)
+                elif kind == b"X":
+                    if failure:
+                        raise TransferError(
+                            f"upload stopped: reading the data to send failed: {failure[0]}"
+                        ) from (failure[0])
+                    return {"exit_code": int(payload)}
+                elif kind == b"F":
+                    return dict(json.loads(payload or b"{}"))
+                elif kind == b"E":
+                    _raise_error(json.loads(payload))
+        finally:
+            if feeder is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # stops a feeder still blocked on a full socket
+                feeder.join(timeout=5)
+
+    # -- the Transport API ------------------------------------------------------------------------------
+    def stream(
+        self,
+        command: str,
+        *,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None] | None = None,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        keep_stdin_open: bool = False,
+    ) -> int:
+        if self._direct is None:
+            header = {
+                "op": "exec",
+                "command": command,
+                "stdin": stdin is not None,
+                "keep_stdin_open": keep_stdin_open,
+            }
+            try:
+                reply = self._call(
+                    header, data=stdin, on_stdout=on_stdout, on_stderr=on_stderr, timeout=timeout
+                )
+                return int(reply["exit_code"])
+            except WarmUnavailable as exc:
+                self._fall_back(exc)
+        return int(
+            self._direct.stream(
+                command,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                stdin=stdin,
+                timeout=timeout,
+                keep_stdin_open=keep_stdin_open,
+            )
+        )
+
+    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
+        self._put([data], remote_path, mode)
+
+    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
+        self._put(
+            read_chunks(local_path), remote_path, mode if mode is not None else local_file_mode(local_path, 0)
+        )
+
+    def _put(self, chunks: Any, remote_path: str, mode: int) -> None:
+        if self._direct is None:
+            try:
+                self._call({"op": "put", "remote": remote_path, "mode": mode}, data=chunks)
+                return
+            except WarmUnavailable as exc:
+                self._fall_back(exc)
+        self._direct.put_stream(chunks, remote_path, mode)
+
+    def get_file(self, remote_path: str, local_path: str | Path) -> None:
+        if self._direct is None:
+            try:
+                write_local_atomically(
+                    local_path, lambda sink: self._call({"op": "get", "remote": remote_path}, on_stdout=sink)
+                )
+                return
+            except WarmUnavailable as exc:
+                self._fall_back(exc)
+        self._direct.get_file(remote_path, local_path)
+
+    def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
+
+    def __enter__(self) -> WarmTransport:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _try_connect(path: Path, timeout: float) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError, TimeoutError):
+        sock.close()
+        return None
+    return sock
+
+
+def _spawn(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
+    """Start the process: fork (no new interpreter to start) when that is safe, else a fresh python."""
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
+        pid = os.fork()
+        if pid == 0:  # the intermediate child: fork again so the process is nobody's child
+            code = 1
+            try:
+                code = _daemon_entry(spec, lock_fd, ready_w) if os.fork() == 0 else 0
+            finally:
+                os._exit(code)
+        os.waitpid(pid, 0)
+        return
+    import subprocess
+
+    package_parent = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    subprocess.Popen(
+        [sys.executable, "-m", "rv.warm", json.dumps(spec), str(lock_fd), str(ready_w)],
+        pass_fds=(lock_fd, ready_w),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd="/",
+        env=env,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The background process
+
+
+def _daemon_entry(spec: dict[str, Any], lock_fd: int, ready_w: int) -> int:
+    """Detach from the terminal and the caller's files, then serve. Returns the exit code."""
+    with contextlib.suppress(OSError):  # already a session leader (started with start_new_session)
+        os.setsid()
+    os.chdir("/")
+    # Appended to (a process on its way out may still write here), and cut when it grows large.
+    with contextlib.suppress(OSError):
+        if os.path.getsize(spec["log"]) > 1 << 20:
+            os.truncate(spec["log"], 0)
+    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    keep = sorted({0, 1, 2, lock_fd, ready_w})
+    # Every other inherited descriptor is closed: a pipe the caller's caller reads (a test harness,
+    # `rv ps | less`) must see EOF when the rv command exits, not minutes later.
+    low = 3
+    for fd in keep:
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, _max_fd())
+    sys.stdin = open(os.devnull)  # noqa: SIM115 (the process's own stdio, for its lifetime)
+    sys.stdout = sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    server = Server(spec, lock_fd)
+    try:
+        server.listen()
+        os.write(ready_w, b"R")
+        os.close(ready_w)
+        server.serve()
+        return 0
+    except SystemExit:
+        return 0
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        server.shutdown()
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # unwinds through serve(): the socket is removed, the connection closed
+
+
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 1024
+
+
+def _peer_uid(conn: socket.socket) -> int | None:
+    if hasattr(socket, "SO_PEERCRED"):
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return int(struct.unpack("3i", raw)[1])
+    return None  # elsewhere the folder's 0700 is the guard
+
+
+_HUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+
+
+def _gone(conn: socket.socket) -> bool:
+    """Has the rv command at the other end closed its socket (exited, Ctrl-C, SIGKILL)?"""
+    poller = select.poll()
+    poller.register(conn, _HUP)
+    return bool(poller.poll(0))
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class Server:
+    def __init__(self, spec: dict[str, Any], lock_fd: int | None = None) -> None:
+        self.lock_fd = lock_fd
+        self.path = spec["path"]
+        self.target = target_from_json(spec["target"])
+        self.ident = spec["ident"]
+        self.mask = int(spec["mask"])
+        self.idle = float(spec["idle"])
+        self.ssh: Any = None
+        self.connect_error: dict[str, Any] | None = None
+        self.connect_lock = threading.Lock()
+        self.state = threading.Lock()
+        self.active = 0
+        self.last = time.monotonic()
+        self.stopping = threading.Event()
+        self.listener: socket.socket | None = None
+        self.ino: int | None = None
+
+    def log(self, message: str) -> None:
+        sys.stderr.write(f"{time.strftime('%H:%M:%S')} [{os.getpid()}] {message}\n")
+
+    def listen(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.path)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        sock.listen(64)
+        self.listener = sock
+        self.ino = os.stat(self.path).st_ino
+        self.log(f"listening on {self.path} for {self.target.where}, idle exit after {self.idle:g}s")
+
+    def serve(self) -> None:
+        while not self.stopping.is_set():
+            listener = self.listener
+            if listener is None:
+                break
+            try:
+                ready, _, _ = select.select([listener], [], [], 0.5)
+                conn = listener.accept()[0] if ready else None
+            except (OSError, ValueError):
+                if self.stopping.is_set():
+                    break  # stop() closed the listener under us
+                raise
+            if conn is not None:
+                with self.state:
+                    self.active += 1
+                threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+                continue
+            with self.state:
+                idle = self.active == 0 and time.monotonic() - self.last > self.idle
+                dead = self.active == 0 and self.ssh is not None and not self.ssh.is_alive()
+            if idle or dead:
+                self.log("idle, exiting" if idle else "connection lost, exiting")
+                break
+        self._close_listener()
+        # Let commands in flight (other rv processes') finish before the connection goes.
+        while True:
+            with self.state:
+                if self.active == 0:
+                    break
+            time.sleep(0.05)
+
+    def stop(self, why: str) -> None:
+        if not self.stopping.is_set():
+            self.log(f"stopping: {why}")
+        self.stopping.set()
+        self._close_listener()
+
+    def _close_listener(self) -> None:
+        with self.state:
+            if self.listener is not None:
+                with contextlib.suppress(OSError):
+                    if os.stat(self.path).st_ino == self.ino:
+                        os.unlink(self.path)
+                self.listener.close()
+                self.listener = None
+            # Releasing the lock lets a new process start for this profile while commands in
+            # flight here (a long `rv logs -f`) finish on this one.
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+                self.lock_fd = None
+
+    def shutdown(self) -> None:
+        self._close_listener()
+        if self.ssh is not None:
+            self.ssh.close()
+
+    # -- one rv command --------------------------------------------------------------------------------
+    def handle(self, conn: socket.socket) -> None:
+        try:
+            uid = _peer_uid(conn)
+            if uid is not None and uid != os.getuid():
+                self.log(f"refused a connection from uid {uid}")
+                return
+            reader = FrameReader(conn)
+            conn.settimeout(30)
+            frame = reader.read()
+            conn.settimeout(None)
+            if frame is None or frame[0] != b"H":
+                return
+            header = json.loads(frame[1])
+            if self.stopping.is_set():
+                send_frame(conn, b"S")
+                return
+            if header.get("v") != PROTOCOL or header.get("ident") != self.ident:
+                send_frame(conn, b"S")
+                self.stop("a request for another connection identity (profile or SSH config changed)")
+                return
+            reused = self.ensure_connected(conn, reader)
+            if reused is None:
+                return
+            if reused and not self._healthy():
+                send_json(conn, b"E", {"message": "the warm connection stopped answering", "retry": True})
+                self.stop("the connection stopped answering")
+                return
+            if not self.ssh.host_keys_still_trusted():
+                send_frame(conn, b"S")
+                self.stop("the host key is no longer in known_hosts")
+                return
+            started = {"pid": os.getpid(), "reused": reused}
+            op = header["op"]
+            if op == "exec":
+                # "O" only once the command runs: a channel that cannot open is still retryable.
+                self.op_exec(conn, reader, header, lambda: send_json(conn, b"O", started))
+                return
+            send_json(conn, b"O", started)
+            if op == "put":
+                self.op_put(conn, reader, header)
+            elif op == "get":
+                self.op_get(conn, header)
+        except (_ClientGone, BrokenPipeError, ConnectionResetError) as exc:
+            self.log(f"the rv command went away ({type(exc).__name__}); its channel was closed")
+        except Exception:
+            self.log("error while serving a command:\n" + traceback.format_exc())
+        finally:
+            conn.close()
+            with self.state:
+                self.active -= 1
+                self.last = time.monotonic()
+
+    def ensure_connected(self, conn: socket.socket, reader: FrameReader) -> bool | None:
+        """Connect once (relaying a host key question to this client). True: it was already open."""
+        with self.connect_lock:
+            if self.connect_error is not None:
+                send_json(conn, b"E", self.connect_error)
+                return None
+            if self.ssh is not None:
+                return True
+
+            def confirm(host: str, key_type: str, fp: str) -> bool:
+                send_json(conn, b"K", {"host": host, "key_type": key_type, "fingerprint": fp})
+                answer = reader.read()
+                return answer is not None and answer[0] == b"k" and bool(json.loads(answer[1]).get("accept"))
+
+            from rv.ssh import SSHTransport
+
+            transport = SSHTransport(self.target, confirm, mask=self.mask)
+            try:
+                transport.connect()
+            except RvError as exc:
+                # The same request made directly would fail the same way: say so, and exit.
+                self.connect_error = _error_json(exc, retry=False)
+                send_json(conn, b"E", self.connect_error)
+                self.stop(f"could not connect: {exc.message}")
+                return None
+            self.ssh = transport
+            if self.ident.get("hot_shell"):
+                transport.enable_hot_shell()
+            self.log(f"connected to {self.target.where}")
+            return False
+
+    def _healthy(self) -> bool:
+        """After a quiet spell, ask the server for a reply before trusting the connection again.
+
+        A laptop that slept leaves a TCP connection that looks open and answers nothing; without
+        this the next command would wait for the channel-open timeout before falling back.
+        """
+        with self.state:
+            quiet = time.monotonic() - self.last
+        if quiet < 30:
+            return bool(self.ssh.is_alive())
+        transport = self.ssh.client.get_transport()
+        answered = threading.Event()
+
+        def ask() -> None:
+            with contextlib.suppress(Exception):  # any failure simply means "no answer"
+                transport.global_request("keepalive@openssh.com", wait=True)
+                answered.set()
+
+        threading.Thread(target=ask, daemon=True).start()
+        return answered.wait(min(5.0, self.target.connect_timeout)) and bool(self.ssh.is_alive())
+
+    def _stdin_frames(self, reader: FrameReader) -> Iterator[bytes]:
+        while True:
+            frame = reader.read()
+            if frame is None:
+                raise _ClientGone()
+            kind, payload = frame
+            if kind == b"D":
+                yield payload
+            elif kind == b"e":
+                return
+            else:
+                raise _ClientGone()
+
+    def op_exec(
+        self, conn: socket.socket, reader: FrameReader, header: dict[str, Any], on_started: Callable[[], None]
+    ) -> None:
+        from rv.ssh import Cancelled, ChannelOpenError
+
+        try:
+            code = self.ssh.stream(
+                header["command"],
+                on_stdout=lambda d: send_frame(conn, b"1", d),
+                on_stderr=lambda d: send_frame(conn, b"2", d),
+                stdin=self._stdin_frames(reader) if header.get("stdin") else None,
+                keep_stdin_open=bool(header.get("keep_stdin_open")),
+                cancelled=lambda: _gone(conn),
+                on_started=on_started,
+            )
+        except Cancelled as exc:
+            raise _ClientGone() from exc
+        except TransferError as exc:
+            if isinstance(exc.__cause__, _ClientGone):
+                raise exc.__cause__ from None
+            send_json(conn, b"E", _error_json(exc, retry=False))
+            return
+        except ChannelOpenError as exc:
+            # Nothing ran: the rv command may send it over a fresh connection.
+            send_json(conn, b"E", _error_json(exc, retry=True))
+            self.stop(f"could not open a channel: {exc.message}")
+            return
+        except RvError as exc:
+            send_json(conn, b"E", _error_json(exc, retry=False))
+            return
+        send_frame(conn, b"X", str(code).encode())
+
+    def op_put(self, conn: socket.socket, reader: FrameReader, header: dict[str, Any]) -> None:
+        try:
+            self.ssh.put_stream(self._stdin_frames(reader), header["remote"], int(header["mode"]))
+        except RvError as exc:
+            send_json(conn, b"E", _error_json(exc, retry=False))
+            return
+        send_json(conn, b"F", {})
+
+    def op_get(self, conn: socket.socket, header: dict[str, Any]) -> None:
+        try:
+            self.ssh.get_stream(header["remote"], lambda d: send_frame(conn, b"1", d))
+        except RvError as exc:
+            send_json(conn, b"E", _error_json(exc, retry=False))
+            return
+        send_json(conn, b"F", {})
+
+
+def main(argv: list[str]) -> int:
+    """``python -m rv.warm SPEC LOCK_FD READY_FD``: how the process starts where fork is not used."""
+    spec, lock_fd, ready_w = json.loads(argv[1]), int(argv[2]), int(argv[3])
+    return _daemon_entry(spec, lock_fd, ready_w)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
