@@ -39,7 +39,8 @@ def parse_dotenv(text: str) -> dict[str, str]:
         line = line.removeprefix("export ").strip()
         key, sep, value = line.partition("=")
         if not sep:
-            raise UsageError(f".env line {n} has no '=': {raw!r}")
+            # Never echo the line: without its '=' it may be nothing but the secret itself.
+            raise UsageError(f".env line {n} has no '=' (expected KEY=VALUE)", hint="fix that line and import again")
         value = value.strip()
         if value[:1] in ("'", '"'):
             try:
@@ -48,7 +49,14 @@ def parse_dotenv(text: str) -> dict[str, str]:
                 raise UsageError(f".env line {n}: unbalanced quotes") from exc
         else:
             value = value.split(" #", 1)[0].strip()
-        values[check_key(key.strip())] = value
+        try:
+            values[check_key(key.strip())] = value
+        except UsageError:
+            raise UsageError(
+                f".env line {n}: the name before '=' is not a valid variable name "
+                "(letters, digits and _, not starting with a digit)",
+                hint="fix that line and import again",
+            ) from None
     return values
 
 

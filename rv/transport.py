@@ -22,9 +22,12 @@ import contextlib
 import os
 import posixpath
 import re
+import select
 import shutil
+import signal
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -507,50 +510,84 @@ class LocalTransport(_Collecting):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=self.env,
+            start_new_session=True,  # so a kill reaches the command's children too
         )
 
-        def pump(src: Any, sink: Callable[[bytes], None] | None) -> None:
-            for chunk in iter(lambda: src.read1(_CHUNK), b""):
-                if sink is not None:
-                    sink(chunk)
+        def kill() -> None:
+            with contextlib.suppress(ProcessLookupError):  # already gone
+                os.killpg(proc.pid, signal.SIGKILL)
 
-        threads = [
-            threading.Thread(target=pump, args=(proc.stdout, on_stdout), daemon=True),
-            threading.Thread(target=pump, args=(proc.stderr, on_stderr), daemon=True),
-        ]
-        for t in threads:
-            t.start()
-        try:
-            if stdin is not None:
+        # As over SSH: stdout is read (and its callback runs) in this thread, so an exception from
+        # a callback (Ctrl-C in a progress bar) stops the command; stdin and stderr have threads.
+        failure: list[BaseException] = []
+        threads = []
+
+        def pump_stderr() -> None:
+            assert proc.stderr is not None
+            try:
+                for chunk in iter(lambda: proc.stderr.read1(_CHUNK), b""):  # type: ignore[union-attr]
+                    if on_stderr is not None:
+                        on_stderr(chunk)
+            except BaseException as exc:  # handed to the caller below, never dropped
+                failure.append(exc)
+                kill()
+
+        threads.append(threading.Thread(target=pump_stderr, daemon=True))
+        if stdin is not None:
+            source = _chunks(stdin)
+
+            def feed() -> None:
                 assert proc.stdin is not None
-                source = _chunks(stdin)
                 while True:
                     try:
                         chunk = next(source)
                     except StopIteration:
                         break
-                    except OSError as exc:
-                        raise TransferError(
-                            f"upload stopped: reading the data to send failed: {exc}"
-                        ) from exc
+                    except BaseException as exc:  # handed to the caller below, never dropped
+                        failure.append(
+                            TransferError(f"upload stopped: reading the data to send failed: {exc}")
+                        )
+                        failure[-1].__cause__ = exc
+                        kill()
+                        return
                     try:
                         proc.stdin.write(chunk)
-                    except BrokenPipeError:
-                        break  # the command exited early: its exit code and stderr say why
-                with contextlib.suppress(BrokenPipeError):
+                    except (BrokenPipeError, ValueError):
+                        return  # the command exited early: its exit code and stderr say why
+                with contextlib.suppress(BrokenPipeError):  # exited before reading everything
                     proc.stdin.close()
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            proc.kill()
-            proc.wait()
-            raise RemoteTimeout(f"command timed out after {timeout:g}s: {command[:80]}") from exc
+
+            threads.append(threading.Thread(target=feed, daemon=True))
+        for t in threads:
+            t.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        try:
+            while True:
+                wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+                ready, _, _ = select.select([fd], [], [], wait)
+                if ready:
+                    data = os.read(fd, _CHUNK)
+                    if not data:
+                        break
+                    on_stdout(data)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RemoteTimeout(f"command timed out after {timeout:g}s: {command[:80]}")
+            code = proc.wait()
         except BaseException:
-            # Ctrl-C or a local read error: the command must not outlive us (as a closed channel).
-            proc.kill()
+            # Ctrl-C, a timeout, a callback's error: the command must not outlive us (as a closed channel).
+            kill()
             proc.wait()
             raise
-        for t in threads:
-            t.join()
+        finally:
+            for t in threads:
+                t.join(timeout=5)
+            proc.stdout.close()
+            if proc.stderr is not None:
+                proc.stderr.close()
+        if failure:
+            raise failure[0]
         return code
 
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:

@@ -17,6 +17,8 @@ Cluster quirks that shaped this module (see the project's lessons notes):
 * GPU availability is read from each node's gres and gres-used, never guessed from its state
   ("mixed" says nothing about how many GPUs are free). A node in several partitions is counted once.
 * Timestamps stay strings in the cluster's own time zone, never the laptop's.
+* Multi-cluster sites print ``CLUSTER: name`` before each cluster's rows: skipped, never a row.
+  Columns after the ones asked for (sinfo on a site whose wrapper adds some) are ignored.
 """
 
 from __future__ import annotations
@@ -114,13 +116,22 @@ def _seconds(value: str) -> int | None:
         return None
 
 
-def _rows(text: str, n_fields: int) -> list[list[str]]:
-    """Non-empty lines split on '|' into exactly n_fields; the last field keeps any extra '|'."""
+_CLUSTER_LINE = re.compile(r"^\s*CLUSTER:\s*\S*\s*$")
+
+
+def _rows(text: str, n_fields: int, *, last_takes_rest: bool = True) -> list[list[str]]:
+    """Non-empty lines split on '|' into exactly n_fields.
+
+    ``last_takes_rest``: the last field keeps any extra '|' (a job name may hold one); otherwise
+    fields after the n-th are columns this parser does not know (a newer Slurm, a site's wrapper)
+    and are dropped. ``CLUSTER: name`` lines, which multi-cluster sites (``-M``, or a default
+    cluster list) print before each cluster's rows, are skipped.
+    """
     rows = []
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or _CLUSTER_LINE.match(line):
             continue
-        fields = line.split("|", n_fields - 1)
+        fields = line.split("|", n_fields - 1) if last_takes_rest else line.split("|")[:n_fields]
         if len(fields) < n_fields:
             raise ValueError(f"expected {n_fields} '|'-separated fields, got {len(fields)}: {line!r}")
         rows.append(fields)
@@ -518,7 +529,7 @@ class NodeInfo:
 def parse_sinfo_nodes(text: str) -> list[NodeInfo]:
     """Nodes from sinfo (one row per node and partition); empty output gives []."""
     nodes = []
-    for f in _rows(text, len(SINFO_NODE_FIELDS)):
+    for f in _rows(text, len(SINFO_NODE_FIELDS), last_takes_rest=False):
         name, partition, state, gres, used, cpus, memory, max_time, features = (x.strip() for x in f)
         nodes.append(
             NodeInfo(

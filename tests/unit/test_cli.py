@@ -80,3 +80,78 @@ def test_debug_shows_the_traceback(setup):
     repo, env = setup
     r = rv("exec", "true", cwd=repo, env={**env, "RV_DEBUG": "1"})
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+# --- nothing slow is imported for local work ---------------------------------------------------------
+
+_MODULES_AT_EXIT = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(m for m in sys.modules "
+    "if m.split('.')[0] in ('torch', 'paramiko', 'rich', 'git', 'cryptography', 'tomlkit'))) + '\\n'))\n"
+    "from rv.cli.main import main\nsys.argv[0] = 'rv'\nmain()\n"
+)
+
+
+def _modules(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, set[str]]:
+    r = subprocess.run(
+        [sys.executable, "-c", _MODULES_AT_EXIT, *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    line = next(line for line in r.stderr.splitlines() if line.startswith("MODULES"))
+    return r, set(line.split()[1:])
+
+
+def test_help_and_dry_run_import_neither_paramiko_nor_torch(setup):
+    repo, env = setup
+    r, mods = _modules(["--help"], repo, env)
+    assert r.returncode == 0 and "Commands" in r.stdout
+    assert mods == set()
+    r, mods = _modules(["run", "--dry-run", "-g", "2", "-t", "a6000", "--", "python", "train.py"], repo, env)
+    assert r.returncode == 0, r.stderr
+    assert not {m for m in mods if m.split(".")[0] in ("paramiko", "torch", "cryptography", "git")}
+
+
+# --- rough edges ---------------------------------------------------------------------------------------
+
+
+def test_host_key_prompt_shows_bracketed_host_names(capsys):
+    # rich read "[login.example.edu]" as a markup tag and printed ":2222" alone.
+    from rv.cli.common import confirm_host_key_interactively
+
+    assert confirm_host_key_interactively("[login.example.edu]:2222", "ssh-ed25519", "SHA256:abc") is False
+    err = capsys.readouterr().err
+    assert "[login.example.edu]:2222" in err and "SHA256:abc" in err
+
+
+@pytest.mark.parametrize(
+    ("root", "message"),
+    [
+        ("rv/runs", "must be an absolute path"),
+        ("/scratch/my runs", "must not contain spaces"),
+        ("~other/rv", "only your own home"),
+        ("/scratch/%u/rv", "must not contain '%'"),
+    ],
+)
+def test_init_checks_the_remote_root_before_connecting(setup, root, message):
+    repo, env = setup
+    r = rv("init", "--host", "nowhere.invalid", "--remote-root", root, "--yes", cwd=repo, env=env)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "next:" in r.stderr
+    assert "cannot connect" not in r.stderr
+
+
+def test_init_accepts_a_home_relative_root_and_goes_on_to_connect(setup):
+    repo, env = setup
+    r = rv("init", "--host", "nowhere.invalid", "--remote-root", "~/rv", "--yes", cwd=repo, env=env)
+    assert r.returncode == 4 and "cannot connect" in r.stderr  # validation passed; ~ is expanded there
+
+
+def test_env_errors_never_echo_a_value(setup, tmp_path):
+    repo, env = setup
+    dotenv = tmp_path / "bad.env"
+    dotenv.write_text("GOOD=1\nsk-live-TOPSECRET123\n")
+    r = rv("env", "import", str(dotenv), cwd=repo, env=env)
+    assert r.returncode == 2 and ".env line 2" in r.stderr
+    assert "TOPSECRET" not in r.stderr + r.stdout
+    dotenv.write_text("MY TOKEN=TOPSECRET123\n")
+    r = rv("env", "import", str(dotenv), cwd=repo, env=env)
+    assert r.returncode == 2 and "TOPSECRET" not in r.stderr + r.stdout

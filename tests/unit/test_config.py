@@ -131,3 +131,114 @@ def test_with_profile_keeps_default_unless_asked():
     assert cfg.default == "a"
     reparsed = parse_config(render_config(cfg), P)
     assert reparsed.profiles["b"].setup == ("echo 'quoted' \"x\"",)
+
+
+# --- comments survive `rv init` ------------------------------------------------------------------
+
+HAND_EDITED = """# my lab's clusters; rv must keep this line
+default = "lab"
+
+[profiles.lab]  # the big one
+host = "login.example.edu"   # do not change
+# the account below is shared
+account = "mylab"
+remote_root = "/scratch/me/rv"
+
+[profiles.old]
+host = "old.example.edu"
+remote_root = "/scratch/me/rv-old"
+"""
+
+
+def test_saving_keeps_comments_order_and_untouched_profiles(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(HAND_EDITED)
+    cfg = load_config(path)
+    lab = cfg.profile("lab")
+    from dataclasses import replace
+
+    new = Profile(name="new", host="new.example.edu", remote_root="/scratch/me/rv-new")
+    save_config(cfg.with_profile(replace(lab, user="me2"), make_default=False).with_profile(new, False))
+    text = path.read_text()
+    for kept in (
+        "# my lab's clusters; rv must keep this line",
+        "[profiles.lab]  # the big one",
+        'host = "login.example.edu"   # do not change',
+        "# the account below is shared",
+    ):
+        assert kept in text
+    assert text.index("[profiles.lab]") < text.index("[profiles.old]") < text.index("[profiles.new]")
+    again = load_config(path)
+    assert again.profile("lab").user == "me2" and again.profile("new").host == "new.example.edu"
+    assert again.profile("old") == cfg.profile("old")
+
+
+def test_share_with_group_is_a_boolean_profile_key(tmp_path):
+    cfg = parse_config('[profiles.a]\nhost = "h"\nshare_with_group = true\n', P)
+    assert cfg.profile().share_with_group is True
+    assert parse_config('[profiles.a]\nhost = "h"\n', P).profile().share_with_group is False
+    with pytest.raises(ConfigError, match="share_with_group must be true or false"):
+        parse_config('[profiles.a]\nhost = "h"\nshare_with_group = "yes"\n', P)
+    path = tmp_path / "c.toml"
+    save_config(cfg.__class__(path=path, default=None, profiles=cfg.profiles))
+    assert "share_with_group = true" in path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("root", "problem"),
+    [
+        ("scratch/me/rv", "must be an absolute path"),
+        ("~/rv", "must be an absolute path"),  # the cluster expands ~ at `rv init`, never later
+        ("/scratch/my results", "must not contain spaces"),
+        ("/scratch/%u/rv", "must not contain '%'"),
+        ("/scratch/../etc", "must not contain '..'"),
+    ],
+)
+def test_remote_root_is_checked_when_the_config_is_read(root, problem):
+    with pytest.raises(ConfigError, match=problem):
+        parse_config(f'[profiles.a]\nhost = "h"\nremote_root = "{root}"\n', P)
+
+
+# --- where state lives ------------------------------------------------------------------------------
+
+
+def test_state_moves_from_beside_the_config_once_and_loses_nothing(tmp_path, monkeypatch):
+    import json
+    import os
+    import stat
+
+    from rv import config as config_mod
+
+    old = tmp_path / "cfgdir"
+    old.mkdir()
+    (old / "config.toml").write_text('[profiles.a]\nhost = "h"\n')
+    (old / "jobs.json").write_text(json.dumps({"jobs": [{"job_id": "1", "profile": "a", "submitted_at": 1}]}))
+    (old / "secrets.json").write_text(json.dumps({"TOKEN": "s3cret", "OLD": "x"}))
+    state = tmp_path / "state"
+    state.mkdir()
+    # This version already wrote state before (a job and a secret): both copies must survive.
+    (state / "jobs.json").write_text(json.dumps({"jobs": [{"job_id": "2", "profile": "a", "submitted_at": 2}]}))
+    (state / "secrets.json").write_text(json.dumps({"TOKEN": "newer"}))
+    monkeypatch.setenv("RV_CONFIG", str(old / "config.toml"))
+    monkeypatch.setenv("RV_STATE_DIR", str(state))
+    monkeypatch.setattr(config_mod, "_migrated", set())
+    assert config_mod.state_dir() == state
+    jobs = json.loads((state / "jobs.json").read_text())["jobs"]
+    assert [j["job_id"] for j in jobs] == ["1", "2"]
+    assert json.loads((state / "secrets.json").read_text()) == {"TOKEN": "newer", "OLD": "x"}
+    assert stat.S_IMODE(os.stat(state / "secrets.json").st_mode) == 0o600
+    assert not (old / "jobs.json").exists() and not (old / "secrets.json").exists()
+    assert (old / "config.toml").exists()  # the config itself stays where it is
+
+
+def test_state_and_cache_follow_the_platform_folders(tmp_path, monkeypatch):
+    from rv import config as config_mod
+
+    monkeypatch.delenv("RV_STATE_DIR", raising=False)
+    monkeypatch.delenv("RV_CACHE_DIR", raising=False)
+    monkeypatch.setenv("RV_CONFIG", str(tmp_path / "c" / "config.toml"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xs"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xc"))
+    monkeypatch.setattr(config_mod, "_migrated", set())
+    assert config_mod.state_dir() == tmp_path / "xs" / "rv"
+    assert config_mod.cache_dir() == tmp_path / "xc" / "rv"

@@ -383,3 +383,28 @@ def test_allocations():
     assert account_from_allocations(captured("allocations_handwritten.txt")) == "meng_lab_paid"
     assert account_from_allocations("") is None
     assert account_from_allocations("Account Balance Reserved Available\nx 10 0 0\n") is None
+
+
+# --- multi-cluster sites and columns we did not ask for --------------------------------------------
+
+
+def test_squeue_and_sinfo_skip_cluster_header_lines():
+    # `squeue -M all` / `sinfo -M all` (or a site's default cluster list) print "CLUSTER: name" before
+    # each cluster's rows; rv used to abort on the first one ("expected 12 fields").
+    squeue = "CLUSTER: alpha\n" + captured("squeue_mixed.txt") + "CLUSTER: beta\n" + captured("squeue_later.txt")
+    jobs = parse_squeue(squeue)
+    assert len(jobs) == len(parse_squeue(captured("squeue_mixed.txt"))) + len(
+        parse_squeue(captured("squeue_later.txt"))
+    )
+    assert all(not j.job_id.startswith("CLUSTER") for j in jobs)
+    sinfo = "CLUSTER: alpha\n" + captured("sinfo_nodes_busy.txt")
+    assert parse_sinfo_nodes(sinfo) == parse_sinfo_nodes(captured("sinfo_nodes_busy.txt"))
+    sacct = "CLUSTER: alpha\n" + captured("sacct_mixed.txt")
+    assert parse_sacct(sacct) == parse_sacct(captured("sacct_mixed.txt"))
+
+
+def test_sinfo_ignores_columns_it_did_not_ask_for():
+    plain = captured("sinfo_nodes_busy.txt")
+    extra = "\n".join(line + "|reason=none|weight=1" for line in plain.splitlines() if line.strip())
+    assert parse_sinfo_nodes(extra) == parse_sinfo_nodes(plain)
+    assert parse_sinfo_nodes(extra)[0].features == ()
