@@ -869,7 +869,9 @@ def main(argv):
     UMASK = int(args.get("umask", 0o077)) & 0o777
     os.umask(UMASK)
     try:
-        if "root" in args:
+        if "root" in args and "umask" in args:
+            # Only a client that states the policy narrows the root: one that sends no umask (an
+            # older caller) still writes private files but must not undo share_with_group.
             protect_root(root_path(args["root"]))
         result = MODES[mode](args)
         if result is not None:

@@ -29,6 +29,11 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     return parse_duration(value)
 
 
+def progress_after(delay: float = 1.0, what: str = "sending") -> Any:
+    """The progress renderer under its earlier name (rv ckpt pull uses it)."""
+    return progress_renderer(what, delay=delay)
+
+
 size_options = [
     click.option(
         "--max-file-size",
