@@ -40,7 +40,9 @@ def parse_dotenv(text: str) -> dict[str, str]:
         key, sep, value = line.partition("=")
         if not sep:
             # Never echo the line: without its '=' it may be nothing but the secret itself.
-            raise UsageError(f".env line {n} has no '=' (expected KEY=VALUE)", hint="fix that line and import again")
+            raise UsageError(
+                f".env line {n} has no '=' (expected KEY=VALUE)", hint="fix that line and import again"
+            )
         value = value.strip()
         if value[:1] in ("'", '"'):
             try:

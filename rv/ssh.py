@@ -61,14 +61,20 @@ ConfirmHostKey = Callable[[str, str, str], bool]  # (host, key type, fingerprint
 
 
 # A "hot" shell: the login shell starts (rc files, module systems: often 100-500 ms on a login node)
-# ahead of time, says it is ready with one \001 byte, then reads one NUL-terminated command from
-# stdin (bash's read takes it byte by byte, so nothing meant for the command is consumed) and runs
-# it with eval: same shell, same environment, same stdin, stdout, stderr and exit status as
-# `$SHELL -c COMMAND`. Only bash says it is ready; any other login shell fails the test quietly and
-# commands are then exec-ed one by one as before.
+# ahead of time, says it is ready, then reads one command from stdin and runs it with eval: same
+# shell, same environment, same stdin, stdout, stderr and exit status as `$SHELL -c COMMAND`.
+# Nothing meant for the command's stdin is consumed: with GNU head (ready byte \002) the command
+# comes as "<length>\n<bytes>" and `head -c` reads exactly that many (it never reads ahead on a
+# pipe); elsewhere (ready byte \001) it comes NUL-terminated and bash's read takes it byte by byte
+# (slower for rv's 30 kB agent commands, still far faster than a shell start). Only bash says it is
+# ready at all; any other login shell fails the test quietly and every command starts its own shell.
 HOT_SHELL = (
-    'test -n "$BASH_VERSION" && { printf "\\001"; '
-    'IFS= read -r -d "" __rv_cmd || exit 254; eval "$__rv_cmd"; }'
+    'test -n "$BASH_VERSION" && { '
+    "if head --version 2>/dev/null | grep -q GNU; then "
+    'printf "\\002"; IFS= read -r __rv_n || exit 254; '
+    '__rv_cmd=$(head -c "$__rv_n"; printf x) || exit 254; __rv_cmd=${__rv_cmd%x}; '
+    'else printf "\\001"; IFS= read -r -d "" __rv_cmd || exit 254; fi; '
+    'unset __rv_n; eval "$__rv_cmd"; }'
 )
 
 
@@ -78,6 +84,7 @@ class _Spare:
     def __init__(self, transport: Any, timeout: float) -> None:
         self.channel: Any = None
         self.ok = False
+        self.framing = b""  # the ready byte: \001 NUL-terminated, \002 length-prefixed
         self.ready = threading.Event()
         threading.Thread(target=self._start, args=(transport, timeout), daemon=True).start()
 
@@ -92,7 +99,8 @@ class _Spare:
                 data = channel.recv(1)
                 if not data:
                     return  # not bash, or it died: no hot shells on this connection
-                if data == b"\001":
+                if data in (b"\001", b"\002"):
+                    self.framing = data
                     self.ok = True
                     return
                 seen += 1  # something the rc files printed on stdout: not the command's output
@@ -111,8 +119,10 @@ class _Spare:
         while channel.recv_stderr_ready():
             channel.recv_stderr(_CHUNK)  # what the rc files said on stderr belongs to no command
         channel.settimeout(None)
+        raw = command.encode("utf-8", "surrogateescape")
+        framed = b"%d\n" % len(raw) + raw if self.framing == b"\002" else raw + b"\0"
         try:
-            channel.sendall(command.encode("utf-8", "surrogateescape") + b"\0")
+            channel.sendall(framed)
         except (OSError, EOFError, paramiko.SSHException):
             self.close()
             return None

@@ -472,7 +472,7 @@ def open_transport(
     if warm.enabled():
         return warm.WarmTransport(
             target,
-            profile_key=f"{config_path or ''}\0{profile.name}",
+            profile_key=warm.profile_key(config_path, profile.name),
             confirm_host_key=confirm_host_key,
             mask=mask,
         ).connect()

@@ -74,6 +74,7 @@ from rv.transport import (
 PROTOCOL = 1
 DEFAULT_IDLE_S = 300.0
 _START_WAIT_S = 10.0  # a new process is listening within milliseconds; this bounds a broken start
+_ACK_S = 5.0  # a live process acknowledges a request at once
 _HEADER = struct.Struct(">cI")
 
 
@@ -127,6 +128,16 @@ def runtime_dir() -> Path:
 
 def _key(profile_key: str) -> str:
     return hashlib.sha256(profile_key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+
+
+def profile_key(config_path: Path | str | None, profile_name: str) -> str:
+    """What names a profile's background connection: its config file and its name."""
+    return f"{config_path or ''}\0{profile_name}"
+
+
+def socket_key(config_path: Path | str | None, profile_name: str) -> str:
+    """The file name (without suffix) of the profile's socket, pid and log files in runtime_dir()."""
+    return _key(profile_key(config_path, profile_name))
 
 
 def _stat_sig(path: str) -> list[int] | None:
@@ -392,11 +403,28 @@ class WarmTransport(_Collecting):
             send_json(sock, b"H", {"v": PROTOCOL, "ident": self.ident, **header})
         except OSError as exc:
             raise _Retry() from exc
-        # Until "O" nothing has run: every failure here may be retried or sent elsewhere.
-        sock.settimeout(None)  # the first request waits for the SSH handshake (bounded by its timeouts)
+        # Until "O" nothing has run: every failure here may be retried or sent elsewhere. A live
+        # process says "h" at once; after that, connecting is bounded by the SSH timeouts.
+        sock.settimeout(_ACK_S)
+        try:
+            ack = reader.read()
+        except TimeoutError:
+            path = self._paths()[0]
+            raise WarmUnavailable(
+                f"the background connection did not answer in {_ACK_S:g} s; {_stop_wedged(path)}"
+            ) from None
+        except OSError:
+            ack = None
+        if ack is None:
+            raise _Retry()
+        if ack[0] != b"h":
+            raise WarmUnavailable(f"unexpected reply {ack[0]!r} from the background process")
+        sock.settimeout(self.target.connect_timeout * 6)
         while True:
             try:
                 frame = reader.read()
+            except TimeoutError:
+                raise WarmUnavailable("the background connection is taking too long to connect") from None
             except OSError:
                 frame = None
             if frame is None:
@@ -405,7 +433,7 @@ class WarmTransport(_Collecting):
             if kind == b"K":
                 q = json.loads(payload)
                 accept = bool(self._confirm and self._confirm(q["host"], q["key_type"], q["fingerprint"]))
-                send_json(sock, b"k", {"accept": accept})
+                send_json(sock, b"k", {"accept": accept})  # the user took their time: the clock restarts
             elif kind == b"S":
                 raise _Retry()
             elif kind == b"E":
@@ -415,6 +443,7 @@ class WarmTransport(_Collecting):
                 _raise_error(err)
             elif kind == b"O":
                 started = json.loads(payload)
+                sock.settimeout(None)  # a command may run for hours (`rv logs -f`)
                 break
             else:
                 raise WarmUnavailable(f"unexpected reply {kind!r} from the background process")
@@ -572,6 +601,38 @@ class WarmTransport(_Collecting):
         self.close()
 
 
+def _write_pid(path: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(tmp, path)
+
+
+def _stop_wedged(sock_path: Path) -> str:
+    """Kill a background process that accepts connections but no longer answers (stopped, stuck).
+
+    Only a process of this user whose command line is an rv one, named by the pid file it wrote
+    itself in the private runtime folder; its socket goes too, so the next command starts afresh.
+    """
+    pid_path = sock_path.with_suffix(".pid")
+    try:
+        pid = int(pid_path.read_text())
+        proc = Path(f"/proc/{pid}")
+        mine = proc.stat().st_uid == os.getuid() and b"rv.warm" in (proc / "cmdline").read_bytes()
+    except (OSError, ValueError):
+        return "it could not be identified, so it was left alone"
+    if not mine:
+        return "its pid file names another process, so it was left alone"
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(sock_path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pid_path)
+    return f"it was stopped (pid {pid})"
+
+
 def _try_connect(path: Path, timeout: float) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -584,32 +645,30 @@ def _try_connect(path: Path, timeout: float) -> socket.socket | None:
 
 
 def _spawn(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
-    """Start the process: fork (no new interpreter to start) when that is safe, else a fresh python."""
-    if sys.platform.startswith("linux") and threading.active_count() == 1:
-        pid = os.fork()
-        if pid == 0:  # the intermediate child: fork again so the process is nobody's child
-            code = 1
-            try:
-                code = _daemon_entry(spec, lock_fd, ready_w) if os.fork() == 0 else 0
-            finally:
-                os._exit(code)
-        os.waitpid(pid, 0)
-        return
+    """Start the process: a fresh ``python -m rv.warm``, its own session, no terminal.
+
+    Not a fork of this rv process: that would be ~60 ms quicker, but the fork's command line
+    (visible in `ps`, to other users too) would be this command's, for minutes after it ended. The
+    description of the connection travels on stdin, not on the command line.
+    """
     import subprocess
 
     package_parent = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    subprocess.Popen(
-        [sys.executable, "-m", "rv.warm", json.dumps(spec), str(lock_fd), str(ready_w)],
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rv.warm", str(lock_fd), str(ready_w)],
         pass_fds=(lock_fd, ready_w),
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         cwd="/",
         env=env,
     )
+    assert proc.stdin is not None
+    with proc.stdin:
+        proc.stdin.write(json.dumps(spec).encode())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -696,6 +755,7 @@ class Server:
     def __init__(self, spec: dict[str, Any], lock_fd: int | None = None) -> None:
         self.lock_fd = lock_fd
         self.path = spec["path"]
+        self.pid_path = spec["path"][: -len(".sock")] + ".pid"
         self.target = target_from_json(spec["target"])
         self.ident = spec["ident"]
         self.mask = int(spec["mask"])
@@ -724,6 +784,7 @@ class Server:
         sock.listen(64)
         self.listener = sock
         self.ino = os.stat(self.path).st_ino
+        _write_pid(self.pid_path)
         self.log(f"listening on {self.path} for {self.target.where}, idle exit after {self.idle:g}s")
 
     def serve(self) -> None:
@@ -779,6 +840,9 @@ class Server:
 
     def shutdown(self) -> None:
         self._close_listener()
+        with contextlib.suppress(OSError, ValueError):
+            if int(Path(self.pid_path).read_text()) == os.getpid():
+                os.unlink(self.pid_path)
         if self.ssh is not None:
             self.ssh.close()
 
@@ -796,6 +860,7 @@ class Server:
             if frame is None or frame[0] != b"H":
                 return
             header = json.loads(frame[1])
+            send_frame(conn, b"h")  # alive: the command now waits as long as connecting takes
             if self.stopping.is_set():
                 send_frame(conn, b"S")
                 return
@@ -950,9 +1015,9 @@ class Server:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m rv.warm SPEC LOCK_FD READY_FD``: how the process starts where fork is not used."""
-    spec, lock_fd, ready_w = json.loads(argv[1]), int(argv[2]), int(argv[3])
-    return _daemon_entry(spec, lock_fd, ready_w)
+    """``python -m rv.warm LOCK_FD READY_FD`` with the spec (JSON) on stdin: how the process starts."""
+    spec = json.loads(sys.stdin.buffer.read())
+    return _daemon_entry(spec, int(argv[1]), int(argv[2]))
 
 
 if __name__ == "__main__":

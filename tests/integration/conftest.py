@@ -6,11 +6,14 @@ subprocess. A missing cluster is a test failure, not a skip: a skipped integrati
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -47,11 +50,43 @@ def cluster() -> dict[str, str]:
     return values
 
 
+# Warm connections (rv.warm) of every test's rv commands: sockets in one short private folder for the
+# session, each background process gone a minute after its test's last command (and stopped, by the
+# pid it wrote, when the session ends). The socket path must stay short (sun_path is ~100 bytes).
+RUNTIME = Path(tempfile.mkdtemp(prefix="rv-it-", dir="/tmp"))
+
+
 def base_env(home: Path, config: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RV_", "SSH_AUTH_SOCK"))}
-    # Hermetic: a temp HOME (no ~/.ssh of the developer's), a temp config, no ssh-agent.
-    env.update(HOME=str(home), RV_CONFIG=str(config), NO_COLOR="1", COLUMNS="200")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RV_", "SSH_AUTH_SOCK", "XDG_"))}
+    # Hermetic: a temp HOME (no ~/.ssh of the developer's; state and cache under it), a temp config,
+    # no ssh-agent.
+    env.update(
+        HOME=str(home),
+        RV_CONFIG=str(config),
+        NO_COLOR="1",
+        COLUMNS="200",
+        RV_RUNTIME_DIR=str(RUNTIME),
+        RV_WARM_SECONDS="60",
+    )
     return env
+
+
+def warm_pids(runtime: Path = RUNTIME) -> dict[str, int]:
+    """The background connections alive under ``runtime``: socket key -> pid (from their pid files)."""
+    pids = {}
+    for f in runtime.glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(f.read_text())
+            os.kill(pid, 0)
+            pids[f.stem] = pid
+    return pids
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for pid in warm_pids().values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    shutil.rmtree(RUNTIME, ignore_errors=True)
 
 
 def run_cli(args, env, cwd=None, input=None, timeout=300) -> subprocess.CompletedProcess:

@@ -217,7 +217,9 @@ def test_state_moves_from_beside_the_config_once_and_loses_nothing(tmp_path, mon
     state = tmp_path / "state"
     state.mkdir()
     # This version already wrote state before (a job and a secret): both copies must survive.
-    (state / "jobs.json").write_text(json.dumps({"jobs": [{"job_id": "2", "profile": "a", "submitted_at": 2}]}))
+    (state / "jobs.json").write_text(
+        json.dumps({"jobs": [{"job_id": "2", "profile": "a", "submitted_at": 2}]})
+    )
     (state / "secrets.json").write_text(json.dumps({"TOKEN": "newer"}))
     monkeypatch.setenv("RV_CONFIG", str(old / "config.toml"))
     monkeypatch.setenv("RV_STATE_DIR", str(state))

@@ -391,7 +391,9 @@ def test_allocations():
 def test_squeue_and_sinfo_skip_cluster_header_lines():
     # `squeue -M all` / `sinfo -M all` (or a site's default cluster list) print "CLUSTER: name" before
     # each cluster's rows; rv used to abort on the first one ("expected 12 fields").
-    squeue = "CLUSTER: alpha\n" + captured("squeue_mixed.txt") + "CLUSTER: beta\n" + captured("squeue_later.txt")
+    squeue = (
+        "CLUSTER: alpha\n" + captured("squeue_mixed.txt") + "CLUSTER: beta\n" + captured("squeue_later.txt")
+    )
     jobs = parse_squeue(squeue)
     assert len(jobs) == len(parse_squeue(captured("squeue_mixed.txt"))) + len(
         parse_squeue(captured("squeue_later.txt"))

@@ -187,12 +187,16 @@ def test_pull_refuses_to_overwrite_local_edits_and_changes_nothing(tmp_path, tra
     assert "--force" in (info.value.hint or "") and "--keep-local" in (info.value.hint or "")
     assert _local_state(dest) == before  # nothing local changed, not even b.txt
 
-    kept = pull(transport, layout, "jobs/7/output", dest, on_conflict="keep-local", ledger=PullLedger(ledger.path))
+    kept = pull(
+        transport, layout, "jobs/7/output", dest, on_conflict="keep-local", ledger=PullLedger(ledger.path)
+    )
     assert kept.kept_local == ("a.txt",) and kept.downloaded == 2
     assert (dest / "a.txt").read_text() == "my notes, not the cluster's\n"
     assert (dest / "b.txt").read_text() == "cluster b.txt, second run\n"
 
-    forced = pull(transport, layout, "jobs/7/output", dest, on_conflict="force", ledger=PullLedger(ledger.path))
+    forced = pull(
+        transport, layout, "jobs/7/output", dest, on_conflict="force", ledger=PullLedger(ledger.path)
+    )
     assert forced.overwritten == ("a.txt",)
     assert (dest / "a.txt").read_text() == "cluster a.txt, second run\n"
     assert (dest / "mine.txt").read_text() == "only here\n"  # not on the cluster: left alone

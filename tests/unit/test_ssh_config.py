@@ -30,7 +30,9 @@ Host *.lab.edu
 """
 
 BACKENDS = [
-    pytest.param(True, id="openssh", marks=pytest.mark.skipif(not shutil.which("ssh"), reason="no ssh binary")),
+    pytest.param(
+        True, id="openssh", marks=pytest.mark.skipif(not shutil.which("ssh"), reason="no ssh binary")
+    ),
     pytest.param(False, id="paramiko"),
 ]
 
@@ -51,7 +53,11 @@ def test_alias_resolution(home, openssh):
     assert t.identity_files == (str(home / ".ssh/uva_key"),)
     assert t.host_key_name == "[login.hpc.virginia.edu]:2200"
     assert t.proxy_jump is not None
-    assert (t.proxy_jump.hostname, t.proxy_jump.port, t.proxy_jump.user) == ("bastion.example.edu", 2022, "jumpuser")
+    assert (t.proxy_jump.hostname, t.proxy_jump.port, t.proxy_jump.user) == (
+        "bastion.example.edu",
+        2022,
+        "jumpuser",
+    )
     assert t.proxy_jump.identity_files == (str(home / ".ssh/bastion_key"),)
 
 
@@ -59,7 +65,9 @@ def test_alias_resolution(home, openssh):
 def test_profile_values_win(home, openssh):
     cfg = home / "config"
     cfg.write_text(SSH_CONFIG)
-    t = resolve_target("uva", port=22, user="other", identity_file="/k", ssh_config_path=cfg, use_openssh=openssh)
+    t = resolve_target(
+        "uva", port=22, user="other", identity_file="/k", ssh_config_path=cfg, use_openssh=openssh
+    )
     assert (t.port, t.user, t.identity_files) == (22, "other", ("/k",))
     assert t.host_key_name == "login.hpc.virginia.edu"
 
@@ -107,9 +115,17 @@ def test_every_proxyjump_hop_is_kept(home, openssh):
     )
     t = resolve_target("target", ssh_config_path=cfg, use_openssh=openssh)
     second = t.proxy_jump
-    assert second is not None and (second.hostname, second.user, second.port) == ("second.internal", "me", 2200)
+    assert second is not None and (second.hostname, second.user, second.port) == (
+        "second.internal",
+        "me",
+        2200,
+    )
     first = second.proxy_jump
-    assert first is not None and (first.hostname, first.user, first.port) == ("first.example.edu", "firstuser", 2201)
+    assert first is not None and (first.hostname, first.user, first.port) == (
+        "first.example.edu",
+        "firstuser",
+        2201,
+    )
     assert first.proxy_jump is None
     assert [h.hostname for h in t.hops()] == ["first.example.edu", "second.internal", "target.internal"]
 
