@@ -15,7 +15,6 @@ from test_snapshot_store import local_python_first, tree_state
 from rv.errors import NotFound, UsageError
 from rv.snapshot import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id
 from rv.sync import (
-    PullConflict,
     PullLedger,
     PushPlan,
     RemoteEntry,
