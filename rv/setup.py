@@ -90,7 +90,7 @@ def facts_from_probe(text: str) -> ClusterFacts:
     best = account_from_allocations(allocations) or (accounts[0] if accounts else None)
     user = (s.get("user") or [""])[0].strip()
     home = (s.get("home") or [""])[0].strip()
-    scratch = (s.get("scratch") or [None])[0]
+    scratch = next(iter(s.get("scratch") or []), None)
     return ClusterFacts(
         user=user,
         home=home,

@@ -152,12 +152,12 @@ class Entry:
 def blob_id(data: bytes) -> str:
     h = agent.blob_hasher(len(data))
     h.update(data)
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
 def snapshot_id(entries: Iterable[Entry]) -> str:
     """Derived from the manifest alone, so identical trees are one snapshot."""
-    return agent.manifest_id([e.row() for e in sort_entries(entries)])
+    return str(agent.manifest_id([e.row() for e in sort_entries(entries)]))
 
 
 def sort_entries(entries: Iterable[Entry]) -> list[Entry]:
@@ -787,6 +787,8 @@ def call_agent(
         raise _AGENT_ERRORS.get(reply.get("code", ""), RemoteError)(
             f"remote {mode}: {reply['error']}", hint=hint
         )
+    if not isinstance(reply, dict):
+        raise RemoteError(f"remote {mode} sent a reply that is not an object: {str(reply)[:120]}")
     return reply
 
 

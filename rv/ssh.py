@@ -150,7 +150,7 @@ def _append_known_host(path: Path, line: str) -> None:
         fh.write(line)
 
 
-class _AskPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
+class _AskPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[name-defined,misc]
     """Unknown host key: ask (or accept with --yes), then remember it in the known_hosts file."""
 
     def __init__(self, target: SSHTarget, confirm: ConfirmHostKey | None) -> None:

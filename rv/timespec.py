@@ -168,7 +168,8 @@ def mem_megabytes(text: str) -> int:
     """Megabytes in a memory size (``16G`` -> 16384), rounded up; for comparing sizes."""
     normalised = parse_mem(text)
     value, unit = int(normalised[:-1]), normalised[-1]
-    return math.ceil(value * 1024 ** (_MEM_UNITS.index(unit) - 1))
+    megabytes: int = math.ceil(value * 1024.0 ** (_MEM_UNITS.index(unit) - 1))
+    return megabytes
 
 
 def scale_mem(text: str, factor: int) -> str:

@@ -135,7 +135,11 @@ def write_local_atomically(
     tmp = local.with_name(f".{local.name}.rv-tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
         with open(tmp, "wb") as fh:
-            produce(fh.write)
+
+            def sink(data: bytes) -> None:
+                fh.write(data)
+
+            produce(sink)
         tmp.replace(local)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -206,8 +210,10 @@ class SSHTarget:
     def hops(self) -> list[SSHTarget]:
         """Every host on the way, first hop first, this one last."""
         chain = [self]
-        while chain[0].proxy_jump is not None:
-            chain.insert(0, chain[0].proxy_jump)  # type: ignore[arg-type]
+        hop = self.proxy_jump
+        while hop is not None:
+            chain.insert(0, hop)
+            hop = hop.proxy_jump
         return chain
 
 
@@ -524,8 +530,9 @@ class LocalTransport(_Collecting):
 
         def pump_stderr() -> None:
             assert proc.stderr is not None
+            fd = proc.stderr.fileno()
             try:
-                for chunk in iter(lambda: proc.stderr.read1(_CHUNK), b""):  # type: ignore[union-attr]
+                for chunk in iter(lambda: os.read(fd, _CHUNK), b""):
                     if on_stderr is not None:
                         on_stderr(chunk)
             except BaseException as exc:  # handed to the caller below, never dropped

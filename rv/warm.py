@@ -442,7 +442,7 @@ class WarmTransport(_Collecting):
                     raise WarmUnavailable(err.get("message", "the background connection failed"))
                 _raise_error(err)
             elif kind == b"O":
-                started = json.loads(payload)
+                started: dict[str, Any] = json.loads(payload)
                 sock.settimeout(None)  # a command may run for hours (`rv logs -f`)
                 break
             else:
@@ -516,7 +516,8 @@ class WarmTransport(_Collecting):
                         ) from (failure[0])
                     return {"exit_code": int(payload)}
                 elif kind == b"F":
-                    return dict(json.loads(payload or b"{}"))
+                    done: dict[str, Any] = json.loads(payload or b"{}")
+                    return done
                 elif kind == b"E":
                     _raise_error(json.loads(payload))
         finally:
@@ -581,9 +582,11 @@ class WarmTransport(_Collecting):
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         if self._direct is None:
             try:
-                write_local_atomically(
-                    local_path, lambda sink: self._call({"op": "get", "remote": remote_path}, on_stdout=sink)
-                )
+
+                def fetch(sink: Callable[[bytes], None]) -> None:
+                    self._call({"op": "get", "remote": remote_path}, on_stdout=sink)
+
+                write_local_atomically(local_path, fetch)
                 return
             except WarmUnavailable as exc:
                 self._fall_back(exc)

@@ -24,6 +24,7 @@ from rv.layout import RemoteLayout
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from rv.job.records import RunStore
     from rv.progress import Progress, TransferProgress
 
 
@@ -121,7 +122,7 @@ class Session:
     def connected(self) -> bool:
         return self._transport is not None
 
-    def reconnect(self):  # -> rv.transport.SSHTransport
+    def reconnect(self) -> Any:  # -> the new transport
         """A fresh connection, after the old one dropped (following a run survives that)."""
         self.close()
         return self.transport
@@ -137,7 +138,7 @@ def load_profile(ctx: click.Context) -> tuple[Config, Profile]:
     return config, config.profile(ctx.find_root().obj.get("profile"))
 
 
-def run_store():  # -> rv.job.records.RunStore
+def run_store() -> RunStore:
     from rv.config import state_dir
     from rv.job.records import RunStore
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from rv.cli.common import load_profile, print_json
@@ -23,12 +25,12 @@ def cost(ctx: click.Context, gpus: int, gpu_type: str | None, time_: str | None,
     seconds = parse_duration(time_ or DEFAULT_TIME)
     if gpu_type is not None and gpu_type not in catalog:
         raise UsageError(f"unknown GPU type {gpu_type!r}; valid types: {', '.join(catalog)}")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, g in catalog.items():
         if gpu_type is not None and name != gpu_type:
             continue
         per_hour = g.su_per_gpu_hour
-        total = None if per_hour is None else round(per_hour * gpus * seconds / 3600, 2)
+        total: float | None = None if per_hour is None else round(per_hour * gpus * seconds / 3600, 2)
         rows.append(
             {
                 "type": name,
@@ -45,5 +47,5 @@ def cost(ctx: click.Context, gpus: int, gpu_type: str | None, time_: str | None,
     click.echo(f"{'TYPE':<10} {'SU/GPU-h':>9} {'SU':>11}   ({gpus} GPU x {seconds / 3600:.2f} h)")
     for r in rows:
         rate = "?" if r["su_per_gpu_hour"] is None else f"{r['su_per_gpu_hour']:.2f}"
-        total = "unknown" if r["su"] is None else ("free" if r["su"] == 0 else f"{r['su']:,.0f}")
-        click.echo(f"{r['type']:<10} {rate:>9} {total:>11}")
+        shown = "unknown" if r["su"] is None else ("free" if r["su"] == 0 else f"{r['su']:,.0f}")
+        click.echo(f"{r['type']:<10} {rate:>9} {shown:>11}")

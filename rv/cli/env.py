@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from rv.cli.common import note, print_json
 
+if TYPE_CHECKING:
+    from rv.secrets import SecretStore
 
-def _store():
+
+def _store() -> SecretStore:
     from rv.config import state_dir
     from rv.secrets import SecretStore
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import BinaryIO
 
 import click
 
@@ -24,7 +26,7 @@ def exec_(ctx: click.Context, timeout: float | None, command: tuple[str, ...]) -
     """
     out, err = sys.stdout.buffer, sys.stderr.buffer
 
-    def write(stream):  # flush per chunk: output must appear as the remote side writes it
+    def write(stream: BinaryIO) -> Callable[[bytes], None]:  # flush per chunk: output appears as written
         def _write(data: bytes) -> None:
             stream.write(data)
             stream.flush()

@@ -46,7 +46,8 @@ class RvGroup(click.Group):
             return None
         module, attr, _ = COMMANDS[name]
         try:
-            return getattr(importlib.import_module(module), attr)
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
@@ -105,4 +106,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

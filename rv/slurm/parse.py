@@ -693,11 +693,11 @@ def in_flight_gpus_by_type(
         if job.state != "RUNNING" and not (include_pending and job.state == "PENDING"):
             continue
         gtype = job.gpu_type
-        name = by_partition.get((job.partition, gtype))
-        if name is None and len(by_gres.get(gtype, [])) == 1:
-            name = by_gres[gtype][0]
-        if name is not None:
-            result[name] = result.get(name, 0) + job.gpus
+        found = by_partition.get((job.partition, gtype))
+        if found is None and len(by_gres.get(gtype, [])) == 1:
+            found = by_gres[gtype][0]
+        if found is not None:
+            result[found] = result.get(found, 0) + job.gpus
     return result
 
 
