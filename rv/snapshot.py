@@ -34,30 +34,32 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
-import getpass
 import hashlib
 import json
 import os
 import re
 import shlex
-import socket
 import stat
 import struct
 import subprocess
-import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rv import __version__
 from rv import remote_store as agent
 from rv.errors import NotFound, RemoteCommandMissing, RemoteError, RvError, UsageError
 from rv.layout import RemoteLayout
 from rv.progress import Progress, ProgressCounter
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+# concurrent.futures, tempfile, socket and getpass are imported where they are used: `rv ps` imports
+# this module for call_agent and should not pay ~20 ms for what only a snapshot needs.
 
 DEFAULT_MAX_FILE_SIZE = 100 * 1000 * 1000  # 100 MB
 MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
@@ -332,6 +334,8 @@ def _attribute_sources(top: Path, git_dir: str, names: Iterable[str], config: di
 def _list_repo(top: Path, prefix: str, git: Git, cand: _Candidates) -> None:
     """Add one repository's files (recursing into submodules and nested repos) to ``cand``."""
     # Independent questions, asked at once: git processes are the bulk of a no-change snapshot.
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=5) as pool:
         staged_f = pool.submit(git.out, ["ls-files", "-z", "-s", "-v"], top)
         modified_f = pool.submit(git.out, ["diff-files", "-z", "--name-only", "--ignore-submodules=all"], top)
@@ -391,6 +395,8 @@ def _list_repo(top: Path, prefix: str, git: Git, cand: _Candidates) -> None:
 
 def _list_plain(folder: Path, git: Git, cand: _Candidates) -> list[str]:
     """Every file under a folder that is not a repo, minus .rvignore. Returns what .rvignore left out."""
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="rv-ls-") as tmp:
         env = _scratch_repo(Path(tmp), folder, git)
         listed = _split_z(
@@ -444,6 +450,8 @@ def ignored_paths(
     info = b"".join(b"100644 " + empty.encode() + b"\t" + agent.enc(p) + b"\0" for p in paths)
     rules = ["--exclude-standard"] if gitignore else ["--exclude-per-directory=.rvignore"]
     rules += [f"--exclude-from={f}" for f in exclude_from if f.is_file()]
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="rv-ignore-") as tmp:
         env = _scratch_repo(Path(tmp), root, git)
         git.out(["update-index", "-z", "--index-info"], root, input=info, env=env)
@@ -479,6 +487,8 @@ def scan_tree(
         plain_left_out = _list_plain(folder, git, cand)
     else:
         root = top
+        from concurrent.futures import ThreadPoolExecutor
+
         with ThreadPoolExecutor(max_workers=3) as pool:
             finish_repo_info = _head_questions(top, git, pool)
             _list_repo(top, "", git, cand)
@@ -563,6 +573,8 @@ def _hash_many(
     if len(paths) < 16:
         return {p: one(p) for p in paths}
     # hashlib releases the GIL on large buffers, so threads do help on a first snapshot.
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
         return dict(zip(paths, pool.map(one, paths), strict=True))
 
@@ -667,6 +679,9 @@ def provenance(
     ``with_diff=False`` leaves the dirty tree's diff out (``diff`` is then None): it is only needed
     when the snapshot is new, so a resubmit does not pay for ``git diff``.
     """
+    import getpass
+    import socket
+
     git = git or Git()
     repo = tree.repo
     prov: dict[str, Any] = {
@@ -1149,6 +1164,8 @@ def make_snapshot(
     then connect" order, call prepare_snapshot and upload_snapshot yourself.
     """
     cache = ManifestCache(cache_dir, cache_key or layout.root) if cache_dir else None
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     ready: Future[bytes | None] = Future()
 
     def query_stdin() -> Iterator[bytes]:

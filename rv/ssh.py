@@ -133,6 +133,10 @@ class _Spare:
             self.channel.close()
 
 
+class UnknownHostKey(HostKeyError):
+    """The server's key is in no known_hosts file and nobody accepted it."""
+
+
 class ChannelOpenError(ConnectError):
     """The connection could not start the command: nothing ran on the cluster."""
 
@@ -160,7 +164,7 @@ class _AskPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[name-defined,mi
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
         fp = fingerprint(key)
         if self.confirm is None or not self.confirm(self.target.host_key_name, key.get_name(), fp):
-            raise HostKeyError(
+            raise UnknownHostKey(
                 f"host key of {self.target.host_key_name} is not known ({key.get_name()} {fp})",
                 hint="check the fingerprint with your cluster's documentation, then run `rv init` "
                 "and accept it (or pass --yes)",

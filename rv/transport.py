@@ -460,18 +460,20 @@ def open_transport(
     *,
     confirm_host_key: Callable[[str, str, str], bool] | None = None,
     config_path: Path | None = None,
+    target: SSHTarget | None = None,
 ) -> Any:
     """A connected transport for ``profile``: the warm background connection unless switched off.
 
     ``RV_WARM_SECONDS=0`` (or a platform without Unix sockets) connects directly, as rv did before.
     """
-    target = resolve_target(
-        profile.host,
-        port=profile.port,
-        user=profile.user,
-        identity_file=profile.identity_file,
-        known_hosts=profile.known_hosts,
-    )
+    if target is None:
+        target = resolve_target(
+            profile.host,
+            port=profile.port,
+            user=profile.user,
+            identity_file=profile.identity_file,
+            known_hosts=profile.known_hosts,
+        )
     mask = profile_mask(profile)
     from rv import warm
 

@@ -321,7 +321,20 @@ class WarmTransport(_Collecting):
             raise WarmUnavailable(f"the background process did not accept connections (log: {log_path})")
         return sock
 
-    def _start(self, path: Path, lock_path: Path, log_path: Path) -> None:
+    def prewarm(self) -> None:
+        """Start the background process (and its SSH handshake) now, without waiting for it.
+
+        The rv command calls this as soon as it knows the profile, so the process's start-up,
+        paramiko's import and the handshake overlap with the command's own imports and parsing.
+        """
+        path, lock_path, log_path = self._paths()
+        probe = _try_connect(path, 0.5)
+        if probe is not None:
+            probe.close()
+            return
+        self._start(path, lock_path, log_path, wait=False)
+
+    def _start(self, path: Path, lock_path: Path, log_path: Path, *, wait: bool = True) -> None:
         """Start the background process, unless another rv is starting one (then wait for it)."""
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -333,8 +346,9 @@ class WarmTransport(_Collecting):
                 except BlockingIOError:
                     # The lock's holder is a live process: starting, serving, or on its way out.
                     probe = _try_connect(path, 1.0)
-                    if probe is not None:
-                        probe.close()
+                    if probe is not None or not wait:
+                        if probe is not None:
+                            probe.close()
                         return
                     if time.monotonic() > deadline:
                         raise WarmUnavailable(
@@ -358,6 +372,10 @@ class WarmTransport(_Collecting):
                 _spawn(spec, fd, ready_w)
             finally:
                 os.close(ready_w)
+            self.started_daemon = True
+            if not wait:
+                os.close(ready_r)  # the process shrugs off the closed pipe; the socket tells the rest
+                return
             try:
                 ready, _, _ = select.select([ready_r], [], [], _START_WAIT_S)
                 said = os.read(ready_r, 1) if ready else b""
@@ -365,7 +383,6 @@ class WarmTransport(_Collecting):
                 os.close(ready_r)
             if said != b"R":
                 raise WarmUnavailable(f"the background process did not start (log: {log_path})")
-            self.started_daemon = True
         finally:
             os.close(fd)  # the process keeps its own copy of the lock
 
@@ -709,7 +726,8 @@ def _daemon_entry(spec: dict[str, Any], lock_fd: int, ready_w: int) -> int:
     server = Server(spec, lock_fd)
     try:
         server.listen()
-        os.write(ready_w, b"R")
+        with contextlib.suppress(BrokenPipeError):  # a starter that did not wait (prewarm)
+            os.write(ready_w, b"R")
         os.close(ready_w)
         server.serve()
         return 0
@@ -791,6 +809,7 @@ class Server:
         self.log(f"listening on {self.path} for {self.target.where}, idle exit after {self.idle:g}s")
 
     def serve(self) -> None:
+        threading.Thread(target=self.connect_early, daemon=True).start()
         while not self.stopping.is_set():
             listener = self.listener
             if listener is None:
@@ -903,11 +922,41 @@ class Server:
                 self.active -= 1
                 self.last = time.monotonic()
 
+    def connect_early(self) -> None:
+        """Connect at once, before the first request: the handshake overlaps the rv command's start.
+
+        Nobody can be asked about an unknown host key yet: then the first request connects again,
+        relaying the question. Any other failure is kept and told to the first request.
+        """
+        from rv.ssh import SSHTransport, UnknownHostKey
+
+        with self.connect_lock:
+            if self.ssh is not None or self.connect_error is not None:
+                return
+            transport = SSHTransport(self.target, None, mask=self.mask)
+            try:
+                transport.connect()
+            except UnknownHostKey as exc:
+                self.log(f"not connecting early: {exc.message}; the first command will be asked")
+                return
+            except RvError as exc:
+                self.connect_error = _error_json(exc, retry=False)
+                self.log(f"could not connect: {exc.message}")
+                return
+            self._connected(transport)
+
+    def _connected(self, transport: Any) -> None:
+        self.ssh = transport
+        if self.ident.get("hot_shell"):
+            transport.enable_hot_shell()
+        self.log(f"connected to {self.target.where}")
+
     def ensure_connected(self, conn: socket.socket, reader: FrameReader) -> bool | None:
         """Connect once (relaying a host key question to this client). True: it was already open."""
         with self.connect_lock:
             if self.connect_error is not None:
                 send_json(conn, b"E", self.connect_error)
+                self.stop(f"could not connect: {self.connect_error.get('message')}")
                 return None
             if self.ssh is not None:
                 return True
@@ -928,10 +977,7 @@ class Server:
                 send_json(conn, b"E", self.connect_error)
                 self.stop(f"could not connect: {exc.message}")
                 return None
-            self.ssh = transport
-            if self.ident.get("hot_shell"):
-                transport.enable_hot_shell()
-            self.log(f"connected to {self.target.where}")
+            self._connected(transport)
             return False
 
     def _healthy(self) -> bool:

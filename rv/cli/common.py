@@ -96,6 +96,44 @@ def confirm_host_key_interactively(host: str, key_type: str, fp: str) -> bool:
     return click.confirm("Trust it and remember it?", default=False, err=True)
 
 
+# (config file, profile name) -> the SSHTarget prewarm resolved, so the session need not ask ssh -G again
+_resolved: dict[tuple[str, str], Any] = {}
+
+
+def prewarm(profile_name: str | None) -> None:
+    """Start the profile's warm connection in the background, if it has none (see rv.warm).
+
+    Purely a head start: when anything stands in the way (no config yet, a bad profile, no private
+    runtime folder) nothing is started here, and the command meets and reports the same problem
+    when it connects, as it would have without this.
+    """
+    from rv import warm
+    from rv.errors import RvError
+
+    try:
+        if not warm.enabled():
+            return
+        config = load_config()
+        profile = config.profile(profile_name)
+        from rv.transport import resolve_target
+
+        target = resolve_target(
+            profile.host,
+            port=profile.port,
+            user=profile.user,
+            identity_file=profile.identity_file,
+            known_hosts=profile.known_hosts,
+        )
+        _resolved[(str(config.path), profile.name)] = target
+        from rv.transport import profile_mask
+
+        warm.WarmTransport(
+            target, profile_key=warm.profile_key(config.path, profile.name), mask=profile_mask(profile)
+        ).prewarm()
+    except (RvError, warm.WarmUnavailable, OSError):
+        return  # see the docstring: the command itself reports it
+
+
 @dataclass
 class Session:
     config: Config
@@ -108,7 +146,10 @@ class Session:
             from rv.transport import open_transport
 
             self._transport = open_transport(
-                self.profile, confirm_host_key=confirm_host_key_interactively, config_path=self.config.path
+                self.profile,
+                confirm_host_key=confirm_host_key_interactively,
+                config_path=self.config.path,
+                target=_resolved.get((str(self.config.path), self.profile.name)),
             )
         return self._transport
 

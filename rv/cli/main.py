@@ -27,6 +27,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sync": ("rv.cli.sync", "sync", "Push, pull and watch files."),
 }
 ALIASES = {"ls": "ps", "cancel": "stop"}
+# Commands that only ever talk to the cluster (no local checks that could refuse first): their warm
+# connection is started as soon as the profile is known, so its start overlaps with their imports.
+PREWARM = frozenset({"ps", "status", "logs", "exec"})
 
 
 def report_error(exc: RvError) -> None:
@@ -59,6 +62,11 @@ class RvGroup(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> object:
+        args = [*ctx.protected_args, *ctx.args]
+        if args and ALIASES.get(args[0], args[0]) in PREWARM and not {"-h", "--help"} & set(args[1:]):
+            from rv.cli.common import prewarm
+
+            prewarm(ctx.params.get("profile"))
         try:
             return super().invoke(ctx)
         except RvError as exc:

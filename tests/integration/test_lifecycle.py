@@ -243,9 +243,12 @@ def rv_started_processes(user: str) -> list[str]:
         pid, ppid, owner, comm, *args = line.split(None, 4)
         rows[pid] = (ppid, owner, comm, args[0] if args else "")
     found = []
+    parents = {ppid for ppid, *_ in rows.values()}
     for pid, (ppid, owner, comm, args) in rows.items():
         if owner != user or comm.startswith("sshd"):
             continue  # sshd's own per-session process belongs to the connection, not to rv's commands
+        if "__rv_cmd" in args and pid not in parents:
+            continue  # an idle pre-started shell of a warm connection (rv.ssh.HOT_SHELL), not a command
         up, seen = ppid, 0
         while up in rows and seen < 50:
             if rows[up][2].startswith("sshd"):

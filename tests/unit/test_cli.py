@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,7 +42,11 @@ def setup(tmp_path):
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RV_")}
     env.update(RV_CONFIG=str(tmp_path / "rv.toml"), HOME=str(tmp_path), NO_COLOR="1", RV_CONNECT_TIMEOUT="1")
-    return repo, env
+    # A short private folder of its own for warm-connection sockets (sun_path is ~100 bytes).
+    runtime = tempfile.mkdtemp(prefix="rv-ut-", dir="/tmp")
+    env["RV_RUNTIME_DIR"] = runtime
+    yield repo, env
+    shutil.rmtree(runtime, ignore_errors=True)
 
 
 def test_importing_the_cli_pulls_neither_torch_nor_paramiko():
