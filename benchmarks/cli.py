@@ -77,7 +77,8 @@ def imported(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list
         "import atexit, sys\n"
         "def report():\n"
         "    tops = sorted({m.split('.')[0] for m in sys.modules})\n"
-        "    heavy = [m for m in ('paramiko', 'cryptography', 'rich', 'tomlkit', 'git', 'torch') if m in tops]\n"
+        "    names = ('paramiko', 'cryptography', 'rich', 'tomlkit', 'git', 'torch')\n"
+        "    heavy = [m for m in names if m in tops]\n"
         '    sys.stderr.write(f\'IMPORTS {len(sys.modules)} {",".join(heavy) or "-"}\\n\')\n'
         "atexit.register(report)\n"
         "from rv.cli.main import main\nsys.argv[0] = 'rv'\nmain()\n"
@@ -132,8 +133,8 @@ def main() -> None:
     (repo / "train.py").write_text("print('hi')\n")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     ssh = [
-        "ssh", "-F", "none", "-p", port, "-i", key, "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes",
-        "-o", "StrictHostKeyChecking=yes", f"{user}@127.0.0.1",
+        "ssh", "-F", "none", "-p", port, "-i", key, "-o", f"UserKnownHostsFile={known}",
+        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", f"{user}@127.0.0.1",
     ]  # fmt: skip
     mux = [
         *ssh[:-1],
