@@ -48,12 +48,20 @@ def read_env(path: Path) -> dict[str, str]:
 
 
 def timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
-    took = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"benchmark step failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return took
+    """Wall seconds of one successful run. The loopback Slurm is shared with other work on this
+    machine and now and then times out (`Socket timed out on send/recv`): such a run is repeated
+    (at most twice, said on stderr), never counted."""
+    for _attempt in range(3):
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+        took = time.perf_counter() - start
+        if proc.returncode == 0:
+            return took
+        print(
+            f"note: retrying ({proc.stderr.strip().splitlines()[-1:]}): {' '.join(cmd[:6])} ...",
+            file=sys.stderr,
+        )
+    raise SystemExit(f"benchmark step failed 3 times: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
 
 
 def stop_warm(runtime: Path) -> None:

@@ -161,3 +161,17 @@ def test_env_errors_never_echo_a_value(setup, tmp_path):
     dotenv.write_text("MY TOKEN=TOPSECRET123\n")
     r = rv("env", "import", str(dotenv), cwd=repo, env=env)
     assert r.returncode == 2 and "TOPSECRET" not in r.stderr + r.stdout
+
+
+def test_shell_completion_lists_commands_and_options_without_connecting(setup):
+    repo, env = setup
+    r = subprocess.run(
+        [sys.executable, "-m", "rv"],
+        env={**env, "_RV_COMPLETE": "bash_complete", "COMP_WORDS": "rv sync pull --", "COMP_CWORD": "3"},
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert {"plain,--force", "plain,--keep-local"} <= set(r.stdout.split())
+    assert not os.listdir(env["RV_RUNTIME_DIR"])  # nothing was started
