@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -336,6 +335,8 @@ class WarmTransport(_Collecting):
 
     def _start(self, path: Path, lock_path: Path, log_path: Path, *, wait: bool = True) -> None:
         """Start the background process, unless another rv is starting one (then wait for it)."""
+        import fcntl  # POSIX only, like the rest of this module's work (enabled() says so)
+
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             deadline = time.monotonic() + _START_WAIT_S
@@ -758,7 +759,7 @@ def _peer_uid(conn: socket.socket) -> int | None:
     return None  # elsewhere the folder's 0700 is the guard
 
 
-_HUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+_HUP = getattr(select, "POLLHUP", 0) | getattr(select, "POLLERR", 0) | getattr(select, "POLLRDHUP", 0)
 
 
 def _gone(conn: socket.socket) -> bool:
