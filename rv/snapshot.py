@@ -734,20 +734,44 @@ AGENT_MODULES = ("rv.remote_store", "rv.job.remote")
 
 @functools.cache
 def _agent_bootstrap() -> str:
+    """The ``python3 -c`` program that runs the agent: its modules travel compressed on every call.
+
+    Decompressing and compiling them costs the cluster ~60 ms a call, more than most modes' work,
+    so the compiled code is kept in ``${XDG_CACHE_HOME:-~/.cache}/rv/agent/`` on the cluster (0700),
+    named by a hash of the sources and the interpreter's cache tag: later calls read it with marshal
+    (~1 ms). A missing, damaged or foreign file is simply recompiled and rewritten; nothing else is
+    ever read from there.
+    """
     import importlib
 
     parts = []
+    digest = hashlib.sha256()
     for name in AGENT_MODULES:
         source = Path(importlib.import_module(name).__file__ or "").read_bytes()
+        digest.update(name.encode() + b"\0" + source)
         parts.append((name, base64.b64encode(zlib.compress(source, 9)).decode("ascii")))
+    key = digest.hexdigest()[:20]
     return (
-        "import base64,sys,types,zlib\n"
+        "import base64,marshal,os,sys,types,zlib\n"
+        f"P={parts!r}\n"
         "for p in ('rv','rv.job'):\n m=types.ModuleType(p);m.__path__=[];sys.modules[p]=m\n"
-        "def load(n,s):\n"
+        "d=os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),'rv','agent')\n"
+        f"f=os.path.join(d,{key!r}+'-'+sys.implementation.cache_tag+'.bin')\n"
+        "try:\n"
+        " with open(f,'rb') as h:C=marshal.load(h)\n"
+        " assert len(C)==len(P)\n"
+        # A cache, so any failure to read it means: compile from the sources sent along.
+        "except Exception:\n"
+        " C=[compile(zlib.decompress(base64.b64decode(s)),n,'exec') for n,s in P]\n"
+        " try:\n"
+        "  os.makedirs(d,0o700,exist_ok=True);t='%s.%d'%(f,os.getpid())\n"
+        "  with open(t,'wb') as h:marshal.dump(C,h)\n"
+        "  os.chmod(t,0o600);os.replace(t,f)\n"
+        " except OSError:pass\n"
+        "for (n,_),c in zip(P,C):\n"
         " m=types.ModuleType(n);sys.modules[n]=m;p,_,a=n.rpartition('.');setattr(sys.modules[p],a,m)\n"
-        " exec(compile(zlib.decompress(base64.b64decode(s)),n,'exec'),m.__dict__)\n"
-        + "".join(f"load({name!r},{packed!r})\n" for name, packed in parts)
-        + "sys.exit(sys.modules['rv.remote_store'].main(sys.argv))"
+        " exec(c,m.__dict__)\n"
+        "sys.exit(sys.modules['rv.remote_store'].main(sys.argv))"
     )
 
 

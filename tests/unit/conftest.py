@@ -15,6 +15,16 @@ def hermetic_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    # State, cache and sockets under the temp HOME too (the platform folders follow HOME).
+    for name in (
+        "XDG_STATE_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_RUNTIME_DIR",
+        "RV_STATE_DIR",
+        "RV_CACHE_DIR",
+        "RV_RUNTIME_DIR",
+    ):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

@@ -253,3 +253,22 @@ def test_a_local_read_error_mid_upload_stops_the_command(tmp_path):
     assert isinstance(result[0], TransferError) and "Input/output error" in str(result[0])
     leftover = subprocess.run(["pgrep", "-f", "cat > /dev/null; sleep 30"], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
+
+
+# -- the agent's compiled code is cached on the cluster --------------------------------------------------
+
+
+def test_the_agent_is_compiled_once_and_a_damaged_cache_is_rebuilt(tmp_path, transport, layout):
+    from rv.sync import scan_remote
+
+    cache = Path(os.environ["HOME"]) / ".cache" / "rv" / "agent"
+    (Path(layout.root) / "d").mkdir(parents=True)
+    scan_remote(transport, layout, "d")
+    [compiled] = list(cache.iterdir())
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and stat.S_IMODE(compiled.stat().st_mode) == 0o600
+    first = compiled.stat().st_mtime_ns
+    assert scan_remote(transport, layout, "d").kind == "dir"
+    assert compiled.stat().st_mtime_ns == first  # read, not rewritten
+    compiled.write_bytes(b"not marshal data")
+    assert scan_remote(transport, layout, "d").kind == "dir"  # recompiled from the sources sent along
+    assert compiled.read_bytes() != b"not marshal data"
