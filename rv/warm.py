@@ -1,6 +1,6 @@
 """Warm connections: one background process per profile keeps the SSH connection open for a while.
 
-The first rv command of a profile starts the process (a fork of itself, or ``python -m rv.warm``);
+The first rv command of a profile starts the process (a fresh ``python -I -S``, see _spawn);
 later commands, within ``RV_WARM_SECONDS`` (default 300) of the last one, reach it through a Unix
 socket and pay neither the SSH handshake nor paramiko's import. Why our own process rather than
 OpenSSH's ControlMaster: it works the same on every machine (no ``ssh`` binary, user config or
@@ -666,30 +666,35 @@ def _try_connect(path: Path, timeout: float) -> socket.socket | None:
 
 
 def _spawn(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
-    """Start the process: a fresh ``python -m rv.warm``, its own session, no terminal.
+    """Start the process: a fresh ``python -I -S`` running rv.warm, its own session, no terminal.
 
-    Not a fork of this rv process: that would be ~60 ms quicker, but the fork's command line
+    Not a fork of this rv process: that would be ~40 ms quicker, but the fork's command line
     (visible in `ps`, to other users too) would be this command's, for minutes after it ended. The
     description of the connection travels on stdin, not on the command line.
     """
     import subprocess
 
-    package_parent = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    # `-I -S`: no site processing (a venv's .pth files, an editable install's finder) and no
+    # PYTHON* variables; the path this process found rv and paramiko on comes along instead.
+    path = [str(Path(__file__).resolve().parents[1]), *sys.path]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rv.warm", str(lock_fd), str(ready_w)],
+        [sys.executable, "-I", "-S", "-c", _BOOT, str(lock_fd), str(ready_w)],
         pass_fds=(lock_fd, ready_w),
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         cwd="/",
-        env=env,
     )
     assert proc.stdin is not None
     with proc.stdin:
-        proc.stdin.write(json.dumps(spec).encode())
+        proc.stdin.write(json.dumps({"path": path, "spec": spec}).encode())
+
+
+_BOOT = (
+    "import json,sys;d=json.loads(sys.stdin.buffer.read());sys.path[:0]=d['path'];"
+    "import rv.warm as w;sys.exit(w.main(d['spec'],int(sys.argv[1]),int(sys.argv[2])))"
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1064,11 +1069,8 @@ class Server:
         send_json(conn, b"F", {})
 
 
-def main(argv: list[str]) -> int:
-    """``python -m rv.warm LOCK_FD READY_FD`` with the spec (JSON) on stdin: how the process starts."""
-    spec = json.loads(sys.stdin.buffer.read())
-    return _daemon_entry(spec, int(argv[1]), int(argv[2]))
+def main(spec: dict[str, Any], lock_fd: int, ready_w: int) -> int:
+    """The background process's entry (see _BOOT: it reads the spec from stdin)."""
+    return _daemon_entry(spec, lock_fd, ready_w)
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
