@@ -99,6 +99,14 @@ class WarmUnavailable(Exception):
     """The background process cannot take this command; nothing ran. The caller connects directly."""
 
 
+class _Cold(Exception):
+    """No warm connection yet (this command starts one for the next): connect directly now."""
+
+
+# Keys of the background processes this rv process started: they are still starting up.
+_started_here: set[str] = set()
+
+
 class _Retry(Exception):
     """The process is going away (stale, idle exit): start a fresh one and ask again. Nothing ran."""
 
@@ -290,21 +298,38 @@ class WarmTransport(_Collecting):
 
     # -- connecting ------------------------------------------------------------------------------------
     def connect(self) -> WarmTransport:
+        """Use the warm connection if there is one; otherwise start it for the next command.
+
+        A cold command connects directly (as rv always did): a process started just now would only
+        be ready after importing paramiko and shaking hands too, so waiting for it is no quicker,
+        and the handshake's host key question is asked right here.
+        """
         if self._direct is not None or self.reused is not None:
             return self
         try:
+            path, lock_path, log_path = self._paths()
+            if self.key in _started_here:
+                raise _Cold()
+            probe = _try_connect(path, self.target.connect_timeout)
+            if probe is None:
+                self._start(path, lock_path, log_path, wait=False)
+                raise _Cold()
+            probe.close()
             reply = self._call({"op": "ping"})
             self.reused = bool(reply.get("reused"))
             self.daemon_pid = reply.get("pid")
+        except _Cold:
+            self._fall_back(None)
         except WarmUnavailable as exc:
             self._fall_back(exc)
         return self
 
-    def _fall_back(self, exc: BaseException) -> None:
-        """Connect directly, in this process. Said on stderr: it is slower, and should not happen."""
-        self.fallback_reason = str(exc)
+    def _fall_back(self, exc: BaseException | None) -> None:
+        """Connect directly, in this process. Said on stderr when something is wrong (``exc``)."""
         if self._direct is None:
-            sys.stderr.write(f"rv: note: connecting directly ({exc})\n")
+            if exc is not None:
+                self.fallback_reason = str(exc)
+                sys.stderr.write(f"rv: note: connecting directly ({exc})\n")
             from rv.ssh import SSHTransport
 
             self._direct = SSHTransport(self.target, self._confirm, mask=self.mask).connect()
@@ -374,6 +399,7 @@ class WarmTransport(_Collecting):
             finally:
                 os.close(ready_w)
             self.started_daemon = True
+            _started_here.add(self.key)
             if not wait:
                 os.close(ready_r)  # the process shrugs off the closed pipe; the socket tells the rest
                 return
@@ -946,8 +972,9 @@ class Server:
                 self.log(f"not connecting early: {exc.message}; the first command will be asked")
                 return
             except RvError as exc:
-                self.connect_error = _error_json(exc, retry=False)
-                self.log(f"could not connect: {exc.message}")
+                # Not kept: the failure may be passing (the command that started us connected
+                # directly meanwhile). The first request tries again and hears its own answer.
+                self.log(f"could not connect early: {exc.message}")
                 return
             self._connected(transport)
 

@@ -61,30 +61,52 @@ def wait_remote_gone(ssh_transport, pid_file: str, limit: float = 30.0) -> bool:
     return True
 
 
-def test_a_second_command_reuses_the_connection_and_a_killed_process_is_replaced(run_rv, rv_env, cluster):
-    first = run_rv("exec", CONNECTION)
-    second = run_rv("exec", CONNECTION)
-    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    assert first.stdout == second.stdout and first.stdout.strip()  # one TCP connection for both
-    assert "connecting directly" not in first.stderr + second.stderr
-    key = key_of(rv_env, profile_name(cluster))
-    pid = warm_pids()[key]
+def warm_connection(run_rv, *pre: str, env_extra=None) -> tuple[str, list[str]]:
+    """Run `rv exec` until two commands in a row share one connection; return it and all outputs.
+
+    The first command of a profile connects directly and starts the background process for the
+    next one, so it takes two or three commands (liveness bound: ten).
+    """
+    outputs: list[str] = []
+    for _ in range(10):
+        r = run_rv(*pre, "exec", CONNECTION, env_extra=env_extra)
+        assert r.returncode == 0 and "connecting directly" not in r.stderr, r.stderr
+        if outputs and r.stdout == outputs[-1]:
+            return r.stdout, outputs
+        outputs.append(r.stdout)
+    raise AssertionError(f"no two commands shared a connection: {outputs}")
+
+
+def daemon_pid(rv_env, profile: str, limit: float = 30.0) -> int:
+    key = key_of(rv_env, profile)
+    end = time.monotonic() + limit
+    while key not in warm_pids():
+        assert time.monotonic() < end, "the background process never started"
+        time.sleep(0.05)
+    return warm_pids()[key]
+
+
+def test_commands_reuse_one_connection_and_a_killed_process_is_replaced(run_rv, rv_env, cluster):
+    shared, outputs = warm_connection(run_rv)
+    assert shared.strip() and len(outputs) >= 1
+    assert outputs[0] != shared or len(outputs) == 1  # the very first connected directly
+    pid = daemon_pid(rv_env, profile_name(cluster))
 
     os.kill(pid, signal.SIGKILL)  # its socket file stays behind, refusing connections
     assert wait_gone(pid)
-    third = run_rv("exec", CONNECTION)
-    assert third.returncode == 0, third.stderr
-    assert third.stdout.strip() and third.stdout != first.stdout  # a fresh connection
-    assert warm_pids()[key] != pid
+    fresh = run_rv("exec", CONNECTION)
+    assert fresh.returncode == 0, fresh.stderr  # no hang, no error: a direct connection
+    assert fresh.stdout.strip() and fresh.stdout != shared
+    again, _ = warm_connection(run_rv)
+    assert again != shared and daemon_pid(rv_env, profile_name(cluster)) != pid
 
     direct = run_rv("exec", CONNECTION, env_extra={"RV_WARM_SECONDS": "0"})
-    assert direct.returncode == 0 and direct.stdout not in (first.stdout, third.stdout)
+    assert direct.returncode == 0 and direct.stdout not in (shared, again)
 
 
 def test_a_background_process_that_stops_answering_is_replaced_not_waited_for(run_rv, rv_env, cluster):
-    assert run_rv("exec", "true").returncode == 0
-    key = key_of(rv_env, profile_name(cluster))
-    pid = warm_pids()[key]
+    warm_connection(run_rv)
+    pid = daemon_pid(rv_env, profile_name(cluster))
     os.kill(pid, signal.SIGSTOP)  # alive, accepting connections in the kernel, answering nothing
     try:
         r = run_rv("exec", "echo still works")
@@ -94,8 +116,7 @@ def test_a_background_process_that_stops_answering_is_replaced_not_waited_for(ru
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    again = run_rv("exec", "echo warm again")
-    assert again.returncode == 0 and "connecting directly" not in again.stderr
+    warm_connection(run_rv)
 
 
 def test_without_a_private_runtime_folder_commands_connect_directly(run_rv, tmp_path):
@@ -115,22 +136,21 @@ def test_two_profiles_never_share_a_connection(run_rv, rv_env, cluster, tmp_path
     table = re.search(rf"\[profiles\.{name}\]\n(.*?)(?=\n\[|\Z)", text, re.S)
     assert table is not None
     config.write_text(text + f"\n[profiles.twin]\n{table.group(1)}\n")  # identical but for the name
-    a = run_rv("-p", name, "exec", CONNECTION)
-    b = run_rv("-p", "twin", "exec", CONNECTION)
-    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
-    assert a.stdout != b.stdout
-    pids = warm_pids()
-    assert pids[key_of(rv_env, name)] != pids[key_of(rv_env, "twin")]
+    a, _ = warm_connection(run_rv, "-p", name)
+    b, _ = warm_connection(run_rv, "-p", "twin")
+    assert a != b
+    assert run_rv("-p", name, "exec", CONNECTION).stdout == a  # each keeps its own
+    old_pid = daemon_pid(rv_env, "twin")
+    assert daemon_pid(rv_env, name) != old_pid
 
     # The same profile pointed at another key file (same key, new path) is another connection:
     # the old process exits instead of serving it.
     key_copy = tmp_path / "key_copy"
     key_copy.write_bytes(Path(cluster["RV_TESTCLUSTER_KEY"]).read_bytes())
     key_copy.chmod(0o600)
-    old_pid = pids[key_of(rv_env, "twin")]
     config.write_text(config.read_text().replace(cluster["RV_TESTCLUSTER_KEY"], str(key_copy)))
     c = run_rv("-p", "twin", "exec", CONNECTION)
-    assert c.returncode == 0 and c.stdout != b.stdout, c.stderr
+    assert c.returncode == 0 and c.stdout != b, c.stderr
     assert wait_gone(old_pid)
 
 
@@ -154,10 +174,13 @@ def test_remote_commands_end_when_the_rv_command_does(rv_env, ssh_transport, rem
     assert wait_remote_gone(ssh_transport, pid_file)
 
 
-def test_a_stdin_watchdog_ends_when_its_follower_is_killed(rv_env, ssh_transport, cluster, remote_root):
+def test_a_stdin_watchdog_ends_when_its_follower_is_killed(
+    run_rv, rv_env, ssh_transport, cluster, remote_root
+):
     # `rv logs -f` keeps the command's stdin open so the remote side learns when rv is gone; through
     # the background process that must still happen the moment the rv process dies.
     pid_file = f"{remote_root}/watched.pid"
+    warm_connection(run_rv)
     script = textwrap.dedent(
         f"""
         import sys
@@ -165,6 +188,7 @@ def test_a_stdin_watchdog_ends_when_its_follower_is_killed(rv_env, ssh_transport
         from rv.transport import open_transport
         cfg = load_config()
         t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
+        assert t._direct is None, "not through the background process"
         def out(data):
             sys.stdout.buffer.write(data); sys.stdout.flush()
         t.stream("sleep 600 & echo $! > {pid_file}; echo ready; cat >/dev/null; kill $!",
@@ -184,8 +208,9 @@ def test_a_stdin_watchdog_ends_when_its_follower_is_killed(rv_env, ssh_transport
 
 
 def test_streams_stdin_exit_codes_and_files_through_the_background_process(
-    rv_env, cluster, tmp_path, remote_root
+    run_rv, rv_env, cluster, tmp_path, remote_root
 ):
+    warm_connection(run_rv)
     script = textwrap.dedent(
         f"""
         import hashlib, os, stat, sys
@@ -221,7 +246,7 @@ def test_streams_stdin_exit_codes_and_files_through_the_background_process(
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("path", ["direct", "warm"])
-def test_an_upload_read_error_surfaces_instead_of_hanging(rv_env, cluster, path):
+def test_an_upload_read_error_surfaces_instead_of_hanging(run_rv, rv_env, cluster, path):
     # A file that fails mid-read used to leave the remote command waiting for the rest of its stdin
     # (and rv with it) for ever.
     script = textwrap.dedent(
@@ -233,6 +258,7 @@ def test_an_upload_read_error_surfaces_instead_of_hanging(rv_env, cluster, path)
         def data():
             yield b"x" * 1_000_000
             raise OSError(5, "Input/output error")
+        assert (getattr(t, "_direct", 0) is None) == {path == "warm"}
         try:
             t.run("cat > /dev/null", stdin=data())
         except TransferError as exc:
@@ -240,15 +266,17 @@ def test_an_upload_read_error_surfaces_instead_of_hanging(rv_env, cluster, path)
         """
     )
     env = dict(rv_env, RV_WARM_SECONDS="0" if path == "direct" else "60")
+    if path == "warm":
+        warm_connection(run_rv)
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=100)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("TransferError: upload stopped") and "Input/output error" in r.stdout
 
 
 def test_idle_process_exits_by_itself(run_rv, rv_env, cluster):
-    assert run_rv("exec", "true", env_extra={"RV_WARM_SECONDS": "1"}).returncode == 0
+    assert run_rv("exec", "true", env_extra={"RV_WARM_SECONDS": "3"}).returncode == 0
     key = key_of(rv_env, profile_name(cluster))
-    pid = warm_pids()[key]
+    pid = daemon_pid(rv_env, profile_name(cluster))
     assert wait_gone(pid)
     assert not (RUNTIME / f"{key}.sock").exists() and not (RUNTIME / f"{key}.pid").exists()
 
