@@ -1099,5 +1099,3 @@ class Server:
 def main(spec: dict[str, Any], lock_fd: int, ready_w: int) -> int:
     """The background process's entry (see _BOOT: it reads the spec from stdin)."""
     return _daemon_entry(spec, lock_fd, ready_w)
-
-
