@@ -87,5 +87,5 @@ def test_bare_layout_no_accounting_one_mixed_partition_two_nodes(run_rv_bare, ba
     assert sorted(rank for rank, *_ in ranks) == ["0", "1", "2", "3"], r.stdout
     assert all(world == "4" and total == "10" for _, world, total, _ in ranks)
     assert {node for *_, node in ranks} == {"0", "1"}
-    job = r.stderr.split("submitted job ")[1].split()[0]
-    assert int(job) >= 4000000  # FirstJobId: ids apart from the default layout's
+    job = re.search(r"submitted run \S+: job (\d+)", r.stderr)
+    assert job and int(job.group(1)) >= 4000000, r.stderr  # FirstJobId: ids apart from the default's

@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -400,7 +401,8 @@ def test_gc_frees_exactly_what_it_reports_and_keeps_the_live_run(run_rv, remote_
 def noflock_root(rv_env, cluster, tmp_path):
     """A remote root on a FUSE filesystem whose flock fails (ENOLCK), owned by the cluster user."""
     user = login_user(rv_env)
-    base = Path(cluster["RV_TESTCLUSTER_DIR"]) / "noflock" / tmp_path.name
+    # Unique per test session: tmp_path's name repeats across sessions, and this folder outlives them.
+    base = Path(cluster["RV_TESTCLUSTER_DIR"]) / "noflock" / f"{tmp_path.name}-{os.getpid()}"
     backing, mount = base / "backing", base / "mnt"
     for d in (backing, mount):
         d.mkdir(parents=True)
@@ -419,6 +421,8 @@ def noflock_root(rv_env, cluster, tmp_path):
     subprocess.run(["fusermount", "-u", str(mount)], check=False)
     fs.terminate()
     fs.wait(timeout=10)
+    if not os.path.ismount(mount):
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_locking_works_where_flock_fails_and_a_busy_lock_names_its_holder(
