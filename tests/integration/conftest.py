@@ -10,6 +10,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -22,6 +23,10 @@ import pytest
 from rv.config import load_config, save_config
 
 REPO = Path(__file__).resolve().parents[2]
+# A test run started in the background by a non-interactive shell (`scripts/test &`) inherits SIGINT
+# ignored, and so would every rv it starts: the Ctrl-C tests need rv to see SIGINT as a user's would.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # The two layouts `scripts/testcluster` starts side by side (RV_TESTCLUSTER_VARIANT), each with its
 # state folder; `scripts/test` passes the folders down as RV_TESTCLUSTER_DIR and RV_TESTCLUSTER_BARE_DIR.
 STATES = {

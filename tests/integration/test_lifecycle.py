@@ -390,7 +390,15 @@ def test_gc_frees_exactly_what_it_reports_and_keeps_the_live_run(run_rv, remote_
         p for p in (root / "runs").iterdir() if json.loads((p / "run.json").read_text())["name"] == "live"
     )
     assert (live_dir / "work" / "count.py").exists() and (live_dir / "job.sbatch").exists()
-    assert (root / "checkpoints").glob("*/live") and not list((root / "checkpoints").glob("*/old1"))
+    assert list((root / "checkpoints").glob("*/live")) and not list((root / "checkpoints").glob("*/old1"))
+    # The live run's snapshot is kept; the ended runs' one goes, and with it the one object only it used
+    # (the old count.py: big.bin is shared with the live snapshot).
+    live_snapshot = json.loads((live_dir / "run.json").read_text())["snapshot"]
+    assert {k["id"]: k["reason"] for k in data["kept"]}[live_snapshot] == "used by a run that is kept"
+    removed = {r["id"] for r in data["removed"]}
+    assert removed and live_snapshot not in removed
+    assert (root / "snapshots" / live_snapshot / "count.py").exists()
+    assert data["objects_removed"] == 1
     assert run_rv("stop", "live").returncode == 0
 
 
