@@ -111,12 +111,14 @@ class Bench:
         self.key = env["RV_TESTCLUSTER_KEY"]
         self.known = env["RV_TESTCLUSTER_KNOWN_HOSTS"]
         self.base = f"{env['RV_TESTCLUSTER_REMOTE_ROOT']}/bench-{os.getpid()}"
+        # The cluster's ordinary user (an older testcluster had none: root).
+        self.user = env.get("RV_TESTCLUSTER_USER", "root")
         self.ssh = [
             "ssh", "-p", self.port, "-i", self.key, "-o", f"UserKnownHostsFile={self.known}",
-            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "root@127.0.0.1",
+            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", f"{self.user}@127.0.0.1",
         ]  # fmt: skip
         target = resolve_target(
-            "127.0.0.1", port=int(self.port), user="root", identity_file=self.key, known_hosts=self.known,
+            "127.0.0.1", port=int(self.port), user=self.user, identity_file=self.key, known_hosts=self.known,
             ssh_config_path="/nonexistent",
         )  # fmt: skip
         self.transport = SSHTransport(target).connect()
@@ -132,7 +134,7 @@ class Bench:
         init = subprocess.run(
             [
                 sys.executable, "-m", "rv", "init", "--profile", "bench", "--host", "127.0.0.1",
-                "--port", self.port, "--user", "root", "--identity-file", self.key,
+                "--port", self.port, "--user", self.user, "--identity-file", self.key,
                 "--known-hosts", self.known, "--remote-root", f"{self.base}/rv-cli", "--yes",
             ],
             env=env, capture_output=True, text=True,
@@ -163,7 +165,7 @@ class Bench:
                 "-e",
                 ssh,
                 f"{self.repo}/",
-                f"root@127.0.0.1:{self.base}/rsync/",
+                f"{self.user}@127.0.0.1:{self.base}/rsync/",
             ],
             check=True,
         )

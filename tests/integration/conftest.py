@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -15,7 +16,8 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,16 @@ import pytest
 from rv.config import load_config, save_config
 
 REPO = Path(__file__).resolve().parents[2]
-STATE = Path(os.environ.get("RV_TESTCLUSTER_DIR", "/tmp/rv-testcluster"))
+# A test run started in the background by a non-interactive shell (`scripts/test &`) inherits SIGINT
+# ignored, and so would every rv it starts: the Ctrl-C tests need rv to see SIGINT as a user's would.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+# The two layouts `scripts/testcluster` starts side by side (RV_TESTCLUSTER_VARIANT), each with its
+# state folder; `scripts/test` passes the folders down as RV_TESTCLUSTER_DIR and RV_TESTCLUSTER_BARE_DIR.
+STATES = {
+    "default": Path(os.environ.get("RV_TESTCLUSTER_DIR", "/tmp/rv-testcluster")),
+    "bare": Path(os.environ.get("RV_TESTCLUSTER_BARE_DIR", "/tmp/rv-testcluster-bare")),
+}
 
 
 def _read_env_file(path: Path) -> dict[str, str]:
@@ -38,16 +49,63 @@ def _read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
+def make_remote_dir(path: Path | str, user: str) -> None:
+    """`mkdir -p` for a folder on the cluster, each folder it creates owned by the cluster user.
+
+    The tests run as root and the cluster is this machine: a folder root made would be one the
+    user's jobs and rv cannot write to, which is not what a real remote root looks like.
+    """
+    path = Path(path)
+    created = []
+    while not path.exists():
+        created.append(path)
+        path = path.parent
+    for folder in reversed(created):
+        folder.mkdir()
+        shutil.chown(folder, user, pwd.getpwnam(user).pw_gid)
+
+
+def _load_cluster(variant: str) -> dict[str, str]:
+    """The env file `scripts/testcluster up` wrote for the variant, once its daemons are checked."""
+    state = STATES[variant]
+    up = f"RV_TESTCLUSTER_VARIANT={variant} RV_TESTCLUSTER_DIR={state} scripts/testcluster up"
+    env_file = state / "env"
+    if not env_file.exists():
+        pytest.fail(f"the loopback cluster ({variant}) is not up ({env_file} missing): run `{up}`")
+    values = _read_env_file(env_file)
+    if values.get("RV_TESTCLUSTER_VARIANT", "default") != variant:
+        pytest.fail(f"{state} holds the {values.get('RV_TESTCLUSTER_VARIANT')!r} layout, not {variant!r}")
+    alive = subprocess.run(
+        [str(REPO / "scripts/testcluster"), "status"],
+        env=dict(os.environ, RV_TESTCLUSTER_VARIANT=variant, RV_TESTCLUSTER_DIR=str(state)),
+        capture_output=True,
+        text=True,
+    )
+    if alive.returncode != 0:
+        pytest.fail(
+            f"the loopback cluster ({variant}) is not healthy: run `{up}`\n{alive.stdout}{alive.stderr}"
+        )
+    if "RV_TESTCLUSTER_USER" not in values:
+        pytest.fail(f"{env_file} was written by an older scripts/testcluster (no cluster user): run `{up}`")
+    # Per-test remote roots go under <remote root>/tests, which must be the user's (rv init makes
+    # folders there as the user).
+    user = values["RV_TESTCLUSTER_USER"]
+    tests = Path(values["RV_TESTCLUSTER_REMOTE_ROOT"]) / "tests"
+    make_remote_dir(tests, user)
+    shutil.chown(tests, user, pwd.getpwnam(user).pw_gid)  # made by root before there was a user
+    return values
+
+
 @pytest.fixture(scope="session")
 def cluster() -> dict[str, str]:
-    env_file = STATE / "env"
-    if not env_file.exists():
-        pytest.fail(f"the loopback cluster is not up ({env_file} missing): run `scripts/testcluster up`")
-    values = _read_env_file(env_file)
-    alive = subprocess.run([str(REPO / "scripts/testcluster"), "status"], capture_output=True, text=True)
-    if alive.returncode != 0:
-        pytest.fail(f"the loopback cluster is not healthy: run `scripts/testcluster up`\n{alive.stdout}")
-    return values
+    """The default layout's env file (RV_TESTCLUSTER_*): accounting, a partition per GPU type."""
+    return _load_cluster("default")
+
+
+@pytest.fixture(scope="session")
+def bare_cluster() -> dict[str, str]:
+    """The bare layout's env file: no accounting, one mixed partition, gpu-01/gpu-02, no `python`."""
+    return _load_cluster("bare")
 
 
 # Warm connections (rv.warm) of every test's rv commands: sockets in one short private folder for the
@@ -101,19 +159,19 @@ def run_cli(args, env, cwd=None, input=None, timeout=300) -> subprocess.Complete
     )
 
 
-@pytest.fixture(scope="session")
-def session_config(cluster, tmp_path_factory) -> Path:
-    """One real `rv init --yes` for the session; tests copy its profile with their own remote root."""
-    home = tmp_path_factory.mktemp("home")
+def _session_config(values: dict[str, str], home: Path) -> Path:
+    """One real `rv init --yes` per layout and session, as the cluster user, with the cluster-side
+    venv as setup (as `scripts/testcluster up` writes the profile); tests copy it with their own
+    remote root."""
     config = home / "rv.toml"
     init = run_cli(
         [
-            "init", "--profile", "testcluster", "--host", "127.0.0.1",
-            "--port", cluster["RV_TESTCLUSTER_SSH_PORT"], "--user", "root",
-            "--identity-file", cluster["RV_TESTCLUSTER_KEY"],
-            "--known-hosts", cluster["RV_TESTCLUSTER_KNOWN_HOSTS"],
-            "--remote-root", cluster["RV_TESTCLUSTER_REMOTE_ROOT"] + "/tests/session",
-            "--setup", f"source {Path(sys.executable).parent / 'activate'}",
+            "init", "--profile", values["RV_TESTCLUSTER_PROFILE"], "--host", "127.0.0.1",
+            "--port", values["RV_TESTCLUSTER_SSH_PORT"], "--user", values["RV_TESTCLUSTER_USER"],
+            "--identity-file", values["RV_TESTCLUSTER_KEY"],
+            "--known-hosts", values["RV_TESTCLUSTER_KNOWN_HOSTS"],
+            "--remote-root", values["RV_TESTCLUSTER_REMOTE_ROOT"] + "/tests/session",
+            "--setup", f"source {values['RV_TESTCLUSTER_PYENV']}/bin/activate",
             "--yes",
         ],
         base_env(home, config),
@@ -122,27 +180,53 @@ def session_config(cluster, tmp_path_factory) -> Path:
     return config
 
 
+@pytest.fixture(scope="session")
+def session_config(cluster, tmp_path_factory) -> Path:
+    return _session_config(cluster, tmp_path_factory.mktemp("home"))
+
+
+@pytest.fixture(scope="session")
+def bare_session_config(bare_cluster, tmp_path_factory) -> Path:
+    return _session_config(bare_cluster, tmp_path_factory.mktemp("home-bare"))
+
+
+def _remote_root(values: dict[str, str], request) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name[:40]) + "-" + uuid.uuid4().hex[:8]
+    return f"{values['RV_TESTCLUSTER_REMOTE_ROOT']}/tests/{name}"
+
+
 @pytest.fixture
 def remote_root(cluster, request) -> str:
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name[:40]) + "-" + uuid.uuid4().hex[:8]
-    return f"{cluster['RV_TESTCLUSTER_REMOTE_ROOT']}/tests/{name}"
+    return _remote_root(cluster, request)
 
 
 @pytest.fixture
-def rv_env(session_config, remote_root, tmp_path) -> dict[str, str]:
-    home = tmp_path / "home"
+def bare_remote_root(bare_cluster, request) -> str:
+    return _remote_root(bare_cluster, request)
+
+
+def _rv_env(values, session_config: Path, remote_root: str, home: Path):
     home.mkdir()
     config_path = home / "rv.toml"
     cfg = load_config(session_config)
-    profile = replace(cfg.profile("testcluster"), remote_root=remote_root)
+    profile = replace(cfg.profile(values["RV_TESTCLUSTER_PROFILE"]), remote_root=remote_root)
     save_config(replace(cfg.with_profile(profile, make_default=True), path=config_path))
-    Path(remote_root).mkdir(parents=True, exist_ok=True)  # loopback: the "remote" is this machine
+    make_remote_dir(remote_root, values["RV_TESTCLUSTER_USER"])  # loopback: the "remote" is this machine
     yield base_env(home, config_path)
     shutil.rmtree(remote_root, ignore_errors=True)
 
 
 @pytest.fixture
-def run_rv(rv_env):
+def rv_env(cluster, session_config, remote_root, tmp_path) -> dict[str, str]:
+    yield from _rv_env(cluster, session_config, remote_root, tmp_path / "home")
+
+
+@pytest.fixture
+def bare_rv_env(bare_cluster, bare_session_config, bare_remote_root, tmp_path) -> dict[str, str]:
+    yield from _rv_env(bare_cluster, bare_session_config, bare_remote_root, tmp_path / "home-bare")
+
+
+def _runner(rv_env: dict[str, str]):
     def run(*args: str, cwd=None, input=None, env_extra=None, timeout=300) -> subprocess.CompletedProcess:
         env = dict(rv_env, **(env_extra or {}))
         return run_cli(list(args), env, cwd=cwd, input=input, timeout=timeout)
@@ -151,19 +235,75 @@ def run_rv(rv_env):
 
 
 @pytest.fixture
-def ssh_transport(cluster):
+def run_rv(rv_env):
+    """`run_rv("exec", "true", cwd=...)`: the real CLI on the default layout, as the cluster user."""
+    return _runner(rv_env)
+
+
+@pytest.fixture
+def run_rv_bare(bare_rv_env):
+    """`run_rv` on the bare layout."""
+    return _runner(bare_rv_env)
+
+
+def _transport(values: dict[str, str]):
     from rv.transport import SSHTransport, resolve_target
 
     target = resolve_target(
         "127.0.0.1",
-        port=int(cluster["RV_TESTCLUSTER_SSH_PORT"]),
-        user="root",
-        identity_file=cluster["RV_TESTCLUSTER_KEY"],
-        known_hosts=cluster["RV_TESTCLUSTER_KNOWN_HOSTS"],
+        port=int(values["RV_TESTCLUSTER_SSH_PORT"]),
+        user=values["RV_TESTCLUSTER_USER"],
+        identity_file=values["RV_TESTCLUSTER_KEY"],
+        known_hosts=values["RV_TESTCLUSTER_KNOWN_HOSTS"],
         ssh_config_path="/nonexistent",
     )
     with SSHTransport(target).connect() as transport:
         yield transport
+
+
+@pytest.fixture
+def ssh_transport(cluster):
+    """An open connection to the default layout's login node, as the cluster user."""
+    yield from _transport(cluster)
+
+
+@pytest.fixture
+def bare_ssh_transport(bare_cluster):
+    yield from _transport(bare_cluster)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout's fixtures under one name, for tests that run on each (the `layout` fixture)."""
+
+    name: str  # "default" | "bare"
+    cluster: dict[str, str]  # its env file: RV_TESTCLUSTER_USER, ..._REMOTE_ROOT, ...
+    remote_root: str  # this test's own remote root, owned by the cluster user
+    rv_env: dict[str, str]
+    run_rv: Callable[..., subprocess.CompletedProcess]
+    _request: pytest.FixtureRequest
+
+    @property
+    def ssh(self):
+        """An open SSH transport to the login node, as the cluster user (opened on first use)."""
+        return self._request.getfixturevalue(
+            "ssh_transport" if self.name == "default" else "bare_ssh_transport"
+        )
+
+
+@pytest.fixture(params=["default", "bare"])
+def layout(request) -> Layout:
+    """Runs the test once per layout. One of them only: `@pytest.mark.parametrize("layout", ["bare"],
+    indirect=True)`."""
+    prefix = "" if request.param == "default" else "bare_"
+    return Layout(
+        name=request.param,
+        cluster=request.getfixturevalue(f"{prefix}cluster"),
+        remote_root=request.getfixturevalue(f"{prefix}remote_root"),
+        rv_env=request.getfixturevalue(f"{prefix}rv_env"),
+        run_rv=request.getfixturevalue("run_rv" if request.param == "default" else "run_rv_bare"),
+        _request=request,
+    )
 
 
 def pytest_collection_modifyitems(config, items):

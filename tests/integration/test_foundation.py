@@ -22,7 +22,8 @@ def edit_config(rv_env, pattern: str, replacement: str) -> None:
 def init_args(cluster, known_hosts, *extra):
     return [
         "init", "--profile", "tc", "--host", "127.0.0.1", "--port", cluster["RV_TESTCLUSTER_SSH_PORT"],
-        "--user", "root", "--identity-file", cluster["RV_TESTCLUSTER_KEY"], "--known-hosts", str(known_hosts),
+        "--user", cluster["RV_TESTCLUSTER_USER"], "--identity-file", cluster["RV_TESTCLUSTER_KEY"],
+        "--known-hosts", str(known_hosts),
         "--remote-root", cluster["RV_TESTCLUSTER_REMOTE_ROOT"] + "/tests/init", *extra,
     ]  # fmt: skip
 
@@ -83,18 +84,20 @@ def test_wrong_key_gives_auth_error(run_rv, rv_env, tmp_path, cluster):
     edit_config(rv_env, re.escape(cluster["RV_TESTCLUSTER_KEY"]), str(wrong))
     r = run_rv("exec", "true")
     assert r.returncode == 5, r.stderr
-    assert r.stderr.startswith("rv: error: authentication refused by root@127.0.0.1:")
+    assert r.stderr.startswith(
+        f"rv: error: authentication refused by {cluster['RV_TESTCLUSTER_USER']}@127.0.0.1:"
+    )
     assert "next:" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_closed_port_gives_connection_error(run_rv, rv_env):
+def test_closed_port_gives_connection_error(run_rv, rv_env, cluster):
     with socket.socket() as s:  # a port nothing listens on: bind, read its number, close
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     edit_config(rv_env, r"port = \d+", f"port = {port}")
     r = run_rv("exec", "true")
     assert r.returncode == 4, r.stderr
-    assert f"cannot connect to root@127.0.0.1:{port}" in r.stderr
+    assert f"cannot connect to {cluster['RV_TESTCLUSTER_USER']}@127.0.0.1:{port}" in r.stderr
 
 
 def test_silent_server_times_out_within_limit(run_rv, rv_env):

@@ -28,11 +28,11 @@ def test_grpo_four_ranks_two_nodes(run_rv, remote_root, tmp_path):
         cwd=proj, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    job = r.stderr.split("submitted job ")[1].split()[0]
+    job = re.search(r"submitted run grpo: job (\d+)", r.stderr).group(1)
 
     # Trained across both nodes: one world of 4 ranks, node logs from both.
-    logs = {p.name for p in (Path(remote_root) / "logs").iterdir()}
-    assert {f"grpo-{job}-node0.out", f"grpo-{job}-node1.out"} <= logs
+    logs = {p.name for p in Path(remote_root).glob("runs/*/logs/*")}
+    assert {f"{job}-node0.out", f"{job}-node1.out"} <= logs
 
     # rv logs shows the trainer's per-step lines (rank 0 logs; it lives on node 0).
     out = run_rv("logs", job, cwd=proj)
@@ -40,7 +40,7 @@ def test_grpo_four_ranks_two_nodes(run_rv, remote_root, tmp_path):
     assert len(re.findall(r"step\s+[1-6]\b", out.stdout)) >= 6, out.stdout[-2000:]
 
     # metrics.jsonl in the job's output dir, one row per step.
-    metrics = Path(remote_root) / "jobs" / job / "output" / "metrics.jsonl"
+    metrics = next(Path(remote_root).glob("outputs/*/grpo")) / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
     assert all("reward_mean" in row for row in rows)

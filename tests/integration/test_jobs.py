@@ -52,6 +52,12 @@ def job_id_of(result: subprocess.CompletedProcess) -> str:
     return result.stdout.strip().splitlines()[0]
 
 
+def submitted_job(result: subprocess.CompletedProcess) -> str:
+    found = re.search(r"submitted run \S+: job (\d+)", result.stderr)
+    assert found, result.stderr
+    return found.group(1)
+
+
 def wait_done(run_rv, job_id: str, timeout: float = 240) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -59,7 +65,7 @@ def wait_done(run_rv, job_id: str, timeout: float = 240) -> dict:
         assert r.returncode == 0, r.stderr
         for job in json.loads(r.stdout):
             live = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING")
-            if job["id"] == job_id and job["state"] not in live:
+            if job["job_id"] == job_id and job["state"] not in live:
                 return job
         time.sleep(2)
     raise AssertionError(f"job {job_id} did not finish in {timeout}s")
@@ -96,9 +102,9 @@ def test_four_gpus_span_both_nodes(run_rv, project, remote_root):
     assert sorted(rk for rk, *_ in ranks) == ["0", "1", "2", "3"]
     assert all(world == "4" and total == "10" for _, world, total, _ in ranks)
     assert {node for *_, node in ranks} == {"0", "1"}
-    logs = sorted(p.name for p in (Path(remote_root) / "logs").iterdir())
-    job = r.stderr.split("submitted job ")[1].split()[0]
-    assert f"train-{job}-node0.out" in logs and f"train-{job}-node1.out" in logs
+    job = submitted_job(r)
+    logs = sorted(p.name for p in Path(remote_root).glob("runs/*/logs/*"))
+    assert f"{job}-node0.out" in logs and f"{job}-node1.out" in logs
     node1 = run_rv("logs", job, "--node", "1", cwd=project)
     assert node1.returncode == 0
     nodes = re.findall(r"rank=\d world=4 precision=bf16 sum=10 node=(\d)", node1.stdout)
@@ -116,10 +122,10 @@ def test_exit_codes_ps_and_stop(run_rv, project):
     assert wait_done(run_rv, sleeper)["state"] == "CANCELLED"
     done = wait_done(run_rv, ok_id)
     assert (done["state"], done["exit_code"], done["name"]) == ("COMPLETED", 0, "fine")
-    jobs = {j["id"]: j for j in json.loads(run_rv("ps", "-a", "--json").stdout)}
-    failed_id = failed.stderr.split("submitted job ")[1].split()[0]
+    jobs = {j["job_id"]: j for j in json.loads(run_rv("ps", "-a", "--json").stdout)}
+    failed_id = submitted_job(failed)
     assert (jobs[failed_id]["state"], jobs[failed_id]["exit_code"]) == ("FAILED", 3)
-    assert jobs[ok_id]["branch"] == "main"
+    assert jobs[ok_id]["source"].startswith("main@")
     table = run_rv("ps", "-a")
     assert "FAILED" in table.stdout and "COMPLETED" in table.stdout and "main@" in table.stdout
 
@@ -149,7 +155,7 @@ def test_secret_reaches_job_but_not_script_or_logs(run_rv, project, remote_root)
     for path in root.rglob("*"):
         if path.is_file() and "objects" not in path.parts and "snapshots" not in path.parts:
             assert secret.encode() not in path.read_bytes(), path
-    assert not list((root / "secrets").iterdir())  # deleted when the job ended
+    assert not list(root.glob("runs/*/secrets.env"))  # deleted when the run ended
 
 
 @pytest.mark.parametrize(

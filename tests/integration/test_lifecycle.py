@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -392,7 +393,15 @@ def test_gc_frees_exactly_what_it_reports_and_keeps_the_live_run(run_rv, remote_
         p for p in (root / "runs").iterdir() if json.loads((p / "run.json").read_text())["name"] == "live"
     )
     assert (live_dir / "work" / "count.py").exists() and (live_dir / "job.sbatch").exists()
-    assert (root / "checkpoints").glob("*/live") and not list((root / "checkpoints").glob("*/old1"))
+    assert list((root / "checkpoints").glob("*/live")) and not list((root / "checkpoints").glob("*/old1"))
+    # The live run's snapshot is kept; the ended runs' one goes, and with it the one object only it used
+    # (the old count.py: big.bin is shared with the live snapshot).
+    live_snapshot = json.loads((live_dir / "run.json").read_text())["snapshot"]
+    assert {k["id"]: k["reason"] for k in data["kept"]}[live_snapshot] == "used by a run that is kept"
+    removed = {r["id"] for r in data["removed"]}
+    assert removed and live_snapshot not in removed
+    assert (root / "snapshots" / live_snapshot / "count.py").exists()
+    assert data["objects_removed"] == 1
     assert run_rv("stop", "live").returncode == 0
 
 
@@ -403,7 +412,8 @@ def test_gc_frees_exactly_what_it_reports_and_keeps_the_live_run(run_rv, remote_
 def noflock_root(rv_env, cluster, tmp_path):
     """A remote root on a FUSE filesystem whose flock fails (ENOLCK), owned by the cluster user."""
     user = login_user(rv_env)
-    base = Path(cluster["RV_TESTCLUSTER_DIR"]) / "noflock" / tmp_path.name
+    # Unique per test session: tmp_path's name repeats across sessions, and this folder outlives them.
+    base = Path(cluster["RV_TESTCLUSTER_DIR"]) / "noflock" / f"{tmp_path.name}-{os.getpid()}"
     backing, mount = base / "backing", base / "mnt"
     for d in (backing, mount):
         d.mkdir(parents=True)
@@ -422,6 +432,8 @@ def noflock_root(rv_env, cluster, tmp_path):
     subprocess.run(["fusermount", "-u", str(mount)], check=False)
     fs.terminate()
     fs.wait(timeout=10)
+    if not os.path.ismount(mount):
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_locking_works_where_flock_fails_and_a_busy_lock_names_its_holder(

@@ -20,7 +20,7 @@ SLURM_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
 
 
 def git_project(path: Path, files: dict[str, str]) -> Path:
-    path.mkdir(parents=True)
+    path.mkdir(parents=True, exist_ok=True)  # grpo_project has copied files into it already
     for name, text in files.items():
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(text)
@@ -129,7 +129,7 @@ def test_a_plain_program_runs_to_its_own_end_and_a_crash_is_not_continued(run_rv
     crash = run_rv("run", "-g", "0", "--mem", "300M", "-f", "--", "python3", "crash.py", cwd=proj)
     assert crash.returncode == 5, crash.stderr[-2000:]
     runs = runs_json(run_rv)
-    name, _ = submitted(crash)
+    name = re.search(r"submitted run (\S+): job \d+", crash.stderr).group(1)  # submitted() wants exit 0
     assert (runs[name]["state"], runs[name]["exit_code"], runs[name]["segment"]) == ("FAILED", 5, 1)
 
 
@@ -146,7 +146,8 @@ def test_unnamed_runs_get_their_own_checkpoints_and_a_live_name_is_refused(run_r
     proj = git_project(tmp_path / "p", {"train.py": SLEEPER})
     first = run_rv("run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "train.py", cwd=proj)
     second = run_rv("run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "train.py", cwd=proj)
-    dirs = [r.stdout.strip().splitlines()[-1] for r in (first, second)]
+    # The program's last line; the job's log ends with rv's own ("rv: run ... ended after segment 1").
+    dirs = [[x for x in r.stdout.splitlines() if not x.startswith("rv: ")][-1] for r in (first, second)]
     assert first.returncode == second.returncode == 0
     assert dirs[0] != dirs[1] and all("/checkpoints/" in d for d in dirs)
     assert submitted(first)[0].startswith("train-") and submitted(first)[0] != submitted(second)[0]

@@ -224,61 +224,22 @@ def test_upload_killed_half_way_then_rerun(rv_env, run_rv, tmp_path, ssh_transpo
     assert sound_objects(ssh_transport, remote_root) == 300
 
 
-def test_gc_keeps_what_a_queued_job_uses(run_rv, tmp_path, ssh_transport, remote_root):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    write(repo / "train.py", "queued\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "one")
-    queued = rv_json(run_rv, "sync", "snapshot", cwd=repo)
-    write(repo / "train.py", "unused\n")
-    unused = rv_json(run_rv, "sync", "snapshot", cwd=repo)
-    # A real job that stays queued (held), and its record as `rv run` writes it.
-    job = (
-        ssh_transport.run("sbatch --parsable --hold -o /dev/null --wrap 'sleep 1'")
-        .check("sbatch")
-        .out.strip()
-    )
-    job_id = job.split(";")[0]
-    try:
-        q = shlex.quote
-        ssh_transport.run(
-            f"mkdir -p {q(remote_root)}/jobs/{job_id}"
-            f" && echo {queued['id']} > {q(remote_root)}/jobs/{job_id}/snapshot"
-            f" && touch -d '30 days ago' {q(queued['meta_path'])} {q(unused['meta_path'])}"
-        ).check("recording the job")
-        dry = rv_json(run_rv, "sync", "gc", "--older-than", "14d", "--dry-run")
-        assert [r["id"] for r in dry["removed"]] == [unused["id"]]
-        assert ssh_transport.run(f"test -d {q(unused['remote_path'])}").ok
-        report = rv_json(run_rv, "sync", "gc", "--older-than", "14d")
-        assert [r["id"] for r in report["removed"]] == [unused["id"]]
-        assert report["in_use"] == {queued["id"]: [job_id]} and job_id in report["live_jobs"]
-        assert report["objects_removed"] == 1
-        assert not ssh_transport.run(f"test -e {q(unused['remote_path'])}").ok
-        assert remote_tree(ssh_transport, queued["remote_path"]) == {
-            "train.py": ["file", False, hashlib.sha256(b"queued\n").hexdigest(), False]
-        }
-    finally:
-        ssh_transport.run(f"scancel {job_id}")
-
-
 def test_pull_of_a_folder_sends_only_changed_and_new_files(run_rv, tmp_path, ssh_transport, remote_root):
     q = shlex.quote
-    out = f"{remote_root}/jobs/42/output"
+    out = f"{remote_root}/outputs/proj/run42"
     ssh_transport.run(
         f"mkdir -p {q(out)}/sub"
         f" && for i in $(seq 1 30); do head -c 20000 /dev/urandom > {q(out)}/f$i.bin; done"
         f" && echo hi > {q(out)}/sub/'a b.txt'"
     ).check("making outputs")
     dest = tmp_path / "out"
-    first = rv_json(run_rv, "sync", "pull", "jobs/42/output", str(dest))
+    first = rv_json(run_rv, "sync", "pull", "outputs/proj/run42", str(dest))
     assert first["downloaded"] == 31
     ssh_transport.run(
         f"head -c 1234 /dev/urandom > {q(out)}/f7.bin && echo new > {q(out)}/sub/new.txt"
         f" && touch {q(out)}/f9.bin"  # newer mtime, same bytes: compared by hash, not sent
     ).check("changing outputs")
-    second = rv_json(run_rv, "sync", "pull", "jobs/42/output", str(dest))
+    second = rv_json(run_rv, "sync", "pull", "outputs/proj/run42", str(dest))
     assert (second["downloaded"], second["downloaded_bytes"]) == (2, 1234 + 4)
     assert second["same_content"] == 1
     assert remote_tree(ssh_transport, out) == {k: [*v[:3], True] for k, v in local_tree(dest, sorted(
