@@ -78,7 +78,9 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
         device = torch.device("cpu")
         backend = "gloo"
     timeout = timedelta(seconds=timeout_s)
-    if "MASTER_ADDR" in os.environ or world_size > 1:
+    # A launcher (torchrun, accelerate) sets RANK; MASTER_ADDR alone says nothing, since rv's job
+    # script exports it for every program, a plain `python train.py` included.
+    if "RANK" in os.environ or world_size > 1:
         dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None)
     else:  # plain `python`: a one-rank group, so collectives, DCP and FSDP work unchanged
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)

@@ -333,6 +333,11 @@ def listing(path: Path) -> dict[str, int]:
     }
 
 
+def run_dir(root: Path, name: str) -> Path:
+    runs = (root / "runs").iterdir()
+    return next(p for p in runs if json.loads((p / "run.json").read_text())["name"] == name)
+
+
 def test_gc_frees_exactly_what_it_reports_and_keeps_the_live_run(run_rv, remote_root, tmp_path):
     proj = git_project(tmp_path / "p", {"count.py": COUNTER, "big.bin": "0123456789abcdef" * 65536})
     for name in ("old1", "old2"):
@@ -372,37 +377,41 @@ def test_gc_frees_exactly_what_it_reports_and_keeps_the_live_run(run_rv, remote_
         cwd=proj,
     )
     submitted(live)
-    root = Path(remote_root)
-    wait_for(lambda: "RUNNING" in run_rv("ps").stdout, 60, "the live run to start")
-    wait_for(lambda: "line 0001" in run_rv("logs", "live").stdout, 60, "its first line")
-    time.sleep(2)  # the ended runs are now older than --older-than 1s
-    before = listing(root)
-    dry = run_rv("gc", "--older-than", "1s", "--checkpoints", "--dry-run", "--json")
-    assert dry.returncode == 0, dry.stderr
-    assert listing(root) == before  # the dry run changed nothing
-    du_before = du(root)
-    report = run_rv("gc", "--older-than", "1s", "--checkpoints", "--json")
-    assert report.returncode == 0, report.stderr
-    data = json.loads(report.stdout)
-    freed = du_before - du(root)
-    assert data["bytes_freed"] == freed == json.loads(dry.stdout)["bytes_freed"] > 0
-    assert sorted(r["name"] for r in data["runs_removed"]) == ["old1", "old2"]
-    kept = {k["name"]: k["why"] for k in data["runs_kept"]}
-    assert kept["live"].startswith("live (job ")
-    live_dir = next(
-        p for p in (root / "runs").iterdir() if json.loads((p / "run.json").read_text())["name"] == "live"
-    )
-    assert (live_dir / "work" / "count.py").exists() and (live_dir / "job.sbatch").exists()
-    assert list((root / "checkpoints").glob("*/live")) and not list((root / "checkpoints").glob("*/old1"))
-    # The live run's snapshot is kept; the ended runs' one goes, and with it the one object only it used
-    # (the old count.py: big.bin is shared with the live snapshot).
-    live_snapshot = json.loads((live_dir / "run.json").read_text())["snapshot"]
-    assert {k["id"]: k["reason"] for k in data["kept"]}[live_snapshot] == "used by a run that is kept"
-    removed = {r["id"] for r in data["removed"]}
-    assert removed and live_snapshot not in removed
-    assert (root / "snapshots" / live_snapshot / "count.py").exists()
-    assert data["objects_removed"] == 1
-    assert run_rv("stop", "live").returncode == 0
+    try:
+        root = Path(remote_root)
+        wait_for(lambda: "RUNNING" in run_rv("ps").stdout, 60, "the live run to start")
+        wait_for(lambda: "line 0001" in run_rv("logs", "live").stdout, 60, "its first line")
+        time.sleep(2)  # the ended runs are now older than --older-than 1s
+        # gc keeps any snapshot used in the last 15 minutes (an `rv run` may be between upload and sbatch):
+        # age the ended runs' one past that.
+        old_snapshot = json.loads(run_dir(root, "old1").joinpath("run.json").read_text())["snapshot"]
+        month_ago = time.time() - 30 * 86400
+        os.utime(root / "snapshots" / f"{old_snapshot}.json", (month_ago, month_ago))
+        before = listing(root)
+        dry = run_rv("gc", "--older-than", "1s", "--checkpoints", "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        assert listing(root) == before  # the dry run changed nothing
+        du_before = du(root)
+        report = run_rv("gc", "--older-than", "1s", "--checkpoints", "--json")
+        assert report.returncode == 0, report.stderr
+        data = json.loads(report.stdout)
+        freed = du_before - du(root)
+        assert data["bytes_freed"] == freed == json.loads(dry.stdout)["bytes_freed"] > 0
+        assert sorted(r["name"] for r in data["runs_removed"]) == ["old1", "old2"]
+        kept = {k["name"]: k["why"] for k in data["runs_kept"]}
+        assert kept["live"].startswith("live (job ")
+        live_dir = run_dir(root, "live")
+        assert (live_dir / "work" / "count.py").exists() and (live_dir / "job.sbatch").exists()
+        assert list((root / "checkpoints").glob("*/live")) and not list((root / "checkpoints").glob("*/old1"))
+        # The live run's snapshot is kept; the ended runs' one goes, and with it the one object only it used
+        # (the old count.py: big.bin is shared with the live snapshot).
+        live_snapshot = json.loads((live_dir / "run.json").read_text())["snapshot"]
+        assert {k["id"]: k["reason"] for k in data["kept"]}[live_snapshot] == "used by a run that is kept"
+        assert [r["id"] for r in data["removed"]] == [old_snapshot]
+        assert (root / "snapshots" / live_snapshot / "count.py").exists()
+        assert data["objects_removed"] == 1
+    finally:  # a failed check must not leave the live run holding a node
+        assert run_rv("stop", "live").returncode == 0
 
 
 # --- locking where flock fails ----------------------------------------------------------------------

@@ -11,9 +11,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -237,7 +240,37 @@ def test_scontrol_requeue_resumes_the_run_with_its_secrets(run_rv, remote_root, 
 # --- secrets live exactly as long as the run --------------------------------------------------------
 
 
-def test_no_secrets_file_remains_after_any_way_a_run_can_end(run_rv, remote_root, cluster, tmp_path):
+def kill_batch_shell(job: str) -> None:
+    """SIGKILL the job's batch shell, as a node crash or the OOM killer would: no trap runs.
+
+    (`scancel --signal=KILL` is not that: Slurm turns it into a cancel, TERM first, and the trap runs.)
+    The nodes are this machine, so the shell is found by its environment.
+    """
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"slurm_script" in cmdline and f"SLURM_JOB_ID={job}".encode() in environ:
+            os.kill(int(pid), signal.SIGKILL)
+            return
+    raise AssertionError(f"no batch shell found for job {job}")
+
+
+@pytest.fixture
+def v100_down(cluster):
+    """The default layout's v100 partition down for one test: jobs sent there stay pending."""
+    env = {**SLURM_ENV, "SLURM_CONF": cluster["SLURM_CONF"]}
+    partition = ["scontrol", "update", "PartitionName=gpu-v100"]
+    subprocess.run([*partition, "State=DOWN"], env=env, check=True)
+    yield
+    subprocess.run([*partition, "State=UP"], env=env, check=True)
+
+
+def test_no_secrets_file_remains_after_any_way_a_run_can_end(
+    run_rv, remote_root, cluster, tmp_path, v100_down
+):
     proj = git_project(tmp_path / "p", {"stepper.py": STEPPER, "crash.py": CRASH})
     assert run_rv("env", "set", "RV_TEST_SECRET=short-lived").returncode == 0
     env = {**SLURM_ENV, "SLURM_CONF": cluster["SLURM_CONF"]}
@@ -245,11 +278,17 @@ def test_no_secrets_file_remains_after_any_way_a_run_can_end(run_rv, remote_root
     def secrets_of(name):
         return run_dir_of(remote_root, name) / "secrets.env"
 
-    def start(name, *cmd, hold=False):
-        r = run_rv("run", "-g", "0", "--mem", "200M", "--name", name, "--", *cmd, cwd=proj)
+    def start(name, *cmd, pending=False):
+        # A pending run goes to the v100 partition, which is down: `scontrol hold` would be a race, as
+        # it also "holds" a job the scheduler has already started, without a word.
+        where = ("-g", "1", "-t", "v100") if pending else ("-g", "0")
+        r = run_rv("run", *where, "--mem", "200M", "--name", name, "--", *cmd, cwd=proj)
         _, job = submitted(r)
-        if hold:
-            subprocess.run(["scontrol", "hold", job], env=env, check=True)
+        if pending:
+            state = subprocess.run(
+                ["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True
+            )
+            assert state.stdout.strip() == "PENDING", state
         assert secrets_of(name).exists()
         return job
 
@@ -266,7 +305,7 @@ def test_no_secrets_file_remains_after_any_way_a_run_can_end(run_rv, remote_root
     start("stopped-running", "python3", "stepper.py", "200")
     wait_for(lambda: running("stopped-running"), 60, "running")
     assert run_rv("stop", "stopped-running").returncode == 0
-    start("stopped-pending", "python3", "stepper.py", "200", hold=True)
+    start("stopped-pending", "python3", "stepper.py", "200", pending=True)
     assert run_rv("stop", "stopped-pending").returncode == 0
     for name in ("stopped-running", "stopped-pending"):
         assert not secrets_of(name).exists(), name
@@ -276,12 +315,20 @@ def test_no_secrets_file_remains_after_any_way_a_run_can_end(run_rv, remote_root
     subprocess.run(["scancel", job], env=env, check=True)
     wait_for(lambda: not secrets_of("scancelled-running").exists(), 60, "the trap to remove the secrets")
     # scancel while pending, and a job killed too hard to run its trap: the next rv command does it.
-    job = start("scancelled-pending", "python3", "stepper.py", "200", hold=True)
-    subprocess.run(["scancel", job], env=env, check=True)
-    job = start("killed", "python3", "stepper.py", "200")
+    # Every rv command that connects sweeps, so from here to the check only Slurm's own tools run.
+    killed = start("killed", "python3", "stepper.py", "200")
     wait_for(lambda: running("killed"), 60, "running")
-    subprocess.run(["scancel", "--full", "--signal=KILL", job], env=env, check=True)
-    wait_for(lambda: not runs_json(run_rv, all_=False).get("killed"), 60, "the job to go")
+    pending = start("scancelled-pending", "python3", "stepper.py", "200", pending=True)
+    subprocess.run(["scancel", pending], env=env, check=True)
+    kill_batch_shell(killed)
+
+    def gone() -> bool:
+        queue = subprocess.run(
+            ["squeue", "-h", "-j", f"{killed},{pending}", "-o", "%i"], env=env, capture_output=True, text=True
+        )
+        return queue.returncode == 0 and not queue.stdout.strip()
+
+    wait_for(gone, 60, "both jobs to leave the queue")
     assert secrets_of("killed").exists() and secrets_of("scancelled-pending").exists()
     swept = run_rv("ps")
     assert "removed the secrets of run killed" in swept.stderr
