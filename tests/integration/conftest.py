@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -140,10 +141,29 @@ def warm_pids(runtime: Path = RUNTIME) -> dict[str, int]:
     return pids
 
 
-def pytest_sessionfinish(session, exitstatus):
-    for pid in warm_pids().values():
+def stop_warm() -> None:
+    """End every background connection and wait for it: tests run one at a time, so each test's
+    sessions on the cluster end with it and the next test sees only its own."""
+    pids = list(warm_pids().values())
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_warm()
     shutil.rmtree(RUNTIME, ignore_errors=True)
 
 
@@ -213,6 +233,7 @@ def _rv_env(values, session_config: Path, remote_root: str, home: Path):
     save_config(replace(cfg.with_profile(profile, make_default=True), path=config_path))
     make_remote_dir(remote_root, values["RV_TESTCLUSTER_USER"])  # loopback: the "remote" is this machine
     yield base_env(home, config_path)
+    stop_warm()
     shutil.rmtree(remote_root, ignore_errors=True)
 
 

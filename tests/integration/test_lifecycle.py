@@ -238,7 +238,9 @@ def test_following_reconnects_after_a_drop_and_loses_no_line_nor_repeats_one(rel
 
 def rv_started_processes(user: str) -> list[str]:
     """The user's processes on the login node that an SSH session started (not jobs' processes)."""
-    ps = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,user=,comm=,args="], capture_output=True, text=True)
+    ps = subprocess.run(
+        ["ps", "-e", "-ww", "-o", "pid=,ppid=,user=,comm=,args="], capture_output=True, text=True
+    )
     rows = {}
     for line in ps.stdout.splitlines():
         pid, ppid, owner, comm, *args = line.split(None, 4)
@@ -266,7 +268,10 @@ def assert_none_left(user: str) -> None:
     try:
         wait_for(lambda: not rv_started_processes(user), 10, "rv's remote processes to end", step=0.25)
     except AssertionError:
-        raise AssertionError(f"left on the login node: {rv_started_processes(user)}") from None
+        tree = subprocess.run(
+            ["ps", "-ww", "-u", user, "-o", "pid,ppid,etime,args", "--forest"], capture_output=True, text=True
+        )
+        raise AssertionError(f"left on the login node: {rv_started_processes(user)}\n{tree.stdout}") from None
 
 
 def test_nothing_rv_starts_outlives_it(relayed, rv_env, tmp_path):
