@@ -132,7 +132,7 @@ def run(
         layout = RemoteLayout(profile.require_remote_root())
         context = job.script_context(
             layout, run_id=run_id, snapshot_id=snap.id, project=snap.project, account=profile.account,
-            has_secrets=bool(secrets),
+            has_secrets=bool(secrets), umask=job_umask(profile),
         )  # fmt: skip
         sys.stdout.write(render_script(req, context))
         note(
@@ -153,7 +153,7 @@ def run(
         uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
-            account=profile.account, has_secrets=bool(secrets),
+            account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
         )  # fmt: skip
         submitted = job.submit(
             s.transport, s.layout, req, context, profile=profile.name, secrets=secrets,
@@ -184,6 +184,11 @@ def run(
         )
         if follow:
             ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments))
+
+
+def job_umask(profile) -> str:  # type: ignore[no-untyped-def]
+    """What the job creates (work dir, logs, checkpoints) is as private as what rv uploads."""
+    return "027" if profile.share_with_group else "077"
 
 
 def follow_to_end(s, run_id: str, name: str, max_segments: int) -> int:  # type: ignore[no-untyped-def]

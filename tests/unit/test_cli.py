@@ -64,6 +64,20 @@ def test_dry_run_prints_the_script_and_connects_to_nothing(setup):
     assert "#SBATCH --gres=gpu:a6000:2" in r.stdout and "#SBATCH --nodes=2" in r.stdout
     assert "#SBATCH --account=lab" in r.stdout
     assert "dry run: nothing was sent" in r.stderr
+    assert "\numask 077\n" in r.stdout  # what the job writes is the user's alone
+
+
+def test_share_with_group_reaches_the_job(setup, tmp_path):
+    repo, env = setup
+    config = tmp_path / "rv.toml"
+    config.write_text(
+        config.read_text().replace(
+            "[profiles.lab.gpus.a6000]", "share_with_group = true\n\n[profiles.lab.gpus.a6000]"
+        )
+    )
+    r = rv("run", "--dry-run", "-g", "1", "-t", "a6000", "--", "python", "train.py", cwd=repo, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "\numask 027\n" in r.stdout
 
 
 def test_bad_type_lists_valid_ones_without_connecting(setup):
