@@ -262,17 +262,10 @@ def _check_torchrun(tr: TorchrunArgs, *, nodes: int, gpus_per_node: int) -> None
 
 # --- misplaced rv flags ------------------------------------------------------------------------
 
-# rv run's options, as the CLI defines them; "value" tells whether the next word belongs to it.
-RUN_FLAGS: dict[str, bool] = {
-    "-g": True, "--gpu": True, "-t": True, "--type": True, "--mig": False, "--time": True,
-    "--mem": True, "--cpus": True, "--name": True, "--nodes": True, "-f": False, "--follow": False,
-    "-o": True, "--output": True, "--setup": True, "--dry-run": False, "--profile": True,
-}  # fmt: skip
-
 
 def _looks_like_rv_value(flag: str, value: str, catalog: Mapping[str, GpuType] | None) -> bool:
     """Whether ``value`` is something rv's ``flag`` takes, to keep programs' own ``-o`` quiet."""
-    if flag in ("-g", "--gpu", "--cpus", "--nodes"):
+    if flag in ("-g", "--gpu", "--cpus", "--nodes", "--max-segments"):
         return value.isdigit()
     if flag in ("-t", "--type"):
         return catalog is None or value in catalog
@@ -288,15 +281,25 @@ def _looks_like_rv_value(flag: str, value: str, catalog: Mapping[str, GpuType] |
         except UsageError:
             return False
         return True
+    if flag == "--signal":
+        name = value.partition("@")[0].upper().removeprefix("SIG")
+        return name in SIGNALS
     return True
 
 
-def detect_misplaced_flags(command: Sequence[str], catalog: Mapping[str, GpuType] | None = None) -> list[str]:
+def detect_misplaced_flags(
+    command: Sequence[str],
+    catalog: Mapping[str, GpuType] | None = None,
+    *,
+    flags: Mapping[str, bool],
+) -> list[str]:
     """Warnings for rv options that ended up in the program's arguments.
 
-    ``rv run python train.py -g 4`` hands ``-g 4`` to train.py. Only words that look like rv's own
-    (``-g`` with a number, ``-t`` with a known type, ``--time`` with a duration, ...) count, so a
-    program's own ``-o out.txt`` raises nothing. The CLI should skip this when the user wrote ``--``.
+    ``rv run python train.py -g 4`` hands ``-g 4`` to train.py. ``flags`` maps every option word of
+    `rv run` to whether it takes a value; the CLI derives it from its click command, so an option
+    added there is known here at once. Only words that look like rv's own (``-g`` with a number,
+    ``-t`` with a known type, ``--time`` with a duration, ...) count, so a program's own
+    ``-g fast`` raises nothing. The CLI should skip this when the user wrote ``--``.
     """
     found: list[tuple[int, int, str]] = []  # (start, length, text)
     i = 1
@@ -305,10 +308,10 @@ def detect_misplaced_flags(command: Sequence[str], catalog: Mapping[str, GpuType
         if word == "--":
             break
         flag, eq, inline = word.partition("=") if word.startswith("--") else (word, "", "")
-        if flag not in RUN_FLAGS:
+        if flag not in flags:
             i += 1
             continue
-        takes_value = RUN_FLAGS[flag]
+        takes_value = flags[flag]
         if not takes_value:
             if eq:
                 i += 1

@@ -88,7 +88,7 @@ def run(
     if not _after_separator(command):
         # `rv run python train.py -g 4`: the -g went to the program. Stop before anything is sent;
         # with an explicit `--` the user said the flags are the program's, and we stay quiet.
-        misplaced = detect_misplaced_flags(command, catalog)
+        misplaced = detect_misplaced_flags(command, catalog, flags=option_words(ctx.command))
         if misplaced:
             from rv.errors import UsageError
 
@@ -184,6 +184,22 @@ def run(
         )
         if follow:
             ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments))
+
+
+def option_words(command: click.Command) -> dict[str, bool]:
+    """Every option word of ``command`` (``-g``, ``--gpu``, ``--no-x``) -> whether it takes a value.
+
+    Read from the click command itself, so the misplaced-flag check knows each option the moment it
+    is added. The help option is not among ``params`` (click adds it per context): a program's own
+    ``--help`` is never taken for rv's.
+    """
+    words: dict[str, bool] = {}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            takes_value = not (param.is_flag or param.count)
+            for word in (*param.opts, *param.secondary_opts):
+                words[word] = takes_value
+    return words
 
 
 def job_umask(profile) -> str:  # type: ignore[no-untyped-def]
