@@ -3,6 +3,7 @@ typed after the command, where `-o` paths start, pure JSON on stdout, the snapsh
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -93,3 +94,71 @@ def test_a_programs_own_help_and_options_after_double_dash_pass(setup):
     assert r.returncode == 0, r.stderr
     r = rv("run", "--dry-run", "--", "python", "train.py", "--json", "--signal", "USR1", cwd=repo, env=env)
     assert r.returncode == 0, r.stderr
+
+
+# --- -o paths start where the program starts ------------------------------------------------------
+
+
+def test_output_paths_are_relative_to_the_folder_rv_run_is_typed_in(setup):
+    repo, env = setup
+    r = rv("run", "--dry-run", "-g", "0", "-o", "out.txt", "-o", "../shared/x", "--", "python", "eval.py",
+           cwd=repo / "exp", env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "\ncd exp\n" in r.stdout  # the program starts in exp/ ...
+    assert "rv_keep_output exp/out.txt\n" in r.stdout  # ... and so does -o out.txt
+    assert "rv_keep_output shared/x\n" in r.stdout
+    r = rv(
+        "run", "--dry-run", "-g", "0", "-o", "../../x", "--", "python", "eval.py", cwd=repo / "exp", env=env
+    )
+    assert r.returncode == 2
+    assert (
+        "-o '../../x' must be a path inside the project (relative to exp/, where the program starts)"
+        in r.stderr
+    )
+
+
+def test_output_help_says_where_paths_start(setup):
+    repo, env = setup
+    r = rv("run", "--help", cwd=repo, env=env)
+    assert "relative to the folder you type rv run in" in " ".join(r.stdout.split())
+
+
+# --- --json: nothing but JSON on stdout -----------------------------------------------------------
+
+
+def test_dry_run_with_json_prints_one_json_document(setup):
+    repo, env = setup
+    r = rv("run", "--dry-run", "--json", "-g", "0", "--", "python", "train.py", cwd=repo, env=env)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)  # the whole of stdout
+    assert data["dry_run"] is True and data["files"] == 2
+    assert data["script"].startswith("#!/bin/bash") and "train.py" in data["script"]
+    assert "dry run: nothing was sent" in r.stderr
+
+
+# --- the snapshot's warnings ----------------------------------------------------------------------
+
+
+def test_rv_run_shows_the_snapshots_warnings_on_stderr(setup, tmp_path):
+    repo, env = setup
+    # A submodule that is not checked out, a file over the size limit, an uncommitted change.
+    sub = tmp_path / "lib"
+    sub.mkdir()
+    (sub / "a.py").write_text("x = 1\n")
+    git("init", "-q", cwd=sub)
+    git("add", ".", cwd=sub)
+    git("commit", "-qm", "lib", cwd=sub)
+    git("submodule", "add", "-q", str(sub), "vendor/lib", cwd=repo)
+    git("commit", "-qm", "submodule", cwd=repo)
+    git("submodule", "deinit", "-q", "-f", "vendor/lib", cwd=repo)
+    with open(repo / "weights.bin", "wb") as fh:  # sparse: over the 100 MB guard without the disk
+        fh.truncate(101_000_000)
+    (repo / "train.py").write_text("print('changed')\n")
+    r = rv("run", "--dry-run", "--allow-large", "--", "python", "train.py", cwd=repo, env=env)
+    assert r.returncode == 0, r.stderr
+    err = " ".join(r.stderr.split())
+    assert "warning: submodule vendor/lib is not checked out" in err
+    assert "warning: sending 1 file(s) over the size limit (--allow-large): weights.bin (101.0 MB)" in err
+    assert "warning: the snapshot holds uncommitted changes (untracked: weights.bin)" in err
+    assert "recorded as master@" in err or "recorded as main@" in err
+    assert "warning" not in r.stdout

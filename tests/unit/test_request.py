@@ -459,6 +459,13 @@ def test_outputs_normalised_and_confined():
         assert "-o" in usage_error(gpu_type="a6000", outputs=[bad]).message
 
 
+def test_outputs_are_relative_to_the_folder_the_program_starts_in():
+    r = req(gpu_type="a6000", outputs=["out.txt", "../shared/x", "."], start_dir="exp/a")
+    assert r.outputs == ("exp/a/out.txt", "exp/shared/x", "exp/a")  # relative to the work dir
+    message = usage_error(gpu_type="a6000", outputs=["../../../x"], start_dir="exp/a").message
+    assert "(relative to exp/a/, where the program starts)" in message
+
+
 def test_setup_lines_kept_in_order_blank_dropped():
     r = req(gpu_type="a6000", setup=["module load cuda", "  ", "source .venv/bin/activate"])
     assert r.setup == ("module load cuda", "source .venv/bin/activate")
