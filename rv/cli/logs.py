@@ -48,7 +48,10 @@ def logs(
     from rv.job.watch import follow_run
 
     with session(ctx) as s:
-        found = query.resolve(s.transport, run_store(), s.profile.name, s.layout.root, run)
+        found = query.resolve(
+            s.transport, run_store(), s.profile.name, s.layout.root, run, sweep=s.sweep_along()
+        )
+        s.swept(found.snapshot.sweep)
         target = found.run
         nodes = int(target.meta.get("nodes") or 1)
         if node is not None and node >= nodes:

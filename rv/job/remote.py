@@ -80,6 +80,12 @@ def run_argv(argv, env=None, timeout=60, stdin_data=None):
     return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
+def answer(argv):
+    """{"text": stdout, "error": None, or what went wrong} of ``argv``, for a reply."""
+    code, text, err = run_argv(argv)
+    return {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
+
+
 def read_json(path):
     try:
         with open(path, "rb") as fh:
@@ -118,9 +124,18 @@ def live_jobs(squeue_argv):
     """{job id: squeue line} of the user's queued and running jobs; raises when squeue fails."""
     code, out, err = run_argv(squeue_argv)
     if code != 0:
-        raise store.AgentError("squeue failed (%s)" % (err.strip()[-300:] or "exit %d" % code), "squeue")
+        raise store.AgentError(squeue_failure(code, err), "squeue")
+    return jobs_of(out)
+
+
+def squeue_failure(code, err):
+    return "squeue failed (%s)" % (err.strip()[-300:] or "exit %d" % code)
+
+
+def jobs_of(squeue_text):
+    """{job id: line} from squeue's ``|``-separated output."""
     jobs = {}
-    for line in out.splitlines():
+    for line in squeue_text.splitlines():
         job = line.split("|", 1)[0].strip()
         if job:
             jobs[job] = line
@@ -410,14 +425,19 @@ def mode_runs(args):
     code, text, err = run_argv(args["squeue"])
     out["squeue"] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
     if args.get("sacct"):
-        code, text, err = run_argv(args["sacct"])
-        out["sacct"] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
+        out["sacct"] = answer(args["sacct"])
+    if args.get("sweep"):
+        # The session's secrets sweep rides along on this call: no second round trip.
+        out["sweep"] = sweep_runs(root, args["sweep"], jobs_of(text)) if code == 0 else {
+            "error": squeue_failure(code, err)}  # fmt: skip
     for run_id in all_run_ids(root):
-        info = run_info(root, run_id)
-        if info is None:
+        # Two reads decide for most runs (an ended run rv ps does not show): the segments, one or
+        # two files each, are read only for the runs that are sent, or asked for by job id.
+        rdir = run_path(root, run_id)
+        meta = read_json(store.join(rdir, RUN_FILE))
+        if meta is None:
             continue
-        meta = info["meta"]
-        ended = info["ended"]
+        ended = read_json(store.join(rdir, ENDED))
         wanted = (
             run_id in ids
             or (meta.get("project"), meta.get("name")) in names
@@ -427,9 +447,13 @@ def mode_runs(args):
                 since is not None
                 and (meta.get("created", 0) >= since or (ended or {}).get("end", 0) >= since)
             )
-            or (job_ids and job_ids & set(s["job_id"] for s in info["segments"]))
         )
-        if wanted:
+        if not wanted and not job_ids:
+            continue
+        info = run_info(root, run_id)
+        if info is None:
+            continue
+        if wanted or job_ids & set(seg["job_id"] for seg in info["segments"]):
             out["runs"].append(info)
     return out
 
@@ -658,10 +682,13 @@ def mode_run_stop(args):
 
 def mode_sweep(args):
     """Secrets of runs no job is alive for: removed, and ENDED written where the job could not."""
-    root = store.root_path(args["root"])
-    live = live_jobs(args["squeue"])
+    return sweep_runs(store.root_path(args["root"]), args["ids"], live_jobs(args["squeue"]))
+
+
+def sweep_runs(root, ids, live):
+    """``sweep`` for ``ids`` given the live jobs; also done inside ``runs`` and ``usage`` calls."""
     out = {"removed": [], "ended": [], "live": []}
-    for run_id in args["ids"]:
+    for run_id in ids:
         info = run_info(root, run_id)
         if info is None:
             continue
@@ -765,11 +792,12 @@ def plan_gc(root, args, live):
     return remove_runs, kept, kept_names
 
 
-def mode_gc(args):
+def mode_gc(args, live=None):
     root = store.root_path(args["root"])
     dry = bool(args.get("dry_run"))
     older_than = float(args["older_than"])
-    live = live_jobs(args["squeue"])  # if squeue fails, nothing is removed
+    if live is None:
+        live = live_jobs(args["squeue"])  # if squeue fails, nothing is removed
     freed = Freed()
     report = {"dry_run": dry, "runs_removed": [], "runs_kept": [], "checkpoints_removed": [],
               "outputs_removed": [], "warnings": []}  # fmt: skip
@@ -827,8 +855,26 @@ KINDS = (
 
 
 def mode_usage(args):
-    """Bytes on disk by kind (each inode counted once, objects first), and what gc would free."""
+    """Bytes on disk by kind (each inode counted once, objects first), and what gc would free.
+
+    With ``sinfo`` (`rv status`), all the rest of what status shows, in this one call: the login
+    name, ``squeue`` (also gc's live jobs) and ``sinfo`` text, the ``sweep`` of the session, and
+    ``work_ms``, the time spent here (rv reports the rest of the call as the round trip).
+    """
+    started = time.time()
     root = store.root_path(args["root"])
+    out = {}
+    live = None
+    if args.get("sinfo"):
+        out["user"] = user_name()
+        code, text, err = run_argv(args["squeue"])
+        out["squeue"] = {"text": text, "error": None if code == 0 else squeue_failure(code, err)}
+        if code == 0:
+            live = jobs_of(text)
+        out["sinfo"] = answer(args["sinfo"])
+        if args.get("sweep"):
+            out["sweep"] = sweep_runs(root, args["sweep"], live) if live is not None else {
+                "error": out["squeue"]["error"]}  # fmt: skip
     seen = set()
     sizes = {}
 
@@ -850,13 +896,14 @@ def mode_usage(args):
         else:
             sizes[kind] = count(store.join(root, folder))
     sizes["other"] = count(root)  # run records, scripts, caches, workspaces: whatever is left
-    out = {"kinds": sizes, "total": sum(sizes.values())}
+    out.update(kinds=sizes, total=sum(sizes.values()))
     try:
-        gc = mode_gc(dict(args, dry_run=True))
+        gc = mode_gc(dict(args, dry_run=True), live=live)
         out["gc"] = {"bytes_freed": gc["bytes_freed"], "runs": len(gc["runs_removed"]),
                      "snapshots": len(gc["removed"]), "objects": gc["objects_removed"]}  # fmt: skip
     except store.AgentError as exc:
         out["gc"] = {"error": str(exc)}
+    out["work_ms"] = (time.time() - started) * 1000
     return out
 
 
