@@ -5,10 +5,11 @@
 
 On the bare loopback cluster as its user: one run is submitted and followed (so `rv logs` has one
 to show), 500 ended runs are added to the cluster's records and to the local ones, then held jobs
-(`sbatch --hold`) are queued. Three phases, each --runs rounds of the three commands as whole
-processes on a warm connection: 10 held jobs, --queued held jobs, 10 again (so drift on this
-shared machine shows). Printed: median (min-max) seconds per phase and the ratio of the big queue's
-median to the median of the two small-queue phases. Every job submitted is cancelled at the end.
+(`sbatch --hold`) are queued. The three commands run as whole processes on a warm connection in
+alternating phases, 10 held jobs and --queued held jobs (10, big, 10, big, 10 with --switches 2),
+--runs times in all for each queue size, so the load of this shared machine falls on both alike.
+Printed: median (min-max) seconds per queue size and the ratio of the medians. Every job submitted
+is cancelled at the end.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--queued", type=int, default=2000)
     ap.add_argument("--records", type=int, default=500)
+    ap.add_argument("--switches", type=int, default=2, help="how many big-queue phases (between small ones)")
     args = ap.parse_args()
     rv_dir = Path(__file__).resolve().parents[1] / "rv"
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(rv_dir)], check=True, capture_output=True)
@@ -141,23 +143,31 @@ def main() -> None:
             run([*rv, "exec", "scancel " + " ".join(ids[i : i + 500])], env)
 
     commands = {"rv ps": ["ps"], "rv status": ["status"], "rv logs": ["logs", "probe"]}
-    phases: dict[str, dict[str, list[float]]] = {}
+    # Small and big queue in alternating phases (small, big, small, big, small), so that the load
+    # of this shared machine, which drifts over minutes, falls on both alike.
+    phases = ["small", "big"] * args.switches + ["small"]
+    times: dict[str, dict[str, list[float]]] = {
+        "small": {n: [] for n in commands},
+        "big": {n: [] for n in commands},
+    }
+    seen: dict[str, set[str]] = {"small": set(), "big": set()}
     try:
         hold(10)
         small = list(held)
-        for phase in ("10 queued", f"{args.queued} queued", "10 queued again"):
-            if phase.startswith(str(args.queued)):
+        for phase in phases:
+            if phase == "big":
                 hold(args.queued - 10)
-            elif phase.endswith("again"):
+                per = -(-args.runs // args.switches)
+            else:
                 cancel([j for j in held if j not in small])
-                time.sleep(2)
+                del held[len(small) :]
+                per = -(-args.runs // (args.switches + 1))
             queued = run([*rv, "exec", "squeue -h -u $(id -un) -n rv-bench-held | wc -l"], env).strip()
-            print(f"{phase}: squeue shows {queued} held jobs", file=sys.stderr)
+            seen[phase].add(queued)
             timed([*rv, "ps"], env)  # warm the connection for this phase
-            times = phases.setdefault(phase, {name: [] for name in commands})
-            for _ in range(args.runs):
+            for _ in range(per):
                 for name, cmd in commands.items():
-                    times[name].append(timed([*rv, *cmd], env))
+                    times[phase][name].append(timed([*rv, *cmd], env))
     finally:
         if held:
             cancel(held)
@@ -168,18 +178,18 @@ def main() -> None:
         stop_warm(runtime)
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"bare loopback cluster, {args.records} runs in the records, {args.runs} rounds per phase, warm")
-    print(f"seconds, median (min-max); ratio = {args.queued} queued / 10 queued (both small phases)")
-    names = list(phases)
-    print(f"{'':<10} " + " ".join(f"{n:>22}" for n in names) + "   ratio")
+    print(
+        f"bare loopback cluster as {tc['RV_TESTCLUSTER_USER']}, warm connection, {args.records} runs in the "
+        f"records; held jobs squeue showed: small {sorted(seen['small'])}, big {sorted(seen['big'])}"
+    )
+    n = len(times["big"]["rv ps"])
+    print(f"{len(phases)} alternating phases; seconds, median (min-max) of {n} runs each")
+    print(f"{'':<10} {'10 queued':>22} {f'{args.queued} queued':>22}   ratio")
     for name in commands:
-        cells = []
-        for phase in names:
-            v = phases[phase][name]
-            cells.append(f"{statistics.median(v):.3f} ({min(v):.2f}-{max(v):.2f})")
-        small_values = phases[names[0]][name] + phases[names[2]][name]
-        ratio = statistics.median(phases[names[1]][name]) / statistics.median(small_values)
-        print(f"{name:<10} " + " ".join(f"{c:>22}" for c in cells) + f"   {ratio:.2f}x")
+        small_v, big_v = times["small"][name], times["big"][name]
+        cells = [f"{statistics.median(v):.3f} ({min(v):.2f}-{max(v):.2f})" for v in (small_v, big_v)]
+        ratio = statistics.median(big_v) / statistics.median(small_v)
+        print(f"{name:<10} {cells[0]:>22} {cells[1]:>22}   {ratio:.2f}x")
 
 
 if __name__ == "__main__":
