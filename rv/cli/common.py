@@ -142,6 +142,7 @@ class Session:
     # The secrets sweep (see _sweep): a command whose one call to the cluster can carry it asks for
     # the ids with sweep_along() and hands the reply to swept(); then no second round trip is made.
     _sweep_pending: list[Any] = field(default_factory=list, repr=False)
+    _sweep_asked: bool = field(default=False, repr=False)
     _swept: bool = field(default=False, repr=False)
 
     @property
@@ -177,10 +178,13 @@ class Session:
         from rv.job.cleanup import pending_secrets
 
         self._sweep_pending = pending_secrets(run_store(), self.profile.name, self.layout.root)
+        self._sweep_asked = True
         return [r.run_id for r in self._sweep_pending]
 
     def swept(self, reply: dict[str, Any] | None) -> None:
         """The reply of a sweep that rode along (None: none was asked for, or the call did not take it)."""
+        if not self._sweep_asked:
+            return  # the session's end sweeps on its own call
         if not self._sweep_pending:
             self._swept = True
             return

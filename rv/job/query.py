@@ -101,29 +101,31 @@ def resolve(
         same_root = local.remote_root == root
         snap = fetch(transport, local.remote_root, ids=[local.run_id], sweep=sweep if same_root else ())
     elif ref is not None:
-        snap = fetch(
-            transport,
-            root,
-            ids=[ref],
-            job_ids=[ref] if _JOB_ID.match(ref) else [],
-            any_names=[ref],
-            sweep=sweep,
-        )
+        snap = fetch(transport, root, **selectors(ref), sweep=sweep)
     else:
         raise NotFound("no runs submitted with this profile yet", hint="rv run -- python train.py")
     runs = snap.runs
     if local is not None:
         runs = [r for r in runs if r.run_id == local.run_id]
     if not runs:
-        what = f"run {ref!r}" if ref else "the latest run"
-        raise NotFound(
-            f"{what} is not on the cluster (by name, run id or job id of any segment)",
-            hint="`rv ps -a` lists runs; `rv gc` may have removed an old one",
-        )
+        raise not_on_cluster(ref)
     run = runs[-1]  # the newest of that name
     if local is not None:
         cache_learned(store, local, run)
     return Resolved(run, local, snap)
+
+
+def selectors(ref: str) -> dict[str, list[str]]:
+    """How the cluster finds a RUN this machine does not know: run id, job id of any segment, name."""
+    return {"ids": [ref], "job_ids": [ref] if _JOB_ID.match(ref) else [], "any_names": [ref]}
+
+
+def not_on_cluster(ref: str | None) -> NotFound:
+    what = f"run {ref!r}" if ref else "the latest run"
+    return NotFound(
+        f"{what} is not on the cluster (by name, run id or job id of any segment)",
+        hint="`rv ps -a` lists runs; `rv gc` may have removed an old one",
+    )
 
 
 def cache_learned(store: RunStore, record: RunRecord, run: ClusterRun) -> None:

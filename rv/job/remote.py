@@ -416,11 +416,6 @@ def mode_run_submit(args):
 def mode_runs(args):
     """Run records, chosen by id, name, job id, recency or liveness; with squeue (and sacct) text."""
     root = store.root_path(args["root"])
-    ids = set(args.get("ids") or [])
-    names = set(tuple(n) for n in args.get("names") or [])
-    any_names = set(args.get("any_names") or [])  # a run name, whatever its project
-    job_ids = set(args.get("job_ids") or [])
-    since = args.get("since")
     out = {"runs": [], "now": time.time()}
     code, text, err = run_argv(args["squeue"])
     out["squeue"] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
@@ -430,6 +425,19 @@ def mode_runs(args):
         # The session's secrets sweep rides along on this call: no second round trip.
         out["sweep"] = sweep_runs(root, args["sweep"], jobs_of(text)) if code == 0 else {
             "error": squeue_failure(code, err)}  # fmt: skip
+    out["runs"] = select_runs(root, args)
+    return out
+
+
+def select_runs(root, args):
+    """The runs ``args`` asks for (``ids``, ``names``, ``any_names``, ``job_ids``, ``live``,
+    ``since``), as :func:`run_info` dicts in run id order."""
+    ids = set(args.get("ids") or [])
+    names = set(tuple(n) for n in args.get("names") or [])
+    any_names = set(args.get("any_names") or [])  # a run name, whatever its project
+    job_ids = set(args.get("job_ids") or [])
+    since = args.get("since")
+    found = []
     for run_id in all_run_ids(root):
         # Two reads decide for most runs (an ended run rv ps does not show): the segments, one or
         # two files each, are read only for the runs that are sent, or asked for by job id.
@@ -454,8 +462,8 @@ def mode_runs(args):
         if info is None:
             continue
         if wanted or job_ids & set(seg["job_id"] for seg in info["segments"]):
-            out["runs"].append(info)
-    return out
+            found.append(info)
+    return found
 
 
 # -- follow ----------------------------------------------------------------------------------------
@@ -561,17 +569,42 @@ def _drain(frames, rdir, job, streams, node, offsets, segment, settle):
 
 
 def mode_follow(args):
-    """Stream a run's logs from ``offsets``, segment by segment; with ``follow``, until it ends."""
+    """Stream a run's logs from ``offsets``, segment by segment; with ``follow``, until it ends.
+
+    Given ``find`` (``runs``' selectors) instead of ``run_id``, the follower first finds the run
+    (the newest that matches) and sends it in a ``run`` frame, with the ``sweep`` of the session:
+    `rv logs` is then one call to the cluster. With ``tail`` and no ``segment``, that is the last
+    segment only.
+    """
     root = store.root_path(args["root"])
-    run_id = args["run_id"]
+    frames = Frames()
+    only = args.get("segment")
+    if args.get("find") is not None:
+        head = {"t": "run", "run": None}
+        if args.get("sweep"):
+            try:
+                head["sweep"] = sweep_runs(root, args["sweep"], live_jobs(args["squeue"]))
+            except store.AgentError as exc:
+                head["sweep"] = {"error": str(exc)}
+        found = select_runs(root, args["find"])
+        if found:
+            head["run"] = max(found, key=lambda info: float(info["meta"].get("created") or 0))
+            segs = head["run"]["segments"]
+            if only is None and args.get("tail") is not None and segs:
+                only = segs[-1]["segment"]
+        head["segment"] = only  # which segment alone is shown (None: all), for a reconnect to ask again
+        frames.send(head)
+        if head["run"] is None:
+            return None
+        run_id = head["run"]["run_id"]
+    else:
+        run_id = args["run_id"]
     rdir = run_path(root, run_id)
     streams = args.get("streams") or ["out", "err"]
     node = args.get("node")
     follow = bool(args.get("follow"))
-    only = args.get("segment")
     offsets = dict(args.get("offsets") or {})
     k = int(args.get("from_segment") or only or 1)
-    frames = Frames()
     backoff, next_poll, last_state = POLL_S, 0.0, None
     while True:
         segs = {s["segment"]: s for s in segments(rdir)}
