@@ -59,8 +59,7 @@ from rv.cli.common import note, print_json, run_store, session, warn
     "--extra", "extras", multiple=True, help="A pyproject.toml optional-dependencies group (repeatable)."
 )
 @click.option(
-    "--system-site-packages",
-    is_flag=True,
+    "--system-site-packages/--no-system-site-packages",
     default=None,
     help="Build on top of the interpreter's own packages (a site's torch module), not downloading them.",
 )

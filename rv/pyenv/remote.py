@@ -253,6 +253,38 @@ def _stub_base(site_dir, dists):
             fh.write("".join("%s/%s,,\n" % (folder, f) for f in ("METADATA", "INSTALLER", "RECORD")))
 
 
+def _version_tuple(text):
+    parts = []
+    for piece in text.strip().split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def python_satisfies(version, requires):
+    """Whether ``version`` (3.11.2) meets a ``requires-python`` text (">=3.10, <4", "~=3.9", "==3.11.*")."""
+    have = _version_tuple(version)
+    for clause in (c.strip() for c in requires.split(",") if c.strip()):
+        op = next((o for o in ("~=", "==", "!=", ">=", "<=", ">", "<") if clause.startswith(o)), "==")
+        text = clause[len(op) :].strip() if clause.startswith(op) else clause
+        want = _version_tuple(text.rstrip(".*"))
+        if text.endswith(".*") or op == "~=":
+            # ==3.11.* : the same leading parts; ~=3.9 : >=3.9 and the same parts but the last.
+            same = have[: len(want) - (op == "~=")] == want[: len(want) - (op == "~=")]
+            ok = same if op in ("==", "~=") else not same
+            if op == "~=":
+                ok = ok and have >= want
+        else:
+            padded = have[: len(want)] if op in ("==", "!=") else have
+            ok = {"==": padded == want, "!=": padded != want, ">=": have >= want, "<=": have <= want,
+                  ">": have > want, "<": have < want}[op]  # fmt: skip
+        if not ok:
+            return False
+    return True
+
+
 def _failure(spec, transcript, python_version):
     lines = [line for line in transcript if line.strip()]
     shown = lines if len(lines) <= 12 else [*lines[:4], "...", *lines[-8:]]
@@ -350,11 +382,11 @@ def mode_env(args):
     store.makedirs(envs_dir(root), 0o700)
     lock_path = store.join(envs_dir(root), key.encode() + b".lock")
     try:
-        held = store.lock(lock_path, "rv building environment %s" % key, wait=0)
+        held = store.lock(lock_path, "the build of environment %s" % key, wait=0)
         held.__enter__()
     except store.AgentError as exc:
         _say("waiting: %s" % str(exc).split("; try again")[0])
-        held = store.lock(lock_path, "rv building environment %s" % key, wait=3600)
+        held = store.lock(lock_path, "the build of environment %s" % key, wait=3600)
         held.__enter__()
     try:
         meta = read_meta(path)
@@ -367,6 +399,14 @@ def mode_env(args):
         if uv is None:
             uv = install_uv(root, facts["executable"])
             installed_uv = True
+        requires = spec.get("requires_python")
+        if requires and not python_satisfies(facts["version"], requires):
+            raise store.AgentError(
+                "%s needs Python %s, but the cluster's interpreter is %s (%s): load a newer one in the "
+                "setup (e.g. --setup 'module load python/3.11') or pass --python VERSION (uv fetches it)"
+                % (spec["label"].split(",")[0], requires, facts["version"], facts["executable"]),
+                "usage",
+            )
         _say("building environment %s from %s (Python %s)" % (key, spec["label"], facts["version"]))
         meta = build(root, key, spec, facts, uv, environ)
         return {"key": key, "path": store.dec(path), "built": True, "exists": True, "meta": meta,

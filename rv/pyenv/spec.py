@@ -82,7 +82,20 @@ class EnvSpec:
             "python": self.python,
             "digest": self.digest(),
             "label": ", ".join(self.file_names),
+            "requires_python": self.requires_python,
         }
+
+    @property
+    def requires_python(self) -> str | None:
+        """The project's ``requires-python``, checked against the cluster's interpreter before a build."""
+        for name, data in self.files:
+            if posixpath.basename(name) == "pyproject.toml":
+                try:
+                    value = _project_table(tomllib.loads(data.decode("utf-8"))).get("requires-python")
+                except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+                    return None
+                return value if isinstance(value, str) else None
+        return None
 
 
 Reader = Callable[[str], bytes]  # bytes of a snapshot file, by its path from the repo top
