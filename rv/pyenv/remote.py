@@ -285,6 +285,38 @@ def python_satisfies(version, requires):
     return True
 
 
+def _shim_base_scripts(env_bin, base_bin):
+    """The base's Python console scripts (torchrun, accelerate, ...) run by the environment's python.
+
+    Run as they are, their ``#!`` line names the base interpreter: torchrun's workers would start
+    without the environment's packages. A shim in the environment's bin, first on PATH, runs the same
+    script file with the environment's python (found next to the shim, so a renamed env still works).
+    """
+    made = 0
+    for name in sorted(os.listdir(base_bin)) if os.path.isdir(base_bin) else []:
+        src = os.path.join(base_bin, name)
+        dst = os.path.join(env_bin, name)
+        if (
+            os.path.lexists(dst)
+            or name.startswith(("python", "activate", "pip"))
+            or not os.access(src, os.X_OK)
+        ):
+            continue
+        try:
+            with open(src, "rb") as fh:
+                first = fh.readline(256)
+        except OSError:
+            continue
+        if not (first.startswith(b"#!") and b"python" in first):
+            continue
+        with open(dst, "w") as fh:
+            fh.write('#!/bin/sh\n# rv: %s run by this environment\'s python\n'
+                     'exec "$(dirname -- "$0")/python" %s "$@"\n' % (name, _q(src)))  # fmt: skip
+        os.chmod(dst, 0o755 & ~store.UMASK)
+        made += 1
+    return made
+
+
 def _failure(spec, transcript, python_version):
     lines = [line for line in transcript if line.strip()]
     shown = lines if len(lines) <= 12 else [*lines[:4], "...", *lines[-8:]]
@@ -330,6 +362,7 @@ def build(root, key, spec, facts, uv, environ):
                 subprocess.check_output([facts["executable"], "-I", "-c", LIST_DISTS]).decode()
             )
             _stub_base(site_dir, dists)
+            _shim_base_scripts(store.dec(store.join(tmp, b"bin")), os.path.dirname(facts["executable"]))
             if facts["prefix"] != facts["base_prefix"]:
                 with open(os.path.join(site_dir, "_rv_base.pth"), "w") as fh:
                     fh.write("".join(p + "\n" for p in facts["site"]))

@@ -130,7 +130,11 @@ def test_system_site_packages_uses_the_base_torch_and_downloads_none(layout, tmp
         "print('ENV-OK', six.__version__, torch.__version__, torch.__file__, sys.prefix)\n"
     )
     commit(proj)
-    r = layout.run_rv("run", "-g", "0", "--system-site-packages", "-f", "--", "python", "main.py", cwd=proj)
+    # Under torchrun (the base's console script): its worker must run with the environment's python.
+    r = layout.run_rv(
+        "run", "-g", "1", "-t", "a6000", "--system-site-packages", "-f", "--",
+        "torchrun", "--nproc-per-node=1", "main.py", cwd=proj,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     (line,) = program_lines(r)
     _, six_version, torch_version, torch_file, prefix = line.split()
