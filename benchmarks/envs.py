@@ -33,14 +33,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli import read_env, stop_warm, timed
 
-# A small real project: pure-Python packages and binary wheels, no torch.
+# A small real project: pure-Python packages and binary wheels (numpy, pandas), no torch.
 REQUIREMENTS = """\
+numpy==2.1.3
+pandas==2.2.3
 requests==2.32.3
 pyyaml==6.0.2
-attrs==24.2.0
-packaging==24.1
 tqdm==4.66.5
-python-dateutil==2.9.0.post0
 tabulate==0.9.0
 """
 

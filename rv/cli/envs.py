@@ -53,7 +53,7 @@ class BuildDisplay:
             self.status = None
 
 
-def build_with_progress(s, env_plan, setup: tuple[str, ...], *, check_only: bool = False):  # type: ignore[no-untyped-def]
+def build_with_progress(s, env_plan, setup: tuple[str, ...], *, force: bool = False):  # type: ignore[no-untyped-def]
     """The plan's environment on the cluster: found (one round trip) or built now, with progress."""
     from rv.pyenv.client import ensure
 
@@ -61,7 +61,7 @@ def build_with_progress(s, env_plan, setup: tuple[str, ...], *, check_only: bool
     try:
         env = ensure(
             s.transport, s.layout, setup=setup, spec=env_plan.spec, use=env_plan.use, on_line=display,
-            check_only=check_only,
+            force=force,
         )  # fmt: skip
     finally:
         display.close()
@@ -153,7 +153,6 @@ def build(
     """Build this project's environment now, as `rv run` would, without submitting anything."""
     from rv.cli.common import load_profile
     from rv.errors import UsageError
-    from rv.pyenv.client import remove_env
     from rv.pyenv.plan import plan
     from rv.snapshot import prepare_snapshot
 
@@ -172,10 +171,5 @@ def build(
         note(message)
     lines = (*profile.setup, *setup)
     with session(ctx) as s:
-        if force:
-            found = build_with_progress(s, env_plan, lines, check_only=True)
-            if found.meta:
-                remove_env(s.transport, s.layout, found.key or "", force=True)
-                note(f"removed environment {found.key}; building it again")
-        env = build_with_progress(s, env_plan, lines)
+        env = build_with_progress(s, env_plan, lines, force=force)
     click.echo(env.path)

@@ -51,10 +51,17 @@ def ensure(
     spec: EnvSpec | None = None,
     use: str | None = None,
     on_line: Callable[[str], None] = lambda line: None,
-    check_only: bool = False,
+    force: bool = False,
 ) -> Environment:
-    """The environment a run will use, built now if it does not exist yet (unless ``check_only``)."""
-    args: dict[str, Any] = {"root": layout.root, "setup": list(setup), "check_only": check_only}
+    """The environment a run will use, built now if it does not exist yet.
+
+    ``force`` builds it again even when it exists (the old one is replaced when the new one is whole).
+    """
+    args: dict[str, Any] = {
+        "root": layout.root,
+        "setup": list(setup),
+        "force": force,
+    }
     if use is not None:
         args["use"] = use
     elif spec is not None:

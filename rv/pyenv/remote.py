@@ -47,6 +47,7 @@ print(json.dumps({
     "machine": platform.machine(), "libc": "-".join(platform.libc_ver()),
     "site": [p for p in site.getsitepackages() if os.path.isdir(p)],
     "purelib": sysconfig.get_paths()["purelib"],
+    "environ": dict(os.environ),
 }))
 """
 # Distributions the base interpreter has, as metadata (see the module's docstring).
@@ -385,7 +386,13 @@ def build(root, key, spec, facts, uv, environ):
                 "build_seconds": round(time.time() - started, 2), "uv": uv}  # fmt: skip
         with open(store.join(tmp, META), "w") as fh:
             json.dump(meta, fh)
+        old = None
+        if os.path.lexists(final):  # --force: the old one steps aside only now, when the new one is whole
+            old = store.join(base, BUILD_PREFIX + b"old-" + os.urandom(4).hex().encode())
+            os.rename(final, old)
         os.rename(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
         _touch(store.join(final, LAST_USED))
         return meta
     finally:
@@ -404,14 +411,15 @@ def mode_env(args):
     if uv is None and request and "/" not in request:
         uv = install_uv(root, "python3")  # to find (or fetch) the version asked for
     facts = probe(args.get("setup") or [], request, uv)
-    environ = _environ_after_setup(args.get("setup") or [])
+    environ = facts.pop("environ")  # after the setup lines: a site's mirror is often set by a module
     key = finish_key(spec, facts, environ)
     path = store.join(envs_dir(root), key.encode())
     meta = read_meta(path)
-    if meta is not None or args.get("check_only"):
-        if meta is not None:
-            _touch(store.join(path, LAST_USED))
-        return {"key": key, "path": store.dec(path), "built": False, "exists": meta is not None, "meta": meta}
+    if meta is not None and args.get("force"):
+        meta = None  # rebuilt under the lock below; the old one goes only when the new one is complete
+    if meta is not None:
+        _touch(store.join(path, LAST_USED))
+        return {"key": key, "path": store.dec(path), "built": False, "exists": True, "meta": meta}
     store.makedirs(envs_dir(root), 0o700)
     lock_path = store.join(envs_dir(root), key.encode() + b".lock")
     try:
@@ -422,7 +430,7 @@ def mode_env(args):
         held = store.lock(lock_path, "the build of environment %s" % key, wait=3600)
         held.__enter__()
     try:
-        meta = read_meta(path)
+        meta = None if args.get("force") else read_meta(path)
         if meta is not None:
             _touch(store.join(path, LAST_USED))
             return {"key": key, "path": store.dec(path), "built": False, "exists": True, "meta": meta,
@@ -446,19 +454,6 @@ def mode_env(args):
                 "installed_uv": installed_uv}  # fmt: skip
     finally:
         held.__exit__(None, None, None)
-
-
-def _environ_after_setup(setup):
-    """The index settings the setup lines leave (a site's mirror is often set by a module)."""
-    if not setup:
-        return dict(os.environ)
-    tail = "exec %s -I -c 'import json,os;print(json.dumps(dict(os.environ)))'" % _q(sys.executable)
-    proc = subprocess.Popen(["bash", "-c", _setup_script(setup, tail)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    out, _ = proc.communicate(timeout=600)
-    if proc.returncode != 0:
-        return dict(os.environ)  # probe() already ran these lines and reported a failure
-    return json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
 
 
 def _use_existing(path, setup):

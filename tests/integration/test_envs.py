@@ -89,6 +89,12 @@ def test_requirements_env_built_once_reused_rebuilt_on_change_and_collected(layo
     assert {r["key"] for r in rows} == set(envs(layout.remote_root))
     assert all(r["meta"]["files"] == "requirements.txt" and r["bytes"] > 0 for r in rows)
 
+    # A forced rebuild replaces the environment under the same key; `rv venv rm` removes one.
+    forced = run("venv", "build", "--force", cwd=proj)
+    assert forced.returncode == 0, forced.stderr
+    assert "building environment" in forced.stderr and len(envs(layout.remote_root)) == 2
+    assert forced.stdout.strip() in {r["path"] for r in rows}
+
     # Every run ended: gc removes both environments once unused for --older-than.
     time.sleep(2)
     gc = run("gc", "--older-than", "1s", "--json", cwd=proj)
