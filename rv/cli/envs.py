@@ -131,7 +131,9 @@ def rm(ctx: click.Context, key: str, force: bool) -> None:
     "--extra", "extras", multiple=True, help="A pyproject.toml optional-dependencies group (repeatable)."
 )
 @click.option(
-    "--system-site-packages", is_flag=True, default=None, help="On top of the interpreter's own packages."
+    "--system-site-packages/--no-system-site-packages",
+    default=None,
+    help="On top of the interpreter's packages.",
 )
 @click.option("--python", "python_", metavar="VERSION|PATH", help="Interpreter to build on.")
 @click.option(

@@ -90,7 +90,7 @@ def test_requirements_env_built_once_reused_rebuilt_on_change_and_collected(layo
     assert all(r["meta"]["files"] == "requirements.txt" and r["bytes"] > 0 for r in rows)
 
     # A forced rebuild replaces the environment under the same key; `rv venv rm` removes one.
-    forced = run("venv", "build", "--force", cwd=proj)
+    forced = run("venv", "build", "--force", "--no-system-site-packages", cwd=proj)
     assert forced.returncode == 0, forced.stderr
     assert "building environment" in forced.stderr and len(envs(layout.remote_root)) == 2
     assert forced.stdout.strip() in {r["path"] for r in rows}
