@@ -21,7 +21,8 @@ CATALOG = {**RIVANNA, "v100": replace(RIVANNA["v100"], max_gpus_per_job=None)}
 
 
 def req(**kw):
-    kw.setdefault("command", ["python", "train.py"])
+    # A launcher: a plain command on several GPUs or nodes is refused (tests of that below).
+    kw.setdefault("command", ["torchrun", "train.py"])
     return build_request(CATALOG, **kw)
 
 
@@ -49,7 +50,7 @@ def test_no_type_with_several_in_catalog_lists_them():
 
 
 def test_no_type_with_one_in_catalog_uses_it():
-    r = build_request(ONE_TYPE, command=["python", "x.py"], gpus=2)
+    r = build_request(ONE_TYPE, command=["torchrun", "x.py"], gpus=2)
     assert r.type == A6000
     assert (r.gpus, r.nodes, r.gpus_per_node) == (2, 1, 2)
 
@@ -154,10 +155,10 @@ def test_more_nodes_than_the_type_has():
     # Slurm would keep such a job pending forever.
     cat = {"x": GpuType("x", "p", "x", 4, nodes=2)}
     with pytest.raises(UsageError) as err:
-        build_request(cat, command=["python", "x.py"], gpus=12)
+        build_request(cat, command=["torchrun", "x.py"], gpus=12)
     assert "needs 3 nodes" in err.value.message and "has 2 x node(s)" in err.value.message
     assert err.value.hint == "use -g 8 or less"
-    assert build_request(cat, command=["python", "x.py"], gpus=8).nodes == 2
+    assert build_request(cat, command=["torchrun", "x.py"], gpus=8).nodes == 2
 
 
 def test_nodes_must_be_positive():
@@ -208,8 +209,9 @@ def test_cpus_and_mem():
 
 def test_cpus_per_gpu_scales_with_gpus_per_node():
     cat = {"x": GpuType("x", "p", "x", 4, cpus_per_gpu=8, mem_per_gpu="32G")}
-    r = build_request(cat, command=["python", "x.py"], gpus=8)
+    r = build_request(cat, command=["torchrun", "x.py"], gpus=8)
     assert (r.nodes, r.gpus_per_node, r.cpus_per_task, r.mem) == (2, 4, 32, "128G")
+    assert (r.cpus_source, r.mem_source) == ("catalog", "catalog")
 
 
 def test_empty_command():
