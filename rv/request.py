@@ -469,9 +469,7 @@ def resources_line(req: JobRequest) -> str:
             return f"{value} {what} ({per} per GPU, from the catalog)"
         return f"{value} {what} ({source})"
 
-    cpus_per = (
-        str(req.cpus_per_task // per_gpu) if req.cpus_per_task is not None and per_gpu else None
-    )
+    cpus_per = str(req.cpus_per_task // per_gpu) if req.cpus_per_task is not None and per_gpu else None
     mem_per = req.type.mem_per_gpu if req.type is not None else None
     cpus = part(str(req.cpus_per_task) if req.cpus_per_task is not None else None, req.cpus_source,
                 "CPUs", cpus_per)  # fmt: skip

@@ -658,7 +658,8 @@ def _rank_labels(req: JobRequest) -> list[str]:
     # Without its docstring (the why, in rv's source): the job needs only the code.
     shebang, _, rest = source.partition("\n")
     code = rest.split('"""', 2)[2].lstrip("\n")
-    source = f"{shebang}\n# rv's rank labeller: rv/job/ranklabel.py in rv's source says how and why.\n\n{code}"
+    note = "# rv's rank labeller: rv/job/ranklabel.py in rv's source says how and why."
+    source = f"{shebang}\n{note}\n\n{code}"
     if _HEREDOC_END in source.splitlines():
         raise ValueError(f"{_LABELLER} holds the line {_HEREDOC_END!r} that ends the heredoc")
     return [
@@ -687,15 +688,16 @@ def _task(req: JobRequest) -> list[str]:
         "    export -n -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send  # not the program's",
     ]
     if req.labeled:
-        log = '"$RV_RUN_DIR/logs/$SLURM_JOB_ID' + ('-node$SLURM_NODEID' if req.nodes > 1 else "")
+        log = '"$RV_RUN_DIR/logs/$SLURM_JOB_ID' + ("-node$SLURM_NODEID" if req.nodes > 1 else "")
         lines += [
-            "    # The labeller appends to this node's log files (one srun's stdout is a pipe, not the file).",
-            f"    export RV_LOG_OUT={log}.out\" RV_LOG_ERR={log}.err\"",
+            "    # The labeller appends to this node's log files (a one-node srun's stdout is a pipe).",
+            f'    export RV_LOG_OUT={log}.out" RV_LOG_ERR={log}.err"',
         ]
         if req.launch is not None:
-            lines.append(
-                f'    export RV_PYTHON_EXEC="${{PYTHON_EXEC:-}}" PYTHON_EXEC={RANK_LABEL}  # each rank\'s Python'
-            )
+            lines += [
+                "    # torchrun runs each rank as $PYTHON_EXEC -u ...: the labeller, then the real Python.",
+                f'    export RV_PYTHON_EXEC="${{PYTHON_EXEC:-}}" PYTHON_EXEC={RANK_LABEL}',
+            ]
     lines += [
         "    # `trap -`: a background job of a script would otherwise ignore INT and QUIT.",
         f"    ( trap - INT QUIT; exec {program_line(req)} ) &",

@@ -438,7 +438,10 @@ def main(argv):
         labeller.flush()
     code = proc.wait()
     if code < 0:  # end as the program ended: killed by the same signal
-        signal.signal(-code, signal.SIG_DFL)
+        try:
+            signal.signal(-code, signal.SIG_DFL)  # ignored here (SIGPIPE by Python itself) or handled
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP cannot be changed, and need not be
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
@@ -457,9 +460,10 @@ mv -f -- "$RV_JOB_DIR/rank-label.py.tmp" "$RV_JOB_DIR/rank-label.py"
 # a plain program is never signalled early and runs on to Slurm's own limit.
 rv_task() {
     export -n -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send  # not the program's
-    # The labeller appends to this node's log files (one srun's stdout is a pipe, not the file).
+    # The labeller appends to this node's log files (a one-node srun's stdout is a pipe).
     export RV_LOG_OUT="$RV_RUN_DIR/logs/$SLURM_JOB_ID-node$SLURM_NODEID.out" RV_LOG_ERR="$RV_RUN_DIR/logs/$SLURM_JOB_ID-node$SLURM_NODEID.err"
-    export RV_PYTHON_EXEC="${PYTHON_EXEC:-}" PYTHON_EXEC="$RV_JOB_DIR/rank-label.py"  # each rank's Python
+    # torchrun runs each rank as $PYTHON_EXEC -u ...: the labeller, then the real Python.
+    export RV_PYTHON_EXEC="${PYTHON_EXEC:-}" PYTHON_EXEC="$RV_JOB_DIR/rank-label.py"
     # `trap -`: a background job of a script would otherwise ignore INT and QUIT.
     ( trap - INT QUIT; exec uv run --frozen accelerate launch --num_processes=4 --num_machines=2 --machine_rank="$SLURM_NODEID" --main_process_ip="$RV_HEAD_ADDR" --main_process_port="$MASTER_PORT" --multi_gpu train.py --epochs 3 ) &
     local program=$! watcher rc

@@ -427,7 +427,10 @@ def main(argv):
         labeller.flush()
     code = proc.wait()
     if code < 0:  # end as the program ended: killed by the same signal
-        signal.signal(-code, signal.SIG_DFL)
+        try:
+            signal.signal(-code, signal.SIG_DFL)  # ignored here (SIGPIPE by Python itself) or handled
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP cannot be changed, and need not be
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
@@ -446,7 +449,7 @@ mv -f -- "$RV_JOB_DIR/rank-label.py.tmp" "$RV_JOB_DIR/rank-label.py"
 # a plain program is never signalled early and runs on to Slurm's own limit.
 rv_task() {
     export -n -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send  # not the program's
-    # The labeller appends to this node's log files (one srun's stdout is a pipe, not the file).
+    # The labeller appends to this node's log files (a one-node srun's stdout is a pipe).
     export RV_LOG_OUT="$RV_RUN_DIR/logs/$SLURM_JOB_ID-node$SLURM_NODEID.out" RV_LOG_ERR="$RV_RUN_DIR/logs/$SLURM_JOB_ID-node$SLURM_NODEID.err"
     # `trap -`: a background job of a script would otherwise ignore INT and QUIT.
     ( trap - INT QUIT; exec "$RV_JOB_DIR/rank-label.py" --exec --label "$SLURM_NODEID" bash prep.sh ) &

@@ -140,8 +140,13 @@ def test_exec_mode_labels_any_program_with_the_given_label(tmp_path):
     log = tmp_path / "log"
     env = dict(os.environ, RV_LOG_OUT=str(log), RV_LOG_ERR=str(log))
     env.pop("RANK", None)
-    cmd = [sys.executable, str(LABELLER), "--exec", "--label", "5", "sh", "-c", "echo out; echo err >&2; exit 3"]
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+    program = ["sh", "-c", "echo out; echo err >&2; exit 3"]
+    p = subprocess.run(
+        [sys.executable, str(LABELLER), "--exec", "--label", "5", *program],
+        env=env,
+        capture_output=True,
+        timeout=30,
+    )
     assert p.returncode == 3
     assert sorted(log.read_text().splitlines()) == ["[5] err", "[5] out"]
 
@@ -151,7 +156,8 @@ def test_a_file_on_stdout_is_written_directly_and_a_pipe_means_the_named_log(tmp
     named = tmp_path / "named.log"
     direct = tmp_path / "direct.log"
     with open(direct, "ab") as fh:
-        p = run_rank(tmp_path, "0", "print('x')", log=named, stdout=fh if target == "file" else subprocess.PIPE)
+        out = fh if target == "file" else subprocess.PIPE
+        p = run_rank(tmp_path, "0", "print('x')", log=named, stdout=out)
         piped, _ = p.communicate(timeout=30)
     named_text = named.read_text() if named.exists() else ""
     assert (direct.read_text(), named_text) == (("[0] x\n", "") if target == "file" else ("", "[0] x\n"))

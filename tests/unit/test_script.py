@@ -78,7 +78,11 @@ GOLDEN_CASES = {
     ),
     "v100_fp16": lambda: (
         build_request(
-            CATALOG, command=["python3", "-m", "pkg.finetune"], gpus=2, gpu_type="v100", allow_single_process=True
+            CATALOG,
+            command=["python3", "-m", "pkg.finetune"],
+            gpus=2,
+            gpu_type="v100",
+            allow_single_process=True,
         ),
         ctx(),
     ),
@@ -94,7 +98,8 @@ GOLDEN_CASES = {
         ctx(),
     ),
     "cpu_each_node": lambda: (
-        build_request(CATALOG, command=["bash", "prep.sh"], gpus=0, nodes=2, each_node=True), ctx()
+        build_request(CATALOG, command=["bash", "prep.sh"], gpus=0, nodes=2, each_node=True),
+        ctx(),
     ),
     "cpu_only": lambda: (
         build_request(CATALOG, command=["bash", "prep.sh"], gpus=0, cpus=4, mem="8G"),
