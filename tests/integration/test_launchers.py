@@ -48,9 +48,7 @@ for i in range({LINES}):
 
 
 def expected_lines(rank: int) -> list[str]:
-    return [
-        f"rank={rank} i={i} " + str(rank) * (BIG if i % 1000 == 999 else WIDTH) for i in range(LINES)
-    ]
+    return [f"rank={rank} i={i} " + str(rank) * (BIG if i % 1000 == 999 else WIDTH) for i in range(LINES)]
 
 
 def git(repo: Path, *args: str) -> None:
@@ -158,8 +156,9 @@ def test_one_process_on_two_gpus_needs_allow_single_process(layout, project):
     assert r.returncode == 2 and "is one process, but this job has 2 GPUs" in r.stderr
     assert "--allow-single-process" in r.stderr
     r = layout.run_rv(
-        "run", "-g", "2", "-t", "a6000", "--allow-single-process", "-f", "--", "python3", "show.py", cwd=project
-    )
+        "run", "-g", "2", "-t", "a6000", "--allow-single-process", "-f", "--", "python3", "show.py",
+        cwd=project,
+    )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     # One process, no label (nothing to tell apart), both GPUs, and the catalog's 2 CPUs and
     # 2000 MB per GPU (the bare nodes: 8 CPUs and 8000 MB over 4 GPUs, as `rv init` found).

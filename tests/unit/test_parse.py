@@ -329,7 +329,8 @@ def test_discover_catalog_from_the_test_cluster():
     assert (a6000.compute_capability, v100.compute_capability) == (8.6, 7.0)
     assert a6000.su_per_gpu_hour is None and a6000.max_time is None
     # 8 CPUs and 8000 MB shared out over the node's 4 GPUs (2 a6000 + 2 v100)
-    assert (a6000.cpus_per_gpu, a6000.mem_per_gpu, v100.cpus_per_gpu, v100.mem_per_gpu) == (2, "2000M", 2, "2000M")
+    assert (a6000.cpus_per_gpu, a6000.mem_per_gpu) == (2, "2000M")
+    assert (v100.cpus_per_gpu, v100.mem_per_gpu) == (2, "2000M")
 
 
 def test_discover_catalog_rivanna_layout():
