@@ -25,10 +25,14 @@ run's records and decides whether the run goes on, so closing the laptop never s
 6. The work dir: the run's own copy of the snapshot (copies, not hard links into the store: a job
    that makes its files writable must not change the store or another run). Made once per run.
 7. Setup lines, the env-build hook, GPU and precision, the first node.
-8. The program, one ``srun`` task per node running ``rv_task``: the program in the background and
+8. With more than one process, rv's rank labeller (``rv/job/ranklabel.py``) written into the job's
+   folder: each rank runs under it (torchrun's ``PYTHON_EXEC``) and its lines reach the log whole,
+   labelled ``[rank]``.
+9. The program, one ``srun`` task per node running ``rv_task``: the program in the background and
    rv's stop watcher beside it, which sends ``RV_STOP_SIGNAL`` at ``RV_STOP_LEAD`` seconds before the
    time limit to the program's processes that handle it (never to a torchrun agent), and to none
-   when none does.
+   when none does. A launcher (torchrun, accelerate launch, either behind ``uv run``) gets the node
+   and rendezvous flags it lacks.
 
 The user's command enters once, quoted, inside ``rv_task``; the property test in
 ``tests/unit/test_script.py`` runs the result with bash and checks argv byte for byte.
