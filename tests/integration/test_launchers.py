@@ -223,6 +223,11 @@ def test_four_ranks_of_long_lines_at_once_never_mix(layout, project):
     two = layout.run_rv("logs", "spam", "--rank", "2", cwd=project)
     assert two.returncode == 0, two.stderr
     assert two.stdout == "".join(line + "\n" for line in expected_lines(2))
+    followed = layout.run_rv("logs", "-f", "spam", "--rank", "2", cwd=project)  # the follower's path
+    assert followed.returncode == 0, followed.stderr
+    assert [line for line in followed.stdout.splitlines() if not line.startswith("── rv:")] == expected_lines(
+        2
+    )
     # --raw: the file as written, labels included.
     raw = layout.run_rv("logs", "spam", "--raw", "--node", "1", cwd=project)
     assert raw.returncode == 0, raw.stderr
