@@ -49,6 +49,37 @@ from rv.cli.common import note, print_json, progress_renderer, run_store, sessio
     metavar="RUN[@STEP]",
     help="Start from RUN's newest complete checkpoint at or before STEP; RUN itself is untouched.",
 )
+@click.option(
+    "--env",
+    "env_choice",
+    metavar="auto|none|PATH",
+    default="auto",
+    show_default=True,
+    help="The job's Python environment: built from the project's dependency files (auto), only the "
+    "setup lines (none), or an existing venv/conda prefix on the cluster (PATH).",
+)
+@click.option(
+    "--requirements", metavar="FILE", help="Build the environment from FILE (default: requirements.txt)."
+)
+@click.option(
+    "--extra", "extras", multiple=True, help="A pyproject.toml optional-dependencies group (repeatable)."
+)
+@click.option(
+    "--system-site-packages/--no-system-site-packages",
+    default=None,
+    help="Build on top of the interpreter's own packages (a site's torch module), not downloading them.",
+)
+@click.option("--python", "python_", metavar="VERSION|PATH", help="Interpreter to build the environment on.")
+@click.option(
+    "--each-node",
+    is_flag=True,
+    help="Run a command without a launcher once on every node (default: refused on several nodes).",
+)
+@click.option(
+    "--allow-single-process",
+    is_flag=True,
+    help="Run a command without a launcher as one process on several GPUs (default: refused).",
+)
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
@@ -76,6 +107,13 @@ def run(
     signal: str | None,
     max_segments: int | None,
     from_: str | None,
+    env_choice: str,
+    requirements: str | None,
+    extras: tuple[str, ...],
+    system_site_packages: bool | None,
+    python_: str | None,
+    each_node: bool,
+    allow_single_process: bool,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -93,7 +131,7 @@ def run(
     """
     from rv.cli.common import load_profile
     from rv.job import submit as job
-    from rv.request import build_request, default_name, detect_misplaced_flags
+    from rv.request import build_request, default_name, detect_misplaced_flags, resources_line
 
     _, profile = load_profile(ctx)
     catalog = profile.gpu_catalog()
@@ -121,7 +159,8 @@ def run(
     req = build_request(
         catalog, command=command, gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus,
         name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, start_dir=start_dir,
-        signal=signal, max_segments=max_segments,
+        signal=signal, max_segments=max_segments, each_node=each_node,
+        allow_single_process=allow_single_process,
     )  # fmt: skip
     for message in req.warnings:
         warn(message)
@@ -141,6 +180,14 @@ def run(
         import shlex
 
         req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
+    if system_site_packages is None:
+        system_site_packages = profile.system_site_packages
+    env_plan = plan_environment(
+        snap, env_choice, requirements=requirements, extras=extras, python=python_ or profile.python,
+        system_site_packages=system_site_packages,
+    )  # fmt: skip
+    for message in env_plan.notes:
+        note(message)
     if dry_run:
         from rv.layout import RemoteLayout
         from rv.slurm.script import render_script
@@ -149,6 +196,7 @@ def run(
         context = job.script_context(
             layout, run_id=run_id, snapshot_id=snap.id, project=snap.project, account=profile.account,
             has_secrets=bool(secrets), umask=job_umask(profile),
+            env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"),
         )  # fmt: skip
         script = render_script(req, context)
         if as_json:
@@ -158,6 +206,7 @@ def run(
             )  # fmt: skip
         else:
             sys.stdout.write(script)
+        note(resources_line(req))
         note(
             f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, "
             f"{len(snap.tree.entries)} files)"
@@ -171,6 +220,8 @@ def run(
             note(f"resuming {req.name} from step {check.resume_step}")
         elif from_run is None and check.resume_files:
             note(f"resuming {req.name}: its checkpoint folder holds what an earlier run saved")
+        # Before the upload: a requirement that cannot be resolved fails here, and nothing is queued.
+        env = ensure_environment(s, env_plan, (*profile.setup, *setup))
         # The cached manifest lets the cluster receive only a delta of the file list.
         cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
         with progress_renderer("uploading") as bar:
@@ -180,10 +231,12 @@ def run(
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
+            env_build=env_plan.lines(env.path) if env else (),
         )  # fmt: skip
         submitted = job.submit(
             s.transport, s.layout, req, context, profile=profile.name, secrets=secrets,
-            provenance={"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty},
+            provenance={"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty,
+                        "env": env.key if env else None},
             from_run=check if from_run is not None else None,
             from_step=from_run.step if from_run is not None else None,
         )  # fmt: skip
@@ -207,7 +260,8 @@ def run(
         continues = f", up to {req.max_segments} segments" if req.max_segments > 1 else ""
         note(
             f"submitted run {req.name}: job {record.job_id} ({where}, {req.nodes} node(s){continues}) "
-            f"from {record.short_commit}\n  rv logs -f {req.name}    rv ps    rv stop {req.name}"
+            f"from {record.short_commit}\n  {resources_line(req)}\n"
+            f"  rv logs -f {req.name}    rv ps    rv stop {req.name}"
         )
         if follow:
             ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments, output_to_stderr=as_json))
@@ -227,6 +281,22 @@ def option_words(command: click.Command) -> dict[str, bool]:
             for word in (*param.opts, *param.secondary_opts):
                 words[word] = takes_value
     return words
+
+
+def plan_environment(snap, choice: str, **options):  # type: ignore[no-untyped-def]
+    """What the run's environment will be, decided from the snapshot alone (no network)."""
+    from rv.pyenv.plan import plan
+
+    return plan(snap, choice, **options)
+
+
+def ensure_environment(s, env_plan, setup: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """The environment on the cluster, built now (in the foreground, with progress) if it must be."""
+    if env_plan.spec is None and env_plan.use is None:
+        return None
+    from rv.cli.envs import build_with_progress
+
+    return build_with_progress(s, env_plan, setup)
 
 
 def job_umask(profile) -> str:  # type: ignore[no-untyped-def]

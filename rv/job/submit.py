@@ -121,6 +121,7 @@ def script_context(
     account: str | None,
     has_secrets: bool,
     umask: str = "077",
+    env_build: tuple[str, ...] = (),
 ) -> ScriptContext:
     return ScriptContext(
         remote_root=layout.root,
@@ -130,6 +131,7 @@ def script_context(
         account=account,
         has_secrets=has_secrets,
         umask=umask,
+        env_build=env_build,
     )
 
 
@@ -146,7 +148,11 @@ def request_summary(req: JobRequest) -> dict[str, Any]:
         "mig": req.mig,
         "signal": f"{req.signal}@{req.signal_lead_seconds}",
         "max_segments": req.max_segments,
-        "torchrun": asdict(req.torchrun) if req.torchrun is not None else None,
+        "launch": asdict(req.launch) if req.launch is not None else None,
+        "each_node": req.each_node,
+        "allow_single_process": req.allow_single_process,
+        "ranks": req.ranks,
+        "labeled": req.labeled,
         "outputs": list(req.outputs),
     }
 
@@ -182,9 +188,12 @@ def submit(
         "gpus": req.gpus,
         "gpu_type": req.type.name if req.type is not None else None,
         "nodes": req.nodes,
+        "ranks": req.ranks,
+        "labeled": req.labeled,
         "branch": provenance.get("branch"),
         "commit": provenance.get("commit"),
         "dirty": bool(provenance.get("dirty")),
+        "env": provenance.get("env"),  # the environment's key: rv gc keeps it while this run lives
         "submitted_from": socket.gethostname(),
         "has_secrets": bool(secrets),
     }
