@@ -564,6 +564,7 @@ class LocalTransport(_Collecting):
                         return
                     try:
                         proc.stdin.write(chunk)
+                        proc.stdin.flush()  # as over SSH: each chunk is sent as it comes
                     except (BrokenPipeError, ValueError):
                         return  # the command exited early: its exit code and stderr say why
                 with contextlib.suppress(BrokenPipeError):  # exited before reading everything

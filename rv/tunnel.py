@@ -88,6 +88,10 @@ class Forwarder:
                     conn, _ = self.listener.accept()
                 except TimeoutError:
                     conn = None
+                except OSError:
+                    if self._stop.is_set():
+                        break  # close() from another thread closed the listener under us
+                    raise
                 if conn is not None:
                     self.connections += 1
                     threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()

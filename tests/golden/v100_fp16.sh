@@ -268,7 +268,7 @@ rv_save_env() {
             echo '# rv: the environment of the program of this job (rv ssh, rv up)'
             echo 'case $- in *i*) [ -r ~/.bashrc ] && . ~/.bashrc ;; esac'
             for v in $(compgen -e); do
-                case "$v" in SLURM_* | SLURMD_* | PMI_* | PMIX_* | CUDA_VISIBLE_DEVICES | GPU_DEVICE_ORDINAL | ROCR_VISIBLE_DEVICES | ENVIRONMENT | PWD | OLDPWD | SHLVL | _ | TERM | SSH_* | DISPLAY | HOSTNAME | BASH_FUNC_*) continue ;; esac
+                case "$v" in SLURM_* | SLURMD_* | PMI_* | PMIX_* | CUDA_VISIBLE_DEVICES | GPU_DEVICE_ORDINAL | ROCR_VISIBLE_DEVICES | ENVIRONMENT | PWD | OLDPWD | SHLVL | _ | TERM | SSH_* | DISPLAY | HOSTNAME | PS1 | BASH_FUNC_*) continue ;; esac
                 [ -n "${!v+x}" ] || continue
                 printf 'export %s=%q\n' "$v" "${!v}"
             done

@@ -59,7 +59,9 @@ class Terminal:
                 return m
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"{pattern!r} did not appear in {timeout:g} s; the terminal shows:\n{self.text}")
+                raise AssertionError(
+                    f"{pattern!r} did not appear in {timeout:g} s; the terminal shows:\n{self.text}"
+                )
             if not self._read(min(left, 0.5)) and self.proc.poll() is not None:
                 while self._read(0.1):
                     pass
@@ -68,7 +70,8 @@ class Terminal:
                     self.pos = m.end()
                     return m
                 raise AssertionError(
-                    f"{pattern!r}: the program exited ({self.proc.returncode}) first; the terminal shows:\n{self.text}"
+                    f"{pattern!r}: the program exited ({self.proc.returncode}) first; "
+                    f"the terminal shows:\n{self.text}"
                 )
 
     def send(self, text: str) -> None:
@@ -79,7 +82,9 @@ class Terminal:
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None:
             if time.monotonic() > deadline:
-                raise AssertionError(f"the program did not exit in {timeout:g} s; the terminal shows:\n{self.text}")
+                raise AssertionError(
+                    f"the program did not exit in {timeout:g} s; the terminal shows:\n{self.text}"
+                )
             self._read(0.2)
         while self._read(0.1):
             pass
