@@ -33,7 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 ALIASES = {"ls": "ps", "cancel": "stop"}
 # Commands that only ever talk to the cluster (no local checks that could refuse first): their warm
 # connection is started as soon as the profile is known, so its start overlaps with their imports.
-PREWARM = frozenset({"ps", "status", "logs", "exec"})
+PREWARM = frozenset({"ps", "status", "logs", "exec", "gpu"})
 
 
 def report_error(exc: RvError) -> None:
