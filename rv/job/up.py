@@ -43,7 +43,7 @@ from rv.snapshot import agent_command
 HEARTBEAT_S = 5.0  # rv -> watchdog
 SILENCE_S = 60.0  # the watchdog cancels after this long without a word from rv
 ALIVE_LIMIT_S = 120  # the holder ends the job after this long without the watchdog's heartbeat
-NO_WORD_S = 45.0  # rv gives up on a watchdog that sent nothing (not even a beat) for this long
+NO_WORD_S = 120.0  # rv gives up on a watchdog silent this long (longer than a slow squeue may take)
 
 # The session's program, one per node: holds the allocation while someone is attached. $1: seconds
 # without the watchdog's heartbeat after which it gives the allocation back. Never signalled by rv's
