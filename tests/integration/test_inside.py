@@ -120,7 +120,8 @@ def test_ssh_reaches_the_second_node_in_the_jobs_environment_and_passes_exit_cod
         r = run_rv(
             "ssh", "hold", "--",
             'python -c "import os; print(os.environ[\'RV_INSIDE_SECRET\'])"; '
-            'echo "$RV_RUN_NAME $SLURMD_NODENAME"; cat marker.txt; test "$PWD" = "$RV_WORK_DIR" && echo in-work-dir',
+            'echo "$RV_RUN_NAME $SLURMD_NODENAME"; cat marker.txt; '
+            'test "$PWD" = "$RV_WORK_DIR" && echo in-work-dir',
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
         node1 = "gpu-01" if layout.name == "bare" else "node1"
@@ -220,7 +221,7 @@ def test_up_gives_a_shell_in_the_jobs_environment_and_exit_releases_the_allocati
     try:
         job = up_job(term)
         term.expect(r"\(rv dev\) ")
-        term.send("python -c 'import os; print(\"job-dir=\" + os.environ[\"RV_JOB_DIR\"])'\r")
+        term.send('python -c \'import os; print("job-dir=" + os.environ["RV_JOB_DIR"])\'\r')
         job_dir = term.expect(r"job-dir=(\S+)\r\n").group(1)
         assert re.fullmatch(rf"{re.escape(layout.remote_root)}/runs/[0-9a-f]+/jobs/{job}", job_dir), job_dir
         term.send('echo "$RV_INSIDE_SECRET|$(cat marker.txt)|$RV_GPUS|$SLURM_JOB_ID"\r')
@@ -243,7 +244,9 @@ def test_up_is_released_when_rv_is_killed_running_or_pending_and_on_ctrl_c(layou
     ssh = layout.ssh
     # Running: rv killed outright (no chance to say anything): its connection closes, and the
     # watchdog on the login node cancels the job.
-    term = Terminal(rv_argv("up", "-g", "0", "--mem", "500M", "--name", "killed"), env=layout.rv_env, cwd=project)
+    term = Terminal(
+        rv_argv("up", "-g", "0", "--mem", "500M", "--name", "killed"), env=layout.rv_env, cwd=project
+    )
     try:
         job = up_job(term)
         term.expect(r"\(rv killed\) ")

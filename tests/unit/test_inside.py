@@ -342,3 +342,30 @@ def test_attach_env_file_is_the_scripts(tmp_path):
     # The agent (which cannot import rv.slurm) names the same file the job script writes.
     assert remote.JOB_ENV.decode() == JOB_ENV_FILE
     assert os.path.basename(PLACE.env_file) == JOB_ENV_FILE
+
+
+def test_gpu_table_one_line_per_gpu_and_per_further_process():
+    from rv.cli.gpu import render_table
+
+    lines = render_table(parse_report(captured("rv_gpu_report_handwritten.txt")))
+    assert lines[0].split() == [
+        "NODE",
+        "GPU",
+        "NAME",
+        "UTIL",
+        "MEMORY",
+        "(MiB)",
+        "TEMP",
+        "POWER",
+        "(W)",
+        "PROCESSES",
+    ]
+    assert lines[1].split() == [
+        "udc-an36-25", "0", "NVIDIA", "A100-SXM4-80GB", "97%", "71,234", "/", "81,920", "63C", "348", "/",
+        "400", "2345678", "python", "(71,230", "MiB)",
+    ]  # fmt: skip
+    assert len(lines) == 3  # the node without a driver has no rows (rv gpu warns about it)
+    na = render_table(
+        [NodeGpus(node="n", gpus=tuple(parse_gpus(captured("nvidia_smi_v100_handwritten.txt"))))]
+    )
+    assert na[1].split()[-5:] == ["47C", "-", "/", "-", "-"]  # power not supported, no processes
