@@ -224,8 +224,8 @@ def test_up_gives_a_shell_in_the_jobs_environment_and_exit_releases_the_allocati
         term.send('python -c \'import os; print("job-dir=" + os.environ["RV_JOB_DIR"])\'\r')
         job_dir = term.expect(r"job-dir=(\S+)\r\n").group(1)
         assert re.fullmatch(rf"{re.escape(layout.remote_root)}/runs/[0-9a-f]+/jobs/{job}", job_dir), job_dir
-        term.send('echo "$RV_INSIDE_SECRET|$(cat marker.txt)|$RV_GPUS|$SLURM_JOB_ID"\r')
-        term.expect(re.escape(f"{SECRET}|from the snapshot|1|{job}"))
+        term.send('echo "$RV_INSIDE_SECRET|$(cat marker.txt)|$RV_GPUS|$SLURM_JOB_ID|$HF_HOME"\r')
+        term.expect(re.escape(f"{SECRET}|from the snapshot|1|{job}|{layout.remote_root}/cache/hf"))
         assert queued(layout.ssh, job) == "RUNNING"
         term.send("exit 4\r")
         term.expect(rf"released the allocation \(job {job}\)")
@@ -237,6 +237,20 @@ def test_up_gives_a_shell_in_the_jobs_environment_and_exit_releases_the_allocati
     # The session is a run like any other: rv ps -a knows how it ended.
     ps = json.loads(layout.run_rv("ps", "-a", "--json").stdout)
     assert [row["state"] for row in ps if row["name"] == "dev"] == ["CANCELLED"]
+
+
+@pytest.mark.parametrize("layout", ["bare"], indirect=True)
+def test_up_detach_keeps_the_allocation_for_rv_ssh_until_rv_stop(layout, project):
+    r = layout.run_rv("up", "--detach", "-g", "0", "--mem", "500M", "--name", "kept", cwd=project)
+    assert r.returncode == 0, r.stderr
+    job = re.search(r"rv up session kept: job (\d+)", r.stderr).group(1)
+    assert "rv ssh kept " in r.stderr and "rv stop kept " in r.stderr  # how to attach, how to end it
+    # rv has exited; the job is still there, and a shell attaches to it.
+    assert queued(layout.ssh, job) == "RUNNING"
+    r = layout.run_rv("ssh", "kept", "--", "echo", "$SLURM_JOB_ID", "$RV_RUN_NAME")
+    assert r.stdout.split() == [job, "kept"], r.stderr
+    assert layout.run_rv("stop", "kept").returncode == 0
+    wait_gone(layout.ssh, job)
 
 
 @pytest.mark.parametrize("layout", ["bare"], indirect=True)

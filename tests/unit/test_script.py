@@ -540,9 +540,9 @@ def test_the_programs_environment_is_saved_for_rv_ssh_and_gone_with_the_job(box)
     """
     setup = ["export FROM_SETUP='a b$c'", "cd pkg", "helper() { echo helped; }; export -f helper"]
     req = build_request(CATALOG, command=program(code), gpu_type="a6000", setup=setup)
-    result, job_id = box.run(
-        render_script(req, box.ctx(has_secrets=True)), TERM="xterm-test", SLURM_STEP_ID="7", PS1="$ "
-    )
+    # The env-build hook (project environments, issue 11) reaches the shells by the same path.
+    context = box.ctx(has_secrets=True, env_build=("export FROM_HOOK=built",))
+    result, job_id = box.run(render_script(req, context), TERM="xterm-test", SLURM_STEP_ID="7", PS1="$ ")
     assert result.returncode == 0, result.stderr.decode()
     assert "mode 0o600" in result.stdout.decode()
     saved = (box.out / "env.sh").read_text()
@@ -551,11 +551,11 @@ def test_the_programs_environment_is_saved_for_rv_ssh_and_gone_with_the_job(box)
         assert f"export {name}=" not in saved, name
     # A fresh shell that sources it (as rv ssh's does) has what the program had, where it had it.
     shell = subprocess.run(
-        [BASH, "-c", '. "$1"; printf "%s|" "$FROM_SETUP" "$HF_TOKEN" "$RV_RUN_ID" "$PWD" "$(helper)"', "x",
-         str(box.out / "env.sh")],
+        [BASH, "-c", '. "$1"; printf "%s|" "$FROM_SETUP" "$FROM_HOOK" "$HF_TOKEN" "$RV_RUN_ID" "$PWD" '
+         '"$(helper)"', "x", str(box.out / "env.sh")],
         env={"PATH": os.environ["PATH"], "HOME": str(box.base)}, capture_output=True, text=True,
     )  # fmt: skip
-    assert shell.stdout == f"a b$c|hf_s3cr3t value|{RUN}|{box.run_dir}/work/pkg|helped|", shell.stderr
+    assert shell.stdout == f"a b$c|built|hf_s3cr3t value|{RUN}|{box.run_dir}/work/pkg|helped|", shell.stderr
     assert not (box.run_dir / "jobs" / str(job_id) / "env.sh").exists()
 
 
