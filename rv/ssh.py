@@ -544,9 +544,9 @@ class SSHTransport(_Collecting):
             # The server tried and could not connect (refused, no route), or forwarding is off.
             raise TunnelError(
                 f"{self.target.hostname} could not connect to {host}:{port}: {exc.text or exc}",
-                hint="check that the program in the job listens on that port (on all addresses or "
-                "the node's own, not only 127.0.0.1 of another host), and that the cluster allows "
-                "TCP forwarding (AllowTcpForwarding)",
+                hint="check that the program in the job listens on that port, on the node's address "
+                "or on all (0.0.0.0), not only on 127.0.0.1; and that the cluster allows TCP "
+                "forwarding (sshd's AllowTcpForwarding)",
             ) from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ChannelOpenError(

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from rv.cli.common import note, run_store, session, warn
+
+if TYPE_CHECKING:
+    from rv.job.records import RunRecord
+    from rv.slurm.parse import QueuedJob
 
 
 class _View:
@@ -17,18 +22,20 @@ class _View:
         self.shown: tuple[str, str | None, str | None] | None = None
         self.job_id = "?"
 
-    def submitted(self, record) -> None:  # type: ignore[no-untyped-def]
+    def submitted(self, record: RunRecord) -> None:
         self.job_id = record.job_id
         note(f"rv up session {record.name}: job {record.job_id}")
 
-    def state(self, job) -> None:  # type: ignore[no-untyped-def]
+    def state(self, job: QueuedJob) -> None:
         key = (job.state, job.reason, job.start)
         if key == self.shown:
             return
         self.shown = key
         if job.state == "PENDING":
-            start = f", expected to start {job.start}" if job.start else ", no expected start yet"
-            note(f"job {job.job_id} is pending ({job.reason or 'no reason given'}){start}")
+            # Right after sbatch Slurm has neither a reason nor a start time yet: said once known.
+            why = f" ({job.reason})" if job.reason else ""
+            start = f", expected to start {job.start}" if job.start else ""
+            note(f"job {job.job_id} is pending{why}{start}")
         elif job.state == "RUNNING":
             note(
                 f"job {job.job_id} is running on {','.join(job.node_list)}: preparing its work dir and setup"

@@ -10,6 +10,8 @@ Modes (ARGS is one JSON object; replies are zlib-compressed JSON, except ``follo
                 hold (the run's own, and ``--from``'s)
 ``run-submit``  under the name's lock: the run's folder, its records, secrets (from stdin, 0600),
                 the ``--from`` checkpoint, the name index, and ``sbatch`` of segment 1
+``up``          ``rv up``: ``run-submit``, then the session's watchdog for as long as rv is there
+                (it cancels the job when rv says so, goes quiet or goes away)
 ``runs``        run records and ``squeue`` (and ``sacct``) in one answer
 ``follow``      a run's output, segment after segment, from given offsets; with state frames; ends
                 when the run ends (following) or when the logs are read (not following)

@@ -225,7 +225,8 @@ def wait_ready(dog: Watchdog, view: UpView) -> QueuedJob:
         elif kind == "ended":
             reason = (frame.get("ended") or {}).get("reason") or (frame.get("record") or {}).get("reason")
             raise SessionEnded(
-                f"job {dog.job_id} ended before a shell could start: {reason or 'no record of why'}"
+                f"job {dog.job_id} ended before a shell could start: {reason or 'no record of why'}",
+                hint=f"rv logs --err {dog.args['name']} shows what it said",
             )
         elif kind == "lost":
             raise ConnectError("the cluster heard nothing from rv for a minute and released the allocation")
