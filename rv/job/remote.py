@@ -476,28 +476,44 @@ def mode_up(args):
     stdin = _Input()
     secrets = stdin.sized()
     frames = Frames()
-    state = {"job": None, "keep": False}
+    state = {"job": None, "done": False}  # done: released (or being), detached, or ended by itself
 
-    def cancel():
-        if state["job"] and not state["keep"]:
-            state["keep"] = True  # once is enough
-            code, _, err = run_argv([*args["scancel"], state["job"]])
-            if code != 0:
-                # rv may be gone and never read this; the job's holder ends the job by itself once
-                # this process's heartbeat stops.
-                sys.stderr.write("rv up: scancel %s failed: %s\n" % (state["job"], err.strip()[-300:]))
+    def release():
+        """Cancel the job, wait until it has left the queue, then tidy up after it; (gone, error)."""
+        if not state["job"] or state["done"]:
+            return True, None
+        state["done"] = True
+        code, _, err = run_argv([*args["scancel"], state["job"]])
+        if code != 0:
+            # rv may be gone and never read this; the job's holder ends the job by itself once
+            # this process's heartbeat stops.
+            sys.stderr.write("rv up: scancel %s failed: %s\n" % (state["job"], err.strip()[-300:]))
+        gone, error = _wait_gone(args["squeue"], state["job"], 60.0)
+        if gone:
+            _tidy_released(rdir)
+        return gone, error
 
     try:
         result = _submit(args, secrets)
         state["job"] = job = result["job_id"]
         frames.send({"t": "submitted", "job_id": job, "previous_run_id": result.get("previous_run_id")})
-        _watch_up(args, rdir, job, stdin, frames, state, cancel)
+        _watch_up(args, rdir, job, stdin, frames, state, release)
     finally:
-        cancel()
+        release()  # however this ends (rv went away, a signal, a broken pipe): unless done already
     return None
 
 
-def _watch_up(args, rdir, job, stdin, frames, state, cancel):
+def _tidy_released(rdir):
+    """What the job's EXIT trap does, for a job Slurm killed before its trap could finish (KillWait
+    after scancel's TERM): its secrets and environment files go, and the run gets its end."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(store.join(rdir, SECRETS))
+    _remove_job_envs(rdir)
+    if not os.path.exists(store.join(rdir, ENDED)):
+        _end_run(rdir, "cancelled by rv up (its shell ended, or rv went away)", 1)
+
+
+def _watch_up(args, rdir, job, stdin, frames, state, release):
     silence = float(args.get("silence", 60))
     env_file = store.join(rdir, b"jobs", store.enc(job), JOB_ENV)
     alive = store.join(rdir, UP_ALIVE)
@@ -506,22 +522,21 @@ def _watch_up(args, rdir, job, stdin, frames, state, cancel):
         line = stdin.line(0.5)
         now = time.time()
         if line == "":
-            cancel()  # rv went away: exited, killed, or its connection closed
+            release()  # rv went away: exited, killed, or its connection closed
             return
         if line is not None:
             heard = now
             if line == "release":
-                cancel()
-                gone, error = _wait_gone(args["squeue"], job, 60.0)
+                gone, error = release()
                 frames.send({"t": "released", "job_id": job, "gone": gone, "error": error})
                 return
             if line == "detach":
                 store.write_atomic(store.join(rdir, UP_DETACHED), ("%f\n" % now).encode(), 0o600)
-                state["keep"] = True
+                state["done"] = True
                 frames.send({"t": "detached", "job_id": job})
                 return
         if now - heard > silence:
-            cancel()
+            release()
             frames.send({"t": "lost", "job_id": job, "silence": silence})
             return
         if now >= next_beat:
@@ -537,7 +552,7 @@ def _watch_up(args, rdir, job, stdin, frames, state, cancel):
             if squeue is None:
                 # Gone from the queue by itself (its setup failed, its time ran out, scancel): its
                 # records say why. No cancel needed, nor possible.
-                state["keep"] = True
+                state["done"] = True
                 time.sleep(1.0)  # shared filesystems show a job's last writes a moment late
                 frames.send({"t": "ended", "job_id": job,
                              "record": read_json(store.join(rdir, b"seg", b"1.json")),

@@ -8,6 +8,7 @@ watchdog's heartbeat stops.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -111,13 +112,17 @@ def test_the_shell_exits_then_release_cancels_and_waits_until_the_job_is_gone(cl
     assert (run_dir / "up.alive").read_text().strip() == "1"  # the watchdog's heartbeat has begun
     assert up.release(dog) == (True, None)
     assert cancelled(stubs) == [JOB]
+    # The stand-in job never ran its EXIT trap (as one Slurm kills before it can): the watchdog
+    # does its tidying once the job has left the queue.
+    assert not secrets.exists() and not (run_dir / "jobs" / JOB / "env.sh").exists()
+    assert json.loads((run_dir / "ENDED").read_text())["reason"].startswith("cancelled by rv up")
 
 
 def test_the_end_of_rvs_stdin_cancels_a_pending_job(cluster):
     # rv exited or was killed, or its connection dropped: the watchdog's stdin ends.
     stubs = cluster[0]
     (stubs / "pending").touch()
-    dog, _view, _ = start(cluster)
+    dog, _view, run_dir = start(cluster)
     frame = dog.next(30)
     assert frame is not None and frame["t"] == "state" and dog.last is not None
     assert (dog.last.state, dog.last.reason, dog.last.start) == (
@@ -127,6 +132,14 @@ def test_the_end_of_rvs_stdin_cancels_a_pending_job(cluster):
     )
     dog.close()
     assert cancelled(stubs) == [JOB]
+    wait_ended(run_dir)
+
+
+def wait_ended(run_dir: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "ENDED").exists():
+        assert time.monotonic() < deadline, "the watchdog did not record the end of the run"
+        time.sleep(0.05)
 
 
 def test_silence_from_rv_cancels(cluster, monkeypatch):
