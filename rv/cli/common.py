@@ -286,3 +286,6 @@ class SeparatedCommand(click.Command):
             args, after = args[:i], args[i + 1 :]
         ctx.meta["rv.after_separator"] = after
         return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- CMD...]"]
