@@ -164,6 +164,8 @@ class Profile:
     setup: tuple[str, ...] = ()
     gpus: dict[str, GpuType] = field(default_factory=dict)
     share_with_group: bool = False  # remote files group-readable (0750/0640) instead of private
+    system_site_packages: bool = False  # environments built on top of the interpreter's packages
+    python: str | None = None  # interpreter environments are built on (a version or a path)
 
     def gpu_catalog(self) -> dict[str, GpuType]:
         """The built-in catalog (if any) with this profile's own types laid over it."""
@@ -193,6 +195,8 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "setup": list,
     "gpus": dict,
     "share_with_group": bool,
+    "system_site_packages": bool,
+    "python": str,
 }
 _TYPE_NAMES = {
     str: "a string",
@@ -340,6 +344,8 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         setup=tuple(setup),
         gpus=gpus,
         share_with_group=table.get("share_with_group", False),
+        system_site_packages=table.get("system_site_packages", False),
+        python=table.get("python"),
     )
 
 
@@ -388,6 +394,10 @@ def _profile_values(p: Profile) -> dict[str, Any]:
         values["setup"] = list(p.setup)
     if p.share_with_group:
         values["share_with_group"] = True
+    if p.system_site_packages:
+        values["system_site_packages"] = True
+    if p.python:
+        values["python"] = p.python
     return values
 
 

@@ -167,6 +167,7 @@ def build_profile(
     catalog: str,
     facts: ClusterFacts,
     share_with_group: bool = False,
+    system_site_packages: bool = False,
 ) -> Profile:
     """The profile `rv init` saves: explicit options win, then what the probe found."""
     if catalog == "auto":
@@ -189,6 +190,7 @@ def build_profile(
         setup=setup,
         gpus=gpus,
         share_with_group=share_with_group,
+        system_site_packages=system_site_packages,
     )
 
 

@@ -729,7 +729,7 @@ def provenance(
 # The cluster-side agent is one program made of these modules, in this order: each is compiled into a
 # module of its own name there, so they import each other as they do here (the second adds its modes
 # to the first's).
-AGENT_MODULES = ("rv.remote_store", "rv.job.remote")
+AGENT_MODULES = ("rv.remote_store", "rv.job.remote", "rv.pyenv.remote")
 
 
 @functools.cache
@@ -754,7 +754,7 @@ def _agent_bootstrap() -> str:
     return (
         "import base64,marshal,os,sys,types,zlib\n"
         f"P={parts!r}\n"
-        "for p in ('rv','rv.job'):\n m=types.ModuleType(p);m.__path__=[];sys.modules[p]=m\n"
+        f"for p in {_agent_packages()!r}:\n m=types.ModuleType(p);m.__path__=[];sys.modules[p]=m\n"
         "d=os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),'rv','agent')\n"
         f"f=os.path.join(d,{key!r}+'-'+sys.implementation.cache_tag+'.bin')\n"
         "try:\n"
@@ -773,6 +773,12 @@ def _agent_bootstrap() -> str:
         " exec(c,m.__dict__)\n"
         "sys.exit(sys.modules['rv.remote_store'].main(sys.argv))"
     )
+
+
+def _agent_packages() -> tuple[str, ...]:
+    """The packages the agent's modules live in, made empty for them (parents first)."""
+    names = {name.rsplit(".", i)[0] for name in AGENT_MODULES for i in range(1, name.count(".") + 1)}
+    return tuple(sorted(names, key=lambda n: (n.count("."), n)))
 
 
 def agent_command(mode: str, args: dict[str, Any]) -> str:
@@ -801,19 +807,26 @@ def call_agent(
 ) -> dict[str, Any]:
     """Run one agent mode and return its reply; failures become rv errors with the remote's words."""
     res = transport.run(agent_command(mode, args), stdin=stdin, timeout=timeout)
-    if res.exit_code == 127:
+    return agent_reply(mode, res.exit_code, res.stdout, res.err)
+
+
+def agent_reply(mode: str, exit_code: int, stdout: bytes, stderr: bytes | str) -> dict[str, Any]:
+    """The reply of one agent call, from its exit code and output; failures become rv errors."""
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode("utf-8", "replace")
+    if exit_code == 127:
         raise RemoteCommandMissing(
             "python3 is not on the cluster's PATH (rv needs it, stdlib only, to sync files)",
             hint="add `module load python` (or similar) to the profile's setup, or ask the admins",
         )
-    if res.exit_code != 0:
-        tail = " / ".join(res.err.strip().splitlines()[-3:])
-        raise RemoteError(f"remote {mode} failed (exit {res.exit_code}): {tail or 'no message'}")
+    if exit_code != 0:
+        tail = " / ".join(stderr.strip().splitlines()[-3:])
+        raise RemoteError(f"remote {mode} failed (exit {exit_code}): {tail or 'no message'}")
     try:
-        reply = json.loads(zlib.decompress(res.stdout))
+        reply = json.loads(zlib.decompress(stdout))
     except (zlib.error, ValueError) as exc:
         raise RemoteError(
-            f"remote {mode} sent an unreadable reply: {res.stdout[:120]!r}",
+            f"remote {mode} sent an unreadable reply: {stdout[:120]!r}",
             hint="a login script that prints to stdout corrupts replies: make it quiet for non-interactive "
             "shells",
         ) from exc

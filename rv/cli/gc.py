@@ -25,6 +25,8 @@ def summary(report: dict) -> str:
             "output folder(s)"
         )
     parts.append(f"{len(report['removed'])} snapshot(s), {report['objects_removed']} object(s)")
+    if report.get("envs_removed"):
+        parts.append(f"{len(report['envs_removed'])} environment(s)")
     kept = report["runs_kept"]
     live = sum(1 for k in kept if k["why"].startswith("live"))
     freed = human_size(report["bytes_freed"])
@@ -69,6 +71,8 @@ def gc(ctx: click.Context, older_than: float, checkpoints: bool, dry_run: bool, 
                 click.echo(f"{verb}  {what} of {row['project']}/{row['name']}  {human_size(row['bytes'])}")
         for row in report["removed"]:
             click.echo(f"{verb}  snapshot {row['id']}  {human_size(row['bytes'])}")
+        for row in report.get("envs_removed", []):
+            click.echo(f"{verb}  environment {row['key']} ({row.get('files')})  {human_size(row['bytes'])}")
         for row in report["runs_kept"]:
             click.echo(f"keep    run {row['name'] or '?'} {row['run_id']}: {row['why']}")
     note(summary(report))

@@ -55,6 +55,12 @@ def _default_profile_name(host: str) -> str:
     default=None,
     help="Let your Unix group read what rv writes on the cluster (default: --private, only you can).",
 )
+@click.option(
+    "--system-site-packages/--no-system-site-packages",
+    default=None,
+    help="Build job environments on top of the setup's interpreter and its packages (a site's torch "
+    "module), so they are not downloaded again (default: no).",
+)
 @click.option("--yes", "-y", is_flag=True, help="Non-interactive: accept the host key, ask nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the saved profile as JSON.")
 def init(
@@ -70,6 +76,7 @@ def init(
     catalog: str,
     make_default: bool | None,
     share_with_group: bool | None,
+    system_site_packages: bool | None,
     yes: bool,
     as_json: bool,
 ) -> None:
@@ -104,6 +111,9 @@ def init(
     if share_with_group is None:  # rerunning init keeps what the profile said
         previous = config.profiles.get(name)
         share_with_group = bool(previous and previous.share_with_group)
+    if system_site_packages is None:
+        previous = config.profiles.get(name)
+        system_site_packages = bool(previous and previous.system_site_packages)
     for path in (identity_file, known_hosts):
         if path and not Path(path).expanduser().parent.exists():
             raise UsageError(f"folder of {path} does not exist")
@@ -146,6 +156,7 @@ def init(
             catalog=catalog,
             facts=facts,
             share_with_group=share_with_group,
+            system_site_packages=system_site_packages,
         )
         prepare_remote_root(transport, profile.require_remote_root(), share_with_group)
     first = not config.profiles
@@ -161,6 +172,7 @@ def init(
                 "account": profile.account,
                 "remote_root": profile.remote_root,
                 "share_with_group": profile.share_with_group,
+                "system_site_packages": profile.system_site_packages,
                 "catalog": profile.catalog,
                 "gpus": {n: g.to_dict() for n, g in profile.gpu_catalog().items()},
             }
@@ -181,4 +193,6 @@ def init(
     click.echo(f"  catalog      {profile.catalog}: {gpu_line}")
     if profile.setup:
         click.echo(f"  setup        {'; '.join(profile.setup)}")
+    if profile.system_site_packages:
+        click.echo("  envs         built on top of the setup's interpreter and its packages")
     click.echo("Next: rv exec sinfo    rv run -g 1 -- python train.py")

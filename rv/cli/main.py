@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "gc": ("rv.cli.gc", "gc", "Remove what finished runs left on the cluster."),
     "cost": ("rv.cli.cost", "cost", "Estimate the SU cost of a job."),
     "env": ("rv.cli.env", "env", "Manage secrets passed to jobs."),
+    "venv": ("rv.cli.envs", "venv", "List, build and remove the Python environments jobs run in."),
     "sync": ("rv.cli.sync", "sync", "Push, pull and watch files."),
 }
 ALIASES = {"ls": "ps", "cancel": "stop"}

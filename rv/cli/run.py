@@ -43,6 +43,27 @@ from rv.cli.common import note, print_json, run_store, session, warn
     metavar="RUN[@STEP]",
     help="Start from RUN's newest complete checkpoint at or before STEP; RUN itself is untouched.",
 )
+@click.option(
+    "--env",
+    "env_choice",
+    metavar="auto|none|PATH",
+    default="auto",
+    show_default=True,
+    help="The job's Python environment: built from the project's dependency files (auto), only the "
+    "setup lines (none), or an existing venv/conda prefix on the cluster (PATH).",
+)
+@click.option(
+    "--requirements", metavar="FILE", help="Build the environment from FILE (default: requirements.txt)."
+)
+@click.option(
+    "--extra", "extras", multiple=True, help="A pyproject.toml optional-dependencies group (repeatable)."
+)
+@click.option(
+    "--system-site-packages/--no-system-site-packages",
+    default=None,
+    help="Build on top of the interpreter's own packages (a site's torch module), not downloading them.",
+)
+@click.option("--python", "python_", metavar="VERSION|PATH", help="Interpreter to build the environment on.")
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
@@ -64,6 +85,11 @@ def run(
     signal: str | None,
     max_segments: int | None,
     from_: str | None,
+    env_choice: str,
+    requirements: str | None,
+    extras: tuple[str, ...],
+    system_site_packages: bool | None,
+    python_: str | None,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -125,6 +151,14 @@ def run(
         import shlex
 
         req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
+    if system_site_packages is None:
+        system_site_packages = profile.system_site_packages
+    env_plan = plan_environment(
+        snap, env_choice, requirements=requirements, extras=extras, python=python_ or profile.python,
+        system_site_packages=system_site_packages,
+    )  # fmt: skip
+    for message in env_plan.notes:
+        note(message)
     if dry_run:
         from rv.layout import RemoteLayout
         from rv.slurm.script import render_script
@@ -133,6 +167,7 @@ def run(
         context = job.script_context(
             layout, run_id=run_id, snapshot_id=snap.id, project=snap.project, account=profile.account,
             has_secrets=bool(secrets), umask=job_umask(profile),
+            env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"),
         )  # fmt: skip
         sys.stdout.write(render_script(req, context))
         note(
@@ -148,16 +183,20 @@ def run(
             note(f"resuming {req.name} from step {check.resume_step}")
         elif from_run is None and check.resume_files:
             note(f"resuming {req.name}: its checkpoint folder holds what an earlier run saved")
+        # Before the upload: a requirement that cannot be resolved fails here, and nothing is queued.
+        env = ensure_environment(s, env_plan, (*profile.setup, *setup))
         # The cached manifest lets the cluster receive only a delta of the file list.
         cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
         uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
+            env_build=env_plan.lines(env.path) if env else (),
         )  # fmt: skip
         submitted = job.submit(
             s.transport, s.layout, req, context, profile=profile.name, secrets=secrets,
-            provenance={"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty},
+            provenance={"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty,
+                        "env": env.key if env else None},
             from_run=check if from_run is not None else None,
             from_step=from_run.step if from_run is not None else None,
         )  # fmt: skip
@@ -184,6 +223,22 @@ def run(
         )
         if follow:
             ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments))
+
+
+def plan_environment(snap, choice: str, **options):  # type: ignore[no-untyped-def]
+    """What the run's environment will be, decided from the snapshot alone (no network)."""
+    from rv.pyenv.plan import plan
+
+    return plan(snap, choice, **options)
+
+
+def ensure_environment(s, env_plan, setup: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """The environment on the cluster, built now (in the foreground, with progress) if it must be."""
+    if env_plan.spec is None and env_plan.use is None:
+        return None
+    from rv.cli.envs import build_with_progress
+
+    return build_with_progress(s, env_plan, setup)
 
 
 def job_umask(profile) -> str:  # type: ignore[no-untyped-def]

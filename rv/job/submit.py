@@ -121,6 +121,7 @@ def script_context(
     account: str | None,
     has_secrets: bool,
     umask: str = "077",
+    env_build: tuple[str, ...] = (),
 ) -> ScriptContext:
     return ScriptContext(
         remote_root=layout.root,
@@ -130,6 +131,7 @@ def script_context(
         account=account,
         has_secrets=has_secrets,
         umask=umask,
+        env_build=env_build,
     )
 
 
@@ -181,6 +183,7 @@ def submit_args(
         "branch": provenance.get("branch"),
         "commit": provenance.get("commit"),
         "dirty": bool(provenance.get("dirty")),
+        "env": provenance.get("env"),  # the environment's key: rv gc keeps it while this run lives
         "submitted_from": socket.gethostname(),
         "has_secrets": has_secrets,
     }

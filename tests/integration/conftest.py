@@ -192,7 +192,7 @@ def _session_config(values: dict[str, str], home: Path) -> Path:
             "--known-hosts", values["RV_TESTCLUSTER_KNOWN_HOSTS"],
             "--remote-root", values["RV_TESTCLUSTER_REMOTE_ROOT"] + "/tests/session",
             "--setup", f"source {values['RV_TESTCLUSTER_PYENV']}/bin/activate",
-            "--yes",
+            "--system-site-packages", "--yes",
         ],
         base_env(home, config),
     )  # fmt: skip

@@ -1,0 +1,102 @@
+"""Environments, laptop side: ask the cluster for the run's environment, building it if it must.
+
+One call (:func:`ensure`): when the environment exists it is the single round trip the key check
+costs; when it does not, the same call builds it on the login node, in the foreground, and its
+progress lines (uv's own, and rv's) reach ``on_line`` as they come.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rv.errors import RemoteError
+from rv.layout import RemoteLayout
+from rv.pyenv.spec import EnvSpec
+from rv.slurm import commands
+from rv.snapshot import agent_command, agent_reply, call_agent
+
+
+@dataclass(frozen=True)
+class Environment:
+    path: str  # on the cluster: envs/<key>, or the prefix --env PATH named
+    key: str | None  # None for --env PATH
+    built: bool = False  # built by this call
+    installed_uv: bool = False
+    waited: bool = False  # another rv was building it; this call waited and reused it
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class _Lines:
+    """Splits a byte stream into lines for ``on_line``."""
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self.on_line = on_line
+        self.buf = b""
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            self.on_line(line.decode("utf-8", "replace"))
+
+
+def ensure(
+    transport: Any,
+    layout: RemoteLayout,
+    *,
+    setup: Sequence[str],
+    spec: EnvSpec | None = None,
+    use: str | None = None,
+    on_line: Callable[[str], None] = lambda line: None,
+    force: bool = False,
+) -> Environment:
+    """The environment a run will use, built now if it does not exist yet.
+
+    ``force`` builds it again even when it exists (the old one is replaced when the new one is whole).
+    """
+    args: dict[str, Any] = {
+        "root": layout.root,
+        "setup": list(setup),
+        "force": force,
+    }
+    if use is not None:
+        args["use"] = use
+    elif spec is not None:
+        args["spec"] = spec.to_wire()
+    else:
+        raise ValueError("ensure() needs a spec or a path to use")
+    out: list[bytes] = []
+    err: list[bytes] = []
+    lines = _Lines(on_line)
+
+    def on_stderr(data: bytes) -> None:
+        err.append(data)
+        lines.feed(data)
+
+    code = transport.stream(
+        agent_command("env", args), on_stdout=out.append, on_stderr=on_stderr, timeout=3600
+    )
+    reply = agent_reply("env", code, b"".join(out), b"".join(err))
+    if not reply.get("path"):
+        raise RemoteError(f"the cluster named no environment: {json.dumps(reply)[:200]}")
+    return Environment(
+        path=reply["path"],
+        key=reply.get("key"),
+        built=bool(reply.get("built")),
+        installed_uv=bool(reply.get("installed_uv")),
+        waited=bool(reply.get("waited")),
+        meta=reply.get("meta") or {},
+    )
+
+
+def list_envs(transport: Any, layout: RemoteLayout) -> list[dict[str, Any]]:
+    reply = call_agent(transport, "venv-ls", {"root": layout.root, "squeue": commands.squeue_user()})
+    return list(reply.get("envs") or [])
+
+
+def remove_env(transport: Any, layout: RemoteLayout, key: str, *, force: bool = False) -> dict[str, Any]:
+    args = {"root": layout.root, "key": key, "force": force, "squeue": commands.squeue_user()}
+    return call_agent(transport, "venv-rm", args)

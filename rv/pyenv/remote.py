@@ -1,0 +1,589 @@
+"""The cluster-side half of environments: agent modes shipped with rv.remote_store on every call.
+
+``env``       find the interpreter (after the setup lines), finish the key, and either answer with
+              the environment that exists (one round trip) or build it under the key's lock: uv
+              (installed once into ``<root>/tools/uv`` when the cluster has none), a relocatable
+              venv in a temporary folder, renamed into ``envs/<key>`` only when complete. Progress
+              goes to stderr as lines; the reply to stdout.
+``venv-ls``   every environment: key, size, built at, last used, what it was built from
+``venv-rm``   remove one (refused while a live run uses it)
+
+Environments are shared by every branch, run and project with the same key, so nothing of a
+snapshot goes into one: the job finds the project on PYTHONPATH.
+
+``--system-site-packages``: uv does not count the base interpreter's packages as installed (it would
+download torch again; astral-sh/uv#4466), so the base's distributions are recorded in the new
+environment as metadata-only ``.dist-info`` folders (``INSTALLER`` says ``rv-base``). uv then sees
+them as installed and keeps them, as pip would; a requirement that needs another version installs it
+into the environment, where it shadows the base's. A base that is itself a venv is chained by a
+``.pth`` file, so its packages import too.
+
+Python 3.6 like the store (no dataclasses, no ``capture_output``, no postponed annotations).
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from rv import remote_store as store
+from rv.job import remote as runs
+
+META = b"rv-env.json"
+LAST_USED = b".last-used"
+BUILD_PREFIX = b".build-"
+INDEX_VARS = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_FIND_LINKS",
+              "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")  # fmt: skip
+# What the interpreter says about itself: the key's half that only the cluster knows.
+PROBE = r"""
+import json, os, platform, site, sys, sysconfig
+print(json.dumps({
+    "executable": sys.executable, "version": platform.python_version(),
+    "prefix": sys.prefix, "base_prefix": getattr(sys, "base_prefix", sys.prefix),
+    "machine": platform.machine(), "libc": "-".join(platform.libc_ver()),
+    "site": [p for p in site.getsitepackages() if os.path.isdir(p)],
+    "purelib": sysconfig.get_paths()["purelib"],
+    "environ": dict(os.environ),
+}))
+"""
+# Distributions the base interpreter has, as metadata (see the module's docstring).
+LIST_DISTS = r"""
+import json, sys
+try:
+    from importlib import metadata
+except ImportError:
+    print("[]"); sys.exit(0)
+out, seen = [], set()
+for d in metadata.distributions():
+    name = d.metadata["Name"]
+    key = (name or "").lower().replace("_", "-").replace(".", "-")
+    text = d.read_text("METADATA") or d.read_text("PKG-INFO")
+    if name and text and key not in seen:
+        seen.add(key)
+        out.append([name, d.version, text])
+print(json.dumps(out))
+"""
+
+
+def envs_dir(root):
+    return store.join(root, b"envs")
+
+
+def _say(message):
+    sys.stderr.write("rv: %s\n" % message)
+    sys.stderr.flush()
+
+
+def _setup_script(setup, tail):
+    """A bash script: the setup lines (each must succeed, as in the job), then ``tail``."""
+    lines = ["set +u"]
+    for i, line in enumerate(setup, 1):
+        lines.append("{\n%s\n} >&2 || { echo 'rv: setup line %d failed' >&2; exit 97; }" % (line, i))
+    lines.append(tail)
+    return "\n".join(lines)
+
+
+def _python_word(request):
+    """The interpreter to probe for ``--python``: a path as is, a version as pythonX.Y."""
+    if not request:
+        return (
+            'p=$(command -v python3 || command -v python) || { echo "rv: no python3 on PATH" >&2; exit 98; }'
+        )
+    if "/" in request:
+        return "p=%s" % _q(request)
+    return 'p=$(command -v python%s) || p=""' % _q(request)
+
+
+def _q(text):
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def probe(setup, python_request, uv):
+    """(interpreter facts, environment after setup): runs the setup lines like the job does."""
+    want = _q(python_request or "")
+    tail = "\n".join([
+        _python_word(python_request),
+        # A version the PATH lacks: uv finds it, or fetches a managed one into <root>/tools/python.
+        'if [ -z "$p" ] && [ -n "$RV_UV" ]; then p=$("$RV_UV" python find %s 2>/dev/null || { '
+        '"$RV_UV" python install %s >&2 && "$RV_UV" python find %s; }) || p=""; fi' % (want, want, want),
+        '[ -n "$p" ] || { echo "rv: no interpreter for --python %s" >&2; exit 98; }' % (python_request or ""),
+        'printf "%s\\n" "$(command -v uv || true)"',
+        'exec "$p" -I -c "$RV_PROBE"',
+    ])  # fmt: skip
+    env = dict(os.environ, RV_PROBE=PROBE, RV_UV=uv or "")
+    proc = subprocess.Popen(["bash", "-c", _setup_script(setup, tail)], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    out, err = proc.communicate(timeout=600)
+    if proc.returncode != 0:
+        lines = [line for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
+        raise store.AgentError(
+            "finding the environment's Python failed: %s"
+            % (" / ".join(lines[-3:]) or "exit %d" % proc.returncode),
+            "usage",
+        )
+    first, _, rest = out.decode("utf-8", "replace").partition("\n")
+    facts = json.loads(rest.strip().splitlines()[-1])
+    facts["uv_on_path"] = first.strip()
+    return facts
+
+
+def finish_key(spec, facts, environ):
+    h = hashlib.sha256()
+    index = sorted((k, environ[k]) for k in INDEX_VARS if environ.get(k))
+    for part in (spec["digest"], facts["executable"], facts["version"], facts["machine"], facts["libc"],
+                 json.dumps(index)):  # fmt: skip
+        h.update(part.encode("utf-8") + b"\0")
+    for conf in ("~/.config/uv/uv.toml", "/etc/uv/uv.toml"):
+        with contextlib.suppress(OSError), open(os.path.expanduser(conf), "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def _touch(path):
+    with contextlib.suppress(OSError):
+        with open(path, "ab"):
+            pass
+        os.utime(path, None)
+
+
+def read_meta(path):
+    try:
+        with open(store.join(path, META), "rb") as fh:
+            return json.loads(fh.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+# -- uv ---------------------------------------------------------------------------------------------
+
+
+def find_uv(root, on_path):
+    own = store.join(root, b"tools", b"uv", b"bin", b"uv")
+    if os.access(own, os.X_OK):
+        return store.dec(own), False
+    if on_path:
+        return on_path, False
+    return None, False
+
+
+def install_uv(root, python):
+    """uv into ``<root>/tools/uv`` once, from the index this node reaches; the path to its binary."""
+    tools = store.join(root, b"tools")
+    store.makedirs(tools, 0o700)
+    with store.lock(store.join(tools, b"uv.lock"), "installing uv", wait=600):
+        own = store.join(tools, b"uv", b"bin", b"uv")
+        if os.access(own, os.X_OK):
+            return store.dec(own)
+        _say("the cluster has no uv: installing it once into %s (from the package index)"
+             % store.dec(store.join(tools, b"uv")))  # fmt: skip
+        tmp = store.join(tools, b"uv.tmp-" + os.urandom(4).hex().encode())
+        env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+        tried = []
+        pip = ["-m", "pip", "install", "-q", "--target", store.dec(tmp), "uv"]
+        for argv in ([python, *pip], ["/usr/bin/python3", *pip]):
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+            out = proc.communicate(timeout=900)[0].decode("utf-8", "replace")
+            if proc.returncode == 0 and os.access(store.join(tmp, b"bin", b"uv"), os.X_OK):
+                os.rename(tmp, store.join(tools, b"uv"))
+                return store.dec(own)
+            tried.append(
+                "%s: %s"
+                % (" ".join(argv[:3]), (out.strip().splitlines() or ["exit %d" % proc.returncode])[-1])
+            )
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise store.AgentError(
+            "could not install uv on the cluster (%s). Install it yourself on the login node: "
+            "`python3 -m pip install --user uv` or `curl -LsSf https://astral.sh/uv/install.sh | sh`, "
+            "and put it on PATH in the profile's setup" % "; ".join(tried),
+            "usage",
+        )
+
+
+# -- building ---------------------------------------------------------------------------------------
+
+
+def _uv_env(root, environ):
+    env = dict(environ)
+    env.update(UV_CACHE_DIR=store.dec(store.join(root, b"cache", b"uv")),
+               UV_PYTHON_INSTALL_DIR=store.dec(store.join(root, b"tools", b"python")),
+               UV_NO_PROGRESS="1", NO_COLOR="1")  # fmt: skip
+    if not any(env.get(k) for k in ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX")) and env.get(
+        "PIP_INDEX_URL"
+    ):
+        # A cluster's own mirror is usually set up for pip: uv reads only its own names.
+        env["UV_INDEX_URL"] = env["PIP_INDEX_URL"]
+        if env.get("PIP_EXTRA_INDEX_URL") and not env.get("UV_EXTRA_INDEX_URL"):
+            env["UV_EXTRA_INDEX_URL"] = env["PIP_EXTRA_INDEX_URL"]
+    if "UV_SYSTEM_CERTS" not in env and "UV_NATIVE_TLS" not in env:
+        # Sites behind a TLS-inspecting proxy add its CA to the system store, which uv's own roots
+        # lack (pip trusts it through the system's certifi). Both names: UV_NATIVE_TLS before uv 0.9.
+        env.update(UV_SYSTEM_CERTS="1", UV_NATIVE_TLS="1")
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def _run_uv(argv, env, cwd, transcript):
+    """Run a uv command, passing its lines on as progress; the lines are kept for an error."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    for raw in iter(proc.stdout.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip()
+        transcript.append(line)
+        sys.stderr.write("| %s\n" % line)
+        sys.stderr.flush()
+    return proc.wait()
+
+
+def _stub_base(site_dir, dists):
+    """The base's distributions as metadata-only installs, so uv counts them (module docstring)."""
+    for name, version, text in dists:
+        folder = "%s-%s.dist-info" % (name.replace("-", "_"), version)
+        path = os.path.join(site_dir, folder)
+        if os.path.exists(path):
+            continue
+        os.mkdir(path)
+        for fname, body in (("METADATA", text), ("INSTALLER", "rv-base\n")):
+            with open(os.path.join(path, fname), "w", encoding="utf-8") as fh:
+                fh.write(body)
+        with open(os.path.join(path, "RECORD"), "w") as fh:
+            fh.write("".join("%s/%s,,\n" % (folder, f) for f in ("METADATA", "INSTALLER", "RECORD")))
+
+
+def _version_tuple(text):
+    parts = []
+    for piece in text.strip().split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def python_satisfies(version, requires):
+    """Whether ``version`` (3.11.2) meets a ``requires-python`` text (">=3.10, <4", "~=3.9", "==3.11.*")."""
+    have = _version_tuple(version)
+    for clause in (c.strip() for c in requires.split(",") if c.strip()):
+        op = next((o for o in ("~=", "==", "!=", ">=", "<=", ">", "<") if clause.startswith(o)), "==")
+        text = clause[len(op) :].strip() if clause.startswith(op) else clause
+        want = _version_tuple(text.rstrip(".*"))
+        if text.endswith(".*") or op == "~=":
+            # ==3.11.* : the same leading parts; ~=3.9 : >=3.9 and the same parts but the last.
+            same = have[: len(want) - (op == "~=")] == want[: len(want) - (op == "~=")]
+            ok = same if op in ("==", "~=") else not same
+            if op == "~=":
+                ok = ok and have >= want
+        else:
+            padded = have[: len(want)] if op in ("==", "!=") else have
+            ok = {"==": padded == want, "!=": padded != want, ">=": have >= want, "<=": have <= want,
+                  ">": have > want, "<": have < want}[op]  # fmt: skip
+        if not ok:
+            return False
+    return True
+
+
+def _shim_base_scripts(env_bin, base_bin):
+    """The base's Python console scripts (torchrun, accelerate, ...) run by the environment's python.
+
+    Run as they are, their ``#!`` line names the base interpreter: torchrun's workers would start
+    without the environment's packages. A shim in the environment's bin, first on PATH, runs the same
+    script file with the environment's python (found next to the shim, so a renamed env still works).
+    """
+    made = 0
+    for name in sorted(os.listdir(base_bin)) if os.path.isdir(base_bin) else []:
+        src = os.path.join(base_bin, name)
+        dst = os.path.join(env_bin, name)
+        if (
+            os.path.lexists(dst)
+            or name.startswith(("python", "activate", "pip"))
+            or not os.access(src, os.X_OK)
+        ):
+            continue
+        try:
+            with open(src, "rb") as fh:
+                first = fh.readline(256)
+        except OSError:
+            continue
+        if not (first.startswith(b"#!") and b"python" in first):
+            continue
+        with open(dst, "w") as fh:
+            fh.write('#!/bin/sh\n# rv: %s run by this environment\'s python\n'
+                     'exec "$(dirname -- "$0")/python" %s "$@"\n' % (name, _q(src)))  # fmt: skip
+        os.chmod(dst, 0o755 & ~store.UMASK)
+        made += 1
+    return made
+
+
+def _failure(spec, transcript, python_version):
+    lines = [line for line in transcript if line.strip()]
+    shown = lines if len(lines) <= 12 else [*lines[:4], "...", *lines[-8:]]
+    text = "\n".join("  " + line for line in shown)
+    message = "building the environment for %s failed:\n%s" % (spec["label"], text)
+    low = text.lower()
+    if "requires-python" in low or "does not satisfy python" in low or "python version" in low:
+        message += (
+            "\nthe interpreter is Python %s: load a newer one in setup (e.g. --setup 'module load "
+            "python/3.11') or pass --python 3.11" % python_version
+        )
+    return store.AgentError(message, "usage")
+
+
+def build(root, key, spec, facts, uv, environ):
+    """Build into a temporary folder and rename it to ``envs/<key>`` when complete."""
+    base = envs_dir(root)
+    final = store.join(base, key.encode())
+    tmp = store.join(base, BUILD_PREFIX + key.encode() + b"-" + os.urandom(4).hex().encode())
+    src = tmp + b".src"
+    env = _uv_env(root, environ)
+    transcript = []
+    started = time.time()
+    try:
+        store.makedirs(src, 0o700)
+        for name, text in spec["files"]:
+            path = store.join(src, store.enc(name))
+            store.makedirs(os.path.dirname(path), 0o700)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        venv = [uv, "venv", "--quiet", "--relocatable", "--python", facts["executable"], store.dec(tmp)]
+        if spec["system_site_packages"]:
+            venv.insert(2, "--system-site-packages")
+        if _run_uv(venv, env, store.dec(src), transcript) != 0:
+            raise _failure(spec, transcript, facts["version"])
+        py = store.dec(store.join(tmp, b"bin", b"python"))
+        if spec["system_site_packages"]:
+            site_dir = subprocess.check_output(
+                [py, "-I", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"]
+            )
+            site_dir = site_dir.decode().strip()
+            dists = json.loads(
+                subprocess.check_output([facts["executable"], "-I", "-c", LIST_DISTS]).decode()
+            )
+            _stub_base(site_dir, dists)
+            _shim_base_scripts(store.dec(store.join(tmp, b"bin")), os.path.dirname(facts["executable"]))
+            if facts["prefix"] != facts["base_prefix"]:
+                with open(os.path.join(site_dir, "_rv_base.pth"), "w") as fh:
+                    fh.write("".join(p + "\n" for p in facts["site"]))
+        main = spec["files"][0][0]
+        if spec["kind"] == "uv.lock":
+            export = [uv, "export", "--frozen", "--no-hashes", "--no-header", "--no-emit-project",
+                      "--output-file", "rv-locked.txt"]  # fmt: skip
+            export += ["--extra=%s" % e for e in spec["extras"]]
+            if _run_uv(export, env, store.dec(src), transcript) != 0:
+                raise _failure(spec, transcript, facts["version"])
+            main = "rv-locked.txt"
+        install = [uv, "pip", "install", "--python", py, "-r", main]
+        if spec["kind"] == "pyproject":
+            install += ["--extra=%s" % e for e in spec["extras"]]
+        if _run_uv(install, env, store.dec(src), transcript) != 0:
+            raise _failure(spec, transcript, facts["version"])
+        meta = {"key": key, "kind": spec["kind"], "files": spec["label"], "extras": spec["extras"],
+                "python": facts["executable"], "python_version": facts["version"],
+                "system_site_packages": spec["system_site_packages"], "built_at": time.time(),
+                "build_seconds": round(time.time() - started, 2), "uv": uv}  # fmt: skip
+        with open(store.join(tmp, META), "w") as fh:
+            json.dump(meta, fh)
+        old = None
+        if os.path.lexists(final):  # --force: the old one steps aside only now, when the new one is whole
+            old = store.join(base, BUILD_PREFIX + b"old-" + os.urandom(4).hex().encode())
+            os.rename(final, old)
+        os.rename(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        _touch(store.join(final, LAST_USED))
+        return meta
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def mode_env(args):
+    """The run's environment: found by key (one round trip) or built now, once, under a lock."""
+    root = store.root_path(args["root"])
+    if args.get("use"):
+        return _use_existing(args["use"], args.get("setup") or [])
+    spec = args["spec"]
+    uv, _ = find_uv(root, None)
+    request = spec.get("python")
+    if uv is None and request and "/" not in request:
+        uv = install_uv(root, "python3")  # to find (or fetch) the version asked for
+    facts = probe(args.get("setup") or [], request, uv)
+    environ = facts.pop("environ")  # after the setup lines: a site's mirror is often set by a module
+    key = finish_key(spec, facts, environ)
+    path = store.join(envs_dir(root), key.encode())
+    meta = read_meta(path)
+    if meta is not None and args.get("force"):
+        meta = None  # rebuilt under the lock below; the old one goes only when the new one is complete
+    if meta is not None:
+        _touch(store.join(path, LAST_USED))
+        return {"key": key, "path": store.dec(path), "built": False, "exists": True, "meta": meta}
+    store.makedirs(envs_dir(root), 0o700)
+    lock_path = store.join(envs_dir(root), key.encode() + b".lock")
+    try:
+        held = store.lock(lock_path, "the build of environment %s" % key, wait=0)
+        held.__enter__()
+    except store.AgentError as exc:
+        _say("waiting: %s" % str(exc).split("; try again")[0])
+        held = store.lock(lock_path, "the build of environment %s" % key, wait=3600)
+        held.__enter__()
+    try:
+        meta = None if args.get("force") else read_meta(path)
+        if meta is not None:
+            _touch(store.join(path, LAST_USED))
+            return {"key": key, "path": store.dec(path), "built": False, "exists": True, "meta": meta,
+                    "waited": True}  # fmt: skip
+        installed_uv = False
+        uv, _ = find_uv(root, facts["uv_on_path"])
+        if uv is None:
+            uv = install_uv(root, facts["executable"])
+            installed_uv = True
+        requires = spec.get("requires_python")
+        if requires and not python_satisfies(facts["version"], requires):
+            raise store.AgentError(
+                "%s needs Python %s, but the cluster's interpreter is %s (%s): load a newer one in the "
+                "setup (e.g. --setup 'module load python/3.11') or pass --python VERSION (uv fetches it)"
+                % (spec["label"].split(",")[0], requires, facts["version"], facts["executable"]),
+                "usage",
+            )
+        _say("building environment %s from %s (Python %s)" % (key, spec["label"], facts["version"]))
+        meta = build(root, key, spec, facts, uv, environ)
+        return {"key": key, "path": store.dec(path), "built": True, "exists": True, "meta": meta,
+                "installed_uv": installed_uv}  # fmt: skip
+    finally:
+        held.__exit__(None, None, None)
+
+
+def _use_existing(path, setup):
+    """``--env PATH``: an existing venv or conda prefix, used as is; it must hold a python."""
+    tail = 'd=%s; d="${d/#\\~/$HOME}"; [ -x "$d/bin/python" ] || exit 4; cd "$d" && pwd -P' % _q(path)
+    proc = subprocess.Popen(["bash", "-c", _setup_script(setup, tail)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    out, _ = proc.communicate(timeout=120)
+    if proc.returncode != 0:
+        raise store.AgentError(
+            "--env %s: no bin/python there on the cluster (a venv or conda prefix is expected)" % path,
+            "usage",
+        )
+    return {"key": None, "path": out.decode().strip().splitlines()[-1], "built": False, "exists": True}
+
+
+# -- listing and removing ---------------------------------------------------------------------------
+
+
+def _size(path):
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def list_envs(root):
+    """[{key, path, meta, last_used}] of complete environments, newest use first."""
+    base = envs_dir(root)
+    out = []
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        path = store.join(base, name)
+        if name.startswith(b".") or not os.path.isdir(path):
+            continue
+        meta = read_meta(path)
+        if meta is None:
+            continue
+        try:
+            last = os.stat(store.join(path, LAST_USED)).st_mtime
+        except OSError:
+            last = meta.get("built_at", 0)
+        out.append({"key": store.dec(name), "path": store.dec(path), "meta": meta, "last_used": last})
+    out.sort(key=lambda e: -e["last_used"])
+    return out
+
+
+def envs_in_use(root, squeue_argv, grace=900.0):
+    """Keys of environments that runs still alive (or being submitted) were submitted with."""
+    live = runs.live_jobs(squeue_argv)  # if squeue fails, this raises: nothing is removed
+    used = set()
+    now = time.time()
+    for run_id in runs.all_run_ids(root):
+        info = runs.run_info(root, run_id)
+        if info is None:
+            continue
+        key = info["meta"].get("env")
+        alive = any(s["job_id"] in live for s in info["segments"])
+        submitting = info["ended"] is None and now - float(info["meta"].get("created", 0)) < grace
+        if key and (alive or submitting):
+            used.add(key)
+    return used
+
+
+def gc_envs(root, older_than, in_use, freed, dry):
+    """Environments unused for ``older_than`` s and by no live run; half-built leftovers over a day."""
+    now = time.time()
+    removed, kept = [], []
+    for env in list_envs(root):
+        if env["key"] in in_use:
+            kept.append({"key": env["key"], "why": "a live run uses it"})
+            continue
+        if now - env["last_used"] < older_than:
+            kept.append({"key": env["key"], "why": "used %s ago" % store.human_age(now - env["last_used"])})
+            continue
+        before = freed.bytes
+        store.remove_counted(env["path"].encode(), freed, dry)
+        removed.append({"key": env["key"], "bytes": freed.bytes - before, "files": env["meta"].get("files")})
+    base = envs_dir(root)
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        path = store.join(base, name)
+        with contextlib.suppress(OSError):
+            if name.startswith(BUILD_PREFIX) and now - os.lstat(path).st_mtime > 86400:
+                store.remove_counted(path, freed, dry)
+    return removed, kept
+
+
+def mode_venv_ls(args):
+    root = store.root_path(args["root"])
+    envs = list_envs(root)
+    in_use = envs_in_use(root, args["squeue"])
+    for env in envs:
+        env["bytes"] = _size(env["path"].encode())
+        env["in_use"] = env["key"] in in_use
+    return {"envs": envs}
+
+
+def mode_gc(args):
+    """rv gc: what runs, snapshots and objects left (rv.job.remote), then unused environments."""
+    report = runs.mode_gc(args)
+    root = store.root_path(args["root"])
+    freed = runs.Freed()
+    in_use = envs_in_use(root, args["squeue"], float(args.get("grace", 900)))
+    removed, kept = gc_envs(root, float(args["older_than"]), in_use, freed, bool(args.get("dry_run")))
+    report.update(envs_removed=removed, envs_kept=kept, bytes_freed=report["bytes_freed"] + freed.bytes)
+    return report
+
+
+def mode_venv_rm(args):
+    root = store.root_path(args["root"])
+    want = args["key"]
+    matches = [e for e in list_envs(root) if e["key"].startswith(want)]
+    if not matches:
+        raise store.AgentError("no environment %s (rv venv ls lists them)" % want, "not-found")
+    if len(matches) > 1:
+        raise store.AgentError(
+            "%s matches %d environments: give more of the key" % (want, len(matches)), "usage"
+        )
+    env = matches[0]
+    if not args.get("force") and env["key"] in envs_in_use(root, args["squeue"]):
+        raise store.AgentError(
+            "environment %s is used by a live run (--force removes it anyway)" % env["key"], "live"
+        )
+    # Renamed away first: a job starting now finds it gone rather than half-deleted.
+    aside = store.join(envs_dir(root), BUILD_PREFIX + b"rm-" + env["key"].encode())
+    os.rename(env["path"].encode(), aside)
+    freed = _size(aside)
+    shutil.rmtree(aside)
+    return {"key": env["key"], "bytes_freed": freed}
+
+
+store.MODES.update({"env": mode_env, "venv-ls": mode_venv_ls, "venv-rm": mode_venv_rm, "gc": mode_gc})
