@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rv.cli.common import note, run_store, session, warn
+from rv.cli.envs import env_options
 
 if TYPE_CHECKING:
     from rv.job.records import RunRecord
@@ -66,6 +67,7 @@ class _View:
     is_flag=True,
     help="Keep the allocation when rv exits: attach with rv ssh, end it with rv stop.",
 )
+@env_options
 @click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
 @click.pass_context
 def up(
@@ -80,12 +82,18 @@ def up(
     setup: tuple[str, ...],
     name: str | None,
     detach: bool,
+    env_choice: str,
+    requirements: str | None,
+    extras: tuple[str, ...],
+    system_site_packages: bool | None,
+    python_: str | None,
     allow_large: bool,
 ) -> None:
     """A shell on a new allocation, in the job's environment, in a snapshot of this repo.
 
-    The shell has what a job's program has: setup lines, secrets (rv env), RV_* variables, caches,
-    and the synced snapshot as its work dir. The allocation is released when the shell exits, on
+    The shell has what a job's program has: setup lines, the project's Python environment (built as
+    `rv run` builds it), secrets (rv env), RV_* variables, caches, and the synced snapshot as its work
+    dir. The allocation is released when the shell exits, on
     Ctrl-C while it waits, and when rv or its connection goes away; --detach keeps it until
     `rv stop NAME` or its time limit.
 
@@ -125,24 +133,36 @@ def up(
     if snap.subdir:
         # Typed in a subfolder: the shell starts there, as a run's program would.
         req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
+    from rv.cli.run import ensure_environment, job_umask, plan_environment
 
-    from rv.cli.run import job_umask
+    if system_site_packages is None:
+        system_site_packages = profile.system_site_packages
+    env_plan = plan_environment(
+        snap, env_choice, requirements=requirements, extras=extras, python=python_ or profile.python,
+        system_site_packages=system_site_packages,
+    )  # fmt: skip
+    for message in env_plan.notes:
+        note(message)
 
     # The watchdog and the shell share one connection of this command's own (the warm connection
     # carries no terminal): when rv goes, however it goes, the connection closes and the watchdog
     # on the login node cancels the job.
     with session(ctx, direct=True) as s:
         job.check(s.transport, s.layout, project=snap.project, name=req.name, from_run=None)
+        # The project's environment, as rv run has it: built (or found) before anything is queued.
+        env = ensure_environment(s, env_plan, (*profile.setup, *setup))
         cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
         uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
+            env_build=env_plan.lines(env.path) if env else (),
         )  # fmt: skip
         view = _View()
         dog, record = session_up.start(
             s.transport, s.layout, req, context, profile=profile.name, secrets=secrets, view=view,
-            provenance={"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty},
+            provenance={"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty,
+                        "env": env.key if env else None},
         )  # fmt: skip
         run_store().add(record)
         released = False

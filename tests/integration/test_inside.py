@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from terminal import Terminal
+from test_envs import make_project
 from test_jobs import git
 
 # Held by every process torchrun starts; on the node of rank 1 (the second node), serves HTTP on a
@@ -237,6 +238,29 @@ def test_up_gives_a_shell_in_the_jobs_environment_and_exit_releases_the_allocati
     # The session is a run like any other: rv ps -a knows how it ended.
     ps = json.loads(layout.run_rv("ps", "-a", "--json").stdout)
     assert [row["state"] for row in ps if row["name"] == "dev"] == ["CANCELLED"]
+
+
+@pytest.mark.parametrize("layout", ["bare"], indirect=True)
+def test_up_and_ssh_shells_run_in_the_projects_python_environment(layout, tmp_path):
+    # The project environment (issue 11) is built as for rv run and reaches the shells through the
+    # job script's env-build hook, like everything else the program gets.
+    proj = make_project(tmp_path / "envproj", "six==1.16.0\n")
+    check = "python -c \"import sys, six, mypkg; print('ENV', six.__version__, mypkg.VALUE, sys.prefix)\""
+    term = Terminal(rv_argv("up", "-g", "0", "--mem", "500M", "--name", "envup"), env=layout.rv_env, cwd=proj)
+    try:
+        job = up_job(term)
+        term.expect(r"\(rv envup\) ", timeout=300)
+        term.send(check + "\r")
+        version, value, prefix = term.expect(r"ENV (\S+) (\S+) (\S+)\r\n").groups()
+        assert (version, value) == ("1.16.0", "42")  # six from the environment, mypkg from the work dir
+        assert re.fullmatch(rf"{re.escape(layout.remote_root)}/envs/\w+", prefix), prefix
+        r = layout.run_rv("ssh", "envup", "--", check)
+        assert r.stdout.split() == ["ENV", "1.16.0", "42", prefix], r.stderr
+        term.send("exit\r")
+        term.expect(rf"released the allocation \(job {job}\)")
+        assert term.wait() == 0
+    finally:
+        term.close()
 
 
 @pytest.mark.parametrize("layout", ["bare"], indirect=True)
