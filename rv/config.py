@@ -277,7 +277,9 @@ def _is(value: Any, expected: type | tuple[type, ...]) -> bool:
     return isinstance(value, exp) and not (isinstance(value, bool) and bool not in exp)
 
 
-def _parse_gpu(where: str, name: str, table: Any) -> GpuType:
+def _parse_gpu(where: str, name: str, table: Any, base: GpuType | None = None) -> GpuType:
+    """One ``[gpus.NAME]`` table. Over a built-in type of the same name (``base``) it may hold only the
+    fields it changes (``rv init`` writes CPUs and memory per GPU found on the nodes that way)."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: gpus.{name} must be a table")
     unknown = sorted(set(table) - set(_GPU_FIELD_TYPES))
@@ -285,15 +287,15 @@ def _parse_gpu(where: str, name: str, table: Any) -> GpuType:
         raise ConfigError(
             f"{where}.gpus.{name}: unknown key {unknown[0]!r}; valid keys: {', '.join(_GPU_FIELD_TYPES)}"
         )
-    missing = [k for k in _GPU_REQUIRED if k not in table]
+    missing = [k for k in _GPU_REQUIRED if k not in table] if base is None else []
     if missing:
         raise ConfigError(f"{where}.gpus.{name}: missing {', '.join(missing)}")
     for key, value in table.items():
         if not _is(value, _GPU_FIELD_TYPES[key]):
             raise _type_error(f"{where}.gpus.{name}", key, _GPU_FIELD_TYPES[key], value)
-    if table["gpus_per_node"] < 1:
+    if table.get("gpus_per_node", 1) < 1:
         raise ConfigError(f"{where}.gpus.{name}: gpus_per_node must be at least 1")
-    return GpuType(name=name, **table)
+    return replace(base, **table) if base is not None else GpuType(name=name, **table)
 
 
 def _parse_profile(path: Path, name: str, table: Any) -> Profile:
@@ -330,7 +332,11 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
     setup = table.get("setup", [])
     if not all(isinstance(line, str) for line in setup):
         raise ConfigError(f"{where}: setup must be a list of strings")
-    gpus = {gname: _parse_gpu(where, gname, gtable) for gname, gtable in table.get("gpus", {}).items()}
+    builtin = BUILTIN_CATALOGS.get(catalog, {})
+    gpus = {
+        gname: _parse_gpu(where, gname, gtable, builtin.get(gname))
+        for gname, gtable in table.get("gpus", {}).items()
+    }
     return Profile(
         name=name,
         host=table["host"],
@@ -441,11 +447,19 @@ def render_config(config: Config, existing: str | None = None) -> str:
             gpus = table["gpus"]
             for gname in [g for g in gpus if g not in p.gpus]:
                 del gpus[gname]
+            builtin = BUILTIN_CATALOGS.get(p.catalog, {})
             for gname, gpu in p.gpus.items():
                 if gname not in gpus:
                     gpus[gname] = tomlkit.table()
+                # Over a built-in type, only what differs from it: the built-in facts stay rv's.
+                base = builtin[gname].to_dict() if gname in builtin else {}
                 _sync_table(
-                    gpus[gname], {k: v for k, v in gpu.to_dict().items() if k != "name" and v is not None}
+                    gpus[gname],
+                    {
+                        k: v
+                        for k, v in gpu.to_dict().items()
+                        if k != "name" and v is not None and base.get(k) != v
+                    },
                 )
             if not p.gpus:
                 del table["gpus"]

@@ -8,7 +8,12 @@ fails here in milliseconds, not after a sync and an sbatch round trip.
 Rules that came from other tools' bug trackers (see the project's lessons notes):
 
 * GPUs split over nodes only evenly; torchrun's ``--nproc-per-node`` must equal the GPUs on each
-  node, and a user's value that disagrees is refused here rather than deadlocking at rendezvous.
+  node (accelerate's ``--num_processes`` the GPUs of all nodes), and a user's value that disagrees is
+  refused here rather than deadlocking at rendezvous.
+* A command without a launcher is one process per node: on several nodes (N copies that know nothing
+  of each other) or on several GPUs of one node (one process, most programs use the first GPU only)
+  it is refused unless ``--each-node`` / ``--allow-single-process`` say that is what is meant.
+* CPUs and memory per GPU come from the catalog unless ``--cpus`` / ``--mem`` say otherwise.
 * MIG slices take exactly one GPU, one CPU and modest memory, or the QOS rejects the job.
 * The job name goes into paths and ``#SBATCH`` lines, so it is sanitised to ``[A-Za-z0-9._-]``.
 """
@@ -46,7 +51,7 @@ SIGNALS = STOP_SIGNALS
 DEFAULT_MAX_SEGMENTS = 10
 
 
-# --- torchrun -----------------------------------------------------------------------------------
+# --- launchers ----------------------------------------------------------------------------------
 
 # torchrun's options (torch 2.13 ``torch.distributed.run.get_args_parser``), canonical name first.
 # Only these take no value; every other option takes one, as ``--opt value`` or ``--opt=value``.
@@ -94,20 +99,54 @@ _TORCHRUN_OPTIONS: dict[str, tuple[str, ...]] = {
 _TORCHRUN_SPELLING = {
     spelling: name for name, spellings in _TORCHRUN_OPTIONS.items() for spelling in spellings
 }
+# accelerate launch's options that take no value (accelerate 1.15, ``launch_command_parser``), with
+# ``_`` for ``-`` (both spellings are accepted); every other option takes exactly one value. Its
+# parser has ``allow_abbrev=False``: no prefixes.
+_ACCELERATE_FLAGS_WITHOUT_VALUE = {
+    "help", "quiet", "cpu", "multi_gpu", "tpu", "enable_cpu_affinity", "dynamo_use_fullgraph",
+    "dynamo_use_dynamic", "dynamo_use_regional_compilation", "use_deepspeed", "use_fsdp",
+    "use_parallelism_config", "use_megatron_lm", "same_network", "module", "no_python", "tpu_cluster",
+    "no_tpu_cluster", "tpu_use_sudo", "downcast_bf16", "fp8_use_autocast_during_eval", "debug",
+}  # fmt: skip
+_ACCELERATE_SHORT = {"-h": "help", "-q": "quiet", "-m": "module", "-t": "tee"}
+# accelerate launch's ways of choosing how processes are started: with none of them (and no config
+# file) rv adds --multi_gpu for two or more processes, or accelerate starts a single one.
+ACCELERATE_MODES = ("multi_gpu", "cpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm", "config_file")
+# `uv run`'s options that take a value (uv 0.13: `uv run --help`); every other one takes none.
+_UV_RUN_OPTIONS_WITH_VALUE = {
+    "--extra", "--no-extra", "--group", "--no-group", "--only-group", "--no-editable-package",
+    "--env-file", "--with", "--with-editable", "--with-requirements", "--package", "--python-platform",
+    "--index", "--default-index", "--index-url", "--extra-index-url", "--find-links", "--index-strategy",
+    "--keyring-provider", "--upgrade-package", "--upgrade-group", "--resolution", "--prerelease",
+    "--prerelease-package", "--fork-strategy", "--exclude-newer", "--exclude-newer-package",
+    "--no-sources-package", "--reinstall-package", "--link-mode", "--config-setting",
+    "--config-settings-package", "--no-build-isolation-package", "--no-build-package",
+    "--no-binary-package", "--cache-dir", "--refresh-package", "--python", "--color",
+    "--allow-insecure-host", "--directory", "--project", "--config-file",
+    "-w", "-i", "-f", "-P", "-C", "-p",
+}  # fmt: skip
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 # Python's own options that take a value (``python -W ignore -m torch.distributed.run``).
 _PYTHON_OPTIONS_WITH_VALUE = {"-W", "-X", "--check-hash-based-pycs"}
 TORCHRUN_MODULE = "torch.distributed.run"
+ACCELERATE_MODULE = "accelerate.commands.launch"
+_LAUNCHER_MODULES = {TORCHRUN_MODULE: "torchrun", ACCELERATE_MODULE: "accelerate"}
 
 
 @dataclass(frozen=True)
-class TorchrunArgs:
-    """A torchrun command split in three: launcher, the user's torchrun options, the program."""
+class LaunchArgs:
+    """A launcher command split in three: launcher, the user's launcher options, the program.
 
-    launcher: tuple[str, ...]  # ("torchrun",) or ("python3", "-m", "torch.distributed.run")
-    options: tuple[str, ...]  # the user's own torchrun options, exactly as typed
+    ``kind`` is ``torchrun`` (also ``python -m torch.distributed.run``) or ``accelerate``
+    (``accelerate launch``, ``python -m accelerate.commands.launch``); ``launcher`` holds every word up
+    to the launcher's options, a ``uv run [uv options]`` in front included.
+    """
+
+    launcher: tuple[str, ...]  # ("torchrun",), ("uv", "run", "--frozen", "accelerate", "launch"), ...
+    options: tuple[str, ...]  # the user's own launcher options, exactly as typed
     program: tuple[str, ...]  # training script (or module with -m) and its arguments
     given: tuple[tuple[str, str | None], ...]  # canonical option name -> value (None for flags)
+    kind: str = "torchrun"
 
     def has(self, name: str) -> bool:
         return any(n == name for n, _ in self.given)
@@ -118,31 +157,67 @@ class TorchrunArgs:
                 return v
         return None
 
+    @property
+    def display(self) -> str:
+        return "torchrun" if self.kind == "torchrun" else "accelerate launch"
 
-def _torchrun_launcher_len(command: Sequence[str]) -> int:
-    """How many leading words launch torchrun (1 or more), or 0 when this is not torchrun."""
-    if not command:
-        return 0
-    exe = posixpath.basename(command[0])
-    if exe == "torchrun":
-        return 1
-    if not _PYTHON.fullmatch(exe):
-        return 0
-    i = 1
+
+TorchrunArgs = LaunchArgs  # the name before accelerate was recognised too
+
+
+def _uv_run_len(command: Sequence[str]) -> tuple[int, bool]:
+    """Words of a leading ``uv run [uv options]`` (0 when there is none), and whether ``-m`` was given."""
+    if len(command) < 2 or posixpath.basename(command[0]) != "uv" or command[1] != "run":
+        return 0, False
+    i, module = 2, False
     while i < len(command):
         word = command[i]
-        if word == "-m":
-            return i + 2 if i + 1 < len(command) and command[i + 1] == TORCHRUN_MODULE else 0
-        if word == "-m" + TORCHRUN_MODULE:
-            return i + 1
+        if word == "--":
+            return i + 1, module
+        if not word.startswith("-") or word == "-":
+            break
+        if word in ("-m", "--module"):
+            module = True
+        key = word.partition("=")[0] if word.startswith("--") else word[:2]
+        attached = "=" in word if word.startswith("--") else len(word) > 2
+        i += 2 if key in _UV_RUN_OPTIONS_WITH_VALUE and not attached else 1
+    return i, module
+
+
+def _launcher_len(command: Sequence[str]) -> tuple[str | None, int]:
+    """(kind, how many leading words launch it), or (None, 0) when no launcher rv knows starts this."""
+    start, uv_module = _uv_run_len(command)
+    if uv_module:  # `uv run -m torch.distributed.run ...`
+        kind = _LAUNCHER_MODULES.get(command[start]) if start < len(command) else None
+        return (kind, start + 1) if kind else (None, 0)
+    if start >= len(command):
+        return None, 0
+    exe = posixpath.basename(command[start])
+    if exe == "torchrun":
+        return "torchrun", start + 1
+    if exe == "accelerate-launch":
+        return "accelerate", start + 1
+    if exe == "accelerate":
+        return ("accelerate", start + 2) if list(command[start + 1 : start + 2]) == ["launch"] else (None, 0)
+    if not _PYTHON.fullmatch(exe):
+        return None, 0
+    i = start + 1
+    while i < len(command):
+        word = command[i]
+        module = command[i + 1] if word == "-m" and i + 1 < len(command) else None
+        if word.startswith("-m") and len(word) > 2:
+            module = word[2:]
+        if word.startswith("-m"):
+            kind = _LAUNCHER_MODULES.get(module or "")
+            return (kind, i + (2 if word == "-m" else 1)) if kind else (None, 0)
         if word in _PYTHON_OPTIONS_WITH_VALUE:
             i += 2
             continue
         if word.startswith("-") and word != "-" and not word.startswith("-c"):
             i += 1
             continue
-        return 0  # a script, -c code, or stdin: not torchrun
-    return 0
+        return None, 0  # a script, -c code, or stdin: no launcher
+    return None, 0
 
 
 def _match_torchrun_option(word: str) -> str | None:
@@ -159,17 +234,33 @@ def _match_torchrun_option(word: str) -> str | None:
     return None
 
 
-def parse_torchrun(command: Sequence[str]) -> TorchrunArgs | None:
-    """Split a torchrun command, or None when the command does not launch torchrun.
+def _option(kind: str, key: str) -> tuple[str | None, bool]:
+    """(canonical name or None when unknown, whether it takes a value) of one option word."""
+    if kind == "torchrun":
+        name = _match_torchrun_option(key)
+        return name, name is not None and name not in _TORCHRUN_FLAGS_WITHOUT_VALUE
+    if key in _ACCELERATE_SHORT:
+        name = _ACCELERATE_SHORT[key]
+    elif key.startswith("--"):
+        name = key[2:].replace("-", "_")
+    else:
+        return None, False
+    return name, name not in _ACCELERATE_FLAGS_WITHOUT_VALUE
 
-    Recognised: ``torchrun ...`` (any path) and ``python[X[.Y]] [opts] -m torch.distributed.run ...``.
-    Options are read as torchrun's argparse reads them: both ``--nproc-per-node`` and
-    ``--nproc_per_node``, ``--opt=value`` and ``--opt value``, ``-t3`` and unambiguous prefixes.
-    An option rv does not know is kept as typed and assumed to take no value unless written
-    with ``=``. Raises UsageError when an option that needs a value is last.
+
+def parse_launcher(command: Sequence[str]) -> LaunchArgs | None:
+    """Split a launcher command, or None when the command starts no launcher rv knows.
+
+    Recognised, each also behind ``uv run [uv options]``: ``torchrun ...`` (any path),
+    ``python[X[.Y]] [opts] -m torch.distributed.run ...``, ``accelerate launch ...``,
+    ``accelerate-launch ...`` and ``python -m accelerate.commands.launch ...``. Options are read as the
+    launcher's argparse reads them: ``--opt=value`` and ``--opt value``, ``-t3``, both ``-`` and ``_``
+    spellings, and for torchrun unambiguous prefixes. An option rv does not know is kept as typed and
+    assumed to take no value unless written with ``=`` (accelerate: every option but its flags takes
+    one). Raises UsageError when an option that needs a value is last.
     """
-    n = _torchrun_launcher_len(command)
-    if n == 0:
+    kind, n = _launcher_len(command)
+    if kind is None:
         return None
     launcher, rest = tuple(command[:n]), list(command[n:])
     given: list[tuple[str, str | None]] = []
@@ -187,12 +278,11 @@ def parse_torchrun(command: Sequence[str]) -> TorchrunArgs | None:
             key, eq, inline = word[:2], "=", word[2:]
         else:
             key, eq, inline = word, "", ""
-        name = _match_torchrun_option(key)
+        name, takes_value = _option(kind, key)
         if name is None:
             given.append((key.lstrip("-"), inline if eq else None))
             i += 1
-            continue
-        if name in _TORCHRUN_FLAGS_WITHOUT_VALUE:
+        elif not takes_value:
             given.append((name, None))
             i += 1
         elif eq:
@@ -202,16 +292,23 @@ def parse_torchrun(command: Sequence[str]) -> TorchrunArgs | None:
             given.append((name, rest[i + 1]))
             i += 2
         else:
+            shown = "torchrun" if kind == "torchrun" else "accelerate launch"
             raise UsageError(
-                f"torchrun option {word} needs a value",
-                hint=f"write {word}=VALUE before the script, e.g. torchrun {word}=... train.py",
+                f"{shown} option {word} needs a value",
+                hint=f"write {word}=VALUE before the script, e.g. {shown} {word}=... train.py",
             )
-    return TorchrunArgs(
-        launcher=launcher, options=tuple(rest[:i]), program=tuple(rest[i:]), given=tuple(given)
+    return LaunchArgs(
+        launcher=launcher, options=tuple(rest[:i]), program=tuple(rest[i:]), given=tuple(given), kind=kind
     )
 
 
-def _check_torchrun(tr: TorchrunArgs, *, nodes: int, gpus_per_node: int) -> None:
+def parse_torchrun(command: Sequence[str]) -> LaunchArgs | None:
+    """:func:`parse_launcher` for torchrun only (``python -m torch.distributed.run`` included)."""
+    parsed = parse_launcher(command)
+    return parsed if parsed is not None and parsed.kind == "torchrun" else None
+
+
+def _check_torchrun(tr: LaunchArgs, *, nodes: int, gpus_per_node: int) -> None:
     """Refuse torchrun options that contradict the allocation, saying what rv will set instead."""
     nproc = tr.value("nproc-per-node")
     # "gpu" and "auto" count the visible GPUs, which is the allocation; any number must match it.
@@ -260,6 +357,126 @@ def _check_torchrun(tr: TorchrunArgs, *, nodes: int, gpus_per_node: int) -> None
         )
 
 
+def accelerate_processes(la: LaunchArgs, *, nodes: int, gpus_per_node: int) -> int:
+    """How many processes ``accelerate launch`` starts in all: one per GPU, else one per node."""
+    given = la.value("num_processes")
+    if gpus_per_node == 0 and given is not None and given.isdigit():
+        return int(given)
+    return nodes * max(1, gpus_per_node)
+
+
+def _check_accelerate(la: LaunchArgs, *, nodes: int, gpus_per_node: int) -> None:
+    """Refuse accelerate launch options that contradict the allocation, saying what rv sets instead."""
+    total = nodes * max(1, gpus_per_node)
+    shape = f"{nodes} node(s) x {gpus_per_node} GPU(s)" if gpus_per_node else f"{nodes} node(s), no GPU"
+    given = la.value("num_processes")
+    if given is not None:
+        if not given.isdigit() or int(given) < 1:
+            raise UsageError(f"accelerate launch --num_processes={given} is not a number of processes")
+        if gpus_per_node > 0 and int(given) != total:
+            raise UsageError(
+                f"accelerate launch --num_processes={given} does not match the {total} GPU(s) of this "
+                f"job ({shape}): it counts processes on all nodes together",
+                hint=f"drop --num_processes: rv sets --num_processes={total}",
+            )
+        if gpus_per_node == 0 and int(given) % nodes:
+            raise UsageError(
+                f"accelerate launch --num_processes={given} does not split evenly over {nodes} nodes",
+                hint=f"use a multiple of {nodes}, or drop it: rv starts one process per node",
+            )
+    machines = la.value("num_machines")
+    if machines is not None and machines != str(nodes):
+        raise UsageError(
+            f"accelerate launch --num_machines={machines} does not match the {nodes} node(s) of this job",
+            hint=f"drop --num_machines: rv sets --num_machines={nodes}, or ask for --nodes {machines}",
+        )
+    if nodes > 1:
+        if la.has("machine_rank"):
+            raise UsageError(
+                f"accelerate launch --machine_rank={la.value('machine_rank')} would give every node the "
+                "same rank",
+                hint="drop it: rv sets --machine_rank=$SLURM_NODEID inside each node's task",
+            )
+        for name in ("main_process_ip", "main_process_port"):
+            if la.has(name):
+                raise UsageError(
+                    f"accelerate launch --{name} on a {nodes}-node job: the first node is only known "
+                    "when the job starts",
+                    hint="drop it: rv sets --main_process_ip=<first node> "
+                    "--main_process_port=<port from the job id>",
+                )
+    elif la.value("machine_rank") not in (None, "0"):
+        raise UsageError(
+            f"accelerate launch --machine_rank={la.value('machine_rank')} on a one-node job",
+            hint="drop it: the only node has rank 0",
+        )
+    processes = accelerate_processes(la, nodes=nodes, gpus_per_node=gpus_per_node)
+    if la.has("multi_gpu") and processes < 2:
+        raise UsageError(
+            "accelerate launch --multi_gpu needs two or more processes; this job has one",
+            hint="drop --multi_gpu, or ask for more GPUs with -g",
+        )
+
+
+def launch_ranks(la: LaunchArgs, *, nodes: int, gpus_per_node: int) -> int | None:
+    """Processes the launcher starts over all nodes; None when only the node can tell (``auto``)."""
+    if la.kind == "accelerate":
+        return accelerate_processes(la, nodes=nodes, gpus_per_node=gpus_per_node)
+    nproc = la.value("nproc-per-node")
+    if nproc is None:
+        return nodes * max(1, gpus_per_node)
+    if nproc.isdigit():
+        return nodes * int(nproc)
+    return nodes * gpus_per_node if nproc == "gpu" and gpus_per_node else None
+
+
+def _check_plain(command: Sequence[str], *, nodes: int, gpus_per_node: int, each_node: bool,
+                 allow_single_process: bool) -> None:  # fmt: skip
+    """A command without a launcher: one process per node. Refuse what would silently misuse GPUs."""
+    shown = shlex.join(command[:2]) + (" ..." if len(command) > 2 else "")
+    if nodes > 1 and not each_node:
+        raise UsageError(
+            f"`{shown}` on {nodes} nodes would run {nodes} separate copies, one per node, that know "
+            "nothing of each other",
+            hint=f"start it with a launcher, which rv sets up across the nodes (rv run ... -- torchrun "
+            f"{command[-1] if len(command) > 1 else 'train.py'}, or accelerate launch ...); or add "
+            "--each-node to run one copy per node on purpose (each sees its node's GPUs, "
+            "$SLURM_NODEID and $RV_HEAD_ADDR)",
+        )
+    if nodes == 1 and gpus_per_node > 1 and not (allow_single_process or each_node):
+        raise UsageError(
+            f"`{shown}` is one process, but this job has {gpus_per_node} GPUs: without a launcher it "
+            f"runs once, sees all {gpus_per_node}, and most programs use only the first",
+            hint="start one process per GPU with torchrun or accelerate launch (rv run -g "
+            f"{gpus_per_node} -- torchrun train.py); or add --allow-single-process if the program uses "
+            "every GPU itself (device_map='auto', DataParallel, its own launcher)",
+        )
+
+
+def resources_line(req: JobRequest) -> str:
+    """What the job gets per node, and per GPU, and where each came from: `rv run` shows it."""
+    head = (
+        f"{req.nodes} node(s), CPU only"
+        if req.type is None
+        else f"{req.nodes} node(s) x {req.gpus_per_node} {req.type.name}"
+    )
+    per_gpu = req.gpus_per_node if req.type is not None and req.gpus_per_node > 0 else 0
+
+    def part(value: str | None, source: str, what: str, per: str | None) -> str:
+        if value is None:
+            return f"the cluster's default {what} (the catalog has none per GPU here)"
+        if source == "catalog" and per is not None:
+            return f"{value} {what} ({per} per GPU, from the catalog)"
+        return f"{value} {what} ({source})"
+
+    cpus_per = str(req.cpus_per_task // per_gpu) if req.cpus_per_task is not None and per_gpu else None
+    mem_per = req.type.mem_per_gpu if req.type is not None else None
+    cpus = part(str(req.cpus_per_task) if req.cpus_per_task is not None else None, req.cpus_source,
+                "CPUs", cpus_per)  # fmt: skip
+    mem = part(req.mem, req.mem_source, "memory", mem_per)
+    return f"resources: {head}; per node {cpus}, {mem}"
+
+
 # --- misplaced rv flags ------------------------------------------------------------------------
 
 # rv run's options, as the CLI defines them; "value" tells whether the next word belongs to it.
@@ -267,6 +484,7 @@ RUN_FLAGS: dict[str, bool] = {
     "-g": True, "--gpu": True, "-t": True, "--type": True, "--mig": False, "--time": True,
     "--mem": True, "--cpus": True, "--name": True, "--nodes": True, "-f": False, "--follow": False,
     "-o": True, "--output": True, "--setup": True, "--dry-run": False, "--profile": True,
+    "--each-node": False, "--allow-single-process": False,
 }  # fmt: skip
 
 
@@ -364,12 +582,26 @@ class JobRequest:
     signal: str = DEFAULT_SIGNAL  # without SIG prefix: "USR1"
     signal_lead_seconds: int = DEFAULT_SIGNAL_LEAD
     max_segments: int = DEFAULT_MAX_SEGMENTS  # jobs the run may chain through (1: never continue)
-    torchrun: TorchrunArgs | None = None
+    launch: LaunchArgs | None = None  # torchrun or accelerate launch, flags to add on each node
+    each_node: bool = False  # a plain command, one copy per node on purpose (--each-node)
+    allow_single_process: bool = False  # a plain command on several GPUs on purpose
+    ranks: int | None = 1  # processes of the program over all nodes; None: only the node can tell
+    cpus_source: str = "default"  # where cpus_per_task came from: --cpus, catalog, fixed for the type
+    mem_source: str = "default"  # where mem came from: --mem, catalog
     warnings: tuple[str, ...] = ()  # for the CLI to print on stderr (renamed job, queue limits)
 
     @property
     def cpu_only(self) -> bool:
         return self.gpus == 0
+
+    @property
+    def torchrun(self) -> LaunchArgs | None:
+        return self.launch if self.launch is not None and self.launch.kind == "torchrun" else None
+
+    @property
+    def labeled(self) -> bool:
+        """Whether each line of output carries its rank (``[3] ...``): more than one process."""
+        return self.ranks is None or self.ranks > 1
 
     @property
     def time_slurm(self) -> str:
@@ -479,9 +711,9 @@ def sanitise_name(name: str) -> str:
 def default_name(command: Sequence[str]) -> str:
     """A job name from the command: ``torchrun train.py`` -> ``train``, ``python -m pkg.grpo`` -> ``grpo``."""
     words = list(command)
-    tr = parse_torchrun(words)
+    tr = parse_launcher(words)
     if tr is not None:
-        words = ["python", *(["-m"] if tr.has("module") else []), *tr.program] if tr.program else ["torchrun"]
+        words = ["python", *(["-m"] if tr.has("module") else []), *tr.program] if tr.program else [tr.kind]
     if not words:
         return "job"
     exe = posixpath.basename(words[0])
@@ -572,6 +804,8 @@ def build_request(
     signal: str | None = None,
     max_segments: int | None = None,
     in_flight_gpus_by_type: Mapping[str, int] | None = None,
+    each_node: bool = False,
+    allow_single_process: bool = False,
 ) -> JobRequest:
     """Validate a run request; raise UsageError with the limit or the valid choices when it cannot run.
 
@@ -647,6 +881,7 @@ def build_request(
             )
 
     # CPUs and memory: MIG (and any type with fixed_cpus) forces its own; QOS rejects anything else.
+    cpus_source = mem_source = "default"
     if gpu is not None and gpu.fixed_cpus is not None:
         if cpus is not None and cpus != gpu.fixed_cpus:
             raise UsageError(
@@ -654,29 +889,58 @@ def build_request(
                 hint="drop --cpus",
             )
         cpus_per_task: int | None = gpu.fixed_cpus
+        cpus_source = f"fixed for {gpu.name}"
     elif cpus is not None:
-        cpus_per_task = cpus
+        cpus_per_task, cpus_source = cpus, "--cpus"
     elif gpu is not None and gpu.cpus_per_gpu is not None:
-        cpus_per_task = gpu.cpus_per_gpu * per_node
+        cpus_per_task, cpus_source = gpu.cpus_per_gpu * per_node, "catalog"
     else:
         cpus_per_task = None
 
     mem_norm = parse_mem(mem) if mem is not None else None
+    if mem_norm is not None:
+        mem_source = "--mem"
     if gpu is not None and gpu.mem_per_gpu is not None:
         type_mem = scale_mem(gpu.mem_per_gpu, per_node)
         if mem_norm is None:
-            mem_norm = type_mem
+            mem_norm, mem_source = type_mem, "catalog"
         elif is_mig and mem_megabytes(mem_norm) > mem_megabytes(type_mem):
             raise UsageError(
                 f"--mem {mem}: a MIG slice job may have at most {type_mem}",
                 hint="drop --mem, or pick a full GPU type for more memory",
             )
 
-    tr = parse_torchrun(command)
-    if tr is not None:
-        _check_torchrun(tr, nodes=node_count, gpus_per_node=per_node)
-        if not tr.program:
-            raise UsageError("torchrun has no training script", hint="e.g. rv run -g 2 -- torchrun train.py")
+    launch = parse_launcher(command)
+    ranks: int | None
+    if launch is not None:
+        for flag, given in (("--each-node", each_node), ("--allow-single-process", allow_single_process)):
+            if given:
+                raise UsageError(
+                    f"{flag} is for a command without a launcher: {launch.display} already starts one "
+                    "process per GPU on every node",
+                    hint=f"drop {flag}",
+                )
+        if launch.kind == "torchrun":
+            _check_torchrun(launch, nodes=node_count, gpus_per_node=per_node)
+        else:
+            _check_accelerate(launch, nodes=node_count, gpus_per_node=per_node)
+        if not launch.program:
+            raise UsageError(
+                f"{launch.display} has no training script",
+                hint=f"e.g. rv run -g 2 -- {launch.display} train.py",
+            )
+        if launch.has("run-path"):
+            warnings.append(
+                "torchrun --run-path runs the ranks inside torchrun's own interpreter, where rv cannot "
+                "label their lines: output of different ranks may mix (drop --run-path to label them)"
+            )
+        ranks = launch_ranks(launch, nodes=node_count, gpus_per_node=per_node)
+    else:
+        _check_plain(
+            command, nodes=node_count, gpus_per_node=per_node, each_node=each_node,
+            allow_single_process=allow_single_process,
+        )  # fmt: skip
+        ranks = node_count if each_node else 1
 
     if name is not None:
         job_name = sanitise_name(name)
@@ -711,6 +975,11 @@ def build_request(
         signal=sig,
         signal_lead_seconds=lead,
         max_segments=DEFAULT_MAX_SEGMENTS if max_segments is None else max_segments,
-        torchrun=tr,
+        launch=launch,
+        each_node=each_node,
+        allow_single_process=allow_single_process,
+        ranks=ranks,
+        cpus_source=cpus_source,
+        mem_source=mem_source,
         warnings=tuple(warnings),
     )

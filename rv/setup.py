@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from rv.catalog import GpuType
+from rv.catalog import BUILTIN_CATALOGS, GpuType
 from rv.config import Profile, remote_root_problem
 from rv.errors import RemoteCommandMissing, UsageError
 from rv.slurm.parse import (
@@ -172,7 +172,10 @@ def build_profile(
     """The profile `rv init` saves: explicit options win, then what the probe found."""
     if catalog == "auto":
         catalog = "rivanna" if is_rivanna(host) else "discovered"
-    gpus = facts.catalog if catalog == "discovered" else {}
+    if catalog == "discovered":
+        gpus = facts.catalog
+    else:  # the built-in facts, with CPUs and memory per GPU from the nodes where it has none
+        gpus = per_gpu_from_nodes(BUILTIN_CATALOGS[catalog], facts.catalog)
     if account and facts.accounts and account not in facts.accounts:
         raise UsageError(
             f"account {account!r} is not one of yours on this cluster; yours: {', '.join(facts.accounts)}"
@@ -192,6 +195,26 @@ def build_profile(
         share_with_group=share_with_group,
         system_site_packages=system_site_packages,
     )
+
+
+def per_gpu_from_nodes(builtin: dict[str, GpuType], discovered: dict[str, GpuType]) -> dict[str, GpuType]:
+    """Built-in types that lack CPUs and memory per GPU, with what the cluster's nodes have per GPU.
+
+    A built-in catalog knows policy (SU rates, limits) but not how many CPUs and how much memory a
+    node shares out per GPU; sinfo does. Matched by partition and gres type. A type with its own fixed
+    CPUs (MIG) keeps its own figures.
+    """
+    found = {(t.partition, t.gres): t for t in discovered.values()}
+    out = {}
+    for name, t in builtin.items():
+        d = found.get((t.partition, t.gres))
+        if d is None or t.fixed_cpus is not None:
+            continue
+        cpus = t.cpus_per_gpu if t.cpus_per_gpu is not None else d.cpus_per_gpu
+        mem = t.mem_per_gpu if t.mem_per_gpu is not None else d.mem_per_gpu
+        if (cpus, mem) != (t.cpus_per_gpu, t.mem_per_gpu):
+            out[name] = replace(t, cpus_per_gpu=cpus, mem_per_gpu=mem)
+    return out
 
 
 def prepare_remote_root(transport: Transport, remote_root: str, share_with_group: bool = False) -> None:

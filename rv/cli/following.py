@@ -48,6 +48,7 @@ class TerminalView:
         max_segments: int,
         separators: bool,
         raw: bool = False,
+        rank: int | None = None,
         merge: bool = False,
         out: TextIO | None = None,
         err: TextIO | None = None,
@@ -56,20 +57,25 @@ class TerminalView:
         self.separators = separators
         self.out = out or sys.stdout
         self.err = self.out if merge else (err or sys.stderr)
-        self._collapsers = {"out": LineCollapser(raw=raw), "err": LineCollapser(raw=raw)}
+        self.raw, self.rank = raw, rank
+        # One per log file: chunks of two files (two nodes) arrive interleaved, each may end mid-line.
+        self._collapsers: dict[tuple[str, str], LineCollapser] = {}
         self.segments_seen = 0
         self._last_state: str | None = None
 
     def _sink(self, stream: str) -> TextIO:
         return self.err if stream == "err" else self.out
 
-    def output(self, stream: str, data: bytes) -> None:
+    def output(self, stream: str, data: bytes, source: str = "") -> None:
+        collapser = self._collapsers.get((stream, source))
+        if collapser is None:
+            collapser = self._collapsers[stream, source] = LineCollapser(raw=self.raw, rank=self.rank)
         sink = self._sink(stream)
-        sink.write(self._collapsers[stream].feed(data.decode("utf-8", errors="replace")))
+        sink.write(collapser.feed(data.decode("utf-8", errors="replace")))
         sink.flush()
 
     def flush(self) -> None:
-        for stream, collapser in self._collapsers.items():
+        for (stream, _), collapser in self._collapsers.items():
             rest = collapser.flush()
             if rest:
                 self._sink(stream).write(rest + ("\n" if not rest.endswith("\n") else ""))

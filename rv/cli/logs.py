@@ -23,7 +23,12 @@ from rv.cli.common import note, run_store, session
 )
 @click.option("--node", type=click.IntRange(min=0), help="Only node I's log of a multi-node run.")
 @click.option("--segment", type=click.IntRange(min=1), help="Only segment K of the run.")
-@click.option("--raw", is_flag=True, help="Keep carriage-return progress redraws as written.")
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    help="Only what rank R printed, without its [R] label (runs of more than one process).",
+)
+@click.option("--raw", is_flag=True, help="The lines as written: progress redraws and rank labels kept.")
 @click.option("--pull", is_flag=True, help="Download the log files to ./rv-logs/RUN/ instead.")
 @click.pass_context
 def logs(
@@ -34,12 +39,14 @@ def logs(
     lines: int | None,
     node: int | None,
     segment: int | None,
+    rank: int | None,
     raw: bool,
     pull: bool,
 ) -> None:
     """Show the output of RUN: a run name, a job id of any segment, or nothing (the latest run).
 
-    Each segment's output is headed by one separator line.
+    Each segment's output is headed by one separator line. In a run of more than one process every
+    line carries its rank, `[3] ...`; --rank 3 shows rank 3's lines alone.
     """
     from rv.cli.following import TerminalView
     from rv.errors import UsageError
@@ -53,6 +60,8 @@ def logs(
         nodes = int(target.meta.get("nodes") or 1)
         if node is not None and node >= nodes:
             raise UsageError(f"--node {node}: run {target.name} runs on {nodes} node(s) (0..{nodes - 1})")
+        if rank is not None:
+            _check_rank(target, rank)
         last = target.current.index if target.current else 1
         if segment is not None and segment > last:
             raise UsageError(f"--segment {segment}: run {target.name} has {last} segment(s) so far")
@@ -61,7 +70,7 @@ def logs(
             _pull(s.transport, root, target, segment)
             return
         view = TerminalView(
-            max_segments=target.max_segments, separators=last > 1 or follow, raw=raw, merge=True
+            max_segments=target.max_segments, separators=last > 1 or follow, raw=raw, rank=rank, merge=True
         )
         start = segment or (last if lines is not None else None)
         try:
@@ -77,6 +86,25 @@ def logs(
         view.flush()
         if follow and segment is None:
             ctx.exit(run_exit_code(followed.ended))
+
+
+def _check_rank(run, rank: int) -> None:  # type: ignore[no-untyped-def]
+    """--rank R needs a run whose lines carry ranks, and a rank it has."""
+    from rv.errors import UsageError
+
+    if "labeled" not in run.meta:
+        raise UsageError(
+            f"--rank: run {run.name} was started by an rv that did not label lines with their rank",
+            hint="drop --rank; its lines are in `rv logs` (and per node with --node)",
+        )
+    if not run.meta["labeled"]:
+        raise UsageError(
+            f"--rank: run {run.name} is a single process; its lines carry no rank",
+            hint="drop --rank",
+        )
+    ranks = run.meta.get("ranks")
+    if isinstance(ranks, int) and rank >= ranks:
+        raise UsageError(f"--rank {rank}: run {run.name} has {ranks} ranks (0..{ranks - 1})")
 
 
 def _pull(transport, root: str, run, segment: int | None) -> None:  # type: ignore[no-untyped-def]

@@ -64,6 +64,16 @@ from rv.cli.common import note, print_json, run_store, session, warn
     help="Build on top of the interpreter's own packages (a site's torch module), not downloading them.",
 )
 @click.option("--python", "python_", metavar="VERSION|PATH", help="Interpreter to build the environment on.")
+@click.option(
+    "--each-node",
+    is_flag=True,
+    help="Run a command without a launcher once on every node (default: refused on several nodes).",
+)
+@click.option(
+    "--allow-single-process",
+    is_flag=True,
+    help="Run a command without a launcher as one process on several GPUs (default: refused).",
+)
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
@@ -90,6 +100,8 @@ def run(
     extras: tuple[str, ...],
     system_site_packages: bool | None,
     python_: str | None,
+    each_node: bool,
+    allow_single_process: bool,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -107,7 +119,7 @@ def run(
     """
     from rv.cli.common import load_profile
     from rv.job import submit as job
-    from rv.request import build_request, default_name, detect_misplaced_flags
+    from rv.request import build_request, default_name, detect_misplaced_flags, resources_line
 
     _, profile = load_profile(ctx)
     catalog = profile.gpu_catalog()
@@ -133,7 +145,7 @@ def run(
     req = build_request(
         catalog, command=command, gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus,
         name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, signal=signal,
-        max_segments=max_segments,
+        max_segments=max_segments, each_node=each_node, allow_single_process=allow_single_process,
     )  # fmt: skip
     for message in req.warnings:
         warn(message)
@@ -170,6 +182,7 @@ def run(
             env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"),
         )  # fmt: skip
         sys.stdout.write(render_script(req, context))
+        note(resources_line(req))
         note(
             f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, "
             f"{len(snap.tree.entries)} files)"
@@ -219,7 +232,8 @@ def run(
         continues = f", up to {req.max_segments} segments" if req.max_segments > 1 else ""
         note(
             f"submitted run {req.name}: job {record.job_id} ({where}, {req.nodes} node(s){continues}) "
-            f"from {record.short_commit}\n  rv logs -f {req.name}    rv ps    rv stop {req.name}"
+            f"from {record.short_commit}\n  {resources_line(req)}\n"
+            f"  rv logs -f {req.name}    rv ps    rv stop {req.name}"
         )
         if follow:
             ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments))

@@ -120,11 +120,12 @@ def up(
         )
     _, profile = load_profile(ctx)
     run_id = job.new_run_id()
-    # Validated here, before the first network call, as rv run validates.
+    # Validated here, before the first network call, as rv run validates. The holder is one plain
+    # process per node on purpose (each holds its node), whatever the GPUs: --each-node.
     req = build_request(
         profile.gpu_catalog(), command=session_up.holder_command(), gpus=gpus, gpu_type=gpu_type, mig=mig,
         time=time_, mem=mem, cpus=cpus, name=name or job.default_run_name("up", run_id), nodes=nodes,
-        setup=(*profile.setup, *setup), max_segments=1,
+        setup=(*profile.setup, *setup), max_segments=1, each_node=True,
     )  # fmt: skip
     for message in req.warnings:
         warn(message)

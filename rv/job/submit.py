@@ -148,7 +148,11 @@ def request_summary(req: JobRequest) -> dict[str, Any]:
         "mig": req.mig,
         "signal": f"{req.signal}@{req.signal_lead_seconds}",
         "max_segments": req.max_segments,
-        "torchrun": asdict(req.torchrun) if req.torchrun is not None else None,
+        "launch": asdict(req.launch) if req.launch is not None else None,
+        "each_node": req.each_node,
+        "allow_single_process": req.allow_single_process,
+        "ranks": req.ranks,
+        "labeled": req.labeled,
         "outputs": list(req.outputs),
     }
 
@@ -180,6 +184,8 @@ def submit_args(
         "gpus": req.gpus,
         "gpu_type": req.type.name if req.type is not None else None,
         "nodes": req.nodes,
+        "ranks": req.ranks,
+        "labeled": req.labeled,
         "branch": provenance.get("branch"),
         "commit": provenance.get("commit"),
         "dirty": bool(provenance.get("dirty")),

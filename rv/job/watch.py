@@ -53,7 +53,7 @@ class FrameReader:
 class FollowView(Protocol):
     """What following shows; the CLI renders it (stdout for output, a status line on stderr)."""
 
-    def output(self, stream: str, data: bytes) -> None: ...
+    def output(self, stream: str, data: bytes, source: str = "") -> None: ...
     def segment(self, frame: dict[str, Any]) -> None: ...
     def segment_end(self, frame: dict[str, Any]) -> None: ...
     def state(self, frame: dict[str, Any]) -> None: ...
@@ -206,7 +206,7 @@ def _handle(head: dict[str, Any], data: bytes, pos: Position, view: FollowView) 
     if kind == "data":
         # Count before showing: a line shown is a line never sent again.
         pos.offsets[head["f"]] = int(head["o"]) + len(data)
-        view.output(head["s"], data)
+        view.output(head["s"], data, head["f"])  # the file: a line is only whole within its own file
     elif kind == "segment":
         if pos.segment != head["segment"]:
             pos.segment = head["segment"]

@@ -619,16 +619,26 @@ def discover_catalog(sinfo_text: str) -> dict[str, GpuType]:
     types told apart by gres) come out right. When several partitions name the type
     (``gpu-a100-40``, ``gpu-a100-80``), each becomes its own type, named after its partition.
     A single MIG profile (``1g.10gb``) is named ``mig`` so that ``--mig`` finds it.
-    ``gpus_per_node`` is the most GPUs of the type on one node of the partition; SU rates, limits
-    and memory are unknown (None): sinfo does not know them.
+    ``gpus_per_node`` is the most GPUs of the type on one node of the partition. CPUs and memory per
+    GPU are a node's CPUs and memory shared out over all its GPUs (of any type), the least over the
+    type's nodes, so a job asking for them fits on every one. SU rates and limits are unknown (None):
+    sinfo does not know them.
     """
     nodes = parse_sinfo_nodes(sinfo_text)
     # (gres type, partition) -> {node name: GPUs of that type on it}
     holdings: dict[tuple[str, str], dict[str, int]] = {}
     default_partitions = {n.partition for n in nodes if n.default_partition}
     max_time: dict[str, str | None] = {}
+    # node name -> (CPUs per GPU, MB per GPU), over all of the node's GPUs
+    share: dict[str, tuple[int | None, int | None]] = {}
     for node in nodes:
         max_time[node.partition] = node.partition_max_time
+        gpus_here = sum(g.count for g in node.gres if g.name == "gpu" and g.count > 0)
+        if gpus_here:
+            share[node.name] = (
+                node.cpus // gpus_here if node.cpus else None,
+                node.memory_mb // gpus_here if node.memory_mb else None,
+            )
         for g in node.gres:
             if g.name != "gpu" or g.count <= 0:
                 continue
@@ -658,6 +668,12 @@ def discover_catalog(sinfo_text: str) -> dict[str, GpuType]:
                 name = _type_name(gtype)
             else:
                 name = _type_name(re.sub(r"^gpu[-_]?", "", partition, flags=re.IGNORECASE) or partition)
+            shares = [share.get(n, (None, None)) for n in held]
+            cpus = [c for c, _ in shares if c]
+            mems = [m for _, m in shares if m]
+            # Only when every node of the type says: a guess from some would not fit the others.
+            cpus_per_gpu = min(cpus) if len(cpus) == len(shares) else None
+            mem_per_gpu = min(mems) if len(mems) == len(shares) else None
             catalog[name] = GpuType(
                 name=name,
                 partition=partition,
@@ -665,6 +681,8 @@ def discover_catalog(sinfo_text: str) -> dict[str, GpuType]:
                 gpus_per_node=max(held.values()),
                 compute_capability=compute_capability_for(gtype) if gtype else None,
                 max_time=max_time.get(partition),
+                cpus_per_gpu=cpus_per_gpu,
+                mem_per_gpu=f"{mem_per_gpu}M" if mem_per_gpu else None,
                 nodes=len(held),
             )
     return dict(sorted(catalog.items()))

@@ -26,10 +26,14 @@ run's records and decides whether the run goes on, so closing the laptop never s
    that makes its files writable must not change the store or another run). Made once per run.
 7. Setup lines, the env-build hook, GPU and precision, the first node; then the environment the
    program gets, saved as ``$RV_JOB_DIR/env.sh`` for the shells of ``rv ssh`` and ``rv up``.
-8. The program, one ``srun`` task per node running ``rv_task``: the program in the background and
+8. With more than one process, rv's rank labeller (``rv/job/ranklabel.py``) written into the job's
+   folder: each rank runs under it (torchrun's ``PYTHON_EXEC``) and its lines reach the log whole,
+   labelled ``[rank]``.
+9. The program, one ``srun`` task per node running ``rv_task``: the program in the background and
    rv's stop watcher beside it, which sends ``RV_STOP_SIGNAL`` at ``RV_STOP_LEAD`` seconds before the
    time limit to the program's processes that handle it (never to a torchrun agent), and to none
-   when none does.
+   when none does. A launcher (torchrun, accelerate launch, either behind ``uv run``) gets the node
+   and rendezvous flags it lacks.
 
 The user's command enters once, quoted, inside ``rv_task``; the property test in
 ``tests/unit/test_script.py`` runs the result with bash and checks argv byte for byte.
@@ -41,12 +45,18 @@ import posixpath
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from rv.contract import BF16_MIN_MAJOR, PREEMPTED
 from rv.errors import ConfigError, UsageError
 from rv.layout import RemoteLayout
-from rv.request import JobRequest, TorchrunArgs
+from rv.request import ACCELERATE_MODES, JobRequest, LaunchArgs, TorchrunArgs, launch_ranks
 from rv.slurm import commands
+
+# rv's rank labeller, shipped inside the script of every job with more than one process.
+_LABELLER = Path(__file__).resolve().parent.parent / "job" / "ranklabel.py"
+_HEREDOC_END = "RV_RANK_LABEL_END"
+RANK_LABEL = '"$RV_JOB_DIR/rank-label.py"'
 
 # MASTER_PORT = BASE + job id % SPAN: ports 15000-29999, below Linux's ephemeral range (32768+) so
 # a port picked for us is never one the kernel handed to some client socket.
@@ -625,6 +635,37 @@ def _segment_start(req: JobRequest) -> list[str]:
     ]
 
 
+def accelerate_injected_flags(req: JobRequest, la: LaunchArgs) -> list[str]:
+    """The flags rv adds after ``accelerate launch``, as shell words for the task's shell.
+
+    Only flags the user did not give: the processes of all nodes together, the machines, this node's
+    rank and the first node as the main process (``$SLURM_NODEID`` and friends expand in each task),
+    the port from the job id (also on one node: two jobs sharing a node must not both take 29500).
+    ``--multi_gpu`` for two or more processes when nothing else says how to start them: without it
+    accelerate counts CUDA devices on the node to decide, and starts a single process where it finds
+    one (or none). DeepSpeed on several nodes is started the "standard" way, by every node's task,
+    not over pdsh.
+    """
+    total = launch_ranks(la, nodes=req.nodes, gpus_per_node=req.gpus_per_node) or req.nodes
+    flags = []
+    if not la.has("num_processes"):
+        flags.append(f"--num_processes={total}")
+    if not la.has("num_machines"):
+        flags.append(f"--num_machines={req.nodes}")
+    if req.nodes > 1:
+        if not la.has("machine_rank"):
+            flags.append('--machine_rank="$SLURM_NODEID"')
+        if not la.has("main_process_ip"):
+            flags.append('--main_process_ip="$RV_HEAD_ADDR"')
+    if not la.has("main_process_port"):
+        flags.append('--main_process_port="$MASTER_PORT"')
+    if total > 1 and not any(la.has(mode) for mode in ACCELERATE_MODES):
+        flags.append("--multi_gpu")
+    if req.nodes > 1 and la.has("use_deepspeed") and not la.has("deepspeed_multinode_launcher"):
+        flags.append("--deepspeed_multinode_launcher=standard")
+    return flags
+
+
 def torchrun_injected_flags(req: JobRequest, tr: TorchrunArgs) -> list[str]:
     """The flags rv adds after the torchrun launcher, as shell words for the task's shell.
 
@@ -654,14 +695,47 @@ def torchrun_injected_flags(req: JobRequest, tr: TorchrunArgs) -> list[str]:
 
 
 def program_line(req: JobRequest) -> str:
-    """The user's command as one shell line, torchrun flags injected after the launcher."""
-    tr = req.torchrun
-    if tr is None:
+    """The user's command as one shell line: a launcher's flags injected after it, and rv's rank
+    labeller in front of what runs without Python (``--each-node``, ``--no-python``)."""
+    la = req.launch
+    if la is None:
+        if req.each_node and req.labeled:
+            return f'{RANK_LABEL} --exec --label "$SLURM_NODEID" {shlex.join(req.command)}'
         return shlex.join(req.command)
-    words = [shlex.join(tr.launcher), *torchrun_injected_flags(req, tr)]
-    if tr.options or tr.program:
-        words.append(shlex.join(tr.options + tr.program))
+    flags = torchrun_injected_flags(req, la) if la.kind == "torchrun" else accelerate_injected_flags(req, la)
+    words = [shlex.join(la.launcher), *flags]
+    if la.options:
+        words.append(shlex.join(la.options))
+    if la.program:
+        if req.labeled and la.has("no-python" if la.kind == "torchrun" else "no_python"):
+            words += [RANK_LABEL, "--exec"]
+        words.append(shlex.join(la.program))
     return " ".join(words)
+
+
+def _rank_labels(req: JobRequest) -> list[str]:
+    """rv's rank labeller (rv/job/ranklabel.py), written into the job's folder for the tasks."""
+    if not req.labeled:
+        return []
+    source = _LABELLER.read_text(encoding="utf-8")
+    # Without its docstring (the why, in rv's source): the job needs only the code.
+    shebang, _, rest = source.partition("\n")
+    code = rest.split('"""', 2)[2].lstrip("\n")
+    note = "# rv's rank labeller: rv/job/ranklabel.py in rv's source says how and why."
+    source = f"{shebang}\n{note}\n\n{code}"
+    if _HEREDOC_END in source.splitlines():
+        raise ValueError(f"{_LABELLER} holds the line {_HEREDOC_END!r} that ends the heredoc")
+    return [
+        "# --- rank labels ---------------------------------------------------------------------",
+        "# More than one process writes into each log: every line of a rank goes through this labeller,",
+        "# which prefixes it with the rank ([3] ...) and appends it whole (see its docstring).",
+        "# torchrun (and accelerate, which runs torchrun) starts each rank as $PYTHON_EXEC -u ...",
+        f"cat >\"$RV_JOB_DIR/rank-label.py.tmp\" <<'{_HEREDOC_END}'",
+        *source.rstrip("\n").splitlines(),
+        _HEREDOC_END,
+        'chmod 700 "$RV_JOB_DIR/rank-label.py.tmp"',
+        'mv -f -- "$RV_JOB_DIR/rank-label.py.tmp" "$RV_JOB_DIR/rank-label.py"',
+    ]
 
 
 def _task(req: JobRequest) -> list[str]:
@@ -675,6 +749,19 @@ def _task(req: JobRequest) -> list[str]:
         "# a plain program is never signalled early and runs on to Slurm's own limit.",
         "rv_task() {",
         "    export -n -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send  # not the program's",
+    ]
+    if req.labeled:
+        log = '"$RV_RUN_DIR/logs/$SLURM_JOB_ID' + ("-node$SLURM_NODEID" if req.nodes > 1 else "")
+        lines += [
+            "    # The labeller appends to this node's log files (a one-node srun's stdout is a pipe).",
+            f'    export RV_LOG_OUT={log}.out" RV_LOG_ERR={log}.err"',
+        ]
+        if req.launch is not None:
+            lines += [
+                "    # torchrun runs each rank as $PYTHON_EXEC -u ...: the labeller, then the real Python.",
+                f'    export RV_PYTHON_EXEC="${{PYTHON_EXEC:-}}" PYTHON_EXEC={RANK_LABEL}',
+            ]
+    lines += [
         "    # `trap -`: a background job of a script would otherwise ignore INT and QUIT.",
         f"    ( trap - INT QUIT; exec {program_line(req)} ) &",
         "    local program=$! watcher rc",
@@ -815,6 +902,7 @@ def render_script(req: JobRequest, ctx: ScriptContext) -> str:
         _head_node(),
         _job_env(),
         _segment_start(req),
+        _rank_labels(req),
         _task(req),
         _launch(req, ctx),
     ]

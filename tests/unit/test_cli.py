@@ -67,6 +67,49 @@ def test_dry_run_prints_the_script_and_connects_to_nothing(setup):
     assert "\numask 077\n" in r.stdout  # what the job writes is the user's alone
 
 
+def test_dry_run_shows_cpus_and_memory_per_gpu_and_options_win(setup, tmp_path):
+    repo, env = setup
+    config = tmp_path / "rv.toml"
+    config.write_text(
+        config.read_text().replace("nodes = 2\n", 'nodes = 2\ncpus_per_gpu = 6\nmem_per_gpu = "30G"\n')
+    )
+    r = rv("run", "--dry-run", "-g", "4", "-t", "a6000", "--", "torchrun", "train.py", cwd=repo, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --cpus-per-task=12" in r.stdout and "#SBATCH --mem=60G" in r.stdout
+    assert (
+        "resources: 2 node(s) x 2 a6000; per node 12 CPUs (6 per GPU, from the catalog), "
+        "60G memory (30G per GPU, from the catalog)"
+    ) in r.stderr
+    r = rv("run", "--dry-run", "-g", "4", "-t", "a6000", "--cpus", "3", "--mem", "5G", "--", "torchrun",
+           "train.py", cwd=repo, env=env)  # fmt: skip
+    assert "#SBATCH --cpus-per-task=3" in r.stdout and "#SBATCH --mem=5G" in r.stdout
+    assert "per node 3 CPUs (--cpus), 5G memory (--mem)" in r.stderr
+
+
+def test_a_plain_command_on_two_nodes_is_refused_before_anything_is_sent(setup):
+    repo, env = setup
+    r = rv("run", "--dry-run", "-g", "4", "-t", "a6000", "--", "python", "train.py", cwd=repo, env=env)
+    assert r.returncode == 2
+    assert "`python train.py` on 2 nodes would run 2 separate copies" in r.stderr
+    assert "--each-node" in r.stderr and "torchrun" in r.stderr
+    r = rv(
+        "run",
+        "--dry-run",
+        "-g",
+        "4",
+        "-t",
+        "a6000",
+        "--each-node",
+        "--",
+        "python",
+        "train.py",
+        cwd=repo,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert '"$RV_JOB_DIR/rank-label.py" --exec --label "$SLURM_NODEID" python train.py' in r.stdout
+
+
 def test_share_with_group_reaches_the_job(setup, tmp_path):
     repo, env = setup
     config = tmp_path / "rv.toml"
@@ -125,7 +168,9 @@ def test_help_and_dry_run_import_neither_paramiko_nor_torch(setup):
     r, mods = _modules(["--help"], repo, env)
     assert r.returncode == 0 and "Commands" in r.stdout
     assert mods == set()
-    r, mods = _modules(["run", "--dry-run", "-g", "2", "-t", "a6000", "--", "python", "train.py"], repo, env)
+    r, mods = _modules(
+        ["run", "--dry-run", "-g", "2", "-t", "a6000", "--", "torchrun", "train.py"], repo, env
+    )
     assert r.returncode == 0, r.stderr
     assert not {m for m in mods if m.split(".")[0] in ("paramiko", "torch", "cryptography", "git")}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,20 @@ def test_state_and_cache_follow_the_platform_folders(tmp_path, monkeypatch):
     monkeypatch.setattr(config_mod, "_migrated", set())
     assert config_mod.state_dir() == tmp_path / "xs" / "rv"
     assert config_mod.cache_dir() == tmp_path / "xc" / "rv"
+
+
+def test_a_builtin_type_overlaid_by_the_profile_keeps_its_facts_and_saves_only_the_change(tmp_path):
+    # What `rv init` writes for Rivanna: the nodes' CPUs and memory per GPU over the built-in a6000.
+    from rv.setup import per_gpu_from_nodes
+
+    found = {"a6000": GpuType("a6000", "gpu-a6000", "a6000", 8, cpus_per_gpu=6, mem_per_gpu="32125M")}
+    overlay = per_gpu_from_nodes(RIVANNA, found)
+    assert overlay == {"a6000": replace(RIVANNA["a6000"], cpus_per_gpu=6, mem_per_gpu="32125M")}
+    assert per_gpu_from_nodes({"mig": RIVANNA["mig"]}, {"m": replace(RIVANNA["mig"], cpus_per_gpu=2)}) == {}
+    cfg = parse_config(GOOD, P)
+    uva = replace(cfg.profile("uva"), gpus=overlay)
+    text = render_config(cfg.with_profile(uva, make_default=False))
+    table = text[text.index("[profiles.uva.gpus.a6000]") :]
+    assert table.split("\n\n")[0].splitlines()[1:] == ["cpus_per_gpu = 6", 'mem_per_gpu = "32125M"']
+    back = parse_config(text, P).profile("uva").gpu_catalog()
+    assert back["a6000"] == overlay["a6000"] and back["v100"] == RIVANNA["v100"]

@@ -199,7 +199,7 @@ class Recorder:
         self.out = []
         self.notes = []
 
-    def output(self, stream, data):
+    def output(self, stream, data, source=""):
         self.out.append((stream, data))
 
     def segment(self, frame):

@@ -328,6 +328,9 @@ def test_discover_catalog_from_the_test_cluster():
     assert (v100.partition, v100.gres, v100.gpus_per_node) == ("gpu-v100", "v100", 2)
     assert (a6000.compute_capability, v100.compute_capability) == (8.6, 7.0)
     assert a6000.su_per_gpu_hour is None and a6000.max_time is None
+    # 8 CPUs and 8000 MB shared out over the node's 4 GPUs (2 a6000 + 2 v100)
+    assert (a6000.cpus_per_gpu, a6000.mem_per_gpu) == (2, "2000M")
+    assert (v100.cpus_per_gpu, v100.mem_per_gpu) == (2, "2000M")
 
 
 def test_discover_catalog_rivanna_layout():
@@ -336,6 +339,8 @@ def test_discover_catalog_rivanna_layout():
     assert catalog["a100-80"].partition == "gpu-a100-80" and catalog["a100-80"].gres == "a100"
     assert catalog["a100-40"].partition == "gpu-a100-40"
     assert catalog["a6000"].gpus_per_node == 8 and catalog["a6000"].nodes == 4
+    assert (catalog["a6000"].cpus_per_gpu, catalog["a6000"].mem_per_gpu) == (6, "32125M")
+    assert (catalog["a100-80"].cpus_per_gpu, catalog["a100-80"].mem_per_gpu) == (16, "250000M")
     assert catalog["a6000"].max_time == "3-00:00:00"
     mig = catalog["mig"]
     assert (mig.partition, mig.gres, mig.gpus_per_node, mig.compute_capability) == (

@@ -9,6 +9,7 @@ from rv.request import (
     build_request,
     default_name,
     detect_misplaced_flags,
+    parse_launcher,
     parse_torchrun,
     sanitise_name,
 )
@@ -21,7 +22,8 @@ CATALOG = {**RIVANNA, "v100": replace(RIVANNA["v100"], max_gpus_per_job=None)}
 
 
 def req(**kw):
-    kw.setdefault("command", ["python", "train.py"])
+    # A launcher: a plain command on several GPUs or nodes is refused (tests of that below).
+    kw.setdefault("command", ["torchrun", "train.py"])
     return build_request(CATALOG, **kw)
 
 
@@ -49,7 +51,7 @@ def test_no_type_with_several_in_catalog_lists_them():
 
 
 def test_no_type_with_one_in_catalog_uses_it():
-    r = build_request(ONE_TYPE, command=["python", "x.py"], gpus=2)
+    r = build_request(ONE_TYPE, command=["torchrun", "x.py"], gpus=2)
     assert r.type == A6000
     assert (r.gpus, r.nodes, r.gpus_per_node) == (2, 1, 2)
 
@@ -154,10 +156,10 @@ def test_more_nodes_than_the_type_has():
     # Slurm would keep such a job pending forever.
     cat = {"x": GpuType("x", "p", "x", 4, nodes=2)}
     with pytest.raises(UsageError) as err:
-        build_request(cat, command=["python", "x.py"], gpus=12)
+        build_request(cat, command=["torchrun", "x.py"], gpus=12)
     assert "needs 3 nodes" in err.value.message and "has 2 x node(s)" in err.value.message
     assert err.value.hint == "use -g 8 or less"
-    assert build_request(cat, command=["python", "x.py"], gpus=8).nodes == 2
+    assert build_request(cat, command=["torchrun", "x.py"], gpus=8).nodes == 2
 
 
 def test_nodes_must_be_positive():
@@ -208,8 +210,9 @@ def test_cpus_and_mem():
 
 def test_cpus_per_gpu_scales_with_gpus_per_node():
     cat = {"x": GpuType("x", "p", "x", 4, cpus_per_gpu=8, mem_per_gpu="32G")}
-    r = build_request(cat, command=["python", "x.py"], gpus=8)
+    r = build_request(cat, command=["torchrun", "x.py"], gpus=8)
     assert (r.nodes, r.gpus_per_node, r.cpus_per_task, r.mem) == (2, 4, 32, "128G")
+    assert (r.cpus_source, r.mem_source) == ("catalog", "catalog")
 
 
 def test_empty_command():
@@ -428,3 +431,159 @@ def test_outputs_normalised_and_confined():
 def test_setup_lines_kept_in_order_blank_dropped():
     r = req(gpu_type="a6000", setup=["module load cuda", "  ", "source .venv/bin/activate"])
     assert r.setup == ("module load cuda", "source .venv/bin/activate")
+
+
+# --- launchers: uv run, accelerate launch ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "launcher", "options", "program"),
+    [
+        (["uv", "run", "torchrun", "t.py"], ("uv", "run", "torchrun"), (), ("t.py",)),
+        (
+            [
+                "uv",
+                "run",
+                "--frozen",
+                "-p",
+                "3.11",
+                "--with=x",
+                "torchrun",
+                "--nproc_per_node",
+                "2",
+                "t.py",
+                "-p",
+            ],
+            ("uv", "run", "--frozen", "-p", "3.11", "--with=x", "torchrun"),
+            ("--nproc_per_node", "2"),
+            ("t.py", "-p"),
+        ),
+        (["uv", "run", "--", "torchrun", "t.py"], ("uv", "run", "--", "torchrun"), (), ("t.py",)),
+        (
+            ["uv", "run", "-m", "torch.distributed.run", "t.py"],
+            ("uv", "run", "-m", "torch.distributed.run"),
+            (),
+            ("t.py",),
+        ),
+        (
+            [
+                "accelerate",
+                "launch",
+                "--mixed_precision",
+                "bf16",
+                "--use-fsdp",
+                "t.py",
+                "--num_processes",
+                "9",
+            ],
+            ("accelerate", "launch"),
+            ("--mixed_precision", "bf16", "--use-fsdp"),
+            ("t.py", "--num_processes", "9"),
+        ),
+        (
+            ["/v/bin/accelerate-launch", "-m", "pkg.train"],
+            ("/v/bin/accelerate-launch",),
+            ("-m",),
+            ("pkg.train",),
+        ),
+        (
+            ["python3", "-m", "accelerate.commands.launch", "--config_file", "c.yaml", "t.py"],
+            ("python3", "-m", "accelerate.commands.launch"),
+            ("--config_file", "c.yaml"),
+            ("t.py",),
+        ),
+    ],
+)
+def test_parse_launcher_forms(command, launcher, options, program):
+    la = parse_launcher(command)
+    assert (la.launcher, la.options, la.program) == (launcher, options, program)
+    assert la.kind == ("accelerate" if "accelerate" in " ".join(launcher) else "torchrun")
+
+
+def test_not_launchers():
+    for command in (["uv", "run", "python", "t.py"], ["accelerate", "config"], ["uv", "pip", "list"],
+                    ["python", "-m", "accelerate.commands.config"], ["uv", "run", "-m", "pkg"]):  # fmt: skip
+        assert parse_launcher(command) is None, command
+
+
+def test_accelerate_value_options_and_flags():
+    la = parse_launcher(
+        ["accelerate", "launch", "--num-processes=4", "--same_network", "--machine_rank", "0", "t.py"]
+    )
+    assert la.given == (("num_processes", "4"), ("same_network", None), ("machine_rank", "0"))
+    with pytest.raises(UsageError, match="accelerate launch option --num_machines needs a value"):
+        parse_launcher(["accelerate", "launch", "--num_machines"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message", "hint"),
+    [
+        (
+            "--num_processes 3",
+            "--num_processes=3 does not match the 8 GPU(s) of this job",
+            "--num_processes=8",
+        ),
+        ("--num_machines=1", "--num_machines=1 does not match the 2 node(s)", "--num_machines=2"),
+        ("--machine_rank 1", "would give every node the same rank", "--machine_rank=$SLURM_NODEID"),
+        ("--main_process_ip 10.0.0.1", "--main_process_ip on a 2-node job", "--main_process_ip=<first node>"),
+        ("--main_process_port 1234", "--main_process_port on a 2-node job", "port from the job id"),
+    ],
+)
+def test_accelerate_that_contradicts_the_allocation_is_refused(flags, message, hint):
+    e = usage_error(gpus=8, gpu_type="v100", command=["accelerate", "launch", *flags.split(" "), "t.py"])
+    assert message in e.message and hint in e.hint
+
+
+def test_accelerate_that_agrees_is_kept_and_counts_ranks():
+    r = req(
+        gpus=8,
+        gpu_type="v100",
+        command=["accelerate", "launch", "--num_processes=8", "--num_machines", "2", "t.py"],
+    )
+    assert (r.launch.kind, r.ranks, r.labeled) == ("accelerate", 8, True)
+    one = req(gpus=1, gpu_type="v100", command=["uv", "run", "accelerate", "launch", "t.py"])
+    assert (one.ranks, one.labeled) == (1, False)
+    assert (
+        "needs two or more processes"
+        in usage_error(
+            gpus=1, gpu_type="v100", command=["accelerate", "launch", "--multi_gpu", "t.py"]
+        ).message
+    )
+    assert "no training script" in usage_error(gpu_type="v100", command=["accelerate", "launch"]).message
+
+
+def test_plain_command_on_several_nodes_or_gpus_needs_saying_so():
+    e = usage_error(gpus=8, gpu_type="v100", command=["python", "train.py"])
+    assert "`python train.py` on 2 nodes would run 2 separate copies" in e.message
+    assert "--each-node" in e.hint and "torchrun" in e.hint
+    e = usage_error(gpus=2, gpu_type="v100", command=["python", "train.py", "--lr", "1"])
+    assert "`python train.py ...` is one process, but this job has 2 GPUs" in e.message
+    assert "--allow-single-process" in e.hint
+    assert "2 separate copies" in usage_error(gpus=0, nodes=2, command=["bash", "x.sh"]).message
+    each = req(gpus=8, gpu_type="v100", command=["python", "train.py"], each_node=True)
+    assert (each.ranks, each.labeled, each.each_node) == (2, True, True)
+    single = req(gpus=2, gpu_type="v100", command=["python", "train.py"], allow_single_process=True)
+    assert (single.ranks, single.labeled) == (1, False)
+    assert req(gpus=1, gpu_type="v100", command=["python", "train.py"]).ranks == 1
+
+
+def test_each_node_and_single_process_are_refused_with_a_launcher():
+    e = usage_error(gpus=8, gpu_type="v100", command=["torchrun", "t.py"], each_node=True)
+    assert "--each-node is for a command without a launcher: torchrun already starts" in e.message
+    e = usage_error(
+        gpus=2, gpu_type="v100", command=["accelerate", "launch", "t.py"], allow_single_process=True
+    )
+    assert "--allow-single-process is for a command without a launcher: accelerate launch" in e.message
+
+
+def test_torchrun_ranks_follow_nproc():
+    assert req(gpus=8, gpu_type="v100", command=["torchrun", "t.py"]).ranks == 8
+    assert req(gpus=0, nodes=2, command=["torchrun", "--nproc-per-node=3", "t.py"]).ranks == 6
+    auto = req(gpus=0, command=["torchrun", "--nproc-per-node=auto", "t.py"])
+    assert (auto.ranks, auto.labeled) == (None, True)
+    assert req(gpus=1, gpu_type="v100", command=["torchrun", "t.py"]).labeled is False
+
+
+def test_run_path_warns_that_lines_are_not_labelled():
+    r = req(gpus=2, gpu_type="v100", command=["torchrun", "--run-path", "t.py"])
+    assert any("--run-path" in w and "cannot label" in w for w in r.warnings)

@@ -77,10 +77,30 @@ GOLDEN_CASES = {
         ctx(account="mylab_paid", has_secrets=True, extra_env=(("WANDB_PROJECT", "grpo"),)),
     ),
     "v100_fp16": lambda: (
-        build_request(CATALOG, command=["python3", "-m", "pkg.finetune"], gpus=2, gpu_type="v100"),
+        build_request(
+            CATALOG,
+            command=["python3", "-m", "pkg.finetune"],
+            gpus=2,
+            gpu_type="v100",
+            allow_single_process=True,
+        ),
         ctx(),
     ),
     "mig": lambda: (build_request(CATALOG, command=["python", "eval.py"], mig=True, time="30m"), ctx()),
+    "a6000_accelerate_uv_2node": lambda: (
+        build_request(
+            CATALOG,
+            command=["uv", "run", "--frozen", "accelerate", "launch", "train.py", "--epochs", "3"],
+            gpus=4,
+            gpu_type="a6000",
+            nodes=2,
+        ),
+        ctx(),
+    ),
+    "cpu_each_node": lambda: (
+        build_request(CATALOG, command=["bash", "prep.sh"], gpus=0, nodes=2, each_node=True),
+        ctx(),
+    ),
     "cpu_only": lambda: (
         build_request(CATALOG, command=["bash", "prep.sh"], gpus=0, cpus=4, mem="8G"),
         ctx(partition="standard"),
@@ -148,7 +168,8 @@ def test_constraint_and_untyped_gres():
     a100 = build_request(CATALOG, command=["python", "x.py"], gpu_type="a100")
     assert "#SBATCH --constraint=a100_80gb" in directives(render_script(a100, ctx()))
     plain = {"gpu": GpuType("gpu", "gpu", "", 4)}
-    d = directives(render_script(build_request(plain, command=["python", "x.py"], gpus=2), ctx()))
+    two = build_request(plain, command=["python", "x.py"], gpus=2, allow_single_process=True)
+    d = directives(render_script(two, ctx()))
     assert "#SBATCH --gres=gpu:2" in d
 
 
@@ -848,12 +869,14 @@ def test_user_cache_setting_wins(box):
 
 def test_plain_command_on_several_nodes_runs_once_per_node(box):
     code = "import json, os, sys; print('node', os.environ['SLURM_NODEID'], json.dumps(sys.argv[1:]))"
-    req = build_request(CATALOG, command=[*program(code), *NASTY], gpus=4, gpu_type="v100", nodes=2)
-    result, _ = box.run(render_script(req, box.ctx()))
+    req = build_request(
+        CATALOG, command=[*program(code), *NASTY], gpus=4, gpu_type="v100", nodes=2, each_node=True
+    )
+    result, job_id = box.run(render_script(req, box.ctx()))
     assert result.returncode == 0, result.stderr.decode()
-    out = result.stdout.decode()
-    for node in (0, 1):
-        assert f"node {node} {json.dumps(NASTY)}" in out
+    for node in (0, 1):  # each copy's lines carry its node as its rank, in its node's log
+        log = (box.run_dir / "logs" / f"{job_id}-node{node}.out").read_text()
+        assert log == f"[{node}] node {node} {json.dumps(NASTY)}\n"
 
 
 @pytest.mark.parametrize(
@@ -868,7 +891,7 @@ def test_plain_command_on_several_nodes_runs_once_per_node(box):
 )
 def test_several_nodes_report_the_failing_nodes_exit_code(box, codes, expected):
     code = f"import os, sys; sys.exit({list(codes)!r}[int(os.environ['SLURM_NODEID'])])"
-    req = build_request(CATALOG, command=program(code), gpus=4, gpu_type="v100", nodes=2)
+    req = build_request(CATALOG, command=program(code), gpus=4, gpu_type="v100", nodes=2, each_node=True)
     result, job_id = box.run(render_script(req, box.ctx()))
     assert result.returncode == expected, result.stderr.decode()
     for node, node_code in enumerate(codes):
@@ -889,7 +912,7 @@ def test_task_shell_outlives_slurms_signal_and_the_program_gets_it(box):
         print("node", os.environ["SLURM_NODEID"], "got USR2" if got else "no signal", flush=True)
         sys.exit(0 if got else 9)
     """
-    req = build_request(CATALOG, command=program(code), gpus=4, gpu_type="v100", nodes=2)
+    req = build_request(CATALOG, command=program(code), gpus=4, gpu_type="v100", nodes=2, each_node=True)
     path = box.run_dir / "job.sbatch"
     path.write_text(render_script(req, box.ctx()))
     proc = subprocess.Popen(
@@ -904,7 +927,9 @@ def test_task_shell_outlives_slurms_signal_and_the_program_gets_it(box):
         os.killpg(int(pgid_file.read_text()), signal.SIGUSR2)
     stdout, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, stdout
-    assert b"node 0 got USR2" in stdout and b"node 1 got USR2" in stdout
+    for node in (0, 1):  # through the rank labeller, which outlives the signal too
+        log = (box.run_dir / "logs" / f"5150-node{node}.out").read_text()
+        assert log == f"[{node}] node {node} got USR2\n"
     assert (box.run_dir / "jobs" / "5150" / "node1.exit").read_text() == "0\n"
 
 

@@ -73,7 +73,7 @@ def start(cluster, secrets=None):
     _stubs, transport, layout = cluster
     Path(layout.root).mkdir(exist_ok=True)
     req = build_request(
-        RIVANNA, command=up.holder_command(), gpu_type="a6000", name="up-test", max_segments=1
+        RIVANNA, command=up.holder_command(), gpu_type="a6000", name="up-test", max_segments=1, each_node=True
     )
     ctx = script_context(layout, run_id="run0a1b2", snapshot_id="snap01", project="proj", account=None,
                          has_secrets=bool(secrets))  # fmt: skip
