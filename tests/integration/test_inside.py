@@ -265,14 +265,19 @@ def test_up_and_ssh_shells_run_in_the_projects_python_environment(layout, tmp_pa
 
 @pytest.mark.parametrize("layout", ["bare"], indirect=True)
 def test_up_detach_keeps_the_allocation_for_rv_ssh_until_rv_stop(layout, project):
-    r = layout.run_rv("up", "--detach", "-g", "0", "--mem", "500M", "--name", "kept", cwd=project)
+    # Two nodes: the session holds both, the shell of rv ssh goes to either.
+    r = layout.run_rv(
+        "up", "--detach", "-g", "0", "--nodes", "2", "--mem", "500M", "--name", "kept", cwd=project
+    )
     assert r.returncode == 0, r.stderr
     job = re.search(r"rv up session kept: job (\d+)", r.stderr).group(1)
     assert "rv ssh kept " in r.stderr and "rv stop kept " in r.stderr  # how to attach, how to end it
     # rv has exited; the job is still there, and a shell attaches to it.
     assert queued(layout.ssh, job) == "RUNNING"
-    r = layout.run_rv("ssh", "kept", "--", "echo", "$SLURM_JOB_ID", "$RV_RUN_NAME")
-    assert r.stdout.split() == [job, "kept"], r.stderr
+    r = layout.run_rv(
+        "ssh", "kept", "--node", "1", "--", "echo", "$SLURM_JOB_ID", "$RV_RUN_NAME", "$SLURMD_NODENAME"
+    )
+    assert r.stdout.split() == [job, "kept", "gpu-02"], r.stderr
     assert layout.run_rv("stop", "kept").returncode == 0
     wait_gone(layout.ssh, job)
 
