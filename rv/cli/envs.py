@@ -79,7 +79,7 @@ def build_with_progress(s, env_plan, setup: tuple[str, ...], *, force: bool = Fa
 
 
 def env_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that choose a job's Python environment, as `rv run` has them (for `rv up`)."""
+    """The options that choose a job's Python environment (`rv run`, `rv up`)."""
     options = [
         click.option(
             "--env", "env_choice", metavar="auto|none|PATH", default="auto", show_default=True,
