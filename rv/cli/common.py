@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
@@ -82,6 +82,16 @@ def escape(text: str) -> str:
     from rich.markup import escape as rich_escape
 
     return rich_escape(text)
+
+
+def stream_writer(stream: BinaryIO) -> Callable[[bytes], None]:
+    """A callback writing remote output to ``stream`` as it comes, flushed per chunk."""
+
+    def write(data: bytes) -> None:
+        stream.write(data)
+        stream.flush()
+
+    return write
 
 
 def print_json(data: Any) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
-from typing import BinaryIO
 
 import click
 
-from rv.cli.common import SeparatedCommand, run_store, session
+from rv.cli.common import SeparatedCommand, run_store, session, stream_writer
 
 
 @click.command(cls=SeparatedCommand)
@@ -59,20 +58,13 @@ def ssh(ctx: click.Context, run: str | None, node: int, tty: bool) -> None:
             cols, rows = terminal_size()
             code = relay(s.transport.open_pty(line, term=term_name(), cols=cols, rows=rows))
         else:
-            err = SrunExitFilter(_writer(sys.stderr.buffer))
+            err = SrunExitFilter(stream_writer(sys.stderr.buffer))
             try:
-                code = s.transport.stream(line, on_stdout=_writer(sys.stdout.buffer), on_stderr=err.write)
+                out = stream_writer(sys.stdout.buffer)
+                code = s.transport.stream(line, on_stdout=out, on_stderr=err.write)
             finally:
                 err.close()
     ctx.exit(code)
-
-
-def _writer(stream: BinaryIO) -> Callable[[bytes], None]:
-    def write(data: bytes) -> None:  # flushed per chunk: output appears as it is written
-        stream.write(data)
-        stream.flush()
-
-    return write
 
 
 class SrunExitFilter:
