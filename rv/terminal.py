@@ -68,11 +68,9 @@ def relay(channel: Any, *, stdin_fd: int = 0, stdout_fd: int = 1) -> int:
                     resized.clear()
                     cols, rows = terminal_size(stdout_fd)
                     channel.resize_pty(width=cols, height=rows)
-                watch = [channel, stdin_fd] if stdin_open else [channel]
-                try:
-                    ready, _, _ = select.select(watch, [], [], 0.5)
-                except InterruptedError:  # a signal (SIGWINCH) during the wait: look again
-                    continue
+                # A resize (SIGWINCH) does not cut the wait short (PEP 475): it is passed on within
+                # half a second.
+                ready, _, _ = select.select([channel, stdin_fd] if stdin_open else [channel], [], [], 0.5)
                 if channel in ready or channel.recv_ready():
                     data = channel.recv(_CHUNK)
                     if not data:
