@@ -13,6 +13,9 @@
     STOP, ENDED                 `rv stop` was asked; the run is over (JSON: why, exit code)
     work/                       RV_WORK_DIR: the run's private copy of its snapshot
     jobs/<job id>/              RV_JOB_DIR: per Slurm job (node exit codes, stop deliveries)
+    jobs/<job id>/env.sh        the program's environment, for `rv ssh`/`rv up` shells (0600, holds
+                                the secrets; removed when the job ends)
+    up.alive, up.detached       `rv up`: the watchdog's heartbeat; --detach (the job keeps itself)
     logs/<job id>.out|.err      batch logs; multi-node: <job id>-node<i>.out|.err
 <root>/names/<project>/<name>   the id of the newest run of that name (refusing a second live one)
 <root>/checkpoints/<project>/<name>/    RV_CHECKPOINT_DIR: shared by the runs of one name (resume)

@@ -141,6 +141,10 @@ class ChannelOpenError(ConnectError):
     """The connection could not start the command: nothing ran on the cluster."""
 
 
+class TunnelError(RemoteError):
+    """The login node could not reach the address a tunnel was asked for."""
+
+
 def fingerprint(key: Any) -> str:
     """OpenSSH's SHA256 fingerprint, as `ssh` prints it, so users can compare the two."""
     return str(key.fingerprint) if hasattr(key, "fingerprint") else key.get_fingerprint().hex()
@@ -503,6 +507,52 @@ class SSHTransport(_Collecting):
                 feeder.join(timeout=1)
             if self._hot:
                 self._refill()  # after the command, so its shell start does not compete with it
+
+    # -- channels for terminals and tunnels -------------------------------------------------------------
+    def open_pty(self, command: str, *, term: str, cols: int, rows: int) -> Any:
+        """A channel running ``command`` on a terminal of its own (an interactive shell, ``srun
+        --pty``); the caller relays it (rv.terminal). Never a pre-started shell: it has no terminal."""
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ChannelOpenError(
+                f"connection to {self.target.hostname} was lost", hint="check the network and retry"
+            )
+        try:
+            channel = transport.open_session(timeout=self.target.connect_timeout)
+            channel.get_pty(term=term, width=cols, height=rows)
+            channel.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ChannelOpenError(
+                f"could not start a terminal on {self.target.hostname}: {exc}",
+                hint="check the network and retry",
+            ) from exc
+        return channel
+
+    def open_tunnel(self, host: str, port: int) -> Any:
+        """A TCP connection from the login node to ``host:port``, as a channel of this connection
+        (``direct-tcpip``, what ``ssh -L`` uses): no second login, nothing started on the cluster."""
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ChannelOpenError(
+                f"connection to {self.target.hostname} was lost", hint="check the network and retry"
+            )
+        try:
+            return transport.open_channel(
+                "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=self.target.connect_timeout
+            )
+        except paramiko.ChannelException as exc:
+            # The server tried and could not connect (refused, no route), or forwarding is off.
+            raise TunnelError(
+                f"{self.target.hostname} could not connect to {host}:{port}: {exc.text or exc}",
+                hint="check that the program in the job listens on that port, on the node's address "
+                "or on all (0.0.0.0), not only on 127.0.0.1; and that the cluster allows TCP "
+                "forwarding (sshd's AllowTcpForwarding)",
+            ) from exc
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ChannelOpenError(
+                f"could not open a tunnel through {self.target.hostname}: {exc}",
+                hint="check the network and retry",
+            ) from exc
 
     # -- files ----------------------------------------------------------------------------------------
     def put_stream(self, chunks: Iterable[bytes], remote_path: str, mode: int) -> None:

@@ -461,10 +461,13 @@ def open_transport(
     confirm_host_key: Callable[[str, str, str], bool] | None = None,
     config_path: Path | None = None,
     target: SSHTarget | None = None,
+    direct: bool = False,
 ) -> Any:
     """A connected transport for ``profile``: the warm background connection unless switched off.
 
     ``RV_WARM_SECONDS=0`` (or a platform without Unix sockets) connects directly, as rv did before.
+    ``direct``: a connection of this process's own (rv.ssh.SSHTransport), for what the warm one
+    cannot carry: terminals (``rv up``, ``rv ssh``) and tunnels (``rv forward``).
     """
     if target is None:
         target = resolve_target(
@@ -477,7 +480,7 @@ def open_transport(
     mask = profile_mask(profile)
     from rv import warm
 
-    if warm.enabled():
+    if warm.enabled() and not direct:
         return warm.WarmTransport(
             target,
             profile_key=warm.profile_key(config_path, profile.name),
@@ -561,6 +564,7 @@ class LocalTransport(_Collecting):
                         return
                     try:
                         proc.stdin.write(chunk)
+                        proc.stdin.flush()  # as over SSH: each chunk is sent as it comes
                     except (BrokenPipeError, ValueError):
                         return  # the command exited early: its exit code and stderr say why
                 with contextlib.suppress(BrokenPipeError):  # exited before reading everything

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
@@ -84,6 +84,16 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
+def stream_writer(stream: BinaryIO) -> Callable[[bytes], None]:
+    """A callback writing remote output to ``stream`` as it comes, flushed per chunk."""
+
+    def write(data: bytes) -> None:
+        stream.write(data)
+        stream.flush()
+
+    return write
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -138,6 +148,7 @@ def prewarm(profile_name: str | None) -> None:
 class Session:
     config: Config
     profile: Profile
+    direct: bool = False  # a connection of this process's own, not the warm one (see open_transport)
     _transport: Any = field(default=None, repr=False)
     # The secrets sweep (see _sweep): a command whose one call to the cluster can carry it asks for
     # the ids with sweep_along() and hands the reply to swept(); then no second round trip is made.
@@ -155,6 +166,7 @@ class Session:
                 confirm_host_key=confirm_host_key_interactively,
                 config_path=self.config.path,
                 target=_resolved.get((str(self.config.path), self.profile.name)),
+                direct=self.direct,
             )
         return self._transport
 
@@ -217,9 +229,9 @@ def run_store() -> RunStore:
 
 
 @contextmanager
-def session(ctx: click.Context) -> Iterator[Session]:
+def session(ctx: click.Context, *, direct: bool = False) -> Iterator[Session]:
     config, profile = load_profile(ctx)
-    s = Session(config, profile)
+    s = Session(config, profile, direct=direct)
     try:
         yield s
         if s.connected and not s._swept:
@@ -301,3 +313,19 @@ def _ignore(p: TransferProgress) -> None:
 
 
 ProgressCallback = Callable[["TransferProgress"], None]
+
+
+class SeparatedCommand(click.Command):
+    """A command whose words after ``--`` are a command line of its own, never rv's options or
+    arguments: they land in ``ctx.meta["rv.after_separator"]`` (None when there was no ``--``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        after: list[str] | None = None
+        if "--" in args:
+            i = args.index("--")
+            args, after = args[:i], args[i + 1 :]
+        ctx.meta["rv.after_separator"] = after
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- CMD...]"]

@@ -8,6 +8,7 @@ lines stay on the screen.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,36 @@ def build_with_progress(s, env_plan, setup: tuple[str, ...], *, force: bool = Fa
     elif env.meta:
         note(f"environment {env.key} ({env.meta.get('files')})")
     return env
+
+
+def env_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that choose a job's Python environment (`rv run`, `rv up`)."""
+    options = [
+        click.option(
+            "--env", "env_choice", metavar="auto|none|PATH", default="auto", show_default=True,
+            help="The job's Python environment: built from the project's dependency files (auto), only "
+            "the setup lines (none), or an existing venv/conda prefix on the cluster (PATH).",
+        ),
+        click.option(
+            "--requirements", metavar="FILE",
+            help="Build the environment from FILE (default: requirements.txt).",
+        ),
+        click.option(
+            "--extra", "extras", multiple=True,
+            help="A pyproject.toml optional-dependencies group (repeatable).",
+        ),
+        click.option(
+            "--system-site-packages/--no-system-site-packages", default=None,
+            help="Build on top of the interpreter's own packages (a site's torch module), not "
+            "downloading them.",
+        ),
+        click.option(
+            "--python", "python_", metavar="VERSION|PATH", help="Interpreter to build the environment on."
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
 
 
 @click.group()

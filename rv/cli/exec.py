@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import BinaryIO
 
 import click
 
-from rv.cli.common import session
+from rv.cli.common import session, stream_writer
 
 
 @click.command(
@@ -24,17 +22,11 @@ def exec_(ctx: click.Context, timeout: float | None, command: tuple[str, ...]) -
     As with ssh, the words are joined with spaces and run by the remote shell, so
     `rv exec 'echo $HOME'` expands on the cluster.
     """
-    out, err = sys.stdout.buffer, sys.stderr.buffer
-
-    def write(stream: BinaryIO) -> Callable[[bytes], None]:  # flush per chunk: output appears as written
-        def _write(data: bytes) -> None:
-            stream.write(data)
-            stream.flush()
-
-        return _write
-
     with session(ctx) as s:
         code = s.transport.stream(
-            " ".join(command), on_stdout=write(out), on_stderr=write(err), timeout=timeout
+            " ".join(command),
+            on_stdout=stream_writer(sys.stdout.buffer),
+            on_stderr=stream_writer(sys.stderr.buffer),
+            timeout=timeout,
         )
     ctx.exit(code)

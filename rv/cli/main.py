@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ps": ("rv.cli.ps", "ps", "List your runs and jobs."),
     "logs": ("rv.cli.logs", "logs", "Show or follow a run's output, every segment."),
     "stop": ("rv.cli.stop", "stop", "Stop runs."),
+    "up": ("rv.cli.up", "up", "A shell on a new allocation, released when the shell exits."),
+    "ssh": ("rv.cli.ssh", "ssh", "A shell, or a command, on a node of a running job."),
+    "gpu": ("rv.cli.gpu", "gpu", "What the GPUs of a running job are doing."),
+    "forward": ("rv.cli.forward", "forward", "Forward a port of a running job's node to this machine."),
     "status": ("rv.cli.status", "status", "Connection, account, storage by kind, jobs and free GPUs."),
     "ckpt": ("rv.cli.ckpt", "ckpt", "List and download a run's checkpoints."),
     "gc": ("rv.cli.gc", "gc", "Remove what finished runs left on the cluster."),
@@ -30,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 ALIASES = {"ls": "ps", "cancel": "stop"}
 # Commands that only ever talk to the cluster (no local checks that could refuse first): their warm
 # connection is started as soon as the profile is known, so its start overlaps with their imports.
-PREWARM = frozenset({"ps", "status", "logs", "exec"})
+PREWARM = frozenset({"ps", "status", "logs", "exec", "gpu"})
 
 
 def report_error(exc: RvError) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from rv.cli.common import note, print_json, progress_renderer, run_store, session, warn
+from rv.cli.envs import env_options
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -49,27 +50,7 @@ from rv.cli.common import note, print_json, progress_renderer, run_store, sessio
     metavar="RUN[@STEP]",
     help="Start from RUN's newest complete checkpoint at or before STEP; RUN itself is untouched.",
 )
-@click.option(
-    "--env",
-    "env_choice",
-    metavar="auto|none|PATH",
-    default="auto",
-    show_default=True,
-    help="The job's Python environment: built from the project's dependency files (auto), only the "
-    "setup lines (none), or an existing venv/conda prefix on the cluster (PATH).",
-)
-@click.option(
-    "--requirements", metavar="FILE", help="Build the environment from FILE (default: requirements.txt)."
-)
-@click.option(
-    "--extra", "extras", multiple=True, help="A pyproject.toml optional-dependencies group (repeatable)."
-)
-@click.option(
-    "--system-site-packages/--no-system-site-packages",
-    default=None,
-    help="Build on top of the interpreter's own packages (a site's torch module), not downloading them.",
-)
-@click.option("--python", "python_", metavar="VERSION|PATH", help="Interpreter to build the environment on.")
+@env_options
 @click.option(
     "--each-node",
     is_flag=True,

@@ -10,6 +10,8 @@ Modes (ARGS is one JSON object; replies are zlib-compressed JSON, except ``follo
                 hold (the run's own, and ``--from``'s)
 ``run-submit``  under the name's lock: the run's folder, its records, secrets (from stdin, 0600),
                 the ``--from`` checkpoint, the name index, and ``sbatch`` of segment 1
+``up``          ``rv up``: ``run-submit``, then the session's watchdog for as long as rv is there
+                (it cancels the job when rv says so, goes quiet or goes away)
 ``runs``        run records and ``squeue`` (and ``sacct``) in one answer
 ``follow``      a run's output, segment after segment, from given offsets; with state frames; ends
                 when the run ends (following) or when the logs are read (not following)
@@ -45,6 +47,7 @@ STOP = b"STOP"
 SECRETS = b"secrets.env"
 SCRIPT = b"job.sbatch"
 PREEMPTED = b"PREEMPTED"
+JOB_ENV = b"env.sh"  # jobs/<id>/env.sh: the job's environment, secrets included (rv.slurm.script)
 _STEP = re.compile(r"^step_(\d+)$")
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
@@ -366,9 +369,13 @@ def _start_from(root, spec, dest):
 
 
 def mode_run_submit(args):
+    secrets = sys.stdin.buffer.read() if args.get("has_secrets") else None
+    return _submit(args, secrets)
+
+
+def _submit(args, secrets):
     root = store.root_path(args["root"])
     run_id, project, name = args["run_id"], args["project"], args["name"]
-    secrets = sys.stdin.buffer.read() if args.get("has_secrets") else None
     rdir = run_path(root, run_id)
     lock_path = name_index(root, project, name) + b".lock"
     with store.lock(lock_path, "rv run %s" % name, wait=30):
@@ -408,6 +415,186 @@ def mode_run_submit(args):
             raise
     result.update(job_id=job, previous_run_id=previous)
     return result
+
+
+# -- up: an interactive session's watchdog ----------------------------------------------------------
+
+
+UP_ALIVE = b"up.alive"  # the watchdog's heartbeat counter, read by the job's holder
+UP_DETACHED = b"up.detached"  # rv up --detach: the holder keeps the allocation without a watchdog
+
+
+class _Input(object):
+    """rv's side of stdin, read without blocking past a timeout: sized data first, then lines."""
+
+    def __init__(self):
+        self.buf = b""
+        self.eof = False
+
+    def _fill(self, timeout):
+        if self.eof:
+            return False
+        ready, _, _ = select.select([0], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            data = os.read(0, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        self.buf += data
+        return True
+
+    def line(self, timeout):
+        """The next line (without its newline); None after ``timeout`` s; "" at the end of input."""
+        deadline = time.time() + timeout
+        while b"\n" not in self.buf:
+            if self.eof:
+                return ""
+            if not self._fill(max(0.0, deadline - time.time())) and not self.eof:
+                return None
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode("utf-8", "replace").strip() or None
+
+    def sized(self):
+        """``<n>\\n`` then n bytes (the secrets); None for n = 0. Raises Truncated at an early end."""
+        size = self.line(60.0)
+        if size is None or size == "" or not size.isdigit():
+            raise store.Truncated()
+        size = int(size)
+        while len(self.buf) < size:
+            if not self._fill(60.0):
+                raise store.Truncated()
+        data, self.buf = self.buf[:size], self.buf[size:]
+        return data or None
+
+
+def mode_up(args):
+    """``rv up``: submit the session's job, then watch over it for as long as rv is there.
+
+    stdin: the secrets (``<n>\\n`` and n bytes), then one line at a time from rv: ``hb`` (still
+    here, every few seconds), ``release`` (the shell exited: cancel the job) or ``detach`` (keep it).
+    Frames on stdout, as ``follow`` writes them: ``submitted``, ``state`` (the job's squeue line, on
+    every poll), ``ready`` (the job wrote its environment file: a shell may start), ``ended`` (it
+    ended by itself), ``released`` / ``detached``.
+
+    The allocation must never outlive rv: the end of stdin (rv exited, was killed, or its connection
+    dropped: sshd closes the channel), silence for ``silence`` seconds (a connection that died without
+    closing), and any way this process ends (SIGHUP, SIGTERM, a write to a closed stdout) cancel the
+    job, unless rv said ``detach``. The job's holder ends it too when this process's heartbeat
+    (``up.alive`` in the run's folder, a counter) stops moving: a login node that went down.
+    """
+    root = store.root_path(args["root"])
+    rdir = run_path(root, args["run_id"])
+    stdin = _Input()
+    secrets = stdin.sized()
+    frames = Frames()
+    state = {"job": None, "done": False}  # done: released (or being), detached, or ended by itself
+
+    def release():
+        """Cancel the job, wait until it has left the queue, then tidy up after it; (gone, error)."""
+        if not state["job"] or state["done"]:
+            return True, None
+        state["done"] = True
+        code, _, err = run_argv([*args["scancel"], state["job"]])
+        if code != 0:
+            # rv may be gone and never read this; the job's holder ends the job by itself once
+            # this process's heartbeat stops.
+            sys.stderr.write("rv up: scancel %s failed: %s\n" % (state["job"], err.strip()[-300:]))
+        gone, error = _wait_gone(args["squeue"], state["job"], 60.0)
+        if gone:
+            _tidy_released(rdir)
+        return gone, error
+
+    try:
+        result = _submit(args, secrets)
+        state["job"] = job = result["job_id"]
+        frames.send({"t": "submitted", "job_id": job, "previous_run_id": result.get("previous_run_id")})
+        _watch_up(args, rdir, job, stdin, frames, state, release)
+    finally:
+        release()  # however this ends (rv went away, a signal, a broken pipe): unless done already
+    return None
+
+
+def _tidy_released(rdir):
+    """What the job's EXIT trap does, for a job Slurm killed before its trap could finish (KillWait
+    after scancel's TERM): its secrets and environment files go, and the run gets its end."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(store.join(rdir, SECRETS))
+    _remove_job_envs(rdir)
+    if not os.path.exists(store.join(rdir, ENDED)):
+        _end_run(rdir, "cancelled by rv up (its shell ended, or rv went away)", 1)
+
+
+def _watch_up(args, rdir, job, stdin, frames, state, release):
+    silence = float(args.get("silence", 60))
+    env_file = store.join(rdir, b"jobs", store.enc(job), JOB_ENV)
+    alive = store.join(rdir, UP_ALIVE)
+    heard, beats, next_beat, next_poll, ready = time.time(), 0, 0.0, 0.0, False
+    while True:
+        line = stdin.line(0.5)
+        now = time.time()
+        if line == "":
+            release()  # rv went away: exited, killed, or its connection closed
+            return
+        if line is not None:
+            heard = now
+            if line == "release":
+                gone, error = release()
+                frames.send({"t": "released", "job_id": job, "gone": gone, "error": error})
+                return
+            if line == "detach":
+                store.write_atomic(store.join(rdir, UP_DETACHED), ("%f\n" % now).encode(), 0o600)
+                state["done"] = True
+                frames.send({"t": "detached", "job_id": job})
+                return
+        if now - heard > silence:
+            release()
+            frames.send({"t": "lost", "job_id": job, "silence": silence})
+            return
+        if now >= next_beat:
+            beats += 1
+            store.write_atomic(alive, ("%d\n" % beats).encode(), 0o600)
+            next_beat = now + 10.0
+        if now >= next_poll:
+            try:
+                squeue = live_jobs(args["squeue"]).get(job)
+            except store.AgentError as exc:
+                frames.send({"t": "warn", "msg": str(exc)})
+                squeue = "?"
+            if squeue is None:
+                # Gone from the queue by itself (its setup failed, its time ran out, scancel): its
+                # records say why. No cancel needed, nor possible.
+                state["done"] = True
+                time.sleep(1.0)  # shared filesystems show a job's last writes a moment late
+                frames.send({"t": "ended", "job_id": job,
+                             "record": read_json(store.join(rdir, b"seg", b"1.json")),
+                             "ended": read_json(store.join(rdir, ENDED))})  # fmt: skip
+                return
+            if squeue != "?":
+                frames.send({"t": "state", "job_id": job, "squeue": squeue})
+            if not ready and squeue != "?" and os.path.exists(env_file):
+                ready = True
+                frames.send({"t": "ready", "job_id": job, "squeue": squeue})
+            next_poll = now + (1.0 if not ready else 5.0)
+        frames.beat()
+
+
+def _wait_gone(squeue_argv, job, timeout):
+    """(True, None) once ``job`` has left the queue (its allocation released) within ``timeout`` s;
+    else (False, squeue's last error or None)."""
+    deadline, error = time.time() + timeout, None
+    while time.time() < deadline:
+        try:
+            if job not in live_jobs(squeue_argv):
+                return True, None
+            error = None
+        except store.AgentError as exc:
+            error = str(exc)  # asked again; told to rv if squeue never answers
+        time.sleep(0.5)
+    return False, error
 
 
 # -- runs ------------------------------------------------------------------------------------------
@@ -683,6 +870,15 @@ def _end_run(rdir, reason, segment):
                                              "end": time.time()})  # fmt: skip
 
 
+def _remove_job_envs(rdir):
+    """The jobs' environment files (they hold the secrets) of a run no job of which is alive, or that
+    is being stopped; each job removes its own as it ends, unless it was killed too hard to."""
+    jobs = store.join(rdir, b"jobs")
+    for job in os.listdir(jobs) if os.path.isdir(jobs) else []:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(store.join(jobs, job, JOB_ENV))
+
+
 def mode_run_stop(args):
     root = store.root_path(args["root"])
     out = []
@@ -706,6 +902,7 @@ def mode_run_stop(args):
         removed = os.path.exists(secrets)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(secrets)
+        _remove_job_envs(rdir)
         never_started = [s for s in pending if s["record"] is None]
         if never_started and len(never_started) == len(pending):
             _end_run(rdir, "cancelled by rv stop before it started", never_started[-1]["segment"])
@@ -733,6 +930,7 @@ def sweep_runs(root, ids, live):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(store.join(rdir, SECRETS))
             out["removed"].append(run_id)
+        _remove_job_envs(rdir)
         if info["ended"] is None:
             segs = info["segments"]
             _end_run(rdir, "ended without a record (cancelled or killed before it could write one)",
@@ -951,6 +1149,7 @@ store.MODES.update(
     {
         "run-check": mode_run_check,
         "run-submit": mode_run_submit,
+        "up": mode_up,
         "runs": mode_runs,
         "follow": mode_follow,
         "run-stop": mode_run_stop,

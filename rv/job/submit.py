@@ -164,19 +164,15 @@ class Submitted:
     from_how: tuple[str, ...]  # reflink / hardlink / copy: how the checkpoint was brought over
 
 
-def submit(
-    transport: Any,
+def submit_args(
     layout: RemoteLayout,
     req: JobRequest,
     ctx: ScriptContext,
     *,
-    profile: str,
     provenance: Mapping[str, Any],
-    secrets: Mapping[str, str],
-    from_run: Check | None = None,
-    from_step: int | None = None,
-) -> Submitted:
-    """Segment 1 of the run, in one round trip; the local record of it."""
+    has_secrets: bool,
+) -> dict[str, Any]:
+    """What the agent needs to make the run's folder and records and submit segment 1."""
     script = render_script(req, ctx)
     meta = {
         "name": req.name,
@@ -195,27 +191,33 @@ def submit(
         "dirty": bool(provenance.get("dirty")),
         "env": provenance.get("env"),  # the environment's key: rv gc keeps it while this run lives
         "submitted_from": socket.gethostname(),
-        "has_secrets": bool(secrets),
+        "has_secrets": has_secrets,
     }
-    args: dict[str, Any] = {
+    return {
         "root": layout.root,
         "run_id": ctx.run_id,
         "project": ctx.project,
         "name": req.name,
         "meta": meta,
         "script": script,
-        "has_secrets": bool(secrets),
+        "has_secrets": has_secrets,
         "squeue": commands.squeue_user(),
         "sbatch": commands.sbatch(f"{ctx.run_dir}/job.sbatch"),
     }
-    source = from_run.from_run if from_run is not None else None
-    if source is not None:
-        args["from"] = {"project": source["project"], "name": source["name"], "step": from_step}
-    stdin = render_env_file(dict(secrets)).encode() if secrets else None
-    reply = call_agent(transport, "run-submit", args, stdin=stdin, timeout=120)
-    if "job_id" not in reply:
-        raise RemoteError(f"the cluster sent no job id for run {req.name}")
-    record = RunRecord(
+
+
+def run_record(
+    layout: RemoteLayout,
+    req: JobRequest,
+    ctx: ScriptContext,
+    args: Mapping[str, Any],
+    *,
+    profile: str,
+    job_id: str,
+) -> RunRecord:
+    """This machine's record of a run the agent submitted with ``args`` (from :func:`submit_args`)."""
+    meta = args["meta"]
+    return RunRecord(
         run_id=ctx.run_id,
         name=req.name,
         profile=profile,
@@ -228,8 +230,32 @@ def submit(
         command=list(req.command),
         request=request_summary(req),
         submitted_at=time.time(),
-        job_id=str(reply["job_id"]),
-        has_secrets=bool(secrets),
+        job_id=job_id,
+        has_secrets=bool(args["has_secrets"]),
     )
+
+
+def submit(
+    transport: Any,
+    layout: RemoteLayout,
+    req: JobRequest,
+    ctx: ScriptContext,
+    *,
+    profile: str,
+    provenance: Mapping[str, Any],
+    secrets: Mapping[str, str],
+    from_run: Check | None = None,
+    from_step: int | None = None,
+) -> Submitted:
+    """Segment 1 of the run, in one round trip; the local record of it."""
+    args = submit_args(layout, req, ctx, provenance=provenance, has_secrets=bool(secrets))
+    source = from_run.from_run if from_run is not None else None
+    if source is not None:
+        args["from"] = {"project": source["project"], "name": source["name"], "step": from_step}
+    stdin = render_env_file(dict(secrets)).encode() if secrets else None
+    reply = call_agent(transport, "run-submit", args, stdin=stdin, timeout=120)
+    if "job_id" not in reply:
+        raise RemoteError(f"the cluster sent no job id for run {req.name}")
+    record = run_record(layout, req, ctx, args, profile=profile, job_id=str(reply["job_id"]))
     started = reply.get("from") or {}
     return Submitted(record, started.get("step"), tuple(started.get("how") or ()))

@@ -103,3 +103,35 @@ def sbatch(script: str, *, after: str | None = None) -> list[str]:
 def squeue_end_time(job_id: str) -> list[str]:
     """When the job's time runs out, as Slurm now thinks (``2026-11-23T12:27:33``, or N/A)."""
     return [*_STANDARD_TIME, "squeue", "-h", "-j", job_id, "-o", "%e"]
+
+
+def scontrol_show_nodes(nodes: Sequence[str]) -> list[str]:
+    """One line per node (``NodeName=`` ... ``NodeAddr=`` ... ``NodeHostName=``), for many at once."""
+    return ["scontrol", "-o", "show", "node", ",".join(nodes)]
+
+
+def srun_attach(job_id: str, node: str, command: Sequence[str], *, pty: bool = False) -> list[str]:
+    """A step of the running job ``job_id`` on ``node`` alone, running ``command`` beside the program.
+
+    ``--overlap`` shares the job's CPUs, memory and GPUs with its other steps (the program's): without
+    it srun waits for them to end. ``--pty``: the command's terminal (an interactive shell).
+    """
+    argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}"]
+    if pty:
+        argv.append("--pty")
+    return [*argv, *command]
+
+
+def srun_each_node(job_id: str, nodes: int, command: Sequence[str]) -> list[str]:
+    """One task on each of the running job's ``nodes`` nodes, beside the program; lines labelled
+    with the task number (``0: ...``), so the nodes' output never mixes within a line."""
+    return [
+        "srun", f"--jobid={job_id}", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}",
+        "--ntasks-per-node=1", "--label", *command,
+    ]  # fmt: skip
+
+
+def squeue_job(job_id: str) -> list[str]:
+    """One ``SQUEUE_FORMAT`` line for ``job_id`` while it is queued or running; nothing (or an
+    "Invalid job id" error, once Slurm has forgotten it) after."""
+    return [*_STANDARD_TIME, "squeue", "-h", "-j", job_id, "-o", SQUEUE_FORMAT]

@@ -770,3 +770,36 @@ def account_from_allocations(text: str) -> str | None:
     if not rows:
         return None
     return max(rows, key=lambda a: a.available).account
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    """Where a node is reached, as ``scontrol -o show node`` says: node names need not resolve."""
+
+    name: str
+    addr: str  # NodeAddr: what other hosts connect to (an IP on the loopback cluster)
+    hostname: str | None  # NodeHostName
+
+    @property
+    def reach(self) -> str:
+        return self.addr or self.hostname or self.name
+
+
+_NODE_KEY = re.compile(r"(?:^|\s)(NodeName|NodeAddr|NodeHostName)=(\S*)")
+
+
+def parse_node_addresses(text: str) -> dict[str, NodeAddress]:
+    """``scontrol -o show node A,B`` (one line per node) -> {node name: its address}.
+
+    Values may hold spaces elsewhere on the line (``OS=Linux 6.1 #1 SMP``): only the three keys are
+    read, each as one word.
+    """
+    out: dict[str, NodeAddress] = {}
+    for line in text.splitlines():
+        keys = dict(_NODE_KEY.findall(line))
+        name = keys.get("NodeName")
+        if not name:
+            continue
+        addr = _blank(keys.get("NodeAddr", "")) or ""
+        out[name] = NodeAddress(name=name, addr=addr, hostname=_blank(keys.get("NodeHostName", "")))
+    return out

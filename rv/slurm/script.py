@@ -24,7 +24,8 @@ run's records and decides whether the run goes on, so closing the laptop never s
 5. Secrets, sourced from the run's 0600 file (never in this text); kept until the run ends.
 6. The work dir: the run's own copy of the snapshot (copies, not hard links into the store: a job
    that makes its files writable must not change the store or another run). Made once per run.
-7. Setup lines, the env-build hook, GPU and precision, the first node.
+7. Setup lines, the env-build hook, GPU and precision, the first node; then the environment the
+   program gets, saved as ``$RV_JOB_DIR/env.sh`` for the shells of ``rv ssh`` and ``rv up``.
 8. With more than one process, rv's rank labeller (``rv/job/ranklabel.py``) written into the job's
    folder: each rank runs under it (torchrun's ``PYTHON_EXEC``) and its lines reach the log whole,
    labelled ``[rank]``.
@@ -89,6 +90,33 @@ _PER_JOB_VARIABLES = (
     "OLDPWD",
     "SHLVL",
     "_",
+)
+
+# The job's environment file (in $RV_JOB_DIR) that `rv ssh` and `rv up` start their shells from.
+JOB_ENV_FILE = "env.sh"
+# Exported variables the job's environment file leaves out: Slurm sets them per job and per step (an
+# attached shell is a step of its own and gets its own), and the terminal, display and SSH connection
+# are the attaching user's (PS1 too: a venv's activate may export its prompt). HOSTNAME: the first
+# node's, wrong on any other.
+_NOT_IN_JOB_ENV = (
+    "SLURM_*",
+    "SLURMD_*",
+    "PMI_*",
+    "PMIX_*",
+    "CUDA_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "ROCR_VISIBLE_DEVICES",
+    "ENVIRONMENT",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "TERM",
+    "SSH_*",
+    "DISPLAY",
+    "HOSTNAME",
+    "PS1",
+    "BASH_FUNC_*",
 )
 
 # Processes that forward signals to workers rather than act on them: the stop signal goes straight to
@@ -316,6 +344,7 @@ def _end_of_segment(req: JobRequest, ctx: ScriptContext) -> list[str]:
         "    local rc=$?",
         "    trap '' TERM INT HUP  # Slurm keeps signalling: finish the records first",
         "    set +eu",
+        f'    rm -f -- "$RV_JOB_DIR/{JOB_ENV_FILE}"  # it holds the secrets: gone with the job',
         '    rv_end_segment "$rc"',
         '    exit "$rv_exit_code"',
         "}",
@@ -546,6 +575,36 @@ def _head_node() -> list[str]:
         '    | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\' | sed -n 1p)" || RV_HEAD_ADDR=""',
         'export RV_HEAD_NODE RV_HEAD_ADDR="${RV_HEAD_ADDR:-$RV_HEAD_NODE}"',
         'export MASTER_ADDR="$RV_HEAD_ADDR"',
+    ]
+
+
+def _job_env() -> list[str]:
+    skip = " | ".join(_NOT_IN_JOB_ENV)
+    return [
+        "# --- the job's environment, for rv ssh and rv up -----------------------------------",
+        "# What the program gets (exported variables and functions, less Slurm's per-step ones) and",
+        "# where it starts, as a file: `rv ssh` and `rv up` start their shells from it, so setup lines,",
+        "# the env-build hook, secrets, RV_* and caches reach them by this one path. 0600 (it holds",
+        "# the secrets) and removed when the job ends. An interactive shell reads ~/.bashrc first.",
+        "rv_save_env() {",
+        f'    local f="$RV_JOB_DIR/{JOB_ENV_FILE}" v',
+        "    (",
+        "        umask 077",
+        "        {",
+        "            echo '# rv: the environment of the program of this job (rv ssh, rv up)'",
+        "            echo 'case $- in *i*) [ -r ~/.bashrc ] && . ~/.bashrc ;; esac'",
+        "            for v in $(compgen -e); do",
+        '                case "$v" in ' + skip + ") continue ;; esac",
+        '                [ -n "${!v+x}" ] || continue',
+        '                printf \'export %s=%q\\n\' "$v" "${!v}"',
+        "            done",
+        "            declare -fx",
+        "            printf 'cd -- %q\\n' \"$PWD\"",
+        "            echo 'case $- in *i*) PS1=\"(rv $RV_RUN_NAME) $PS1\" ;; esac'",
+        '        } >"$f.tmp" && mv -f -- "$f.tmp" "$f"',
+        "    )",
+        "}",
+        'rv_save_env || echo "rv: warning: could not save the job\'s environment (rv ssh, rv up)" >&2',
     ]
 
 
@@ -841,6 +900,7 @@ def render_script(req: JobRequest, ctx: ScriptContext) -> str:
         _setup(req, ctx),
         _gpu(req, ctx),
         _head_node(),
+        _job_env(),
         _segment_start(req),
         _rank_labels(req),
         _task(req),

@@ -107,6 +107,7 @@ rv_on_exit() {
     local rc=$?
     trap '' TERM INT HUP  # Slurm keeps signalling: finish the records first
     set +eu
+    rm -f -- "$RV_JOB_DIR/env.sh"  # it holds the secrets: gone with the job
     rv_end_segment "$rc"
     exit "$rv_exit_code"
 }
@@ -253,6 +254,31 @@ RV_HEAD_ADDR="$(scontrol show node "$RV_HEAD_NODE" 2>/dev/null \
     | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | sed -n 1p)" || RV_HEAD_ADDR=""
 export RV_HEAD_NODE RV_HEAD_ADDR="${RV_HEAD_ADDR:-$RV_HEAD_NODE}"
 export MASTER_ADDR="$RV_HEAD_ADDR"
+
+# --- the job's environment, for rv ssh and rv up -----------------------------------
+# What the program gets (exported variables and functions, less Slurm's per-step ones) and
+# where it starts, as a file: `rv ssh` and `rv up` start their shells from it, so setup lines,
+# the env-build hook, secrets, RV_* and caches reach them by this one path. 0600 (it holds
+# the secrets) and removed when the job ends. An interactive shell reads ~/.bashrc first.
+rv_save_env() {
+    local f="$RV_JOB_DIR/env.sh" v
+    (
+        umask 077
+        {
+            echo '# rv: the environment of the program of this job (rv ssh, rv up)'
+            echo 'case $- in *i*) [ -r ~/.bashrc ] && . ~/.bashrc ;; esac'
+            for v in $(compgen -e); do
+                case "$v" in SLURM_* | SLURMD_* | PMI_* | PMIX_* | CUDA_VISIBLE_DEVICES | GPU_DEVICE_ORDINAL | ROCR_VISIBLE_DEVICES | ENVIRONMENT | PWD | OLDPWD | SHLVL | _ | TERM | SSH_* | DISPLAY | HOSTNAME | PS1 | BASH_FUNC_*) continue ;; esac
+                [ -n "${!v+x}" ] || continue
+                printf 'export %s=%q\n' "$v" "${!v}"
+            done
+            declare -fx
+            printf 'cd -- %q\n' "$PWD"
+            echo 'case $- in *i*) PS1="(rv $RV_RUN_NAME) $PS1" ;; esac'
+        } >"$f.tmp" && mv -f -- "$f.tmp" "$f"
+    )
+}
+rv_save_env || echo "rv: warning: could not save the job's environment (rv ssh, rv up)" >&2
 
 # --- segment start -----------------------------------------------------------------
 # A marker left by an earlier segment is moved aside: one found after the program ends is

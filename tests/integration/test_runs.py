@@ -335,6 +335,8 @@ def test_no_secrets_file_remains_after_any_way_a_run_can_end(
     assert "removed the secrets of run killed" in swept.stderr
     assert "removed the secrets of run scancelled-pending" in swept.stderr
     assert not list(Path(remote_root).rglob("secrets.env"))
+    # Nor the jobs' saved environments (for rv ssh), which hold the secrets too.
+    assert not list(Path(remote_root).rglob("env.sh"))
     rows = runs_json(run_rv)
     assert (
         rows["killed"]["state"] in ("LOST", "CANCELLED") and rows["stopped-pending"]["state"] == "CANCELLED"

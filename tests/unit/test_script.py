@@ -550,6 +550,36 @@ def test_secrets_are_loaded_and_removed_when_the_run_ends(box):
     assert "s3cr3t" not in (box.run_dir / "submit.env").read_text()
 
 
+def test_the_programs_environment_is_saved_for_rv_ssh_and_gone_with_the_job(box):
+    write_secrets(box)
+    # The program copies the file as it finds it (the job removes it as it ends: it holds secrets).
+    code = """
+        import os, shutil
+        path = os.environ["RV_JOB_DIR"] + "/env.sh"
+        shutil.copy(path, os.environ["RV_TEST_OUT"] + "/env.sh")
+        print("mode", oct(os.stat(path).st_mode & 0o777))
+    """
+    setup = ["export FROM_SETUP='a b$c'", "cd pkg", "helper() { echo helped; }; export -f helper"]
+    req = build_request(CATALOG, command=program(code), gpu_type="a6000", setup=setup)
+    # The env-build hook (project environments, issue 11) reaches the shells by the same path.
+    context = box.ctx(has_secrets=True, env_build=("export FROM_HOOK=built",))
+    result, job_id = box.run(render_script(req, context), TERM="xterm-test", SLURM_STEP_ID="7", PS1="$ ")
+    assert result.returncode == 0, result.stderr.decode()
+    assert "mode 0o600" in result.stdout.decode()
+    saved = (box.out / "env.sh").read_text()
+    # Slurm's per-job and per-step values, the terminal and the prompt belong to the attaching shell.
+    for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NODEID", "TERM", "PS1"):
+        assert f"export {name}=" not in saved, name
+    # A fresh shell that sources it (as rv ssh's does) has what the program had, where it had it.
+    shell = subprocess.run(
+        [BASH, "-c", '. "$1"; printf "%s|" "$FROM_SETUP" "$FROM_HOOK" "$HF_TOKEN" "$RV_RUN_ID" "$PWD" '
+         '"$(helper)"', "x", str(box.out / "env.sh")],
+        env={"PATH": os.environ["PATH"], "HOME": str(box.base)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert shell.stdout == f"a b$c|built|hf_s3cr3t value|{RUN}|{box.run_dir}/work/pkg|helped|", shell.stderr
+    assert not (box.run_dir / "jobs" / str(job_id) / "env.sh").exists()
+
+
 def test_missing_secrets_file_fails_before_the_program(box):
     req = build_request(CATALOG, command=program("print('ran')"), gpu_type="a6000")
     result, _ = box.run(render_script(req, box.ctx(has_secrets=True)))

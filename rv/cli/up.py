@@ -1,0 +1,213 @@
+"""`rv up [-g N -t TYPE --time T ...] [--detach]`: a shell on a fresh allocation, released with it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from rv.cli.common import note, run_store, session, warn
+from rv.cli.envs import env_options
+
+if TYPE_CHECKING:
+    from rv.job.records import RunRecord
+    from rv.slurm.parse import QueuedJob
+
+
+class _View:
+    """What the session says while it starts: on stderr, one line per change."""
+
+    def __init__(self) -> None:
+        self.shown: tuple[str, str | None, str | None] | None = None
+        self.job_id = "?"
+
+    def submitted(self, record: RunRecord) -> None:
+        self.job_id = record.job_id
+        note(f"rv up session {record.name}: job {record.job_id}")
+
+    def state(self, job: QueuedJob) -> None:
+        key = (job.state, job.reason, job.start)
+        if key == self.shown:
+            return
+        self.shown = key
+        if job.state == "PENDING":
+            # Right after sbatch Slurm has neither a reason nor a start time yet: said once known.
+            why = f" ({job.reason})" if job.reason else ""
+            start = f", expected to start {job.start}" if job.start else ""
+            note(f"job {job.job_id} is pending{why}{start}")
+        elif job.state == "RUNNING":
+            note(
+                f"job {job.job_id} is running on {','.join(job.node_list)}: preparing its work dir and setup"
+            )
+        else:
+            note(f"job {job.job_id} is {job.state}")
+
+    def warning(self, message: str) -> None:
+        warn(message)
+
+
+@click.command()
+@click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")
+@click.option(
+    "-t", "--type", "gpu_type", help="GPU type from the profile's catalog (`rv status` lists them)."
+)
+@click.option("--mig", is_flag=True, help="A free MIG slice (1 GPU, 1 CPU).")
+@click.option("--time", "time_", help="Longest the allocation may live: 30m, 2h, 2:59:00 (default 2:59:00).")
+@click.option("--mem", help="Memory per node, e.g. 64G.")
+@click.option("--cpus", type=int, help="CPUs per node.")
+@click.option(
+    "--nodes", type=int, help="Nodes (default: as few as hold the GPUs); the shell is on the first."
+)
+@click.option("--setup", multiple=True, help="Extra shell line run before the shell starts (repeatable).")
+@click.option("--name", help="Session name (default: up-XXXX).")
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Keep the allocation when rv exits: attach with rv ssh, end it with rv stop.",
+)
+@env_options
+@click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
+@click.pass_context
+def up(
+    ctx: click.Context,
+    gpus: int | None,
+    gpu_type: str | None,
+    mig: bool,
+    time_: str | None,
+    mem: str | None,
+    cpus: int | None,
+    nodes: int | None,
+    setup: tuple[str, ...],
+    name: str | None,
+    detach: bool,
+    env_choice: str,
+    requirements: str | None,
+    extras: tuple[str, ...],
+    system_site_packages: bool | None,
+    python_: str | None,
+    allow_large: bool,
+) -> None:
+    """A shell on a new allocation, in the job's environment, in a snapshot of this repo.
+
+    The shell has what a job's program has: setup lines, the project's Python environment (built as
+    `rv run` builds it), secrets (rv env), RV_* variables, caches, and the synced snapshot as its work
+    dir. The allocation is released when the shell exits, on
+    Ctrl-C while it waits, and when rv or its connection goes away; --detach keeps it until
+    `rv stop NAME` or its time limit.
+
+    \b
+      rv up -g 1 -t a6000 --time 1h
+      rv up --mig --detach    then: rv ssh up-3f9a    and: rv stop up-3f9a
+    """
+    import dataclasses
+    import shlex
+
+    from rv.cli.common import load_profile
+    from rv.config import state_dir
+    from rv.errors import UsageError
+    from rv.job import submit as job
+    from rv.job import up as session_up
+    from rv.request import build_request
+    from rv.secrets import SecretStore
+    from rv.snapshot import ManifestCache, prepare_snapshot, upload_snapshot
+
+    if not detach and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError(
+            "rv up needs a terminal for its shell, and this is not one",
+            hint="run it in a terminal, or: rv up --detach, then rv ssh NAME -- COMMAND",
+        )
+    _, profile = load_profile(ctx)
+    run_id = job.new_run_id()
+    # Validated here, before the first network call, as rv run validates. The holder is one plain
+    # process per node on purpose (each holds its node), whatever the GPUs: --each-node.
+    req = build_request(
+        profile.gpu_catalog(), command=session_up.holder_command(), gpus=gpus, gpu_type=gpu_type, mig=mig,
+        time=time_, mem=mem, cpus=cpus, name=name or job.default_run_name("up", run_id), nodes=nodes,
+        setup=(*profile.setup, *setup), max_segments=1, each_node=True,
+    )  # fmt: skip
+    for message in req.warnings:
+        warn(message)
+    secrets = SecretStore(state_dir() / "secrets.json").load()
+    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large)
+    if snap.subdir:
+        # Typed in a subfolder: the shell starts there, as a run's program would.
+        req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
+    from rv.cli.run import ensure_environment, job_umask, plan_environment
+
+    if system_site_packages is None:
+        system_site_packages = profile.system_site_packages
+    env_plan = plan_environment(
+        snap, env_choice, requirements=requirements, extras=extras, python=python_ or profile.python,
+        system_site_packages=system_site_packages,
+    )  # fmt: skip
+    for message in env_plan.notes:
+        note(message)
+
+    # The watchdog and the shell share one connection of this command's own (the warm connection
+    # carries no terminal): when rv goes, however it goes, the connection closes and the watchdog
+    # on the login node cancels the job.
+    with session(ctx, direct=True) as s:
+        job.check(s.transport, s.layout, project=snap.project, name=req.name, from_run=None)
+        # The project's environment, as rv run has it: built (or found) before anything is queued.
+        env = ensure_environment(s, env_plan, (*profile.setup, *setup))
+        cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
+        uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
+        context = job.script_context(
+            s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
+            account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
+            env_build=env_plan.lines(env.path) if env else (),
+        )  # fmt: skip
+        view = _View()
+        dog, record = session_up.start(
+            s.transport, s.layout, req, context, profile=profile.name, secrets=secrets, view=view,
+            provenance={"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty,
+                        "env": env.key if env else None},
+        )  # fmt: skip
+        run_store().add(record)
+        released = False
+        try:
+            ready = session_up.wait_ready(dog, view)
+            if detach:
+                session_up.detach(dog)
+                released = True  # nothing to release: the job is the user's to end
+                note(
+                    f"rv up session {req.name} is ready: job {record.job_id} on {','.join(ready.node_list)}, "
+                    f"kept until `rv stop {req.name}` or its time limit ({req.time_slurm})\n"
+                    f"  rv ssh {req.name}        a shell on its first node\n"
+                    f"  rv ssh {req.name} -- CMD run CMD there\n"
+                    f"  rv stop {req.name}       release it"
+                )
+                return
+            from rv.job.inside import JobPlace, attach_command
+            from rv.terminal import relay, term_name, terminal_size
+
+            node = ready.node_list[0]
+            note(
+                f"job {record.job_id} is ready on {node}: a shell in its work dir (exit it to release the "
+                "allocation)"
+            )
+            line = attach_command(JobPlace(s.layout.root, run_id, record.job_id), node, None, pty=True)
+            cols, rows = terminal_size()
+            code = relay(s.transport.open_pty(line, term=term_name(), cols=cols, rows=rows))
+            gone, why = session_up.release(dog)
+            released = True
+            _said_released(record.job_id, gone, why)
+            ctx.exit(code)
+        except KeyboardInterrupt:
+            gone, why = session_up.release(dog)
+            released = True
+            _said_released(record.job_id, gone, why)
+            ctx.exit(130)
+        finally:
+            if not released:
+                # An error on the way (the job ended, the connection failed): whatever is left goes.
+                session_up.release(dog, timeout=30)
+
+
+def _said_released(job_id: str, gone: bool, why: str | None) -> None:
+    if gone:
+        note(f"released the allocation (job {job_id})")
+    else:
+        warn(f"job {job_id} was cancelled but is not gone from the queue yet ({why}): check with rv ps")
