@@ -479,18 +479,10 @@ def resources_line(req: JobRequest) -> str:
 
 # --- misplaced rv flags ------------------------------------------------------------------------
 
-# rv run's options, as the CLI defines them; "value" tells whether the next word belongs to it.
-RUN_FLAGS: dict[str, bool] = {
-    "-g": True, "--gpu": True, "-t": True, "--type": True, "--mig": False, "--time": True,
-    "--mem": True, "--cpus": True, "--name": True, "--nodes": True, "-f": False, "--follow": False,
-    "-o": True, "--output": True, "--setup": True, "--dry-run": False, "--profile": True,
-    "--each-node": False, "--allow-single-process": False,
-}  # fmt: skip
-
 
 def _looks_like_rv_value(flag: str, value: str, catalog: Mapping[str, GpuType] | None) -> bool:
     """Whether ``value`` is something rv's ``flag`` takes, to keep programs' own ``-o`` quiet."""
-    if flag in ("-g", "--gpu", "--cpus", "--nodes"):
+    if flag in ("-g", "--gpu", "--cpus", "--nodes", "--max-segments"):
         return value.isdigit()
     if flag in ("-t", "--type"):
         return catalog is None or value in catalog
@@ -506,15 +498,25 @@ def _looks_like_rv_value(flag: str, value: str, catalog: Mapping[str, GpuType] |
         except UsageError:
             return False
         return True
+    if flag == "--signal":
+        name = value.partition("@")[0].upper().removeprefix("SIG")
+        return name in SIGNALS
     return True
 
 
-def detect_misplaced_flags(command: Sequence[str], catalog: Mapping[str, GpuType] | None = None) -> list[str]:
+def detect_misplaced_flags(
+    command: Sequence[str],
+    catalog: Mapping[str, GpuType] | None = None,
+    *,
+    flags: Mapping[str, bool],
+) -> list[str]:
     """Warnings for rv options that ended up in the program's arguments.
 
-    ``rv run python train.py -g 4`` hands ``-g 4`` to train.py. Only words that look like rv's own
-    (``-g`` with a number, ``-t`` with a known type, ``--time`` with a duration, ...) count, so a
-    program's own ``-o out.txt`` raises nothing. The CLI should skip this when the user wrote ``--``.
+    ``rv run python train.py -g 4`` hands ``-g 4`` to train.py. ``flags`` maps every option word of
+    `rv run` to whether it takes a value; the CLI derives it from its click command, so an option
+    added there is known here at once. Only words that look like rv's own (``-g`` with a number,
+    ``-t`` with a known type, ``--time`` with a duration, ...) count, so a program's own
+    ``-g fast`` raises nothing. The CLI should skip this when the user wrote ``--``.
     """
     found: list[tuple[int, int, str]] = []  # (start, length, text)
     i = 1
@@ -523,10 +525,10 @@ def detect_misplaced_flags(command: Sequence[str], catalog: Mapping[str, GpuType
         if word == "--":
             break
         flag, eq, inline = word.partition("=") if word.startswith("--") else (word, "", "")
-        if flag not in RUN_FLAGS:
+        if flag not in flags:
             i += 1
             continue
-        takes_value = RUN_FLAGS[flag]
+        takes_value = flags[flag]
         if not takes_value:
             if eq:
                 i += 1
@@ -577,7 +579,9 @@ class JobRequest:
     mem: str | None = None  # per node, Slurm form ("64G"); None: the cluster's default
     cpus_per_task: int | None = None  # one task per node, so CPUs per node; None: cluster default
     setup: tuple[str, ...] = ()  # shell lines run before the program (module load, source activate)
-    outputs: tuple[str, ...] = ()  # paths relative to the work dir, copied to $RV_OUTPUT_DIR at the end
+    # Paths relative to the work dir (the repo top), copied to the same place under $RV_OUTPUT_DIR
+    # at the end; `-o` gives them relative to ``start_dir``, the folder the program starts in.
+    outputs: tuple[str, ...] = ()
     mig: bool = False
     signal: str = DEFAULT_SIGNAL  # without SIG prefix: "USR1"
     signal_lead_seconds: int = DEFAULT_SIGNAL_LEAD
@@ -767,15 +771,20 @@ def _parse_signal(signal: str | None, time_seconds: int) -> tuple[str, int]:
     return name, lead
 
 
-def _check_outputs(outputs: Sequence[str]) -> tuple[str, ...]:
+def _check_outputs(outputs: Sequence[str], start_dir: str = "") -> tuple[str, ...]:
+    """``-o`` paths, relative to the folder the program starts in, as paths relative to the work dir."""
     result = []
+    where = f" (relative to {start_dir}/, where the program starts)" if start_dir else ""
     for path in outputs:
         if "\0" in path or "\n" in path or not path.strip():
-            raise UsageError(f"-o {path!r} is not a usable path", hint="give a path relative to the project")
-        norm = posixpath.normpath(path)
+            raise UsageError(
+                f"-o {path!r} is not a usable path",
+                hint="give a path relative to the folder you run `rv run` in",
+            )
+        norm = posixpath.normpath(posixpath.join(start_dir, path))
         if posixpath.isabs(path) or norm == ".." or norm.startswith("../") or norm == ".":
             raise UsageError(
-                f"-o {path!r} must be a path inside the project (relative, no '..')",
+                f"-o {path!r} must be a path inside the project{where}, not the project itself",
                 hint="outputs are copied from the job's work dir into $RV_OUTPUT_DIR when the job ends",
             )
         result.append(norm)
@@ -801,6 +810,7 @@ def build_request(
     nodes: int | None = None,
     setup: Sequence[str] = (),
     outputs: Sequence[str] = (),
+    start_dir: str = "",
     signal: str | None = None,
     max_segments: int | None = None,
     in_flight_gpus_by_type: Mapping[str, int] | None = None,
@@ -813,7 +823,8 @@ def build_request(
     :data:`~rv.timespec.DEFAULT_TIME`. ``signal`` is ``NAME[@SECONDS]`` (default USR1, 300 s before
     the end, or half the job when shorter). ``in_flight_gpus_by_type`` is the user's GPUs already
     *running* per catalog type: going over the per-user limit with them is a warning (the job waits
-    in the queue), going over it alone is an error (it never starts).
+    in the queue), going over it alone is an error (it never starts). ``outputs`` (``-o``) are
+    relative to ``start_dir``, the folder the program starts in relative to the repo top.
     """
     command = tuple(command)
     if not command or not command[0].strip():
@@ -970,7 +981,7 @@ def build_request(
         mem=mem_norm,
         cpus_per_task=cpus_per_task,
         setup=tuple(line for line in setup if line.strip()),
-        outputs=_check_outputs(outputs),
+        outputs=_check_outputs(outputs, start_dir),
         mig=is_mig,
         signal=sig,
         signal_lead_seconds=lead,

@@ -1033,6 +1033,40 @@ def summary_line(snap: LocalSnapshot, new_objects: int | None, new_bytes: int) -
     return "; ".join(parts)
 
 
+def snapshot_warnings(snap: LocalSnapshot) -> list[str]:
+    """What the user should hear before a snapshot is sent (on stderr, by `rv run` too).
+
+    The tree's own warnings (not a repository, a submodule not checked out, a file that is neither
+    regular nor a link), files over the size limit sent anyway, and uncommitted changes: the run is
+    recorded as the commit plus a diff, which is easy to miss later.
+    """
+    out = list(snap.tree.warnings)
+    if snap.allowed_large:
+        shown = ", ".join(f"{p} ({human_size(n)})" for p, n in snap.allowed_large[:5])
+        more = f" and {len(snap.allowed_large) - 5} more" if len(snap.allowed_large) > 5 else ""
+        out.append(
+            f"sending {len(snap.allowed_large)} file(s) over the size limit (--allow-large): {shown}{more}"
+        )
+    repo = snap.tree.repo
+    if repo is not None and repo.dirty:
+        parts = []
+        if repo.untracked:
+            names = ", ".join(repo.untracked[:3]) + (
+                f" and {len(repo.untracked) - 3} more" if len(repo.untracked) > 3 else ""
+            )
+            parts.append(f"untracked: {names}")
+        detail = f" ({'; '.join(parts)})" if parts else ""
+        if repo.commit:
+            at = f"{repo.branch or 'detached HEAD'}@{repo.commit[:7]}+"
+            out.append(
+                f"the snapshot holds uncommitted changes{detail}: the run is recorded as {at} with their "
+                "diff (commit first to reproduce it from git alone)"
+            )
+        else:
+            out.append(f"the repository has no commit yet{detail}: the run records no commit")
+    return out
+
+
 def _object_stream(
     root: Path,
     header: bytes,

@@ -150,6 +150,11 @@ class Session:
     profile: Profile
     direct: bool = False  # a connection of this process's own, not the warm one (see open_transport)
     _transport: Any = field(default=None, repr=False)
+    # The secrets sweep (see _sweep): a command whose one call to the cluster can carry it asks for
+    # the ids with sweep_along() and hands the reply to swept(); then no second round trip is made.
+    _sweep_pending: list[Any] = field(default_factory=list, repr=False)
+    _sweep_asked: bool = field(default=False, repr=False)
+    _swept: bool = field(default=False, repr=False)
 
     @property
     def transport(self) -> Any:  # -> rv.transport.Transport, connected on first use
@@ -180,6 +185,31 @@ class Session:
         self.close()
         return self.transport
 
+    def sweep_along(self) -> list[str]:
+        """Run ids whose leftover secrets the command's own call to the cluster should sweep."""
+        from rv.job.cleanup import pending_secrets
+
+        self._sweep_pending = pending_secrets(run_store(), self.profile.name, self.layout.root)
+        self._sweep_asked = True
+        return [r.run_id for r in self._sweep_pending]
+
+    def swept(self, reply: dict[str, Any] | None) -> None:
+        """The reply of a sweep that rode along (None: none was asked for, or the call did not take it)."""
+        if not self._sweep_asked:
+            return  # the session's end sweeps on its own call
+        if not self._sweep_pending:
+            self._swept = True
+            return
+        if reply is None:
+            return  # the session's end sweeps on its own call
+        self._swept = True
+        if "error" in reply:
+            warn(f"could not check for leftover secrets of ended runs: {reply['error']}")
+            return
+        from rv.job.cleanup import apply_sweep
+
+        apply_sweep(run_store(), self.profile.name, self._sweep_pending, reply, note)
+
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
@@ -204,7 +234,7 @@ def session(ctx: click.Context, *, direct: bool = False) -> Iterator[Session]:
     s = Session(config, profile, direct=direct)
     try:
         yield s
-        if s.connected:
+        if s.connected and not s._swept:
             _sweep(s)
     finally:
         s.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -49,43 +50,69 @@ def logs(
     line carries its rank, `[3] ...`; --rank 3 shows rank 3's lines alone.
     """
     from rv.cli.following import TerminalView
-    from rv.errors import UsageError
     from rv.job import query
-    from rv.job.records import run_exit_code
+    from rv.job.records import parse_runs, run_exit_code
     from rv.job.watch import follow_run
 
+    store = run_store()
     with session(ctx) as s:
-        found = query.resolve(s.transport, run_store(), s.profile.name, s.layout.root, run)
-        target = found.run
-        nodes = int(target.meta.get("nodes") or 1)
-        if node is not None and node >= nodes:
-            raise UsageError(f"--node {node}: run {target.name} runs on {nodes} node(s) (0..{nodes - 1})")
-        if rank is not None:
-            _check_rank(target, rank)
-        last = target.current.index if target.current else 1
-        if segment is not None and segment > last:
-            raise UsageError(f"--segment {segment}: run {target.name} has {last} segment(s) so far")
-        root = str(found.record.remote_root if found.record else s.layout.root)
         if pull:
-            _pull(s.transport, root, target, segment)
+            sweep = s.sweep_along()
+            found = query.resolve(s.transport, store, s.profile.name, s.layout.root, run, sweep=sweep)
+            s.swept(found.snapshot.sweep)
+            _check(found.run, node=node, segment=segment, rank=rank)
+            root = str(found.record.remote_root if found.record else s.layout.root)
+            _pull(s.transport, root, found.run, segment)
             return
-        view = TerminalView(
-            max_segments=target.max_segments, separators=last > 1 or follow, raw=raw, rank=rank, merge=True
-        )
-        start = segment or (last if lines is not None else None)
+        # One call to the cluster: the follower finds the run (a name, run id or job id of any
+        # segment; this machine's record when it has one), sweeps leftover secrets, then streams.
+        local = store.resolve(run, s.profile.name)
+        root = local.remote_root if local is not None else s.layout.root
+        find = {"ids": [local.run_id]} if local is not None else query.selectors(str(run))
+        view = TerminalView(max_segments=1, separators=follow, raw=raw, rank=rank, merge=True)
+        names: list[str] = []
+
+        def on_run(info: dict[str, Any] | None, sweep: dict[str, Any] | None) -> None:
+            s.swept(sweep)
+            if info is None:
+                raise query.not_on_cluster(run)
+            target = parse_runs([info])[0]
+            if local is not None:
+                query.cache_learned(store, local, target)
+            last = _check(target, node=node, segment=segment, rank=rank)
+            view.max_segments = target.max_segments
+            view.separators = last > 1 or follow
+            names.append(target.name)
+
         try:
             followed = follow_run(
-                lambda: s.transport, s.reconnect, root, target.run_id, view,
-                follow=follow, streams=("err",) if stderr else ("out",), node=node,
-                segment=start if segment is None else segment, tail=lines,
+                lambda: s.transport, s.reconnect, root, None, view,
+                follow=follow, streams=("err",) if stderr else ("out",), node=node, segment=segment,
+                tail=lines, find=find, sweep=s.sweep_along() if root == s.layout.root else (),
+                on_run=on_run,
             )  # fmt: skip
         except KeyboardInterrupt:
             view.flush()
-            note(f"\nstopped watching; run {target.name} is not affected")
+            note(f"\nstopped watching; run {names[0] if names else run or 'the latest run'} is not affected")
             ctx.exit(130)
         view.flush()
         if follow and segment is None:
             ctx.exit(run_exit_code(followed.ended))
+
+
+def _check(target, *, node: int | None, segment: int | None, rank: int | None) -> int:  # type: ignore[no-untyped-def]
+    """Refuse a --node, --segment or --rank the run does not have; its last segment so far."""
+    from rv.errors import UsageError
+
+    nodes = int(target.meta.get("nodes") or 1)
+    if node is not None and node >= nodes:
+        raise UsageError(f"--node {node}: run {target.name} runs on {nodes} node(s) (0..{nodes - 1})")
+    if rank is not None:
+        _check_rank(target, rank)
+    last = int(target.current.index) if target.current else 1
+    if segment is not None and segment > last:
+        raise UsageError(f"--segment {segment}: run {target.name} has {last} segment(s) so far")
+    return last
 
 
 def _check_rank(run, rank: int) -> None:  # type: ignore[no-untyped-def]

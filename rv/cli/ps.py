@@ -46,11 +46,13 @@ def ps(ctx: click.Context, all_: bool, as_json: bool) -> None:
 
     store = run_store()
     with session(ctx) as s:
-        snap = query.listing(s.transport, s.layout.root, finished=all_)
+        # One round trip whatever the queue holds: runs, squeue (sacct with -a) and the secrets sweep.
+        snap = query.listing(s.transport, s.layout.root, finished=all_, sweep=s.sweep_along())
+        s.swept(snap.sweep)
         mine = {r.run_id: r for r in store.all(s.profile.name)}
-        for run in snap.runs:
-            if run.run_id in mine:
-                query.cache_learned(store, mine[run.run_id], run)
+        query.cache_learned_many(
+            store, s.profile.name, [(mine[run.run_id], run) for run in snap.runs if run.run_id in mine]
+        )
     if snap.squeue_error:
         warn(f"squeue failed, so what is queued or running is unknown: {snap.squeue_error}")
     if all_ and snap.sacct_error:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rv.cli.common import note, print_json, run_store, session, warn
+from rv.cli.common import note, print_json, progress_renderer, run_store, session, warn
 from rv.cli.envs import env_options
 
 
@@ -27,7 +27,13 @@ from rv.cli.envs import env_options
 @click.option("--nodes", type=int, help="Nodes (default: as few as hold the GPUs).")
 @click.option("--setup", multiple=True, help="Extra shell line run before the program (repeatable).")
 @click.option(
-    "-o", "--output", "outputs", multiple=True, help="Copy PATH to the job's output dir at the end."
+    "-o",
+    "--output",
+    "outputs",
+    multiple=True,
+    metavar="PATH",
+    help="Copy PATH to $RV_OUTPUT_DIR at the end (repeatable). PATH is relative to the folder you type "
+    "rv run in, where the program starts; it keeps its place in the repo under $RV_OUTPUT_DIR.",
 )
 @click.option(
     "--signal",
@@ -58,7 +64,13 @@ from rv.cli.envs import env_options
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
-@click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the run record as JSON, and nothing else on stdout: with -f the program's output goes "
+    "to stderr; with --dry-run the script is in the JSON.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -107,7 +119,7 @@ def run(
     if not _after_separator(command):
         # `rv run python train.py -g 4`: the -g went to the program. Stop before anything is sent;
         # with an explicit `--` the user said the flags are the program's, and we stay quiet.
-        misplaced = detect_misplaced_flags(command, catalog)
+        misplaced = detect_misplaced_flags(command, catalog, flags=option_words(ctx.command))
         if misplaced:
             from rv.errors import UsageError
 
@@ -121,12 +133,15 @@ def run(
     # Everything is validated here, before the first network call. A run without --name gets one of
     # its own: two runs of one command must never share a checkpoint folder.
     run_name = name
+    # The program starts where `rv run` was typed; -o paths are relative to that folder.
+    start_dir = _start_dir(Path.cwd())
     if name is None and command:
         run_name = job.default_run_name(default_name(command), run_id)
     req = build_request(
         catalog, command=command, gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus,
-        name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, signal=signal,
-        max_segments=max_segments, each_node=each_node, allow_single_process=allow_single_process,
+        name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, start_dir=start_dir,
+        signal=signal, max_segments=max_segments, each_node=each_node,
+        allow_single_process=allow_single_process,
     )  # fmt: skip
     for message in req.warnings:
         warn(message)
@@ -134,10 +149,12 @@ def run(
     from rv.secrets import SecretStore
 
     secrets = SecretStore(state_dir() / "secrets.json").load()
-    from rv.snapshot import ManifestCache, prepare_snapshot, upload_snapshot
+    from rv.snapshot import ManifestCache, prepare_snapshot, snapshot_warnings, upload_snapshot
 
     # The file list, hashes and size guard are local: a refused file fails before we connect.
     snap = prepare_snapshot(Path.cwd(), allow_large=allow_large)
+    for message in snapshot_warnings(snap):
+        warn(message)
     if snap.subdir:
         # Typed in a subfolder: the snapshot is the whole repo, the program starts where the user was.
         import dataclasses
@@ -162,7 +179,14 @@ def run(
             has_secrets=bool(secrets), umask=job_umask(profile),
             env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"),
         )  # fmt: skip
-        sys.stdout.write(render_script(req, context))
+        script = render_script(req, context)
+        if as_json:
+            print_json(
+                {"dry_run": True, "run_id": run_id, "name": req.name, "snapshot": snap.id,
+                 "files": len(snap.tree.entries), "script": script}
+            )  # fmt: skip
+        else:
+            sys.stdout.write(script)
         note(resources_line(req))
         note(
             f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, "
@@ -181,7 +205,10 @@ def run(
         env = ensure_environment(s, env_plan, (*profile.setup, *setup))
         # The cached manifest lets the cluster receive only a delta of the file list.
         cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
-        uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
+        with progress_renderer("uploading") as bar:
+            uploaded = upload_snapshot(
+                s.transport, s.layout, snap, cache=cache, on_summary=note, on_progress=bar
+            )
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
@@ -207,6 +234,7 @@ def run(
             from dataclasses import asdict
 
             print_json(asdict(record))
+            sys.stdout.flush()  # the record is all stdout gets: a reader may act on it while the run goes
         else:
             click.echo(record.job_id)
         where = f"{req.gpus}x {req.type.name}" if req.type else "CPU"
@@ -217,7 +245,23 @@ def run(
             f"  rv logs -f {req.name}    rv ps    rv stop {req.name}"
         )
         if follow:
-            ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments))
+            ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments, output_to_stderr=as_json))
+
+
+def option_words(command: click.Command) -> dict[str, bool]:
+    """Every option word of ``command`` (``-g``, ``--gpu``, ``--no-x``) -> whether it takes a value.
+
+    Read from the click command itself, so the misplaced-flag check knows each option the moment it
+    is added. The help option is not among ``params`` (click adds it per context): a program's own
+    ``--help`` is never taken for rv's.
+    """
+    words: dict[str, bool] = {}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            takes_value = not (param.is_flag or param.count)
+            for word in (*param.opts, *param.secondary_opts):
+                words[word] = takes_value
+    return words
 
 
 def plan_environment(snap, choice: str, **options):  # type: ignore[no-untyped-def]
@@ -241,13 +285,19 @@ def job_umask(profile) -> str:  # type: ignore[no-untyped-def]
     return "027" if profile.share_with_group else "077"
 
 
-def follow_to_end(s, run_id: str, name: str, max_segments: int) -> int:  # type: ignore[no-untyped-def]
-    """Follow a run until it ends; the run's exit code (0 when it finished), 130 on Ctrl-C."""
+def follow_to_end(s, run_id: str, name: str, max_segments: int, *, output_to_stderr: bool = False) -> int:  # type: ignore[no-untyped-def]
+    """Follow a run until it ends; the run's exit code (0 when it finished), 130 on Ctrl-C.
+
+    ``output_to_stderr`` (``-f --json``): the program's output, both streams, goes to stderr, so
+    stdout holds nothing but the JSON record.
+    """
     from rv.cli.following import TerminalView
     from rv.job.records import end_state, run_exit_code
     from rv.job.watch import follow_run
 
-    view = TerminalView(max_segments=max_segments, separators=False)
+    view = TerminalView(
+        max_segments=max_segments, separators=False, out=sys.stderr if output_to_stderr else None
+    )
     try:
         followed = follow_run(lambda: s.transport, s.reconnect, s.layout.root, run_id, view)
     except KeyboardInterrupt:
@@ -264,6 +314,17 @@ def follow_to_end(s, run_id: str, name: str, max_segments: int) -> int:  # type:
             f"(exit code {code})"
         )
     return code
+
+
+def _start_dir(here: Path) -> str:
+    """The folder the program will start in, relative to the repo top ("" at the top or outside a repo)."""
+    from rv.snapshot import Git, find_repo_top
+
+    top = find_repo_top(here, Git())
+    if top is None:
+        return ""
+    rel = here.resolve().relative_to(top.resolve()).as_posix()
+    return "" if rel == "." else rel
 
 
 def _after_separator(command: tuple[str, ...]) -> bool:

@@ -7,7 +7,7 @@ from collections import Counter
 
 import click
 
-from rv.cli.common import print_json, session
+from rv.cli.common import print_json, session, warn
 
 
 @click.command()
@@ -15,7 +15,6 @@ from rv.cli.common import print_json, session
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """How the cluster and your jobs stand, and what rv keeps there (and what `rv gc` would free)."""
-    from rv.job.cleanup import usage
     from rv.slurm.client import cluster_status
     from rv.slurm.parse import availability_by_type
 
@@ -23,9 +22,14 @@ def status(ctx: click.Context, as_json: bool) -> None:
         started = time.monotonic()
         s.transport.connect()
         connect_ms = (time.monotonic() - started) * 1000
-        st = cluster_status(s.transport, s.layout.root)
-        kept = usage(s.transport, s.layout.root, older_than=14 * 86400)
+        # One round trip, however many jobs are queued: squeue, sinfo, storage, gc's estimate, sweep.
+        st = cluster_status(s.transport, s.layout.root, older_than=14 * 86400, sweep=s.sweep_along())
+        s.swept(st.sweep)
+        kept = st.usage
         catalog = s.profile.gpu_catalog()
+    for what, error in (("squeue", st.squeue_error), ("sinfo", st.sinfo_error)):
+        if error:
+            warn(f"{what} failed on the cluster, so what it tells is missing below: {error}")
     gpus = availability_by_type(st.nodes, catalog)
     jobs = Counter(j.state for j in st.jobs)
     data = {

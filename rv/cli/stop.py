@@ -48,4 +48,4 @@ def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool) -> No
         )
         secrets = "; its secrets are removed" if row.secrets_removed else ""
         note(f"stopped run {row.name}: {jobs}; it will not continue{secrets}")
-        store.update(s.profile.name, row.run_id, secrets_cleared=True)
+    store.update_many(s.profile.name, {row.run_id: {"secrets_cleared": True} for row in stopped})

@@ -269,12 +269,12 @@ _register_gc_alias()
 @click.pass_context
 def snapshot(ctx: click.Context, path: str, max_file_size: int, allow_large: bool, as_json: bool) -> None:
     """Make (or find) the snapshot `rv run` would use for PATH's repo and print its id."""
-    from rv.snapshot import ManifestCache, prepare_snapshot, upload_snapshot
+    from rv.snapshot import ManifestCache, prepare_snapshot, snapshot_warnings, upload_snapshot
 
     snap = prepare_snapshot(
         path, max_file_size=max_file_size, allow_large=allow_large, cache_dir=_cache_dir()
     )
-    for w in snap.tree.warnings:
+    for w in snapshot_warnings(snap):
         warn(w)
     with session(ctx) as s, progress_renderer("uploading") as bar:
         cache = ManifestCache(_cache_dir(), f"{s.profile.name}:{s.layout.root}")

@@ -29,6 +29,7 @@ class RunsSnapshot:
     squeue_error: str | None = None
     sacct_error: str | None = None
     now: float = 0.0
+    sweep: dict[str, Any] | None = None  # the reply of a secrets sweep that rode along, if one did
 
 
 def fetch(
@@ -41,7 +42,9 @@ def fetch(
     live: bool = False,
     since: float | None = None,
     sacct_days: int | None = None,
+    sweep: Sequence[str] = (),
 ) -> RunsSnapshot:
+    """One round trip: the runs asked for, squeue (and sacct), and a secrets ``sweep`` of those ids."""
     args: dict[str, Any] = {
         "root": root,
         "ids": list(ids),
@@ -53,6 +56,8 @@ def fetch(
     }
     if sacct_days is not None:
         args["sacct"] = commands.sacct_user(sacct_days)
+    if sweep:
+        args["sweep"] = list(sweep)
     reply = call_agent(transport, "runs", args, timeout=120)
     squeue, sacct = reply.get("squeue") or {}, reply.get("sacct") or {}
     return RunsSnapshot(
@@ -62,13 +67,16 @@ def fetch(
         squeue_error=squeue.get("error"),
         sacct_error=sacct.get("error") if sacct else None,
         now=float(reply.get("now") or time.time()),
+        sweep=reply.get("sweep") if sweep else None,
     )
 
 
-def listing(transport: Any, root: str, *, finished: bool) -> RunsSnapshot:
+def listing(transport: Any, root: str, *, finished: bool, sweep: Sequence[str] = ()) -> RunsSnapshot:
     """What `rv ps` shows: live runs (and, with ``finished``, those of the last week, and sacct)."""
     since = time.time() - FINISHED_DAYS * 86400 if finished else None
-    return fetch(transport, root, live=True, since=since, sacct_days=FINISHED_DAYS if finished else None)
+    return fetch(
+        transport, root, live=True, since=since, sacct_days=FINISHED_DAYS if finished else None, sweep=sweep
+    )
 
 
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
@@ -81,38 +89,57 @@ class Resolved:
     snapshot: RunsSnapshot
 
 
-def resolve(transport: Any, store: RunStore, profile: str, root: str, ref: str | None) -> Resolved:
-    """RUN as the user typed it: a run name, a run id, a job id of any segment, or None (the latest)."""
+def resolve(
+    transport: Any, store: RunStore, profile: str, root: str, ref: str | None, *, sweep: Sequence[str] = ()
+) -> Resolved:
+    """RUN as the user typed it: a run name, a run id, a job id of any segment, or None (the latest).
+
+    ``sweep``: run ids under ``root`` whose secrets this same call sweeps (see rv.job.cleanup).
+    """
     local = store.resolve(ref, profile)
     if local is not None:
-        snap = fetch(transport, local.remote_root, ids=[local.run_id])
+        same_root = local.remote_root == root
+        snap = fetch(transport, local.remote_root, ids=[local.run_id], sweep=sweep if same_root else ())
     elif ref is not None:
-        snap = fetch(
-            transport,
-            root,
-            ids=[ref],
-            job_ids=[ref] if _JOB_ID.match(ref) else [],
-            any_names=[ref],
-        )
+        snap = fetch(transport, root, **selectors(ref), sweep=sweep)
     else:
         raise NotFound("no runs submitted with this profile yet", hint="rv run -- python train.py")
     runs = snap.runs
     if local is not None:
         runs = [r for r in runs if r.run_id == local.run_id]
     if not runs:
-        what = f"run {ref!r}" if ref else "the latest run"
-        raise NotFound(
-            f"{what} is not on the cluster (by name, run id or job id of any segment)",
-            hint="`rv ps -a` lists runs; `rv gc` may have removed an old one",
-        )
+        raise not_on_cluster(ref)
     run = runs[-1]  # the newest of that name
     if local is not None:
         cache_learned(store, local, run)
     return Resolved(run, local, snap)
 
 
+def selectors(ref: str) -> dict[str, list[str]]:
+    """How the cluster finds a RUN this machine does not know: run id, job id of any segment, name."""
+    return {"ids": [ref], "job_ids": [ref] if _JOB_ID.match(ref) else [], "any_names": [ref]}
+
+
+def not_on_cluster(ref: str | None) -> NotFound:
+    what = f"run {ref!r}" if ref else "the latest run"
+    return NotFound(
+        f"{what} is not on the cluster (by name, run id or job id of any segment)",
+        hint="`rv ps -a` lists runs; `rv gc` may have removed an old one",
+    )
+
+
 def cache_learned(store: RunStore, record: RunRecord, run: ClusterRun) -> None:
     """Remember a run's segments and end locally, so later lookups by job id need no scan."""
+    store.update(record.profile, record.run_id, **learned(record, run))
+
+
+def cache_learned_many(store: RunStore, profile: str, pairs: Sequence[tuple[RunRecord, ClusterRun]]) -> None:
+    """:func:`cache_learned` for many runs, in one write of the local records."""
+    store.update_many(profile, {record.run_id: learned(record, run) for record, run in pairs})
+
+
+def learned(record: RunRecord, run: ClusterRun) -> dict[str, Any]:
+    """What the cluster's records of ``run`` add to this machine's ``record`` (empty: nothing)."""
     jobs = run.jobs
     changes: dict[str, Any] = {}
     if jobs != record.all_jobs:
@@ -121,5 +148,4 @@ def cache_learned(store: RunStore, record: RunRecord, run: ClusterRun) -> None:
         changes["ended"] = dict(run.ended)
         if not run.has_secrets_file:
             changes["secrets_cleared"] = True
-    if changes:
-        store.update(record.profile, record.run_id, **changes)
+    return changes

@@ -83,6 +83,12 @@ def run_argv(argv, env=None, timeout=60, stdin_data=None):
     return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
+def answer(argv):
+    """{"text": stdout, "error": None, or what went wrong} of ``argv``, for a reply."""
+    code, text, err = run_argv(argv)
+    return {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
+
+
 def read_json(path):
     try:
         with open(path, "rb") as fh:
@@ -121,9 +127,18 @@ def live_jobs(squeue_argv):
     """{job id: squeue line} of the user's queued and running jobs; raises when squeue fails."""
     code, out, err = run_argv(squeue_argv)
     if code != 0:
-        raise store.AgentError("squeue failed (%s)" % (err.strip()[-300:] or "exit %d" % code), "squeue")
+        raise store.AgentError(squeue_failure(code, err), "squeue")
+    return jobs_of(out)
+
+
+def squeue_failure(code, err):
+    return "squeue failed (%s)" % (err.strip()[-300:] or "exit %d" % code)
+
+
+def jobs_of(squeue_text):
+    """{job id: line} from squeue's ``|``-separated output."""
     jobs = {}
-    for line in out.splitlines():
+    for line in squeue_text.splitlines():
         job = line.split("|", 1)[0].strip()
         if job:
             jobs[job] = line
@@ -588,23 +603,36 @@ def _wait_gone(squeue_argv, job, timeout):
 def mode_runs(args):
     """Run records, chosen by id, name, job id, recency or liveness; with squeue (and sacct) text."""
     root = store.root_path(args["root"])
+    out = {"runs": [], "now": time.time()}
+    code, text, err = run_argv(args["squeue"])
+    out["squeue"] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
+    if args.get("sacct"):
+        out["sacct"] = answer(args["sacct"])
+    if args.get("sweep"):
+        # The session's secrets sweep rides along on this call: no second round trip.
+        out["sweep"] = sweep_runs(root, args["sweep"], jobs_of(text)) if code == 0 else {
+            "error": squeue_failure(code, err)}  # fmt: skip
+    out["runs"] = select_runs(root, args)
+    return out
+
+
+def select_runs(root, args):
+    """The runs ``args`` asks for (``ids``, ``names``, ``any_names``, ``job_ids``, ``live``,
+    ``since``), as :func:`run_info` dicts in run id order."""
     ids = set(args.get("ids") or [])
     names = set(tuple(n) for n in args.get("names") or [])
     any_names = set(args.get("any_names") or [])  # a run name, whatever its project
     job_ids = set(args.get("job_ids") or [])
     since = args.get("since")
-    out = {"runs": [], "now": time.time()}
-    code, text, err = run_argv(args["squeue"])
-    out["squeue"] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
-    if args.get("sacct"):
-        code, text, err = run_argv(args["sacct"])
-        out["sacct"] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
+    found = []
     for run_id in all_run_ids(root):
-        info = run_info(root, run_id)
-        if info is None:
+        # Two reads decide for most runs (an ended run rv ps does not show): the segments, one or
+        # two files each, are read only for the runs that are sent, or asked for by job id.
+        rdir = run_path(root, run_id)
+        meta = read_json(store.join(rdir, RUN_FILE))
+        if meta is None:
             continue
-        meta = info["meta"]
-        ended = info["ended"]
+        ended = read_json(store.join(rdir, ENDED))
         wanted = (
             run_id in ids
             or (meta.get("project"), meta.get("name")) in names
@@ -614,11 +642,15 @@ def mode_runs(args):
                 since is not None
                 and (meta.get("created", 0) >= since or (ended or {}).get("end", 0) >= since)
             )
-            or (job_ids and job_ids & set(s["job_id"] for s in info["segments"]))
         )
-        if wanted:
-            out["runs"].append(info)
-    return out
+        if not wanted and not job_ids:
+            continue
+        info = run_info(root, run_id)
+        if info is None:
+            continue
+        if wanted or job_ids & set(seg["job_id"] for seg in info["segments"]):
+            found.append(info)
+    return found
 
 
 # -- follow ----------------------------------------------------------------------------------------
@@ -724,17 +756,42 @@ def _drain(frames, rdir, job, streams, node, offsets, segment, settle):
 
 
 def mode_follow(args):
-    """Stream a run's logs from ``offsets``, segment by segment; with ``follow``, until it ends."""
+    """Stream a run's logs from ``offsets``, segment by segment; with ``follow``, until it ends.
+
+    Given ``find`` (``runs``' selectors) instead of ``run_id``, the follower first finds the run
+    (the newest that matches) and sends it in a ``run`` frame, with the ``sweep`` of the session:
+    `rv logs` is then one call to the cluster. With ``tail`` and no ``segment``, that is the last
+    segment only.
+    """
     root = store.root_path(args["root"])
-    run_id = args["run_id"]
+    frames = Frames()
+    only = args.get("segment")
+    if args.get("find") is not None:
+        head = {"t": "run", "run": None}
+        if args.get("sweep"):
+            try:
+                head["sweep"] = sweep_runs(root, args["sweep"], live_jobs(args["squeue"]))
+            except store.AgentError as exc:
+                head["sweep"] = {"error": str(exc)}
+        found = select_runs(root, args["find"])
+        if found:
+            head["run"] = max(found, key=lambda info: float(info["meta"].get("created") or 0))
+            segs = head["run"]["segments"]
+            if only is None and args.get("tail") is not None and segs:
+                only = segs[-1]["segment"]
+        head["segment"] = only  # which segment alone is shown (None: all), for a reconnect to ask again
+        frames.send(head)
+        if head["run"] is None:
+            return None
+        run_id = head["run"]["run_id"]
+    else:
+        run_id = args["run_id"]
     rdir = run_path(root, run_id)
     streams = args.get("streams") or ["out", "err"]
     node = args.get("node")
     follow = bool(args.get("follow"))
-    only = args.get("segment")
     offsets = dict(args.get("offsets") or {})
     k = int(args.get("from_segment") or only or 1)
-    frames = Frames()
     backoff, next_poll, last_state = POLL_S, 0.0, None
     while True:
         segs = {s["segment"]: s for s in segments(rdir)}
@@ -855,10 +912,13 @@ def mode_run_stop(args):
 
 def mode_sweep(args):
     """Secrets of runs no job is alive for: removed, and ENDED written where the job could not."""
-    root = store.root_path(args["root"])
-    live = live_jobs(args["squeue"])
+    return sweep_runs(store.root_path(args["root"]), args["ids"], live_jobs(args["squeue"]))
+
+
+def sweep_runs(root, ids, live):
+    """``sweep`` for ``ids`` given the live jobs; also done inside ``runs`` and ``usage`` calls."""
     out = {"removed": [], "ended": [], "live": []}
-    for run_id in args["ids"]:
+    for run_id in ids:
         info = run_info(root, run_id)
         if info is None:
             continue
@@ -963,11 +1023,12 @@ def plan_gc(root, args, live):
     return remove_runs, kept, kept_names
 
 
-def mode_gc(args):
+def mode_gc(args, live=None):
     root = store.root_path(args["root"])
     dry = bool(args.get("dry_run"))
     older_than = float(args["older_than"])
-    live = live_jobs(args["squeue"])  # if squeue fails, nothing is removed
+    if live is None:
+        live = live_jobs(args["squeue"])  # if squeue fails, nothing is removed
     freed = Freed()
     report = {"dry_run": dry, "runs_removed": [], "runs_kept": [], "checkpoints_removed": [],
               "outputs_removed": [], "warnings": []}  # fmt: skip
@@ -1025,8 +1086,26 @@ KINDS = (
 
 
 def mode_usage(args):
-    """Bytes on disk by kind (each inode counted once, objects first), and what gc would free."""
+    """Bytes on disk by kind (each inode counted once, objects first), and what gc would free.
+
+    With ``sinfo`` (`rv status`), all the rest of what status shows, in this one call: the login
+    name, ``squeue`` (also gc's live jobs) and ``sinfo`` text, the ``sweep`` of the session, and
+    ``work_ms``, the time spent here (rv reports the rest of the call as the round trip).
+    """
+    started = time.time()
     root = store.root_path(args["root"])
+    out = {}
+    live = None
+    if args.get("sinfo"):
+        out["user"] = user_name()
+        code, text, err = run_argv(args["squeue"])
+        out["squeue"] = {"text": text, "error": None if code == 0 else squeue_failure(code, err)}
+        if code == 0:
+            live = jobs_of(text)
+        out["sinfo"] = answer(args["sinfo"])
+        if args.get("sweep"):
+            out["sweep"] = sweep_runs(root, args["sweep"], live) if live is not None else {
+                "error": out["squeue"]["error"]}  # fmt: skip
     seen = set()
     sizes = {}
 
@@ -1048,13 +1127,14 @@ def mode_usage(args):
         else:
             sizes[kind] = count(store.join(root, folder))
     sizes["other"] = count(root)  # run records, scripts, caches, workspaces: whatever is left
-    out = {"kinds": sizes, "total": sum(sizes.values())}
+    out.update(kinds=sizes, total=sum(sizes.values()))
     try:
-        gc = mode_gc(dict(args, dry_run=True))
+        gc = mode_gc(dict(args, dry_run=True), live=live)
         out["gc"] = {"bytes_freed": gc["bytes_freed"], "runs": len(gc["runs_removed"]),
                      "snapshots": len(gc["removed"]), "objects": gc["objects_removed"]}  # fmt: skip
     except store.AgentError as exc:
         out["gc"] = {"error": str(exc)}
+    out["work_ms"] = (time.time() - started) * 1000
     return out
 
 

@@ -19,11 +19,11 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rv.errors import ConnectError, RemoteError
+from rv.errors import ConnectError, NotFound, RemoteError
 from rv.slurm import commands
 from rv.snapshot import agent_command
 
@@ -67,6 +67,13 @@ class Position:
 
     segment: int | None = None
     offsets: dict[str, int] = field(default_factory=dict)
+    run_id: str | None = None  # None until the follower has found the run (``find``)
+    only: int | None = None  # the one segment shown, or None for all
+
+
+# Sees the run a follower found (the agent's run dict, or None when nothing matched) and the reply
+# of the secrets sweep that rode along (None when none was asked for); may raise to stop.
+OnRun = Callable[[dict[str, Any] | None, dict[str, Any] | None], None]
 
 
 @dataclass(frozen=True)
@@ -77,26 +84,31 @@ class Followed:
 
 def follower_args(
     root: str,
-    run_id: str,
     pos: Position,
     *,
     follow: bool,
     streams: tuple[str, ...],
     node: int | None,
-    segment: int | None,
     tail: int | None,
+    find: dict[str, Any] | None = None,
+    sweep: Sequence[str] = (),
 ) -> dict[str, Any]:
     args: dict[str, Any] = {
         "root": root,
-        "run_id": run_id,
         "follow": follow,
         "streams": list(streams),
         "node": node,
-        "segment": segment,
+        "segment": pos.only,
         "offsets": pos.offsets,
         "from_segment": pos.segment,
         "squeue": commands.squeue_user(),
     }
+    if pos.run_id is not None:
+        args["run_id"] = pos.run_id
+    else:
+        args["find"] = find or {}
+        if sweep:
+            args["sweep"] = list(sweep)
     if tail is not None and not pos.offsets:
         args["tail"] = tail
     return args
@@ -106,7 +118,7 @@ def follow_run(
     connect: Callable[[], Any],
     reconnect: Callable[[], Any],
     root: str,
-    run_id: str,
+    run_id: str | None,
     view: FollowView,
     *,
     follow: bool = True,
@@ -114,21 +126,27 @@ def follow_run(
     node: int | None = None,
     segment: int | None = None,
     tail: int | None = None,
+    find: dict[str, Any] | None = None,
+    sweep: Sequence[str] = (),
+    on_run: OnRun | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Followed:
     """Stream a run's output to ``view``; with ``follow``, until the run ends. Ctrl-C propagates.
 
-    ``connect()`` gives the session's transport; ``reconnect()`` a fresh one after a drop.
+    ``connect()`` gives the session's transport; ``reconnect()`` a fresh one after a drop. With
+    ``run_id`` None, ``find`` (the agent's ``runs`` selectors: ``ids``, ``job_ids``, ``any_names``)
+    names the run and the follower finds it in the same call (and sweeps ``sweep``'s secrets):
+    ``on_run`` sees it before any output and may raise to stop. One round trip for `rv logs`.
     """
-    pos = Position(segment=segment)
+    pos = Position(segment=segment, run_id=run_id, only=segment)
     backoff = 1.0
     transport = connect()
     while True:
         args = follower_args(
-            root, run_id, pos, follow=follow, streams=streams, node=node, segment=segment, tail=tail
+            root, pos, follow=follow, streams=streams, node=node, tail=tail, find=find, sweep=sweep
         )
         try:
-            end = _one_follower(transport, args, pos, view)
+            end = _one_follower(transport, args, pos, view, on_run)
         except (ConnectError, RemoteError, OSError, EOFError) as exc:
             error = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         else:
@@ -147,7 +165,9 @@ def follow_run(
             view.warning(f"reconnecting failed: {getattr(exc, 'message', None) or exc}")
 
 
-def _one_follower(transport: Any, args: dict[str, Any], pos: Position, view: FollowView) -> Followed | None:
+def _one_follower(
+    transport: Any, args: dict[str, Any], pos: Position, view: FollowView, on_run: OnRun | None = None
+) -> Followed | None:
     """Run one follower to its end frame (returned) or until the connection fails (raises)."""
     frames: queue.Queue[tuple[str, Any]] = queue.Queue()
     reader = FrameReader()
@@ -189,7 +209,7 @@ def _one_follower(transport: Any, args: dict[str, Any], pos: Position, view: Fol
                     raise RemoteError(f"the follower exited with code {item}: {' / '.join(detail)}")
                 return None
             head, data = item
-            end = _handle(head, data, pos, view)
+            end = _handle(head, data, pos, view, on_run)
             if end is not None:
                 return end
     finally:
@@ -201,9 +221,21 @@ def _one_follower(transport: Any, args: dict[str, Any], pos: Position, view: Fol
             worker.join(timeout=5)
 
 
-def _handle(head: dict[str, Any], data: bytes, pos: Position, view: FollowView) -> Followed | None:
+def _handle(
+    head: dict[str, Any], data: bytes, pos: Position, view: FollowView, on_run: OnRun | None = None
+) -> Followed | None:
     kind = head.get("t")
-    if kind == "data":
+    if kind == "run":
+        run = head.get("run")
+        if on_run is not None:
+            on_run(run, head.get("sweep"))
+        if run is None:
+            raise NotFound("no such run on the cluster", hint="`rv ps -a` lists runs")
+        pos.run_id = str(run["run_id"])
+        pos.only = head.get("segment")
+        if pos.segment is None:
+            pos.segment = pos.only
+    elif kind == "data":
         # Count before showing: a line shown is a line never sent again.
         pos.offsets[head["f"]] = int(head["o"]) + len(data)
         view.output(head["s"], data, head["f"])  # the file: a line is only whole within its own file

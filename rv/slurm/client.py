@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from rv.setup import parse_probe
 from rv.slurm import commands
 from rv.slurm.parse import NodeInfo, QueuedJob, parse_sinfo_nodes, parse_squeue
 from rv.transport import Transport
@@ -15,33 +15,45 @@ from rv.transport import Transport
 @dataclass(frozen=True)
 class ClusterStatus:
     user: str
-    round_trip_ms: float
-    storage_bytes: int | None
+    round_trip_ms: float  # the call, less the time the agent worked on the cluster
     jobs: list[QueuedJob]
     nodes: list[NodeInfo]
+    usage: dict[str, Any]  # what rv keeps by kind ("kinds", "total") and what gc would free ("gc")
+    squeue_error: str | None = None
+    sinfo_error: str | None = None
+    sweep: dict[str, Any] | None = None  # the secrets sweep that rode along, if one was asked for
 
 
-def cluster_status(transport: Transport, remote_root: str) -> ClusterStatus:
-    root = shlex.quote(remote_root)
-    command = "; ".join(
-        [
-            "echo @@user; id -un",
-            f"echo @@du; du -sk {root} 2>/dev/null | cut -f1",
-            "echo @@squeue",
-            commands.shell(commands.squeue_user()),
-            "echo @@sinfo",
-            commands.shell(commands.sinfo_nodes()),
-        ]
-    )
+def cluster_status(
+    transport: Transport, remote_root: str, *, older_than: float, sweep: Sequence[str] = ()
+) -> ClusterStatus:
+    """Everything `rv status` shows, in one agent call however many jobs are queued.
+
+    ``older_than`` is the age `rv gc` would remove ended runs at; ``sweep`` the run ids whose leftover
+    secrets this call removes too (see rv.job.cleanup).
+    """
+    from rv.snapshot import call_agent
+
+    args: dict[str, Any] = {
+        "root": remote_root,
+        "older_than": older_than,
+        "checkpoints": False,
+        "squeue": commands.squeue_user(),
+        "sinfo": commands.sinfo_nodes(),
+    }
+    if sweep:
+        args["sweep"] = list(sweep)
     started = time.monotonic()
-    result = transport.run(command, timeout=60).check("reading the cluster's state")
+    reply = call_agent(transport, "usage", args, timeout=300)
     elapsed = (time.monotonic() - started) * 1000
-    out = parse_probe(result.out)
-    du = "".join(out.get("du", [])).strip()
+    squeue, sinfo = reply.get("squeue") or {}, reply.get("sinfo") or {}
     return ClusterStatus(
-        user="".join(out.get("user", [])).strip(),
-        round_trip_ms=elapsed,
-        storage_bytes=int(du) * 1024 if du.isdigit() else None,
-        jobs=parse_squeue("\n".join(out.get("squeue", []))),
-        nodes=parse_sinfo_nodes("\n".join(out.get("sinfo", []))),
+        user=str(reply.get("user") or ""),
+        round_trip_ms=max(0.0, elapsed - float(reply.get("work_ms") or 0.0)),
+        jobs=[] if squeue.get("error") else parse_squeue(squeue.get("text") or ""),
+        nodes=[] if sinfo.get("error") else parse_sinfo_nodes(sinfo.get("text") or ""),
+        usage={key: reply[key] for key in ("kinds", "total", "gc")},
+        squeue_error=squeue.get("error"),
+        sinfo_error=sinfo.get("error"),
+        sweep=reply.get("sweep") if sweep else None,
     )

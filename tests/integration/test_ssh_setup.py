@@ -90,8 +90,14 @@ class JumpHost:
             self.proc.wait()
 
 
+@pytest.fixture(params=["default", "bare"])
+def target(request) -> dict[str, str]:
+    """The cluster behind the jump hosts, once per layout (the bare one has its own sshd, key, root)."""
+    return request.getfixturevalue("cluster" if request.param == "default" else "bare_cluster")
+
+
 @pytest.fixture
-def jump_hosts(cluster):
+def jump_hosts(target):
     if not os.path.exists(SSHD):
         pytest.fail(f"{SSHD} is missing (scripts/testcluster up installs openssh-server)")
     # World-traversable, so sshd can read authorized_keys as the cluster user.
@@ -99,8 +105,8 @@ def jump_hosts(cluster):
     folder.chmod(0o755)
     hosts = []
     try:
-        hosts.append(JumpHost(folder / "hop1", cluster["RV_TESTCLUSTER_KEY"]))
-        hosts.append(JumpHost(folder / "hop2", cluster["RV_TESTCLUSTER_KEY"]))
+        hosts.append(JumpHost(folder / "hop1", target["RV_TESTCLUSTER_KEY"]))
+        hosts.append(JumpHost(folder / "hop2", target["RV_TESTCLUSTER_KEY"]))
         yield hosts
     finally:
         for h in hosts:
@@ -108,12 +114,12 @@ def jump_hosts(cluster):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_an_included_alias_behind_two_jump_hosts(cluster, jump_hosts, tmp_path):
+def test_an_included_alias_behind_two_jump_hosts(target, jump_hosts, tmp_path):
     hop1, hop2 = jump_hosts
-    user = cluster.get("RV_TESTCLUSTER_USER", "root")
+    user = target.get("RV_TESTCLUSTER_USER", "root")
     known = tmp_path / "known_hosts"
     known.write_text(
-        Path(cluster["RV_TESTCLUSTER_KNOWN_HOSTS"]).read_text()
+        Path(target["RV_TESTCLUSTER_KNOWN_HOSTS"]).read_text()
         + hop1.known_hosts_line()
         + hop2.known_hosts_line()
     )
@@ -123,15 +129,15 @@ def test_an_included_alias_behind_two_jump_hosts(cluster, jump_hosts, tmp_path):
     (conf_d / "cluster.conf").write_text(
         f"Host hop1\n  HostName 127.0.0.1\n  Port {hop1.port}\n"
         f"Host hop2\n  HostName 127.0.0.1\n  Port {hop2.port}\n"
-        f"Host behind-jumps\n  HostName 127.0.0.1\n  Port {cluster['RV_TESTCLUSTER_SSH_PORT']}\n"
+        f"Host behind-jumps\n  HostName 127.0.0.1\n  Port {target['RV_TESTCLUSTER_SSH_PORT']}\n"
         "  ProxyJump hop1,hop2\n"
-        f"Host *\n  User {user}\n  IdentityFile {cluster['RV_TESTCLUSTER_KEY']}\n"
+        f"Host *\n  User {user}\n  IdentityFile {target['RV_TESTCLUSTER_KEY']}\n"
         f"  UserKnownHostsFile {known}\n"
     )
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text(f"Include {conf_d}/*.conf\n")
     env = dict(base_env(tmp_path, tmp_path / "rv.toml"), RV_SSH_CONFIG=str(ssh_config))
-    root = f"{cluster['RV_TESTCLUSTER_REMOTE_ROOT']}/tests/jumps-{uuid.uuid4().hex[:8]}"
+    root = f"{target['RV_TESTCLUSTER_REMOTE_ROOT']}/tests/jumps-{uuid.uuid4().hex[:8]}"
     try:
         init = run_cli(
             ["init", "--profile", "jumps", "--host", "behind-jumps", "--remote-root", root, "--yes"], env
@@ -139,26 +145,26 @@ def test_an_included_alias_behind_two_jump_hosts(cluster, jump_hosts, tmp_path):
         assert init.returncode == 0, init.stderr
         seen = [run_cli(["exec", 'echo "$SSH_CONNECTION"'], env) for _ in range(3)]
         assert all(r.returncode == 0 for r in seen), [r.stderr for r in seen]
-        assert seen[0].stdout.split()[2:] == ["127.0.0.1", cluster["RV_TESTCLUSTER_SSH_PORT"]]
+        assert seen[0].stdout.split()[2:] == ["127.0.0.1", target["RV_TESTCLUSTER_SSH_PORT"]]
         # The first connects directly and starts the warm connection, through the same hops.
         assert seen[1].stdout == seen[2].stdout
     finally:
         shutil.rmtree(root, ignore_errors=True)
     # rv -> hop1 -> hop2 -> the cluster, in that order (rv used to skip hop2).
     assert f"127.0.0.1 port {hop2.port}" in hop1.forwarded_to()
-    assert f"127.0.0.1 port {cluster['RV_TESTCLUSTER_SSH_PORT']}" in hop2.forwarded_to()
+    assert f"127.0.0.1 port {target['RV_TESTCLUSTER_SSH_PORT']}" in hop2.forwarded_to()
 
 
-def test_an_unknown_jump_host_key_is_refused_by_name(cluster, jump_hosts, tmp_path):
+def test_an_unknown_jump_host_key_is_refused_by_name(target, jump_hosts, tmp_path):
     hop1, hop2 = jump_hosts
     known = tmp_path / "known_hosts"
-    known.write_text(Path(cluster["RV_TESTCLUSTER_KNOWN_HOSTS"]).read_text() + hop1.known_hosts_line())
+    known.write_text(Path(target["RV_TESTCLUSTER_KNOWN_HOSTS"]).read_text() + hop1.known_hosts_line())
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text(
-        f"Host behind\n  HostName 127.0.0.1\n  Port {cluster['RV_TESTCLUSTER_SSH_PORT']}\n"
+        f"Host behind\n  HostName 127.0.0.1\n  Port {target['RV_TESTCLUSTER_SSH_PORT']}\n"
         f"  ProxyJump 127.0.0.1:{hop1.port},127.0.0.1:{hop2.port}\n"
-        f"Host *\n  User {cluster.get('RV_TESTCLUSTER_USER', 'root')}\n"
-        f"  IdentityFile {cluster['RV_TESTCLUSTER_KEY']}\n  UserKnownHostsFile {known}\n"
+        f"Host *\n  User {target.get('RV_TESTCLUSTER_USER', 'root')}\n"
+        f"  IdentityFile {target['RV_TESTCLUSTER_KEY']}\n  UserKnownHostsFile {known}\n"
     )
     env = dict(base_env(tmp_path, tmp_path / "rv.toml"), RV_SSH_CONFIG=str(ssh_config))
     r = run_cli(

@@ -8,11 +8,19 @@ from rv.request import (
     DEFAULT_SIGNAL_LEAD,
     build_request,
     default_name,
-    detect_misplaced_flags,
     parse_launcher,
     parse_torchrun,
     sanitise_name,
 )
+from rv.request import detect_misplaced_flags as _detect_misplaced_flags
+
+
+def detect_misplaced_flags(command, catalog=None):
+    """The check as `rv run` makes it: with the option words of its click command."""
+    from rv.cli.run import option_words, run
+
+    return _detect_misplaced_flags(command, catalog, flags=option_words(run))
+
 
 A6000 = RIVANNA["a6000"]
 ONE_TYPE = {"a6000": A6000}
@@ -310,6 +318,32 @@ def test_output_flag_takes_any_path_so_it_is_reported():
     ]
 
 
+# A value each of rv run's options would accept; an option added later gets "x" (any text).
+SAMPLE_VALUES = {"gpus": "4", "gpu_type": "a6000", "time_": "2h", "mem": "64G", "cpus": "8", "nodes": "2",
+                 "signal": "USR1@60", "max_segments": "3", "from_": "old@100"}  # fmt: skip
+
+
+def _every_option_word():
+    import click
+
+    from rv.cli.run import run
+
+    for param in run.params:
+        if isinstance(param, click.Option):
+            value = None if param.is_flag else SAMPLE_VALUES.get(param.name or "", "x")
+            for word in param.opts:
+                yield pytest.param(word, value, id=word)
+
+
+@pytest.mark.parametrize(("word", "value"), list(_every_option_word()))
+def test_every_option_of_rv_run_is_known_to_the_check(word, value):
+    # Derived from the click command: an option added to `rv run` is caught after the command too.
+    command = ["python", "x.py", word, *([value] if value is not None else [])]
+    found = detect_misplaced_flags(command, RIVANNA)
+    shown = f"{word} {value}" if value is not None else word
+    assert found and found[0].startswith(f"{shown} went to the program"), found
+
+
 def test_misplaced_boolean_flags():
     assert detect_misplaced_flags(["python", "x.py", "--mig"])[0].startswith("--mig went")
     assert detect_misplaced_flags(["python", "x.py", "--dry-run"])[0].startswith("--dry-run went")
@@ -426,6 +460,13 @@ def test_outputs_normalised_and_confined():
     assert r.outputs == ("runs/exp1", "model.pt")
     for bad in ["/etc/passwd", "../up", "a/../../b", ".", ""]:
         assert "-o" in usage_error(gpu_type="a6000", outputs=[bad]).message
+
+
+def test_outputs_are_relative_to_the_folder_the_program_starts_in():
+    r = req(gpu_type="a6000", outputs=["out.txt", "../shared/x", "."], start_dir="exp/a")
+    assert r.outputs == ("exp/a/out.txt", "exp/shared/x", "exp/a")  # relative to the work dir
+    message = usage_error(gpu_type="a6000", outputs=["../../../x"], start_dir="exp/a").message
+    assert "(relative to exp/a/, where the program starts)" in message
 
 
 def test_setup_lines_kept_in_order_blank_dropped():

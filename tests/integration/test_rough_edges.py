@@ -1,0 +1,44 @@
+"""Rough edges of `rv run` with a real job, on the bare layout (no accounting, one mixed partition,
+no `python` on the login PATH), as the cluster user: pure JSON on stdout with -f, `-o` paths from
+the folder the program starts in, the snapshot's warnings on stderr."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+
+def git_project(path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=path, check=True)
+    return path
+
+
+JOB = "echo made-in-exp > out.txt; echo to-stdout; echo to-stderr >&2"
+
+
+def test_follow_with_json_from_a_subfolder_keeps_stdout_json_and_outputs_where_the_program_ran(
+    run_rv_bare, bare_remote_root, tmp_path
+):
+    proj = git_project(tmp_path / "proj", {"exp/job.sh": JOB + "\n", "README": "x\n"})
+    (proj / "exp" / "notes.txt").write_text("not committed\n")  # a dirty tree: rv run says so
+    r = run_rv_bare(
+        "run", "-g", "0", "--mem", "300M", "-f", "--json", "-o", "out.txt", "--", "sh", "job.sh",
+        cwd=proj / "exp", timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    record = json.loads(r.stdout)  # all of stdout is the one record
+    assert record["job_id"].isdigit() and record["request"]["outputs"] == ["exp/out.txt"]
+    # The program's output, both streams, is on stderr.
+    assert "to-stdout" in r.stderr and "to-stderr" in r.stderr
+    err = " ".join(r.stderr.split())
+    assert "warning: the snapshot holds uncommitted changes (untracked: exp/notes.txt)" in err
+    # -o out.txt is the out.txt the program wrote where it started (exp/), kept at its place in the repo.
+    copies = list(Path(bare_remote_root).glob(f"outputs/*/{record['name']}/exp/out.txt"))
+    assert len(copies) == 1, list(Path(bare_remote_root).glob("outputs/**"))
+    assert copies[0].read_text() == "made-in-exp\n"
+    assert "not found in the work dir" not in r.stderr
