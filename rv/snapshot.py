@@ -44,7 +44,7 @@ import struct
 import subprocess
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +57,8 @@ from rv.progress import Progress, ProgressCounter
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
+
+    from rv.treecache import StoreCache, TreeCache
 
 # concurrent.futures, tempfile, socket and getpass are imported where they are used: `rv ps` imports
 # this module for call_agent and should not pay ~20 ms for what only a snapshot needs.
@@ -159,7 +161,7 @@ def blob_id(data: bytes) -> str:
 
 def snapshot_id(entries: Iterable[Entry]) -> str:
     """Derived from the manifest alone, so identical trees are one snapshot."""
-    return str(agent.manifest_id([e.row() for e in sort_entries(entries)]))
+    return str(agent.manifest_id([e.row() for e in entries]))
 
 
 def sort_entries(entries: Iterable[Entry]) -> list[Entry]:
@@ -204,58 +206,106 @@ class RepoInfo:
     remote_url: str | None
     dirty: bool
     untracked: tuple[str, ...]
+    # Paths of the top repository whose content may differ from HEAD's (staged, or changed in the
+    # work tree, and every submodule): what the provenance diff is limited to. None: not known.
+    changed: tuple[str, ...] | None = None
+
+
+class ManifestPaths(Collection[str]):
+    """The paths of a manifest: membership by binary search, iteration by one parse of the text."""
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, str) and agent.row_at(self.text, path) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (row[0] for row in agent.manifest_rows(self.text))
+
+    def __len__(self) -> int:
+        return self.text.count(b"\n")
+
+    def under(self, prefix: str) -> Iterator[str]:
+        """The paths that start with ``prefix``, in manifest order."""
+        key = agent.enc(prefix)
+        start = agent.find_line(self.text, key)[0]
+        while start < len(self.text):
+            end = self.text.index(b"\n", start) + 1
+            path = agent.parse_line(self.text[start:end])[0]
+            if not agent.enc(path).startswith(key):
+                return
+            yield path
+            start = end
 
 
 @dataclass(frozen=True)
 class LocalTree:
-    """The files a snapshot or push would carry, relative to ``root``."""
+    """The files a snapshot or push would carry, relative to ``root``, as a manifest text.
+
+    ``entries`` parses the whole manifest (on first use): the hot paths (a resubmit with nothing or
+    little changed) never need it.
+    """
 
     root: Path
-    entries: tuple[Entry, ...]
+    manifest: bytes  # rv.remote_store's manifest text: one line per file, sorted by path
+    files: int
+    total_size: int
+    large: tuple[tuple[str, int], ...] = ()  # every file of LARGE_FLOOR bytes or more: (path, size)
     ignored: tuple[tuple[str, int], ...] = ()  # left out by .rvignore: (path, size; -1 for a folder)
     warnings: tuple[str, ...] = ()
     repo: RepoInfo | None = None
+    mtimes: dict[str, int] | None = field(default=None, compare=False, repr=False)
+    # (id of the manifest this machine listed before, {path: row or None} since then): lets an
+    # upload send a delta against it without comparing the two manifests.
+    previous: tuple[str, dict[str, list[Any] | None]] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, root: Path, entries: Iterable[Entry], **kw: Any) -> LocalTree:
+        entries = list(entries)
+        text = agent.manifest_text([e.row() for e in entries])
+        mtimes = {e.path: e.mtime_ns for e in entries} if any(e.mtime_ns for e in entries) else None
+        large = tuple((e.path, e.size) for e in entries if e.size >= LARGE_FLOOR)
+        return cls(root, text, len(entries), sum(e.size for e in entries), large, mtimes=mtimes, **kw)
+
+    @functools.cached_property
+    def id(self) -> str:
+        return str(agent.text_id(self.manifest))
+
+    @functools.cached_property
+    def entries(self) -> tuple[Entry, ...]:
+        mtimes = self.mtimes or {}
+        return tuple(Entry(p, m, o, s, mtimes.get(p, 0)) for p, m, o, s in agent.manifest_rows(self.manifest))
 
     @property
-    def total_size(self) -> int:
-        return sum(e.size for e in self.entries)
+    def paths(self) -> ManifestPaths:
+        return ManifestPaths(self.manifest)
 
     def subtree(self, rel: str) -> LocalTree:
         """The part under ``rel`` (a folder inside root), with paths relative to it."""
         if rel in ("", "."):
             return self
         prefix = rel.rstrip("/") + "/"
-        return replace(
-            self,
-            root=self.root / rel,
-            entries=tuple(
-                replace(e, path=e.path[len(prefix) :]) for e in self.entries if e.path.startswith(prefix)
-            ),
+        return LocalTree.of(
+            self.root / rel,
+            [replace(e, path=e.path[len(prefix) :]) for e in self.entries if e.path.startswith(prefix)],
             ignored=tuple((p[len(prefix) :], s) for p, s in self.ignored if p.startswith(prefix)),
+            warnings=self.warnings,
+            repo=self.repo,
         )
 
 
-@dataclass
-class _Candidates:
-    trusted: dict[str, str] = field(default_factory=dict)  # path -> blob id from the index
-    index_ids: dict[str, tuple[int, str]] = field(default_factory=dict)  # path -> (mode, oid), any stage 0
-    hash: set[str] = field(default_factory=set)  # paths whose content must be hashed here
-    untracked: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    top_config: dict[str, str] = field(default_factory=dict)  # of the outermost repo
-    top_git_dir: str = ""
-
-
-def find_repo_top(path: Path, git: Git) -> Path | None:
-    """The work tree's top, or None outside any repository.
+def find_repo(path: Path, git: Git) -> tuple[Path, str] | None:
+    """(the work tree's top, its git folder), or None outside any repository.
 
     When git refuses a repository that is there (``safe.directory`` ownership checks, a damaged
     ``.git``), that is an error, not "no repo": treating it as a plain folder would send every
     gitignored file.
     """
-    proc = git.run(["rev-parse", "--show-toplevel"], path, ok_codes=(0, 128))
+    proc = git.run(["rev-parse", "--show-toplevel", "--absolute-git-dir"], path, ok_codes=(0, 128))
     if proc.returncode == 0:
-        return Path(os.fsdecode(proc.stdout.rstrip(b"\n")))
+        top, git_dir = os.fsdecode(proc.stdout).rstrip("\n").split("\n")[:2]
+        return Path(top), git_dir
     resolved = path.resolve()
     for folder in (resolved, *resolved.parents):
         if (folder / ".git").exists():
@@ -265,6 +315,11 @@ def find_repo_top(path: Path, git: Git) -> Path | None:
                 hint="run `git status` there to see why (safe.directory, a damaged .git ...)",
             )
     return None
+
+
+def find_repo_top(path: Path, git: Git) -> Path | None:
+    found = find_repo(path, git)
+    return found[0] if found else None
 
 
 def _untrusted_by_attributes(top: Path, paths: list[str], git: Git, config: dict[str, str]) -> set[str]:
@@ -298,10 +353,13 @@ def _untrusted_by_attributes(top: Path, paths: list[str], git: Git, config: dict
 
 def _git_config(top: Path, git: Git) -> dict[str, str]:
     proc = git.run(
-        ["config", "-z", "--get-regexp", r"^(core\.(autocrlf|eol|attributesfile)|remote\.origin\.url)$"],
+        [
+            "config", "-z", "--get-regexp",
+            r"^(core\.(autocrlf|eol|attributesfile|filemode)|remote\.origin\.url)$",
+        ],
         top,
         ok_codes=(0, 1),
-    )
+    )  # fmt: skip
     values = {}
     for item in proc.stdout.split(b"\0"):
         if item:
@@ -313,88 +371,37 @@ def _git_config(top: Path, git: Git) -> dict[str, str]:
 _LS_STAGE = re.compile(rb"([^ \0]+) ([0-7]{6}) ([0-9a-f]+) ([0-3])\t([^\0]*)\0")
 
 
-def _attribute_sources(top: Path, git_dir: str, names: Iterable[str], config: dict[str, str]) -> bool:
-    """Could any gitattributes apply here? Without any, check-attr (costly on big repos) is skipped."""
-    if config.get("core.autocrlf", "false").lower() in ("true", "1", "yes", "on", "input"):
-        return True
-    if config.get("core.eol", "").lower() == "crlf":
-        return True
-    if any(n == ".gitattributes" or n.endswith("/.gitattributes") for n in names):
-        return True
+def _attribute_files(git_dir: str, config: dict[str, str]) -> list[str]:
     xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-    files = [
+    return [
         os.path.join(git_dir, "info", "attributes"),
         os.path.expanduser(config.get("core.attributesfile", "")) or os.path.join(xdg, "git", "attributes"),
         "/etc/gitattributes",
         "/usr/local/etc/gitattributes",
     ]
-    return any(os.path.isfile(f) for f in files)
 
 
-def _list_repo(top: Path, prefix: str, git: Git, cand: _Candidates) -> None:
-    """Add one repository's files (recursing into submodules and nested repos) to ``cand``."""
-    # Independent questions, asked at once: git processes are the bulk of a no-change snapshot.
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=5) as pool:
-        staged_f = pool.submit(git.out, ["ls-files", "-z", "-s", "-v"], top)
-        modified_f = pool.submit(git.out, ["diff-files", "-z", "--name-only", "--ignore-submodules=all"], top)
-        others_f = pool.submit(git.out, ["ls-files", "-z", "-o", "--exclude-standard"], top)
-        config_f = pool.submit(_git_config, top, git)
-        git_dir_f = pool.submit(git.out, ["rev-parse", "--absolute-git-dir"], top)
-        listing, modified_b, others_b = staged_f.result(), modified_f.result(), others_f.result()
-        config, git_dir = config_f.result(), os.fsdecode(git_dir_f.result().strip())
-    if not prefix:
-        cand.top_config, cand.top_git_dir = config, git_dir
-    index: dict[str, tuple[bytes, int, str, int]] = {}
-    submodules = []
-    for tag, mode_s, oid, stage, raw_path in _LS_STAGE.findall(listing):
-        path = agent.dec(raw_path)
-        mode = int(mode_s, 8)
-        if mode == MODE_GITLINK:
-            submodules.append(path)
-            continue
-        index[path] = (tag, mode, oid.decode(), int(stage))  # a conflict keeps its last stage
-    modified = set(_split_z(modified_b))
-    others = _split_z(others_b)
-    # "H" is a plain cached entry; lowercase (assume-unchanged), "S" (skip-worktree) and conflicts
-    # mean git's stat check does not vouch for the working tree: those are hashed here.
-    plain = [
-        p for p, (tag, mode, _oid, stage) in index.items()
-        if stage == 0 and tag == b"H" and p not in modified and mode != MODE_LINK
-    ]  # fmt: skip
-    unsafe: set[str] = set()
-    if _attribute_sources(top, git_dir, [*index, *others], config):
-        unsafe = _untrusted_by_attributes(top, plain, git, config)
-    trusted = set(plain) - unsafe
-    for path, (_tag, mode, oid, stage) in index.items():
-        full = prefix + path
-        if stage == 0:
-            cand.index_ids[full] = (mode, oid)
-        if path in trusted:
-            cand.trusted[full] = oid
-        else:
-            cand.hash.add(full)
-    nested = []
-    for path in others:
-        if path.endswith("/"):
-            nested.append(path.rstrip("/"))  # an untracked repository inside this one
-        else:
-            cand.hash.add(prefix + path)
-            cand.untracked.append(prefix + path)
-    for sub in submodules + nested:
-        sub_top = top / sub
-        if (sub_top / ".git").exists():
-            _list_repo(sub_top, prefix + sub + "/", git, cand)
-        else:
-            cand.warnings.append(
-                f"submodule {prefix + sub} is not checked out, so none of its files are included "
-                "(run `git submodule update --init`)"
-            )
+def _converts(config: dict[str, str]) -> bool:
+    return config.get("core.autocrlf", "false").lower() in ("true", "1", "yes", "on", "input") or (
+        config.get("core.eol", "").lower() == "crlf"
+    )
 
 
-def _list_plain(folder: Path, git: Git, cand: _Candidates) -> list[str]:
-    """Every file under a folder that is not a repo, minus .rvignore. Returns what .rvignore left out."""
+def _attribute_sources(top: Path, git_dir: str, names: Iterable[str], config: dict[str, str]) -> bool:
+    """Could any gitattributes apply here? Without any, check-attr (costly on big repos) is skipped."""
+    if _converts(config):
+        return True
+    if any(n == ".gitattributes" or n.endswith("/.gitattributes") for n in names):
+        return True
+    return any(os.path.isfile(f) for f in _attribute_files(git_dir, config))
+
+
+def _is_attributes(path: str) -> bool:
+    return path == ".gitattributes" or path.endswith("/.gitattributes")
+
+
+def _list_plain(folder: Path, git: Git) -> tuple[list[str], list[str], list[str]]:
+    """Every file under a folder that is not a repo, minus .rvignore: (files, nested repos, left out)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="rv-ls-") as tmp:
@@ -409,12 +416,9 @@ def _list_plain(folder: Path, git: Git, cand: _Candidates) -> list[str]:
                 env=env,
             )
         )
-    for path in listed:
-        if path.endswith("/"):
-            _list_repo(folder / path, path, git, cand)
-        else:
-            cand.hash.add(path)
-    return left_out
+    files = [p for p in listed if not p.endswith("/")]
+    nested = [p.rstrip("/") for p in listed if p.endswith("/")]
+    return files, nested, left_out
 
 
 def _scratch_repo(tmp: Path, work_tree: Path, git: Git) -> dict[str, str]:
@@ -459,89 +463,213 @@ def ignored_paths(
     return set(_split_z(out))
 
 
-HashCache = dict[str, tuple[tuple[int, int, int, int], tuple[int, str, int, int] | None]]
+def index_signature(git_dir: str) -> tuple[Any, ...] | None:
+    """What identifies the content of a repository's index: its size, mtime, inode and checksum.
+
+    git writes the index to a new file and renames it, and ends it with a SHA-1 of its content, so
+    an unchanged signature means an unchanged file list. None when there is nothing to trust (the
+    index could not be read, or ``index.skipHash`` left the checksum out).
+    """
+    try:
+        with open(os.path.join(git_dir, "index"), "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_size < 32:
+                return None
+            fh.seek(-20, os.SEEK_END)
+            trailer = fh.read(20)
+    except FileNotFoundError:
+        return ("no index",)
+    except OSError:
+        return None
+    if trailer == bytes(20):
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino, trailer)
+
+
+def _file_sig(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+@dataclass
+class _Repo:
+    """What git says about one repository of the tree (the top one, a submodule, a nested repo)."""
+
+    prefix: str  # its folder from the top, with a trailing slash ("" for the top)
+    git_dir: str
+    sig: tuple[Any, ...] | None
+    config: dict[str, str]
+    modified: set[str]  # tracked files git's stat check does not vouch for (paths from the top)
+    others: list[str]  # untracked files, not ignored
+    nested: list[str]  # untracked folders that are repositories of their own
+    index: dict[str, tuple[bytes, int, str, int]] | None  # path -> (tag, mode, oid, stage); fast: None
+
+
+def _ask_repo(top: Path, prefix: str, git: Git, git_dir: str | None, with_index: bool) -> _Repo:
+    from concurrent.futures import ThreadPoolExecutor
+
+    where = top / prefix if prefix else top
+    if git_dir is None:
+        git_dir = os.fsdecode(git.out(["rev-parse", "--absolute-git-dir"], where).strip())
+    sig = index_signature(git_dir)  # before the index is read: a later change then shows next time
+    # Independent questions, asked at once: git processes are the bulk of a listing.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        index_f = pool.submit(git.out, ["ls-files", "-z", "-s", "-v"], where) if with_index else None
+        modified_f = pool.submit(
+            git.out, ["diff-files", "-z", "--name-only", "--ignore-submodules=all"], where
+        )
+        others_f = pool.submit(git.out, ["ls-files", "-z", "-o", "--exclude-standard"], where)
+        config = _git_config(where, git)
+        listing = index_f.result() if index_f is not None else b""
+        modified_b, others_b = modified_f.result(), others_f.result()
+    index = None
+    if with_index:
+        index = {}
+        for tag, mode_s, oid, stage, raw in _LS_STAGE.findall(listing):
+            # a conflict keeps its last stage
+            index[prefix + agent.dec(raw)] = (tag, int(mode_s, 8), oid.decode(), int(stage))
+    others, nested = [], []
+    for path in _split_z(others_b):
+        if path.endswith("/"):
+            nested.append(prefix + path.rstrip("/"))
+        else:
+            others.append(prefix + path)
+    modified = {prefix + p for p in _split_z(modified_b)}
+    return _Repo(prefix, git_dir, sig, config, modified, others, nested, index)
+
+
+LARGE_FLOOR = 1_000_000  # files this big are remembered, so the size check needs no parse
+
+
+def _ancestors(paths: Iterable[str]) -> set[str]:
+    """Every folder holding one of ``paths`` at any depth ("" for the top)."""
+    parents = {p.rpartition("/")[0] for p in paths}
+    out = {""}
+    for d in parents:
+        while d and d not in out:
+            out.add(d)
+            d = d.rpartition("/")[0]
+    return out
+
+
+def _rvignore_sig(root: Path, dirs: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """The .rvignore files in these folders, with a hash of each one's content."""
+    out = []
+    for d in dirs:
+        f = os.path.join(root, d, ".rvignore")
+        try:
+            with open(f, "rb") as fh:
+                out.append((d, hashlib.sha1(fh.read()).hexdigest()))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            continue
+    return tuple(sorted(out))
+
+
+class _Hasher:
+    """Hashes files, reusing ids from the last listing while the files' stat data is unchanged.
+
+    ``hashed`` collects what the next listing may reuse: path -> (stat key, stamp, result), where
+    the stamp is when hashing began (see rv.treecache.RACY_NS for when an id can be reused).
+    """
+
+    def __init__(self, root: Path, before: dict[str, Any]) -> None:
+        self.root = root
+        self.before = before
+        self.hashed: dict[str, tuple[Any, int, Any]] = {}
+
+    def one(self, path: str) -> tuple[int, str, int] | None:
+        from rv import treecache
+
+        full = os.path.join(self.root, path)
+        stamp = treecache.now_ns()
+        try:
+            st = os.lstat(full)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        key = treecache.stat_key(st)
+        hit = self.before.get(path)
+        if hit is not None and treecache.trusted(hit[0], hit[1], key):
+            result: tuple[int, str, int] | None = hit[2]
+        else:
+            got = hash_path(full)
+            result = None if got is None else got[:3]
+        self.hashed[path] = (key, stamp, result)
+        return result
+
+    def many(self, paths: list[str]) -> dict[str, tuple[int, str, int] | None]:
+        if len(paths) < 16:
+            return {p: self.one(p) for p in paths}
+        # hashlib releases the GIL on large buffers, so threads do help on a first snapshot.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
+            return dict(zip(paths, pool.map(self.one, paths), strict=True))
+
+
+def _skipped(path: str) -> bool:
+    return ".git" in path.split("/")
 
 
 def scan_tree(
-    path: str | Path = ".", *, git: Git | None = None, hash_cache: HashCache | None = None
+    path: str | Path = ".",
+    *,
+    git: Git | None = None,
+    cache: TreeCache | None = None,
+    with_mtimes: bool = False,
 ) -> LocalTree:
     """List and hash what a snapshot of ``path``'s repository (or plain folder) would hold.
 
-    ``hash_cache`` (a dict kept by the caller between calls, as `rv sync watch` does) skips hashing
-    files whose size, mtime, ctime and inode are unchanged since the last call.
+    With a ``cache`` (rv.treecache.TreeCache: a folder, or memory as `rv sync watch` keeps), the last
+    listing of the repo is reused: while git's index is the one it was made from, only the files git
+    reports as modified, untracked files, and those it listed last time are looked at again, and
+    files are hashed only when their stat data changed. ``with_mtimes`` adds each file's mtime (push
+    compares them with the remote copy's).
     """
     git = git or Git()
     folder = Path(path).resolve()
     if not folder.is_dir():
         raise NotFound(f"no such folder: {path}")
-    top = find_repo_top(folder, git)
-    cand = _Candidates()
-    warnings: list[str] = []
-    plain_left_out: list[str] = []
-    if top is None:
-        root = folder
-        warnings.append(
-            f"{folder} is not in a git repository: taking every file under it except what .rvignore "
-            "excludes (inside a repo, .gitignore is honoured too)"
-        )
-        plain_left_out = _list_plain(folder, git, cand)
-    else:
-        root = top
-        from concurrent.futures import ThreadPoolExecutor
+    found = find_repo(folder, git)
+    tree = _scan_plain(folder, git) if found is None else _Scan(found[0], found[1], git, cache).run()
+    if with_mtimes:
+        tree = _with_mtimes(tree)
+    return tree
 
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            finish_repo_info = _head_questions(top, git, pool)
-            _list_repo(top, "", git, cand)
-    warnings.extend(cand.warnings)
-    paths = [p for p in set(cand.trusted) | cand.hash if ".git" not in p.split("/")]
 
-    # .rvignore: skip git entirely when there is none (the common case costs nothing).
-    dirs = {p.rpartition("/")[0] for p in paths}
-    has_rvignore = any(os.path.exists(os.path.join(root, d, ".rvignore")) for d in dirs)
-    excluded = ignored_paths(root, paths, git) if has_rvignore else set()
+def _with_mtimes(tree: LocalTree) -> LocalTree:
+    mtimes = {}
+    for e in tree.entries:
+        with contextlib.suppress(OSError):
+            mtimes[e.path] = os.lstat(os.path.join(tree.root, e.path)).st_mtime_ns
+    return replace(tree, mtimes=mtimes)
 
-    wanted = [p for p in paths if p not in excluded]
-    to_hash = [p for p in wanted if p not in cand.trusted]
-    hashed = _hash_many(root, to_hash, hash_cache)
-    entries = []
-    for p in wanted:
-        if p in cand.trusted:
-            full = os.path.join(root, p)
-            try:
-                st = os.lstat(full)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            if not stat.S_ISREG(st.st_mode):  # changed type without git noticing yet: hash it
-                got = hash_path(full)
-                if got is None:
-                    continue
-                mode, oid, size, mtime = got
-            else:
-                mode = MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE
-                oid, size, mtime = cand.trusted[p], st.st_size, st.st_mtime_ns
-            entries.append(Entry(p, mode, oid, size, mtime))
-        else:
-            got = hashed.get(p)
-            if got is None:
-                if os.path.lexists(os.path.join(root, p)) and not os.path.isdir(os.path.join(root, p)):
-                    warnings.append(f"left out {p}: not a regular file or symlink")
-                continue  # deleted but not staged: simply absent
-            mode, oid, size, mtime = got
-            entries.append(Entry(p, mode, oid, size, mtime))
-    ignored = [(p, _size_of(root / p)) for p in sorted(excluded)]
-    ignored += [(p, -1 if p.endswith("/") else _size_of(root / p)) for p in plain_left_out]
 
-    repo = None
-    if top is not None:
-        # Dirty means the snapshot differs from what is staged: an included file whose content or
-        # mode is not the index's (a touched but unchanged file is clean), an included untracked
-        # file, or a tracked file deleted (not .rvignored). Staged changes are checked in _repo_info.
-        present = {e.path for e in entries}
-        changed = any(e.path in cand.index_ids and cand.index_ids[e.path] != (e.mode, e.oid) for e in entries)
-        deleted = any(p not in present and p not in excluded for p in cand.index_ids)
-        untracked = tuple(sorted(p for p in cand.untracked if p in present))
-        repo = finish_repo_info(cand, changed or deleted, untracked)
-    return LocalTree(root, tuple(sort_entries(entries)), tuple(ignored), tuple(warnings), repo)
+def _scan_plain(folder: Path, git: Git) -> LocalTree:
+    """A folder outside any repository: everything minus .rvignore, nested repos by their own rules."""
+    warnings = [
+        f"{folder} is not in a git repository: taking every file under it except what .rvignore "
+        "excludes (inside a repo, .gitignore is honoured too)"
+    ]
+    files, nested, left_out = _list_plain(folder, git)
+    rows: dict[str, tuple[int, str, int]] = {}
+    hasher = _Hasher(folder, {})
+    for p, got in hasher.many([p for p in files if not _skipped(p)]).items():
+        if got is not None:
+            rows[p] = got
+        elif os.path.lexists(os.path.join(folder, p)) and not os.path.isdir(os.path.join(folder, p)):
+            warnings.append(f"left out {p}: not a regular file or symlink")
+    for sub in nested:
+        git_dir = os.fsdecode(git.out(["rev-parse", "--absolute-git-dir"], folder / sub).strip())
+        inner = _Scan(folder / sub, git_dir, git, None).run()
+        warnings.extend(inner.warnings)
+        for e in inner.entries:
+            rows[f"{sub}/{e.path}"] = (e.mode, e.oid, e.size)
+    ignored = tuple((p, -1 if p.endswith("/") else _size_of(folder / p)) for p in left_out)
+    entries = [Entry(p, m, o, s) for p, (m, o, s) in rows.items()]
+    return LocalTree.of(folder, entries, ignored=ignored, warnings=tuple(warnings))
 
 
 def _size_of(path: Path) -> int:
@@ -551,53 +679,371 @@ def _size_of(path: Path) -> int:
         return 0
 
 
-def _hash_many(
-    root: Path, paths: list[str], cache: HashCache | None = None
-) -> dict[str, tuple[int, str, int, int] | None]:
-    def one(p: str) -> tuple[int, str, int, int] | None:
-        full = os.path.join(root, p)
-        if cache is None:
-            return hash_path(full)
-        try:
-            st = os.lstat(full)
-        except OSError:
-            return None
-        key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-        hit = cache.get(p)
-        if hit and hit[0] == key:
-            return hit[1]
-        got = hash_path(full)
-        cache[p] = (key, got)
-        return got
-
-    if len(paths) < 16:
-        return {p: one(p) for p in paths}
-    # hashlib releases the GIL on large buffers, so threads do help on a first snapshot.
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
-        return dict(zip(paths, pool.map(one, paths), strict=True))
+def _large(rows: Iterable[list[Any]]) -> tuple[tuple[str, int], ...]:
+    return tuple((r[0], r[3]) for r in rows if r[3] >= LARGE_FLOOR)
 
 
-def _head_questions(top: Path, git: Git, pool: ThreadPoolExecutor) -> Callable[..., RepoInfo]:
-    """Start asking about HEAD now; the returned function completes a RepoInfo once listing is done."""
-    head = pool.submit(git.run, ["rev-parse", "-q", "--verify", "HEAD^{commit}"], top, ok_codes=(0, 1, 128))
-    ref = pool.submit(git.run, ["symbolic-ref", "-q", "--short", "HEAD"], top, ok_codes=(0, 1, 128))
-    staged = pool.submit(
-        git.run, ["diff-index", "--cached", "--quiet", "HEAD", "--"], top, ok_codes=(0, 1, 128)
-    )
+def _left_out(root: Path, path: str) -> str | None:
+    """The warning for a path that exists but is neither a regular file nor a symlink."""
+    full = os.path.join(root, path)
+    if os.path.lexists(full) and not os.path.isdir(full):
+        return f"left out {path}: not a regular file or symlink"
+    return None
 
-    def finish(cand: _Candidates, modified: bool, untracked: tuple[str, ...]) -> RepoInfo:
-        h, r, st = head.result(), ref.result(), staged.result()
+
+def _in_top(paths: Iterable[str], nested: Iterable[str]) -> list[str]:
+    """The paths that belong to the top repository, not to one of the ``nested`` ones."""
+    prefixes = tuple(n + "/" for n in nested)
+    return [p for p in paths if not (prefixes and p.startswith(prefixes))]
+
+
+def _top_links(top: _Repo) -> list[str]:
+    assert top.index is not None
+    return [p for p, v in top.index.items() if v[1] == MODE_GITLINK]
+
+
+class _HeadQuestions:
+    """HEAD's commit and branch, and whether what is staged differs from it, asked while listing."""
+
+    def __init__(self, top: Path, git: Git, pool: ThreadPoolExecutor, *, eager: bool) -> None:
+        self.top, self.git = top, git
+        ok = (0, 1, 128)
+        self.head = pool.submit(git.run, ["rev-parse", "-q", "--verify", "HEAD^{commit}"], top, ok_codes=ok)
+        self.ref = pool.submit(git.run, ["symbolic-ref", "-q", "--short", "HEAD"], top, ok_codes=ok)
+        # After a change of the index the staged question is asked at once; otherwise the answer
+        # kept with the index signature and commit usually stands, and asking would only cost CPU.
+        self.staged = pool.submit(self._staged) if eager else None
+
+    def _staged(self) -> list[str]:
+        proc = self.git.run(
+            ["diff-index", "--cached", "--name-only", "-z", "HEAD", "--"], self.top, ok_codes=(0, 128)
+        )
+        return _split_z(proc.stdout) if proc.returncode == 0 else []
+
+    def finish(
+        self, top: _Repo, before: Any, changed: list[str], untracked: tuple[str, ...], submodules: list[str]
+    ) -> tuple[RepoInfo, Any]:
+        """The RepoInfo; ``changed``: the top repo's tracked paths whose work tree differs from the index."""
+        h, r = self.head.result(), self.ref.result()
         commit = h.stdout.decode().strip() if h.returncode == 0 else None
         branch = r.stdout.decode("utf-8", "replace").strip() if r.returncode == 0 else None
-        # Without a commit everything staged is new; with one, diff-index says (exit 1: differs).
-        is_staged = st.returncode == 1 if commit else bool(cand.index_ids)
-        url = redact_url(cand.top_config.get("remote.origin.url"))
-        dirty = modified or is_staged or bool(untracked)
-        return RepoInfo(top, Path(cand.top_git_dir), commit, branch, url, dirty, untracked)
+        key = [commit, top.sig]
+        staged: list[str] | None  # paths staged with content other than HEAD's; None: unknown
+        if top.sig is not None and before is not None and before[0] == key:
+            staged = before[1]
+        elif commit is None:
+            # Without a commit everything staged is new.
+            staged = (
+                None if top.sig != ("no index",) and self.git.out(["ls-files", "-z"], self.top)[:1] else []
+            )
+        else:
+            staged = self.staged.result() if self.staged is not None else self._staged()
+        url = redact_url(top.config.get("remote.origin.url"))
+        dirty = bool(changed) or staged is None or bool(staged) or bool(untracked)
+        paths = None if staged is None else tuple(sorted({*changed, *staged, *submodules}))
+        info = RepoInfo(self.top, Path(top.git_dir), commit, branch, url, dirty, untracked, paths)
+        return info, [key, staged]
 
-    return finish
+
+class _Scan:
+    """One listing of a repository and everything inside it (submodules, nested repositories).
+
+    The cache state it keeps (rv.treecache) per repository: ``repos`` (each one's folder, git folder,
+    index signature and config), ``structure`` (submodules and nested repos, checked out or not),
+    ``attrs`` and ``rvignore`` (what decides conversions and .rvignore exclusions), ``dirs`` (every
+    folder holding a listed file), ``fixed`` (tracked files always hashed: links, conflicts,
+    assume-unchanged, converted by attributes; with their index ids), ``hashed`` (every file hashed:
+    index ids, stat key, stamp, result), ``untracked``, ``excluded`` (by .rvignore, with index ids),
+    ``staged``, ``warnings`` (about submodules), and the manifest's ``sid``, ``files``, ``bytes``
+    and ``large``.
+    """
+
+    def __init__(self, top: Path, git_dir: str, git: Git, cache: TreeCache | None) -> None:
+        self.top = top
+        self.git_dir = git_dir
+        self.git = git
+        self.cache = cache
+        self.state = cache.state(top) if cache is not None else None
+
+    def run(self) -> LocalTree:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            tree = None
+            if self.state is not None:
+                tree = self._fast(_HeadQuestions(self.top, self.git, pool, eager=False))
+            if tree is None:
+                tree = self._full(_HeadQuestions(self.top, self.git, pool, eager=True))
+        return tree
+
+    # -- every repository, from scratch -------------------------------------------------------------
+    def _repos(self) -> tuple[list[_Repo], list[tuple[str, bool]], list[str]]:
+        repos, structure, warnings = [], [], []
+        pending: list[tuple[str, str | None]] = [("", self.git_dir)]
+        while pending:
+            prefix, git_dir = pending.pop(0)
+            repo = _ask_repo(self.top, prefix, self.git, git_dir, with_index=True)
+            repos.append(repo)
+            assert repo.index is not None
+            gitlinks = [p for p, (_t, mode, _o, _s) in repo.index.items() if mode == MODE_GITLINK]
+            for sub in gitlinks + repo.nested:
+                present = (self.top / sub / ".git").exists()
+                structure.append((sub, present))
+                if present:
+                    pending.append((sub + "/", None))
+                else:
+                    warnings.append(
+                        f"submodule {sub} is not checked out, so none of its files are included "
+                        "(run `git submodule update --init`)"
+                    )
+        return repos, structure, warnings
+
+    def _attrs(self, repos: list[_Repo], applies: list[str]) -> Any:
+        """What, besides the index and config, decides which files attributes keep from trust."""
+        files = [[_file_sig(f) for f in _attribute_files(r.git_dir, r.config)] for r in repos]
+        return [applies, files]
+
+    def _full(self, head: _HeadQuestions) -> LocalTree:
+        repos, structure, struct_warnings = self._repos()
+        index_ids: dict[str, Any] = {}  # tracked path -> [mode, oid], or [] when conflicted
+        trusted: set[str] = set()  # clean by git's stat check: the index's id stands
+        fixed: set[str] = set()
+        to_hash: set[str] = set()
+        untracked: list[str] = []
+        applies: list[str] = []
+        for repo in repos:
+            assert repo.index is not None
+            entries = {p: v for p, v in repo.index.items() if v[1] != MODE_GITLINK}
+            # "H" is a plain cached entry; lowercase (assume-unchanged), "S" (skip-worktree) and
+            # conflicts mean git's stat check does not vouch for the working tree: hashed here, as
+            # are symlinks and files attributes may convert on checkout.
+            plain = {p for p, (tag, mode, _o, stage) in entries.items()
+                     if stage == 0 and tag == b"H" and mode != MODE_LINK}  # fmt: skip
+            where = self.top / repo.prefix if repo.prefix else self.top
+            if _attribute_sources(where, repo.git_dir, [*entries, *repo.others], repo.config):
+                n = len(repo.prefix)
+                rel = _untrusted_by_attributes(where, [p[n:] for p in plain], self.git, repo.config)
+                plain -= {repo.prefix + p for p in rel}
+                applies.append(repo.prefix)
+            for p, (_tag, mode, oid, stage) in entries.items():
+                index_ids[p] = [mode, oid] if stage == 0 else []
+                if p not in plain:
+                    fixed.add(p)
+                    to_hash.add(p)
+                elif p in repo.modified:
+                    to_hash.add(p)
+                else:
+                    trusted.add(p)
+            to_hash.update(repo.others)
+            untracked.extend(repo.others)
+        candidates = [p for p in (*trusted, *to_hash) if not _skipped(p)]
+        dirs = _ancestors(candidates)
+        rvignore = _rvignore_sig(self.top, dirs)
+        excluded = ignored_paths(self.top, candidates, self.git) if rvignore else set()
+        hasher = _Hasher(self.top, (self.state or {}).get("hashed", {}))
+        results = hasher.many([p for p in candidates if p not in trusted and p not in excluded])
+        rows, warnings = [], list(struct_warnings)
+        for p in candidates:
+            if p in excluded:
+                continue
+            if p in trusted:
+                try:
+                    st = os.lstat(os.path.join(self.top, p))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    rows.append(
+                        [
+                            p,
+                            MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE,
+                            index_ids[p][1],
+                            st.st_size,
+                        ]
+                    )
+                    continue
+                results[p] = hasher.one(p)  # changed type without git noticing yet: hash it
+            got = results[p]
+            if got is None:
+                why = _left_out(self.top, p)
+                if why:
+                    warnings.append(why)
+                continue
+            rows.append([p, *got])
+        present = {r[0]: [r[1], r[2]] for r in rows}
+        # Dirty: the snapshot differs from what is staged (an included file whose content or mode is
+        # not the index's: a touched but unchanged file is clean; an included untracked file; a
+        # tracked file deleted and not .rvignored), or what is staged differs from HEAD.
+        changed = [p for p in to_hash if index_ids.get(p) and present.get(p) != index_ids[p]
+                   and p not in excluded and not _skipped(p)]  # fmt: skip
+        included = tuple(sorted(p for p in untracked if p in present))
+        submodules = [s for s, _ in structure]
+        links = _top_links(repos[0])
+        info, staged = head.finish(repos[0], None, _in_top(changed, submodules), included, links)
+        state = {
+            "repos": [[r.prefix, r.git_dir, r.sig, sorted(r.config.items())] for r in repos],
+            "structure": structure,
+            "attrs": self._attrs(repos, applies),
+            "rvignore": rvignore,
+            "dirs": dirs,
+            "fixed": {p: index_ids[p] for p in fixed},
+            "hashed": {p: [index_ids.get(p), *v] for p, v in hasher.hashed.items()},
+            "untracked": set(untracked),
+            "excluded": {p: index_ids.get(p) for p in excluded},
+            "warnings": struct_warnings,
+            "staged": staged,
+            "links": links,
+        }
+        text = agent.manifest_text(rows)
+        return self._finish(text, None, _large(rows), len(rows), sum(r[3] for r in rows), excluded,
+                            warnings, info, state, None)  # fmt: skip
+
+    # -- the last listing, updated by what git reports now -----------------------------------------
+    def _fast(self, head: _HeadQuestions) -> LocalTree | None:
+        """None when the last listing cannot be reused (index, config, ignore rules... changed)."""
+        state = self.state
+        assert state is not None and self.cache is not None
+        if not state["repos"] or state["repos"][0][:2] != ["", self.git_dir]:
+            return None
+        old_text = self.cache.text(state["sid"])
+        if old_text is None:
+            return None
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            repos = list(pool.map(lambda r: _ask_repo(self.top, r[0], self.git, r[1], False), state["repos"]))
+        for repo, (_prefix, _gd, sig, config) in zip(repos, state["repos"], strict=True):
+            if sig is None or repo.sig != sig or sorted(repo.config.items()) != config:
+                return None
+            if repo.config.get("core.filemode", "true").lower() in ("false", "0", "no", "off"):
+                return None  # git ignores the executable bit here: every file's is read instead
+        # The same submodules and nested repositories, each checked out or not as before.
+        structure = [list(s) for s in state["structure"]]
+        nested_now = {s for r in repos for s in r.nested}
+        gitlinks = {s for s, _ in structure} - nested_now
+        if [s for s, _ in structure if s not in gitlinks] != [
+            s for s in (n for r in repos for n in r.nested)
+        ]:
+            return None
+        if any((self.top / s / ".git").exists() != present for s, present in structure):
+            return None
+        modified = set().union(*(r.modified for r in repos))
+        untracked = {p for r in repos for p in r.others}
+        applies = state["attrs"][0]
+        if self._attrs(repos, applies) != state["attrs"]:
+            return None
+        if any(_is_attributes(p) for p in untracked) or (
+            applies and any(_is_attributes(p) for p in modified)
+        ):
+            return None  # an uncommitted .gitattributes: which files convert may have changed
+        new_untracked = [p for p in untracked if p not in state["untracked"] and not _skipped(p)]
+        dirs = set(state["dirs"]) | _ancestors(new_untracked)
+        rvignore = _rvignore_sig(self.top, dirs)
+        if rvignore != state["rvignore"]:
+            return None
+        excluded = {p: ids for p, ids in state["excluded"].items() if ids is not None or p in untracked}
+        if rvignore and new_untracked:
+            for p in ignored_paths(self.top, new_untracked, self.git):
+                excluded[p] = None
+        # Had this listing run from scratch, only these paths could differ from the last one.
+        fixed, before = state["fixed"], state["hashed"]
+        look = {p for p in (*before, *modified, *untracked, *fixed) if p not in excluded and not _skipped(p)}
+        index_of: dict[str, Any] = {}
+        for p in look:
+            if p in fixed:
+                index_of[p] = fixed[p]
+            elif p in before:
+                index_of[p] = before[p][0]
+            elif p in untracked:
+                index_of[p] = None
+            else:
+                # Modified just now: last time git vouched for it, so its row held the index's id.
+                row = agent.row_at(old_text, p)
+                if row is None:
+                    return None
+                index_of[p] = [row[1], row[2]]
+        hasher = _Hasher(self.top, before)
+        results: dict[str, Any] = hasher.many(
+            [p for p in look if p in modified or p in untracked or p in fixed]
+        )
+        for p in look:
+            if p in results:
+                continue
+            ids = index_of[p]
+            if not ids:
+                results[p] = None  # untracked before, not listed now: gone, or ignored now
+                continue
+            # Modified before and clean now: git vouches for it again.
+            try:
+                st = os.lstat(os.path.join(self.top, p))
+            except (FileNotFoundError, NotADirectoryError):
+                results[p] = None
+                continue
+            results[p] = (ids[0], ids[1], st.st_size) if stat.S_ISREG(st.st_mode) else hasher.one(p)
+        warnings = list(state["warnings"])
+        changes: dict[str, list[Any] | None] = {}
+        for p in sorted(look):
+            got = results[p]
+            if got is None:
+                why = _left_out(self.top, p)
+                if why:
+                    warnings.append(why)
+            changes[p] = None if got is None else [p, *got]
+        text, old_rows = agent.splice(old_text, changes) if changes else (old_text, {})
+        changes = {p: r for p, r in changes.items() if r != old_rows[p]}
+        if not changes:
+            text = old_text
+        files = state["files"] + sum((r is not None) - (old_rows[p] is not None) for p, r in changes.items())
+        total = state["bytes"] + sum(
+            (r[3] if r is not None else 0) - (old_rows[p][3] if old_rows[p] is not None else 0)
+            for p, r in changes.items()
+        )
+        large = dict(state["large"])
+        for p, r in changes.items():
+            large.pop(p, None)
+            if r is not None and r[3] >= LARGE_FLOOR:
+                large[p] = r[3]
+        changed = [
+            p
+            for p in look
+            if index_of[p] and (results[p] is None or list(results[p][:2]) != list(index_of[p]))
+        ]
+        included = tuple(sorted(p for p in untracked if results.get(p) is not None))
+        submodules = [s for s, _ in structure]
+        info, staged = head.finish(
+            repos[0], state["staged"], _in_top(changed, submodules), included, state["links"]
+        )
+        new_state = dict(
+            state, rvignore=rvignore, dirs=dirs, untracked=untracked, excluded=excluded, staged=staged,
+            hashed={p: [index_of.get(p), *v] for p, v in hasher.hashed.items()},
+        )  # fmt: skip
+        sid = None if changes else state["sid"]
+        large_rows = tuple(sorted(large.items()))
+        return self._finish(text, sid, large_rows, files, total, set(excluded), warnings, info, new_state,
+                            (state["sid"], changes))  # fmt: skip
+
+    def _finish(
+        self,
+        text: bytes,
+        sid: str | None,
+        large: tuple[tuple[str, int], ...],
+        files: int,
+        total: int,
+        excluded: set[str],
+        warnings: list[str],
+        info: RepoInfo,
+        state: dict[str, Any],
+        previous: tuple[str, dict[str, Any]] | None,
+    ) -> LocalTree:
+        ignored = tuple((p, _size_of(self.top / p)) for p in sorted(excluded))
+        tree = LocalTree(
+            self.top, text, files, total, large, ignored, tuple(warnings), info, previous=previous
+        )
+        if sid is not None:
+            tree.__dict__["id"] = sid  # known already: the text is the one listed last time
+        if self.cache is not None:
+            self.cache.put_text(tree.id, text)
+            self.cache.put_state(self.top, dict(state, sid=tree.id, files=files, bytes=total, large=large))
+        return tree
 
 
 # --------------------------------------------------------------------------------------------------
@@ -714,9 +1160,13 @@ def provenance(
     if not with_diff:
         prov["diff"] = None
     elif repo.dirty and repo.commit:
-        diff = git.out(
-            ["diff", "HEAD", "--no-color", "--no-ext-diff", "--no-textconv", "--submodule=short"], repo.top
-        )
+        args = ["diff", "HEAD", "--no-color", "--no-ext-diff", "--no-textconv", "--submodule=short"]
+        env = None
+        if repo.changed is not None and len(repo.changed) <= 500:
+            # Only where something changed: git then stats those files, not the whole tree.
+            args += ["--", *repo.changed]
+            env = {"GIT_LITERAL_PATHSPECS": "1"}
+        diff = git.out(args, repo.top, env=env) if repo.changed != () else b""
         prov["diff_truncated"] = len(diff) > DIFF_LIMIT
         prov["diff"] = diff[:DIFF_LIMIT].decode("utf-8", "replace")
     return prov
@@ -845,61 +1295,41 @@ def agent_reply(mode: str, exit_code: int, stdout: bytes, stderr: bytes | str) -
 
 
 # --------------------------------------------------------------------------------------------------
-# Local manifest cache: lets the manifest travel as a delta
+# The manifest on the wire: a delta against a snapshot the store is known to hold
 
 
-class ManifestCache:
-    """The last few manifests sent to one store, so the next one can travel as a small delta.
+def diff_manifests(old: bytes, new: bytes) -> tuple[list[list[Any]], list[str]]:
+    """(rows new or changed, paths gone) from manifest ``old`` to ``new``: set operations in C."""
+    a, b = set(old.split(b"\n")), set(new.split(b"\n"))
+    upsert = [agent.parse_line(line) for line in b - a if line]
+    have = {r[0] for r in upsert}
+    remove = [p for p in (agent.parse_line(line)[0] for line in a - b if line) if p not in have]
+    return upsert, remove
 
-    Purely an optimisation: the cluster rebuilds the manifest from the base it names, checks that it
-    hashes to the snapshot id, and asks for the full list on any mismatch.
+
+def manifest_payload(tree: LocalTree, known: Sequence[str], texts: TreeCache | None = None) -> dict[str, Any]:
+    """The manifest to send: changes to a snapshot ``known`` to be in the store, else the full list.
+
+    The changes since the last listing are at hand when that listing was sent to this store (the
+    usual resubmit); otherwise they come from comparing with a known snapshot's cached manifest.
+    The cluster checks the result against the snapshot id and asks for the full list on a mismatch.
     """
-
-    KEEP = 4
-
-    def __init__(self, directory: Path, store_key: str) -> None:
-        self.dir = directory / "manifests" / hashlib.sha256(store_key.encode()).hexdigest()[:16]
-
-    def _project_dir(self, project: str) -> Path:
-        return self.dir / _slug(project)
-
-    def bases(self, project: str) -> list[tuple[str, list[list[Any]]]]:
-        d = self._project_dir(project)
-        if not d.is_dir():
-            return []
-        files = sorted(d.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[: self.KEEP]
-        out = []
-        for f in files:
-            with contextlib.suppress(OSError, ValueError):
-                out.append((f.stem, json.loads(f.read_text())))
-        return out
-
-    def put(self, project: str, sid: str, rows: list[list[Any]]) -> None:
-        d = self._project_dir(project)
-        with contextlib.suppress(OSError):
-            d.mkdir(parents=True, exist_ok=True)
-            path = d / f"{sid}.json"
-            if path.exists():
-                os.utime(path)
-            else:
-                _write_atomic(path, json.dumps(rows).encode())
-            for old in sorted(d.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[self.KEEP :]:
-                old.unlink(missing_ok=True)
-
-
-def manifest_payload(rows: list[list[Any]], bases: list[tuple[str, list[list[Any]]]]) -> dict[str, Any]:
-    """The full manifest, or a delta against the cached base it differs least from."""
-    best: dict[str, Any] = {"entries": rows}
-    best_size = len(rows)
-    mine = {r[0]: r for r in rows}
-    for base_id, base_rows in bases:
-        theirs = {r[0]: r for r in base_rows}
-        upsert = [r for p, r in mine.items() if theirs.get(p) != r]
-        remove = [p for p in theirs if p not in mine]
-        size = len(upsert) + len(remove)
-        if size < best_size // 2 and size < best_size:
-            best, best_size = {"base": base_id, "upsert": upsert, "remove": remove}, size
-    return best
+    if tree.id in known:
+        return {"base": tree.id, "upsert": [], "remove": []}
+    delta = None
+    if tree.previous is not None and tree.previous[0] in known:
+        changes = tree.previous[1]
+        delta = (tree.previous[0], [r for r in changes.values() if r is not None],
+                 [p for p, r in changes.items() if r is None])  # fmt: skip
+    elif texts is not None:
+        for sid in known:
+            old = texts.text(sid)
+            if old is not None:
+                delta = (sid, *diff_manifests(old, tree.manifest))
+                break
+    if delta is not None and len(delta[1]) + len(delta[2]) < max(1, tree.files // 2):
+        return {"base": delta[0], "upsert": delta[1], "remove": delta[2]}
+    return {"entries": agent.manifest_rows(tree.manifest)}
 
 
 def default_cache_dir() -> Path:
@@ -929,6 +1359,7 @@ class LocalSnapshot:
     provenance: dict[str, Any]  # without the diff: see provenance(with_diff=False)
     allowed_large: tuple[tuple[str, int], ...] = ()
     git: Git = field(default_factory=Git, compare=False, repr=False)
+    texts: TreeCache | None = field(default=None, compare=False, repr=False)  # cached manifests
 
     @property
     def branch(self) -> str | None:
@@ -946,8 +1377,8 @@ class LocalSnapshot:
 @dataclass(frozen=True)
 class SnapshotResult:
     id: str
-    remote_path: str  # <root>/snapshots/<id>: the read-only tree
-    meta_path: str  # <root>/snapshots/<id>.json: manifest and provenance
+    remote_path: str  # <root>/snapshots/<id>: the read-only tree; <id>.layer for a layer (see base)
+    meta_path: str  # <root>/snapshots/<id>.json: provenance (and a layer's rows)
     project: str
     branch: str | None
     commit: str | None
@@ -962,6 +1393,8 @@ class SnapshotResult:
     created: bool  # False: the identical tree was already there
     provenance: dict[str, Any]  # the diff of a dirty tree is in the meta file, not here
     warnings: tuple[str, ...] = ()
+    base: str | None = None  # a layer: the full snapshot it sits on (jobs copy that, then the layer)
+    ignored: tuple[tuple[str, int], ...] = ()  # what .rvignore left out: (path, size; -1 a folder)
 
 
 def human_size(n: float) -> str:
@@ -974,8 +1407,11 @@ def human_size(n: float) -> str:
 
 def check_sizes(tree: LocalTree, max_file_size: int, allow_large: bool) -> tuple[tuple[str, int], ...]:
     """Refuse files over the limit (naming them) unless allowed; return the large ones allowed."""
-    large = sorted(((e.path, e.size) for e in tree.entries if not e.is_link and e.size > max_file_size),
-                   key=lambda x: -x[1])  # fmt: skip
+    if max_file_size >= LARGE_FLOOR:
+        sizes: Iterable[tuple[str, int]] = tree.large  # every file that could be over: no parse
+    else:
+        sizes = ((e.path, e.size) for e in tree.entries if not e.is_link)
+    large = sorted(((p, s) for p, s in sizes if s > max_file_size), key=lambda x: -x[1])
     if large and not allow_large:
         shown = ", ".join(f"{p} ({human_size(s)})" for p, s in large[:5])
         more = f" and {len(large) - 5} more" if len(large) > 5 else ""
@@ -996,27 +1432,35 @@ def prepare_snapshot(
     git: Git | None = None,
     cache_dir: Path | None = None,
 ) -> LocalSnapshot:
-    """List, hash and check the snapshot of ``path``'s repo. Local only: run it before connecting."""
+    """List, hash and check the snapshot of ``path``'s repo. Local only: run it before connecting.
+
+    With ``cache_dir`` the last listing of the repo is reused (see scan_tree) and the root commit is
+    remembered.
+    """
     git = git or Git()
-    tree = scan_tree(path, git=git)
+    texts = None
+    if cache_dir is not None:
+        from rv.treecache import TreeCache
+
+        texts = TreeCache(cache_dir)
+    tree = scan_tree(path, git=git, cache=texts)
     allowed = check_sizes(tree, max_file_size, allow_large)
     project = project_key(tree, git, cache_dir)
     here = Path(path).resolve()
     subdir = here.relative_to(tree.root).as_posix() if here != tree.root else ""
     prov = provenance(tree, project, subdir, git, with_diff=False)
-    return LocalSnapshot(tree, snapshot_id(tree.entries), project, subdir, prov, allowed, git)
+    return LocalSnapshot(tree, tree.id, project, subdir, prov, allowed, git, texts)
 
 
-def summary_line(snap: LocalSnapshot, new_objects: int | None, new_bytes: int) -> str:
+def summary_line(snap: LocalSnapshot, new_objects: int | None, new_bytes: int, *, sent: bool = False) -> str:
     tree = snap.tree
-    n = len(tree.entries)
+    n = tree.files
     parts = [f"snapshot {snap.id[:12]}: {n:,} file{'s' if n != 1 else ''}, {human_size(tree.total_size)}"]
     if new_objects is None:
         parts.append("already on the cluster, nothing to send")
     else:
-        parts.append(
-            f"{new_objects:,} new object{'s' if new_objects != 1 else ''} ({human_size(new_bytes)}) to send"
-        )
+        objects = f"{new_objects:,} new object{'s' if new_objects != 1 else ''} ({human_size(new_bytes)})"
+        parts.append(f"{objects} sent with the manifest" if sent else f"{objects} to send")
     files = [s for _, s in tree.ignored if s >= 0]
     folders = sum(1 for _, s in tree.ignored if s < 0)
     if tree.ignored:
@@ -1037,7 +1481,7 @@ def _object_stream(
     root: Path,
     header: bytes,
     sends: list[Entry],
-    progress: ProgressCounter,
+    progress: ProgressCounter | None,
     counter: list[int],
 ) -> Iterator[bytes]:
     """``header``, then ``O <oid> <size> <content>`` per object, then ``E``, in ~1 MiB chunks.
@@ -1051,7 +1495,8 @@ def _object_stream(
         if e.is_link:
             data = os.fsencode(os.readlink(full)) if os.path.islink(full) else b""
             buf += data[: e.size].ljust(e.size, b"\0")
-            progress.add(e.size)
+            if progress:
+                progress.add(e.size)
         else:
             left = e.size
             try:
@@ -1071,11 +1516,13 @@ def _object_stream(
                         counter[0] += len(buf)
                         yield bytes(buf)
                         buf.clear()
-                    progress.add(len(data))
+                    if progress:
+                        progress.add(len(data))
             finally:
                 if fh:
                     fh.close()
-        progress.add(files=1)
+        if progress:
+            progress.add(files=1)
         if len(buf) >= _READ:
             counter[0] += len(buf)
             yield bytes(buf)
@@ -1083,11 +1530,62 @@ def _object_stream(
     buf += b"E"
     counter[0] += len(buf)
     yield bytes(buf)
-    progress.done()
+    if progress:
+        progress.done()
 
 
-def _query_stdin(snap: LocalSnapshot, payload: dict[str, Any]) -> bytes:
-    return frame({"id": snap.id, **payload})
+# New objects this small go with the first call, unasked: cheaper than a round trip to ask (the
+# cluster reads past any it has already).
+SPECULATE_BYTES = 1 << 20
+SPECULATE_FILES = 64
+
+
+def _speculative(payload: dict[str, Any]) -> list[Entry]:
+    """The objects of a delta's new rows, when they are few and small (a full list asks first)."""
+    rows = payload.get("upsert", [])
+    by_oid = {r[2]: Entry(*r) for r in rows}
+    if len(by_oid) > SPECULATE_FILES or sum(e.size for e in by_oid.values()) > SPECULATE_BYTES:
+        return []
+    return list(by_oid.values())
+
+
+@dataclass
+class _Shipping:
+    """One upload's state across its calls (snap-put; rv.remote_store says what each reply means)."""
+
+    transport: Any
+    layout: RemoteLayout
+    snap: LocalSnapshot
+    store: StoreCache | None
+    on_progress: Progress | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    sent: list[int] = field(default_factory=lambda: [0])
+    stored_provenance: dict[str, Any] | None = None
+    known: list[str] = field(default_factory=list)
+
+    def first(self) -> tuple[bytes, list[Entry]]:
+        """The first call's header and the objects that go with it unasked."""
+        self.known = self.store.known(self.snap.project) if self.store else []
+        self.payload = manifest_payload(self.snap.tree, self.known, self.snap.texts)
+        header: dict[str, Any] = {"id": self.snap.id, **self.payload}
+        if self.snap.id not in self.known:
+            header["provenance"] = self.provenance()  # probably new: let it be built in this call
+        return frame(header), _speculative(self.payload) if "provenance" in header else []
+
+    def provenance(self) -> dict[str, Any]:
+        if self.stored_provenance is None:
+            snap = self.snap
+            self.stored_provenance = provenance(snap.tree, snap.project, snap.subdir, snap.git)
+        return self.stored_provenance
+
+    def stream(self, header: bytes, sends: list[Entry], progress: ProgressCounter | None) -> Iterator[bytes]:
+        return _object_stream(self.snap.tree.root, header, sends, progress, self.sent)
+
+    def call(self, sends: list[Entry], progress: ProgressCounter | None = None) -> dict[str, Any]:
+        header = frame({"id": self.snap.id, **self.payload, "provenance": self.provenance()})
+        return call_agent(
+            self.transport, "snap-put", self.layout.agent_args(), stdin=self.stream(header, sends, progress)
+        )
 
 
 def upload_snapshot(
@@ -1095,72 +1593,74 @@ def upload_snapshot(
     layout: RemoteLayout,
     snap: LocalSnapshot,
     *,
-    cache: ManifestCache | None = None,
+    cache: StoreCache | None = None,
     on_summary: Callable[[str], None] | None = None,
     on_progress: Progress | None = None,
-    _query: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    _first: tuple[_Shipping, list[Entry], dict[str, Any]] | None = None,
 ) -> SnapshotResult:
-    """Make ``snap`` exist on the cluster: one round trip if it already does, two otherwise.
+    """Make ``snap`` exist on the cluster: one round trip when it does already or differs from a
+    snapshot known to be there by a few small files (sent along unasked), two otherwise.
 
-    (``_query``: the payload sent and the reply of a snap-query already made, by make_snapshot.)
+    ``cache`` (rv.treecache.StoreCache) remembers which snapshots the store holds: the manifest then
+    travels as a delta against one of them. (``_first``: the shipping, the objects sent with its
+    first call and that call's reply, when make_snapshot made it already.)
     """
-    rows = [e.row() for e in snap.tree.entries]
-    args = layout.agent_args()
-    if _query is None:
-        payload = manifest_payload(rows, cache.bases(snap.project) if cache else [])
-        reply = call_agent(transport, "snap-query", args, stdin=_query_stdin(snap, payload))
+    if _first is None:
+        ship = _Shipping(transport, layout, snap, cache, on_progress)
+        header, spec = ship.first()
+        reply = call_agent(transport, "snap-put", layout.agent_args(), stdin=ship.stream(header, spec, None))
     else:
-        payload, reply = _query
-    if reply["status"] == "need-full":
-        payload = {"entries": rows}
-        reply = call_agent(transport, "snap-query", args, stdin=_query_stdin(snap, payload))
-    sent = [0]
-    created = False
+        ship, spec, reply = _first
     new_objects = new_bytes = 0
-    if reply["status"] == "exists":
-        summary = summary_line(snap, None, 0)
-        if on_summary:
-            on_summary(summary)
-    else:
-        missing = list(reply["missing"])
-        by_oid = {e.oid: e for e in snap.tree.entries}
-        new_objects = len(missing)
-        new_bytes = sum(by_oid[o].size for o in missing)
-        summary = summary_line(snap, new_objects, new_bytes)
-        if on_summary:
-            on_summary(summary)
-        stored_provenance = provenance(snap.tree, snap.project, snap.subdir, snap.git)
-        for _attempt in range(3):
-            sends = [by_oid[o] for o in missing]
-            header = frame({"id": snap.id, **payload, "provenance": stored_provenance})
-            progress = ProgressCounter(on_progress, "upload", len(sends), sum(e.size for e in sends))
-            stream = _object_stream(snap.tree.root, header, sends, progress, sent)
-            reply = call_agent(transport, "snap-put", args, stdin=stream)
-            if reply.get("bad"):
-                paths = sorted(e.path for e in snap.tree.entries if e.oid in set(reply["bad"]))
-                raise RemoteError(
-                    f"{len(paths)} file(s) changed while being sent: {', '.join(paths[:5])}",
-                    hint="rerun once they stop changing (or .rvignore files a running program writes)",
-                )
-            if reply["status"] in ("created", "exists"):
-                created = reply["status"] == "created"
-                break
-            if reply["status"] == "need-full":
-                payload = {"entries": rows}
-                again = call_agent(transport, "snap-query", args, stdin=_query_stdin(snap, payload))
-                missing = again.get("missing", [])
-            else:
-                missing = list(reply["missing"])  # collected by a concurrent gc since the query: resend
-        else:
+    summary = None
+    for _attempt in range(4):
+        new_objects += int(reply.get("received", 0))
+        new_bytes += int(reply.get("received_bytes", 0))
+        if reply.get("bad"):
+            bad = set(reply["bad"])
+            paths = sorted(e.path for e in spec if e.oid in bad) or sorted(reply["bad"])
             raise RemoteError(
-                f"snapshot {snap.id} could not be completed on the cluster (objects kept disappearing)",
-                hint="is `rv sync gc` running in a loop? retry in a minute",
+                f"{len(paths)} file(s) changed while being sent: {', '.join(paths[:5])}",
+                hint="rerun once they stop changing (or .rvignore files a running program writes)",
             )
-    if cache:
-        cache.put(snap.project, snap.id, rows)
+        status = reply["status"]
+        if status in ("exists", "created"):
+            break
+        if status == "need-full":
+            # The base is gone from the store (rv gc) or is not what this machine remembers.
+            if cache is not None and "base" in ship.payload:
+                cache.forget(snap.project, ship.payload["base"])
+            ship.payload = {"entries": agent.manifest_rows(snap.tree.manifest)}
+            spec = []
+            reply = ship.call([])
+            continue
+        missing = list(reply["missing"])
+        rows = ship.payload.get("upsert", ship.payload.get("entries"))
+        if rows is None or any(o not in {r[2] for r in rows} for o in missing):
+            rows = agent.manifest_rows(snap.tree.manifest)
+        by_oid = {r[2]: Entry(*r) for r in rows}
+        spec = [by_oid[o] for o in missing]
+        if summary is None and on_summary:
+            summary = summary_line(snap, new_objects + len(spec), new_bytes + sum(e.size for e in spec))
+            on_summary(summary)
+        progress = ProgressCounter(on_progress, "upload", len(spec), sum(e.size for e in spec))
+        reply = ship.call(spec, progress)
+    else:
+        raise RemoteError(
+            f"snapshot {snap.id} could not be completed on the cluster (objects kept disappearing)",
+            hint="is `rv gc` running in a loop? retry in a minute",
+        )
+    created = status == "created"
+    if summary is None:
+        summary = summary_line(snap, new_objects if created else None, new_bytes, sent=True)
+        if on_summary:
+            on_summary(summary)
+    if cache is not None:
+        cache.add(snap.project, snap.id)
+    base = reply.get("base")
     return SnapshotResult(
         id=snap.id,
-        remote_path=layout.snapshot(snap.id),
+        remote_path=layout.snapshot(snap.id) + (".layer" if base else ""),
         meta_path=layout.snapshot_meta(snap.id),
         project=snap.project,
         branch=snap.branch,
@@ -1168,14 +1668,16 @@ def upload_snapshot(
         dirty=snap.dirty,
         subdir=snap.subdir,
         summary=summary,
-        files=len(snap.tree.entries),
+        files=snap.tree.files,
         total_bytes=snap.tree.total_size,
         new_objects=new_objects,
         new_bytes=new_bytes,
-        sent_bytes=sent[0],
+        sent_bytes=ship.sent[0],
         created=created,
         provenance=snap.provenance,
         warnings=snap.tree.warnings,
+        base=base,
+        ignored=snap.tree.ignored,
     )
 
 
@@ -1190,47 +1692,52 @@ def make_snapshot(
     cache_key: str | None = None,
     on_summary: Callable[[str], None] | None = None,
     on_progress: Progress | None = None,
+    on_prepared: Callable[[LocalSnapshot], None] | None = None,
     git: Git | None = None,
 ) -> SnapshotResult:
     """List, hash, check and ship the snapshot of ``path``'s repo; ``cache_key`` names the store.
 
     The first remote command starts before the local listing, so the cluster's shell and python
-    start-up (most of a round trip on many clusters) overlap with it: a resubmit with nothing
-    changed costs about one round trip in all. Local errors (a file over the size limit) still
-    win: the early command is then abandoned with nothing sent. For a strict "check everything,
-    then connect" order, call prepare_snapshot and upload_snapshot yourself.
+    start-up (most of a round trip on many clusters) overlap with it: a resubmit with nothing or
+    little changed costs about one round trip in all. Local errors (a file over the size limit) still
+    win: the early command then reads an empty input and exits, with nothing sent. For a strict
+    "check everything, then connect" order, call prepare_snapshot and upload_snapshot yourself.
+    ``on_prepared`` sees the local snapshot (its warnings, say) before anything is sent.
     """
-    cache = ManifestCache(cache_dir, cache_key or layout.root) if cache_dir else None
+    store = None
+    if cache_dir is not None:
+        from rv.treecache import StoreCache
+
+        store = StoreCache(cache_dir, cache_key or layout.root)
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    ready: Future[bytes | None] = Future()
+    ready: Future[tuple[bytes, list[Entry]] | None] = Future()
+    ship: _Shipping | None = None
 
-    def query_stdin() -> Iterator[bytes]:
-        data = ready.result()
-        if data is not None:
-            yield data
+    def first_stdin() -> Iterator[bytes]:
+        got = ready.result()
+        if got is not None:
+            assert ship is not None
+            yield from ship.stream(got[0], got[1], None)
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        early = pool.submit(call_agent, transport, "snap-query", layout.agent_args(), stdin=query_stdin())
+        early = pool.submit(call_agent, transport, "snap-put", layout.agent_args(), stdin=first_stdin())
         try:
             snap = prepare_snapshot(
                 path, max_file_size=max_file_size, allow_large=allow_large, git=git, cache_dir=cache_dir
             )
-            rows = [e.row() for e in snap.tree.entries]
-            payload = manifest_payload(rows, cache.bases(snap.project) if cache else [])
+            if on_prepared:
+                on_prepared(snap)
+            ship = _Shipping(transport, layout, snap, store, on_progress)
+            header, spec = ship.first()
         except BaseException:
             ready.set_result(None)  # the early command reads an empty stdin and exits
             with contextlib.suppress(Exception):
                 early.result()
             raise
-        ready.set_result(_query_stdin(snap, payload))
+        ready.set_result((header, spec))
         reply = early.result()
     return upload_snapshot(
-        transport,
-        layout,
-        snap,
-        cache=cache,
-        on_summary=on_summary,
-        on_progress=on_progress,
-        _query=(payload, reply),
-    )
+        transport, layout, snap, cache=store, on_summary=on_summary, on_progress=on_progress,
+        _first=(ship, spec, reply),
+    )  # fmt: skip

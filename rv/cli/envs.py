@@ -154,12 +154,13 @@ def build(
 ) -> None:
     """Build this project's environment now, as `rv run` would, without submitting anything."""
     from rv.cli.common import load_profile
+    from rv.config import cache_dir
     from rv.errors import UsageError
     from rv.pyenv.plan import plan
     from rv.snapshot import prepare_snapshot
 
     _, profile = load_profile(ctx)
-    snap = prepare_snapshot(Path.cwd(), allow_large=True)
+    snap = prepare_snapshot(Path.cwd(), allow_large=True, cache_dir=cache_dir())
     ssp = profile.system_site_packages if system_site_packages is None else system_site_packages
     env_plan = plan(snap, "auto", requirements=requirements, extras=extras, python=python_ or profile.python,
                     system_site_packages=ssp)  # fmt: skip

@@ -141,10 +141,13 @@ def run(
     from rv.secrets import SecretStore
 
     secrets = SecretStore(state_dir() / "secrets.json").load()
-    from rv.snapshot import ManifestCache, prepare_snapshot, upload_snapshot
+    from rv.config import cache_dir
+    from rv.snapshot import prepare_snapshot, upload_snapshot
+    from rv.treecache import StoreCache
 
-    # The file list, hashes and size guard are local: a refused file fails before we connect.
-    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large)
+    # The file list, hashes and size guard are local: a refused file fails before we connect. The
+    # last listing of this repo is reused: a resubmit lists and hashes only what changed.
+    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large, cache_dir=cache_dir())
     if snap.subdir:
         # Typed in a subfolder: the snapshot is the whole repo, the program starts where the user was.
         import dataclasses
@@ -170,10 +173,7 @@ def run(
             env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"),
         )  # fmt: skip
         sys.stdout.write(render_script(req, context))
-        note(
-            f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, "
-            f"{len(snap.tree.entries)} files)"
-        )
+        note(f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, {snap.tree.files} files)")
         return
 
     with session(ctx) as s:
@@ -185,8 +185,8 @@ def run(
             note(f"resuming {req.name}: its checkpoint folder holds what an earlier run saved")
         # Before the upload: a requirement that cannot be resolved fails here, and nothing is queued.
         env = ensure_environment(s, env_plan, (*profile.setup, *setup))
-        # The cached manifest lets the cluster receive only a delta of the file list.
-        cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
+        # What this machine knows the store holds lets the file list travel as a delta.
+        cache = StoreCache(cache_dir(), f"{profile.name}:{s.layout.root}")
         uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,

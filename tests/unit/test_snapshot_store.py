@@ -22,15 +22,17 @@ from test_snapshot import git, new_repo, write
 from rv.errors import RemoteError, UsageError
 from rv.job.cleanup import collect_garbage
 from rv.layout import RemoteLayout
+from rv.remote_store import manifest_text as agent_text
+from rv.remote_store import text_id
+from rv.slurm.script import work_dir_lines
 from rv.snapshot import (
-    ManifestCache,
     blob_id,
     frame,
     make_snapshot,
     prepare_snapshot,
-    upload_snapshot,
 )
 from rv.transport import LocalTransport
+from rv.treecache import StoreCache, TreeCache
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 
@@ -88,6 +90,13 @@ def objects_are_sound(layout: RemoteLayout) -> int:
     return n
 
 
+def job_copy(layout: RemoteLayout, sid: str, dest: Path) -> Path:
+    """The work dir a job makes of snapshot ``sid`` (full or a layer), by the job script's own lines."""
+    script = "set -euo pipefail\n" + "\n".join(work_dir_lines(layout, sid))
+    subprocess.run(["bash", "-c", script], env={**os.environ, "RV_WORK_DIR": str(dest)}, check=True)
+    return dest
+
+
 def leftover_temps(layout: RemoteLayout) -> list[str]:
     tmp = Path(layout.tmp)
     return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
@@ -138,32 +147,47 @@ def test_unchanged_resnapshot_is_one_round_trip(tmp_path, transport, layout):
     assert "already on the cluster" in again.summary
 
 
-def test_one_changed_file_sends_only_that_file(tmp_path, transport, layout):
+def test_one_changed_file_sends_only_that_file_in_one_round_trip(tmp_path, transport, layout):
     repo = sample_repo(tmp_path)
     for i in range(300):
         write(repo / "many" / f"f{i}.txt", f"file {i}\n" * 50)
     cache_dir = tmp_path / "cache"
-    make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     write(repo / "many/f7.txt", "changed\n")
     transport.calls.clear()
     second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert (second.new_objects, second.new_bytes) == (1, len("changed\n"))
-    assert len(transport.calls) == 2
-    # The manifest went as a delta against the cached one: a fraction of the 300-entry list.
+    assert len(transport.calls) == 1  # the new object went with the manifest, unasked
+    # The manifest went as a delta against the one sent before: a fraction of the 300-entry list.
     full_manifest = frame({"entries": [e.row() for e in prepare_snapshot(repo).tree.entries]})
     assert second.sent_bytes < len(full_manifest) / 4
-    assert (Path(second.remote_path) / "many/f7.txt").read_text() == "changed\n"
+    # On the cluster: a layer over the first snapshot holding that one file.
+    assert second.base == first.id and second.remote_path == layout.snapshot_layer(second.id)
+    layer = Path(second.remote_path)
+    assert sorted(str(p.relative_to(layer / "tree")) for p in (layer / "tree").rglob("*") if p.is_file()) == [
+        "many/f7.txt"
+    ]
+    work = job_copy(layout, second.id, tmp_path / "work")
+    assert (work / "many/f7.txt").read_text() == "changed\n"
+    assert tree_state(work) == tree_state(job_copy(layout, first.id, tmp_path / "w1")) | {
+        "many/f7.txt": tree_state(work)["many/f7.txt"]
+    }
 
 
-def test_stale_manifest_cache_falls_back_to_the_full_list(tmp_path, transport, layout):
+def test_a_base_the_store_does_not_have_falls_back_to_the_full_list(tmp_path, transport, layout):
     repo = sample_repo(tmp_path)
-    cache = ManifestCache(tmp_path / "cache", layout.root)
+    cache_dir = tmp_path / "cache"
     snap = prepare_snapshot(repo)
     rows = [e.row() for e in snap.tree.entries]
-    cache.put(snap.project, "f" * 24, rows[:-1])  # a base the cluster never had
+    stale = agent_text(rows[:-1])
+    TreeCache(cache_dir).put_text(text_id(stale), stale)
+    StoreCache(cache_dir, layout.root).add(snap.project, text_id(stale))  # a base the cluster never had
     write(repo / "extra.txt", "x")
-    result = upload_snapshot(transport, layout, prepare_snapshot(repo), cache=cache)
+    transport.calls.clear()
+    result = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert result.created and (Path(result.remote_path) / "extra.txt").read_text() == "x"
+    assert len(transport.calls) == 3  # the delta, refused; the full list; the objects
+    assert StoreCache(cache_dir, layout.root).known(snap.project) == [result.id]
 
 
 def test_later_edits_do_not_change_a_snapshot(tmp_path, transport, layout):
@@ -410,14 +434,14 @@ def test_file_systems_without_hard_links_get_copies(tmp_path, monkeypatch):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     monkeypatch.setattr(agent.os, "link", refuse)
-    entries = agent.sort_entries(
+    text = agent.manifest_text(
         [
             ["a.txt", agent.MODE_FILE, blob_id(b"plain"), 5],
             ["bin/run", agent.MODE_EXEC, blob_id(b"#!/bin/sh\n"), 10],
         ]
     )
-    sid = agent.manifest_id(entries)
-    assert agent.build_snapshot(root, sid, entries, {}) == "created"
+    sid = agent.text_id(text)
+    assert agent.build_snapshot(root, sid, text, {}) == "created"
     snap = Path(os.fsdecode(agent.snapshot_dir(root, sid)))
     assert (snap / "a.txt").read_bytes() == b"plain" and (snap / "a.txt").stat().st_nlink == 1
     # Private by default (the agent's umask is 077 unless the profile shares with the group).
@@ -432,7 +456,7 @@ def test_a_local_error_abandons_the_early_query_cleanly(tmp_path, transport, lay
     write(repo / "weights.bin", b"\0" * 5000)
     with pytest.raises(UsageError, match=r"weights\.bin"):
         make_snapshot(transport, layout, repo, max_file_size=1000)
-    assert len(transport.calls) == 1 and "snap-query" in transport.calls[0]
+    assert len(transport.calls) == 1 and "snap-put" in transport.calls[0]
     assert not Path(layout.snapshots).exists()
     assert leftover_temps(layout) == []
 
@@ -441,5 +465,5 @@ def test_a_remote_file_system_error_names_the_path(tmp_path, transport):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the remote root's parent should be")
     repo = sample_repo(tmp_path)
-    with pytest.raises(RemoteError, match=r"remote snap-query: Not a directory: .*/not-a-folder/root$"):
+    with pytest.raises(RemoteError, match=r"remote snap-put: Not a directory: .*/not-a-folder/root$"):
         make_snapshot(transport, RemoteLayout(str(blocker / "root")), repo)
