@@ -447,20 +447,35 @@ def ignored_paths(
     git decides: the paths go into a throw-away index as placeholders and ``ls-files -c -i`` applies
     nested ignore files, negations and folder patterns exactly as git does.
     """
-    paths = list(paths)
-    if not paths:
+    remaining = set(paths)
+    if not remaining:
         return set()
     empty = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
-    info = b"".join(b"100644 " + empty.encode() + b"\t" + agent.enc(p) + b"\0" for p in paths)
     rules = ["--exclude-standard"] if gitignore else ["--exclude-per-directory=.rvignore"]
     rules += [f"--exclude-from={f}" for f in exclude_from if f.is_file()]
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="rv-ignore-") as tmp:
-        env = _scratch_repo(Path(tmp), root, git)
-        git.out(["update-index", "-z", "--index-info"], root, input=info, env=env)
-        out = git.out(["ls-files", "-z", "-c", "-i", *rules], root, env=env)
-    return set(_split_z(out))
+    out: set[str] = set()
+    while remaining:
+        # An index cannot hold "a" and "a/b" at once (a file that became a folder lists both): the
+        # paths below another one are asked about in a later round.
+        batch = [p for p in remaining if not _below_one_of(p, remaining)]
+        remaining.difference_update(batch)
+        info = b"".join(b"100644 " + empty.encode() + b"\t" + agent.enc(p) + b"\0" for p in batch)
+        with tempfile.TemporaryDirectory(prefix="rv-ignore-") as tmp:
+            env = _scratch_repo(Path(tmp), root, git)
+            git.out(["update-index", "-z", "--index-info"], root, input=info, env=env)
+            out.update(_split_z(git.out(["ls-files", "-z", "-c", "-i", *rules], root, env=env)))
+    return out
+
+
+def _below_one_of(path: str, paths: set[str]) -> bool:
+    i = path.rfind("/")
+    while i > 0:
+        if path[:i] in paths:
+            return True
+        i = path.rfind("/", 0, i)
+    return False
 
 
 def index_signature(git_dir: str) -> tuple[Any, ...] | None:
@@ -571,6 +586,7 @@ def _rvignore_sig(root: Path, dirs: Iterable[str]) -> tuple[tuple[str, str], ...
 class _Hasher:
     """Hashes files, reusing ids from the last listing while the files' stat data is unchanged.
 
+    ``before`` is the last listing's ``hashed``: path -> [index ids, stat key, stamp, result].
     ``hashed`` collects what the next listing may reuse: path -> (stat key, stamp, result), where
     the stamp is when hashing began (see rv.treecache.RACY_NS for when an id can be reused).
     """
@@ -590,9 +606,9 @@ class _Hasher:
         except (FileNotFoundError, NotADirectoryError):
             return None
         key = treecache.stat_key(st)
-        hit = self.before.get(path)
-        if hit is not None and treecache.trusted(hit[0], hit[1], key):
-            result: tuple[int, str, int] | None = hit[2]
+        hit = self.before.get(path)  # [index ids, stat key, stamp, result]
+        if hit is not None and treecache.trusted(hit[1], hit[2], key):
+            result: tuple[int, str, int] | None = hit[3]
         else:
             got = hash_path(full)
             result = None if got is None else got[:3]
@@ -962,9 +978,8 @@ class _Scan:
                     return None
                 index_of[p] = [row[1], row[2]]
         hasher = _Hasher(self.top, before)
-        results: dict[str, Any] = hasher.many(
-            [p for p in look if p in modified or p in untracked or p in fixed]
-        )
+        listed = {p for p in look if p in modified or p in untracked or p in fixed}
+        results: dict[str, Any] = hasher.many(list(listed))
         for p in look:
             if p in results:
                 continue
@@ -972,6 +987,7 @@ class _Scan:
             if not ids:
                 results[p] = None  # untracked before, not listed now: gone, or ignored now
                 continue
+            listed.add(p)
             # Modified before and clean now: git vouches for it again.
             try:
                 st = os.lstat(os.path.join(self.top, p))
@@ -983,7 +999,7 @@ class _Scan:
         changes: dict[str, list[Any] | None] = {}
         for p in sorted(look):
             got = results[p]
-            if got is None:
+            if got is None and p in listed:
                 why = _left_out(self.top, p)
                 if why:
                     warnings.append(why)
@@ -1183,15 +1199,8 @@ AGENT_MODULES = ("rv.remote_store", "rv.job.remote", "rv.pyenv.remote")
 
 
 @functools.cache
-def _agent_bootstrap() -> str:
-    """The ``python3 -c`` program that runs the agent: its modules travel compressed on every call.
-
-    Decompressing and compiling them costs the cluster ~60 ms a call, more than most modes' work,
-    so the compiled code is kept in ``${XDG_CACHE_HOME:-~/.cache}/rv/agent/`` on the cluster (0700),
-    named by a hash of the sources and the interpreter's cache tag: later calls read it with marshal
-    (~1 ms). A missing, damaged or foreign file is simply recompiled and rewritten; nothing else is
-    ever read from there.
-    """
+def _agent_sources() -> tuple[tuple[tuple[str, str], ...], str]:
+    """The agent's modules, compressed for the command line, and a key naming this version of them."""
     import importlib
 
     parts = []
@@ -1199,11 +1208,42 @@ def _agent_bootstrap() -> str:
     for name in AGENT_MODULES:
         source = Path(importlib.import_module(name).__file__ or "").read_bytes()
         digest.update(name.encode() + b"\0" + source)
-        parts.append((name, base64.b64encode(zlib.compress(source, 9)).decode("ascii")))
-    key = digest.hexdigest()[:20]
+        # Level 6: every command pays this; 9 takes three times as long for 1% less.
+        parts.append((name, base64.b64encode(zlib.compress(source, 6)).decode("ascii")))
+    return tuple(parts), digest.hexdigest()[:20]
+
+
+def agent_key() -> str:
+    """Names the agent's code: a pre-started agent serves only requests of the same code."""
+    return _agent_sources()[1]
+
+
+@functools.cache
+def _agent_bootstrap(hot: bool = False) -> str:
+    """The ``python3 -c`` program that runs the agent: its modules travel compressed on every call.
+
+    Decompressing and compiling them costs the cluster ~60 ms a call, more than most modes' work,
+    so the compiled code is kept in ``${XDG_CACHE_HOME:-~/.cache}/rv/agent/`` on the cluster (0700),
+    named by a hash of the sources and the interpreter's cache tag: later calls read it with marshal
+    (~1 ms). A missing, damaged or foreign file is simply recompiled and rewritten; nothing else is
+    ever read from there.
+
+    ``hot``: the mode and arguments come on stdin (see agent_request) instead of the command line,
+    so the program can be started, its modules loaded, before anyone knows what it will be asked.
+    """
+    parts, key = _agent_sources()
+    if hot:
+        run = (
+            "import json,struct\nH=sys.stdin.buffer;b=H.read(4)\n"
+            "if len(b)<4:sys.exit(0)\n"  # closed before it was asked anything
+            "M,A=json.loads(H.read(struct.unpack('>I',b)[0]).decode())\n"
+            "sys.exit(sys.modules['rv.remote_store'].main(['-c',M,A]))"
+        )
+    else:
+        run = "sys.exit(sys.modules['rv.remote_store'].main(sys.argv))"
     return (
         "import base64,marshal,os,sys,types,zlib\n"
-        f"P={parts!r}\n"
+        f"P={list(parts)!r}\n"
         f"for p in {_agent_packages()!r}:\n m=types.ModuleType(p);m.__path__=[];sys.modules[p]=m\n"
         "d=os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),'rv','agent')\n"
         f"f=os.path.join(d,{key!r}+'-'+sys.implementation.cache_tag+'.bin')\n"
@@ -1220,8 +1260,7 @@ def _agent_bootstrap() -> str:
         " except OSError:pass\n"
         "for (n,_),c in zip(P,C):\n"
         " m=types.ModuleType(n);sys.modules[n]=m;p,_,a=n.rpartition('.');setattr(sys.modules[p],a,m)\n"
-        " exec(c,m.__dict__)\n"
-        "sys.exit(sys.modules['rv.remote_store'].main(sys.argv))"
+        " exec(c,m.__dict__)\n" + run
     )
 
 
@@ -1244,6 +1283,18 @@ def agent_command(mode: str, args: dict[str, Any]) -> str:
     return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {program}'
 
 
+def hot_agent_command() -> str:
+    """The shell line of an agent started ahead of time: it waits for agent_request on stdin."""
+    program = shlex.quote(_agent_bootstrap(True))
+    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" -I -S -c {program}'
+
+
+def agent_request(mode: str, args: dict[str, Any]) -> bytes:
+    """What a pre-started agent reads first: the mode and arguments agent_command would pass."""
+    data = json.dumps([mode, json.dumps(args)]).encode()
+    return struct.pack(">I", len(data)) + data
+
+
 def frame(obj: Any) -> bytes:
     data = zlib.compress(json.dumps(obj, ensure_ascii=True).encode("ascii"), 6)
     return struct.pack(">I", len(data)) + data
@@ -1255,8 +1306,16 @@ _AGENT_ERRORS: dict[str, type[RvError]] = {"usage": UsageError, "not-found": Not
 def call_agent(
     transport: Any, mode: str, args: dict[str, Any], *, stdin: Any = None, timeout: float | None = None
 ) -> dict[str, Any]:
-    """Run one agent mode and return its reply; failures become rv errors with the remote's words."""
-    res = transport.run(agent_command(mode, args), stdin=stdin, timeout=timeout)
+    """Run one agent mode and return its reply; failures become rv errors with the remote's words.
+
+    A transport that keeps an agent started ahead of time (the warm connection) is asked through
+    ``run_agent``: the agent's start-up is then off the command's path.
+    """
+    run_agent = getattr(transport, "run_agent", None)
+    if run_agent is not None:
+        res = run_agent(mode, args, stdin=stdin, timeout=timeout)
+    else:
+        res = transport.run(agent_command(mode, args), stdin=stdin, timeout=timeout)
     return agent_reply(mode, res.exit_code, res.stdout, res.err)
 
 

@@ -41,9 +41,9 @@ def stat_key(st: os.stat_result) -> StatKey:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
-def trusted(key: StatKey, stamp: int, now_key: StatKey) -> bool:
+def trusted(key: StatKey | list[int], stamp: int, now_key: StatKey) -> bool:
     """May a cached id, taken with ``key`` at ``stamp``, stand for a file whose stat is ``now_key``?"""
-    return key == now_key and max(key[1], key[2]) < stamp - RACY_NS
+    return tuple(key) == now_key and max(key[1], key[2]) < stamp - RACY_NS
 
 
 def _name(key: str) -> str:

@@ -60,6 +60,7 @@ from rv.errors import ConnectError, RemoteError, RvError
 from rv.transport import (
     PRIVATE_MASK,
     RemoteTimeout,
+    RunResult,
     SSHTarget,
     Stdin,
     TransferError,
@@ -606,6 +607,34 @@ class WarmTransport(_Collecting):
             )
         )
 
+    def run_agent(
+        self, mode: str, args: dict[str, Any], *, stdin: Stdin = None, timeout: float | None = None
+    ) -> RunResult:
+        """rv's agent in ``mode``: served by the agent the background process started ahead of time
+        when it has one of this code, else as any command (rv.snapshot.call_agent uses this)."""
+        from rv.snapshot import agent_command, agent_key
+
+        command = agent_command(mode, args)
+        if self._direct is None:
+            out: list[bytes] = []
+            err: list[bytes] = []
+            header = {
+                "op": "exec",
+                "command": command,
+                "stdin": stdin is not None,
+                "keep_stdin_open": False,
+                "agent": {"key": agent_key(), "mode": mode, "args": args},
+            }
+            try:
+                reply = self._call(
+                    header, data=stdin, on_stdout=out.append, on_stderr=err.append, timeout=timeout
+                )
+                return RunResult(int(reply["exit_code"]), b"".join(out), b"".join(err))
+            except WarmUnavailable as exc:
+                self._fall_back(exc)
+        result: RunResult = self._direct.run(command, stdin=stdin, timeout=timeout)
+        return result
+
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
         self._put([data], remote_path, mode)
 
@@ -1061,6 +1090,7 @@ class Server:
                 keep_stdin_open=bool(header.get("keep_stdin_open")),
                 cancelled=lambda: _gone(conn),
                 on_started=on_started,
+                agent=header.get("agent"),
             )
         except Cancelled as exc:
             raise _ClientGone() from exc

@@ -467,3 +467,88 @@ def test_a_remote_file_system_error_names_the_path(tmp_path, transport):
     repo = sample_repo(tmp_path)
     with pytest.raises(RemoteError, match=r"remote snap-put: Not a directory: .*/not-a-folder/root$"):
         make_snapshot(transport, RemoteLayout(str(blocker / "root")), repo)
+
+
+# -- layers ------------------------------------------------------------------------------------
+
+
+def listed_paths(repo: Path) -> list[str]:
+    return [e.path for e in prepare_snapshot(repo).tree.entries]
+
+
+def folders(root: Path) -> set[str]:
+    return {str(Path(d).relative_to(root)) for d, _dirs, _files in os.walk(root) if Path(d) != root}
+
+
+def test_a_layer_makes_the_same_work_dir_as_a_full_snapshot_whatever_changed(tmp_path, transport, layout):
+    repo = new_repo(tmp_path / "repo", {"a/b/c.txt": "c\n", "a/keep.txt": "keep\n", "d/x.txt": "x\n",
+                                        "f/deep/g.txt": "the only file under f\n"})  # fmt: skip
+    write(repo / "e.sh", "#!/bin/sh\n", 0o755)
+    (repo / "lnk").symlink_to("a")
+    for i in range(300):
+        write(repo / "many" / f"f{i}.txt", f"{i}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "all")
+    cache_dir = tmp_path / "cache"
+    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert first.base is None and first.remote_path == layout.snapshot(first.id)
+    # Every kind of change a layer has to express:
+    write(repo / "a/keep.txt", "kept, edited\n")  # content
+    (repo / "f/deep/g.txt").unlink()  # the last file of two folders
+    shutil.rmtree(repo / "d")
+    write(repo / "d", "a file where a folder was\n")  # folder -> file
+    (repo / "e.sh").unlink()
+    (repo / "e.sh").symlink_to("a/keep.txt")  # file -> symlink
+    (repo / "lnk").unlink()
+    write(repo / "lnk/inner.txt", "a folder where a symlink was\n")  # symlink -> folder
+    (repo / "a/b/c.txt").chmod(0o755)  # mode only
+    write(repo / "new/dir/file.txt", "new\n")  # new folders
+    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert second.base == first.id and Path(layout.snapshot_layer(second.id)).is_dir()
+    assert not Path(layout.snapshot(second.id)).exists()
+    work = job_copy(layout, second.id, tmp_path / "w2")
+    paths = listed_paths(repo)
+    assert tree_state(work) == expected_state(repo, paths)
+    # No folder the new tree lacks (f/ and f/deep/ went with their last file; d/ became a file).
+    assert folders(work) == {str(q) for p in paths for q in Path(p).parents if str(q) != "."}
+    # A layer of a layer sits on the full snapshot, holding both sets of changes.
+    write(repo / "a/keep.txt", "keep\n")  # back as in the first snapshot: no longer in the layer
+    write(repo / "many/f1.txt", "third\n")
+    third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert third.base == first.id
+    assert tree_state(job_copy(layout, third.id, tmp_path / "w3")) == expected_state(repo, listed_paths(repo))
+    meta = json.loads(Path(layout.snapshot_meta(third.id)).read_text())
+    assert "a/keep.txt" not in [r[0] for r in meta["layer"]["upsert"]] and meta["base"] == first.id
+    # Permissions: the layer is as private and read-only as a full snapshot.
+    layer = Path(layout.snapshot_layer(third.id))
+    assert (
+        stat.S_IMODE(layer.stat().st_mode) == 0o500
+        and stat.S_IMODE((layer / "remove").stat().st_mode) == 0o400
+    )
+    assert stat.S_IMODE((layer / "tree/many/f1.txt").stat().st_mode) == 0o400
+    # Past the share of files a layer may hold, the snapshot is a full tree again.
+    for i in range(300):
+        write(repo / "many" / f"f{i}.txt", f"rewritten {i}\n")
+    fourth = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert fourth.base is None and fourth.remote_path == layout.snapshot(fourth.id)
+    assert tree_state(Path(fourth.remote_path)) == expected_state(repo, listed_paths(repo))
+
+
+def test_gc_keeps_the_full_snapshot_a_kept_layer_sits_on(tmp_path, layout, fake_squeue):
+    t = gc_transport(tmp_path)
+    repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" for i in range(20)})
+    cache_dir = tmp_path / "cache"
+    base = make_snapshot(t, layout, repo, cache_dir=cache_dir)
+    write(repo / "f3.txt", "layered\n")
+    layer = make_snapshot(t, layout, repo, cache_dir=cache_dir)
+    assert layer.base == base.id
+    backdate(layout, base.id, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert report["removed"] == []
+    assert {k["id"]: k["reason"] for k in report["kept"]}[base.id] == f"the base of kept layer {layer.id}"
+    assert tree_state(job_copy(layout, layer.id, tmp_path / "w")) == expected_state(repo, listed_paths(repo))
+    backdate(layout, layer.id, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert sorted(r["id"] for r in report["removed"]) == sorted([base.id, layer.id])
+    assert sorted(p.name for p in Path(layout.snapshots).iterdir()) == []
+    assert not any(Path(layout.objects).glob("*/*"))
