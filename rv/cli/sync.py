@@ -280,8 +280,10 @@ def snapshot(ctx: click.Context, path: str, max_file_size: int, allow_large: boo
             warn(w)
 
     with session(ctx) as s, progress_renderer("uploading") as bar:
+        # Connecting (ssh -G, the warm connection) happens in make_snapshot's first call, on its own
+        # thread, while this one lists the files.
         result = make_snapshot(
-            s.transport, s.layout, path, max_file_size=max_file_size, allow_large=allow_large,
+            _Lazy(s), s.layout, path, max_file_size=max_file_size, allow_large=allow_large,
             cache_dir=_cache_dir(), cache_key=f"{s.profile.name}:{s.layout.root}", on_summary=note,
             on_progress=bar, on_prepared=prepared,
         )  # fmt: skip

@@ -281,3 +281,15 @@ def test_the_provenance_diff_covers_only_what_changed_and_equals_gits(tmp_path):
     assert limited == git(
         repo, "diff", "HEAD", "--no-color", "--no-ext-diff", "--no-textconv", "--submodule=short"
     )
+
+
+def test_an_rvignore_in_a_folder_that_holds_only_folders_applies(tmp_path):
+    # rv 0.1 looked for .rvignore files only in folders holding a listed file directly: one kept out
+    # of git (a personal one, say) in a folder of folders was never read, and the weights were sent.
+    repo = new_repo(tmp_path / "repo", {"pkg/sub/model.py": "M = 1\n", ".gitignore": "pkg/.rvignore\n"})
+    write(repo / "pkg/.rvignore", "*.bin\n")
+    write(repo / "pkg/sub/weights.bin", b"\0" * 100)
+    for cache in (None, TreeCache()):
+        tree = scan_tree(repo, cache=cache)
+        assert "pkg/sub/weights.bin" not in tree.paths and "pkg/sub/model.py" in tree.paths
+        assert tree.ignored == (("pkg/sub/weights.bin", 100),)
