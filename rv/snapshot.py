@@ -42,6 +42,7 @@ import shlex
 import stat
 import struct
 import subprocess
+import threading
 import time
 import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -56,12 +57,11 @@ from rv.layout import RemoteLayout
 from rv.progress import Progress, ProgressCounter
 
 if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
-
     from rv.treecache import StoreCache, TreeCache
 
-# concurrent.futures, tempfile, socket and getpass are imported where they are used: `rv ps` imports
-# this module for call_agent and should not pay ~20 ms for what only a snapshot needs.
+# tempfile, socket and getpass are imported where they are used: `rv ps` imports this module for
+# call_agent and should not pay for what only a snapshot needs. Threads are plain ones (_Soon):
+# concurrent.futures costs ~4 ms of imports (logging, queue) a command would pay for nothing.
 
 DEFAULT_MAX_FILE_SIZE = 100 * 1000 * 1000  # 100 MB
 MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
@@ -125,6 +125,47 @@ class Git:
 
     def out(self, args: Sequence[str], cwd: str | Path, **kw: Any) -> bytes:
         return self.run(args, cwd, **kw).stdout
+
+
+class _Soon:
+    """A call running on a thread of its own; ``result()`` waits for it and re-raises its error."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        self._out: list[Any] = []
+        self._thread = threading.Thread(target=self._run, args=(fn, args, kw), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+        try:
+            self._out.append((True, fn(*args, **kw)))
+        except BaseException as exc:  # handed to whoever asks for the result, never dropped
+            self._out.append((False, exc))
+
+    def result(self) -> Any:
+        self._thread.join()
+        ok, value = self._out[0]
+        if not ok:
+            raise value
+        return value
+
+
+def _map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
+    """``[fn(x) for x in items]`` on up to ``workers`` threads."""
+    results: list[Any] = [None] * len(items)
+    todo = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            results[i] = fn(items[i])
+
+    for task in [_Soon(work) for _ in range(max(1, min(workers, len(items))))]:
+        task.result()
+    return results
 
 
 def _split_z(data: bytes) -> list[str]:
@@ -524,22 +565,19 @@ class _Repo:
 
 
 def _ask_repo(top: Path, prefix: str, git: Git, git_dir: str | None, with_index: bool) -> _Repo:
-    from concurrent.futures import ThreadPoolExecutor
-
     where = top / prefix if prefix else top
     if git_dir is None:
         git_dir = os.fsdecode(git.out(["rev-parse", "--absolute-git-dir"], where).strip())
     sig = index_signature(git_dir)  # before the index is read: a later change then shows next time
     # Independent questions, asked at once: git processes are the bulk of a listing.
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        index_f = pool.submit(git.out, ["ls-files", "-z", "-s", "-v"], where) if with_index else None
-        modified_f = pool.submit(
-            git.out, ["diff-files", "-z", "--name-only", "--ignore-submodules=all"], where
-        )
-        others_f = pool.submit(git.out, ["ls-files", "-z", "-o", "--exclude-standard"], where)
-        config = _git_config(where, git)
-        listing = index_f.result() if index_f is not None else b""
-        modified_b, others_b = modified_f.result(), others_f.result()
+    index_f = _Soon(git.out, ["ls-files", "-z", "-s", "-v"], where) if with_index else None
+    modified_f = _Soon(git.out, ["diff-files", "-z", "--name-only", "--ignore-submodules=all"], where)
+    others_f = _Soon(git.out, ["ls-files", "-z", "-o", "--exclude-standard"], where)
+    config = _git_config(where, git)
+    listing = index_f.result() if index_f is not None else b""
+    modified_b, others_b = modified_f.result(), others_f.result()
+    if index_signature(git_dir) != sig:
+        sig = None  # the index changed while git read it (a `git add` just now): trust no listing of it
     index = None
     if with_index:
         index = {}
@@ -619,10 +657,7 @@ class _Hasher:
         if len(paths) < 16:
             return {p: self.one(p) for p in paths}
         # hashlib releases the GIL on large buffers, so threads do help on a first snapshot.
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
-            return dict(zip(paths, pool.map(self.one, paths), strict=True))
+        return dict(zip(paths, _map(self.one, paths, min(8, os.cpu_count() or 2)), strict=True))
 
 
 def _skipped(path: str) -> bool:
@@ -721,14 +756,14 @@ def _top_links(top: _Repo) -> list[str]:
 class _HeadQuestions:
     """HEAD's commit and branch, and whether what is staged differs from it, asked while listing."""
 
-    def __init__(self, top: Path, git: Git, pool: ThreadPoolExecutor, *, eager: bool) -> None:
+    def __init__(self, top: Path, git: Git, *, eager: bool) -> None:
         self.top, self.git = top, git
         ok = (0, 1, 128)
-        self.head = pool.submit(git.run, ["rev-parse", "-q", "--verify", "HEAD^{commit}"], top, ok_codes=ok)
-        self.ref = pool.submit(git.run, ["symbolic-ref", "-q", "--short", "HEAD"], top, ok_codes=ok)
+        self.head = _Soon(git.run, ["rev-parse", "-q", "--verify", "HEAD^{commit}"], top, ok_codes=ok)
+        self.ref = _Soon(git.run, ["symbolic-ref", "-q", "--short", "HEAD"], top, ok_codes=ok)
         # After a change of the index the staged question is asked at once; otherwise the answer
         # kept with the index signature and commit usually stands, and asking would only cost CPU.
-        self.staged = pool.submit(self._staged) if eager else None
+        self.staged = _Soon(self._staged) if eager else None
 
     def _staged(self) -> list[str]:
         proc = self.git.run(
@@ -782,14 +817,11 @@ class _Scan:
         self.state = cache.state(top) if cache is not None else None
 
     def run(self) -> LocalTree:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            tree = None
-            if self.state is not None:
-                tree = self._fast(_HeadQuestions(self.top, self.git, pool, eager=False))
-            if tree is None:
-                tree = self._full(_HeadQuestions(self.top, self.git, pool, eager=True))
+        tree = None
+        if self.state is not None:
+            tree = self._fast(_HeadQuestions(self.top, self.git, eager=False))
+        if tree is None:
+            tree = self._full(_HeadQuestions(self.top, self.git, eager=True))
         return tree
 
     # -- every repository, from scratch -------------------------------------------------------------
@@ -923,10 +955,7 @@ class _Scan:
         old_text = self.cache.text(state["sid"])
         if old_text is None:
             return None
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            repos = list(pool.map(lambda r: _ask_repo(self.top, r[0], self.git, r[1], False), state["repos"]))
+        repos = _map(lambda r: _ask_repo(self.top, r[0], self.git, r[1], False), state["repos"], 4)
         for repo, (_prefix, _gd, sig, config) in zip(repos, state["repos"], strict=True):
             if sig is None or repo.sig != sig or sorted(repo.config.items()) != config:
                 return None
@@ -1768,34 +1797,34 @@ def make_snapshot(
         from rv.treecache import StoreCache
 
         store = StoreCache(cache_dir, cache_key or layout.root)
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    ready: Future[tuple[bytes, list[Entry]] | None] = Future()
+    ready = threading.Event()
+    first: list[tuple[bytes, list[Entry]] | None] = []
     ship: _Shipping | None = None
 
     def first_stdin() -> Iterator[bytes]:
-        got = ready.result()
-        if got is not None:
+        ready.wait()
+        if first[0] is not None:
             assert ship is not None
-            yield from ship.stream(got[0], got[1], None)
+            yield from ship.stream(first[0][0], first[0][1], None)
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        early = pool.submit(call_agent, transport, "snap-put", layout.agent_args(), stdin=first_stdin())
-        try:
-            snap = prepare_snapshot(
-                path, max_file_size=max_file_size, allow_large=allow_large, git=git, cache_dir=cache_dir
-            )
-            if on_prepared:
-                on_prepared(snap)
-            ship = _Shipping(transport, layout, snap, store, on_progress)
-            header, spec = ship.first()
-        except BaseException:
-            ready.set_result(None)  # the early command reads an empty stdin and exits
-            with contextlib.suppress(Exception):
-                early.result()
-            raise
-        ready.set_result((header, spec))
-        reply = early.result()
+    early = _Soon(call_agent, transport, "snap-put", layout.agent_args(), stdin=first_stdin())
+    try:
+        snap = prepare_snapshot(
+            path, max_file_size=max_file_size, allow_large=allow_large, git=git, cache_dir=cache_dir
+        )
+        if on_prepared:
+            on_prepared(snap)
+        ship = _Shipping(transport, layout, snap, store, on_progress)
+        header, spec = ship.first()
+    except BaseException:
+        first.append(None)  # the early command reads an empty stdin and exits
+        ready.set()
+        with contextlib.suppress(Exception):
+            early.result()
+        raise
+    first.append((header, spec))
+    ready.set()
+    reply = early.result()
     return upload_snapshot(
         transport, layout, snap, cache=store, on_summary=on_summary, on_progress=on_progress,
         _first=(ship, spec, reply),

@@ -47,10 +47,8 @@ import socket
 import stat as stat_
 import struct
 import sys
-import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -123,6 +121,8 @@ def runtime_dir() -> Path:
     elif os.environ.get("XDG_RUNTIME_DIR") and os.path.isdir(os.environ["XDG_RUNTIME_DIR"]):
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "rv"
     else:
+        import tempfile
+
         path = Path(tempfile.gettempdir()) / f"rv-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700, parents=True)
@@ -795,6 +795,8 @@ def _daemon_entry(spec: dict[str, Any], lock_fd: int, ready_w: int) -> int:
     except SystemExit:
         return 0
     except BaseException:
+        import traceback
+
         traceback.print_exc()
         return 1
     finally:
@@ -976,6 +978,8 @@ class Server:
         except (_ClientGone, BrokenPipeError, ConnectionResetError) as exc:
             self.log(f"the rv command went away ({type(exc).__name__}); its channel was closed")
         except Exception:
+            import traceback
+
             self.log("error while serving a command:\n" + traceback.format_exc())
         finally:
             conn.close()
