@@ -250,6 +250,7 @@ class RepoInfo:
     # Paths of the top repository whose content may differ from HEAD's (staged, or changed in the
     # work tree, and every submodule): what the provenance diff is limited to. None: not known.
     changed: tuple[str, ...] | None = None
+    submodules: tuple[str, ...] = ()  # the top repository's submodules (their diff is never kept)
 
 
 class ManifestPaths(Collection[str]):
@@ -792,7 +793,9 @@ class _HeadQuestions:
         url = redact_url(top.config.get("remote.origin.url"))
         dirty = bool(changed) or staged is None or bool(staged) or bool(untracked)
         paths = None if staged is None else tuple(sorted({*changed, *staged, *submodules}))
-        info = RepoInfo(self.top, Path(top.git_dir), commit, branch, url, dirty, untracked, paths)
+        info = RepoInfo(
+            self.top, Path(top.git_dir), commit, branch, url, dirty, untracked, paths, tuple(submodules)
+        )
         return info, [key, staged]
 
 
@@ -1163,12 +1166,19 @@ def _root_commit(repo: RepoInfo, git: Git, cache_dir: Path | None) -> str | None
 
 
 def provenance(
-    tree: LocalTree, project: str, subdir: str, git: Git | None = None, *, with_diff: bool = True
+    tree: LocalTree,
+    project: str,
+    subdir: str,
+    git: Git | None = None,
+    *,
+    with_diff: bool = True,
+    cache: TreeCache | None = None,
 ) -> dict[str, Any]:
     """Where a snapshot came from: stored beside it on the cluster and in the job record.
 
     ``with_diff=False`` leaves the dirty tree's diff out (``diff`` is then None): it is only needed
-    when the snapshot is new, so a resubmit does not pay for ``git diff``.
+    when the snapshot is new, so a resubmit does not pay for ``git diff``. With a ``cache``, the
+    diff's part for a file is made again only when the file or HEAD changed (see diff_head).
     """
     import getpass
     import socket
@@ -1205,16 +1215,98 @@ def provenance(
     if not with_diff:
         prov["diff"] = None
     elif repo.dirty and repo.commit:
-        args = ["diff", "HEAD", "--no-color", "--no-ext-diff", "--no-textconv", "--submodule=short"]
-        env = None
-        if repo.changed is not None and len(repo.changed) <= 500:
-            # Only where something changed: git then stats those files, not the whole tree.
-            args += ["--", *repo.changed]
-            env = {"GIT_LITERAL_PATHSPECS": "1"}
-        diff = git.out(args, repo.top, env=env) if repo.changed != () else b""
+        diff = diff_head(tree, git, cache)
         prov["diff_truncated"] = len(diff) > DIFF_LIMIT
         prov["diff"] = diff[:DIFF_LIMIT].decode("utf-8", "replace")
     return prov
+
+
+# `git diff HEAD` for the provenance, without rename detection (so that each file's part depends on
+# that file alone) and with the prefixes fixed (a user's diff.noprefix must not change the format).
+_DIFF = [
+    "-c", "core.quotePath=true", "diff", "HEAD", "--no-color", "--no-ext-diff", "--no-textconv",
+    "--submodule=short", "--no-renames", "--src-prefix=a/", "--dst-prefix=b/",
+]  # fmt: skip
+_DIFF_PATHS_MAX = 500  # more changed paths than this: one diff of everything, no pathspec list
+
+
+def diff_head(tree: LocalTree, git: Git, cache: TreeCache | None = None) -> bytes:
+    """What ``git diff HEAD`` shows for the tree's repository, made from cached parts where it can.
+
+    The part of a file depends only on HEAD's commit and the file's content and mode (renames are
+    not detected), so with a cache only files changed since the last diff are diffed again: a resubmit
+    after one edit diffs one file, however many others are dirty.
+    """
+    repo = tree.repo
+    assert repo is not None and repo.commit is not None
+    changed = repo.changed
+    if changed == ():
+        return b""
+    if changed is None or len(changed) > _DIFF_PATHS_MAX:
+        return git.out(_DIFF, repo.top)
+    literal = {"GIT_LITERAL_PATHSPECS": "1"}
+    if cache is None:
+        return git.out([*_DIFF, "--", *changed], repo.top, env=literal)
+    kept = cache.diffs(repo.top)
+    files = kept["files"] if kept.get("head") == repo.commit else {}
+    subs = set(repo.submodules)
+    keys = {p: agent.row_at(tree.manifest, p) for p in changed if p not in subs}
+    todo = [p for p in changed if p in subs or p not in files or files[p][0] != keys[p]]
+    fresh = _diff_parts(git.out([*_DIFF, "--", *todo], repo.top, env=literal)) if todo else {}
+    if fresh is None:  # a header this code cannot read: the plain diff, nothing kept
+        return git.out([*_DIFF, "--", *changed], repo.top, env=literal)
+    parts = {p: fresh.get(p, b"") if p in todo else files[p][1] for p in changed}
+    cache.put_diffs(repo.top, {"head": repo.commit, "files": {p: [keys[p], parts[p]] for p in keys}})
+    return b"".join(parts[p] for p in sorted(parts, key=agent.enc))
+
+
+_C_ESCAPES = {ord("a"): 7, ord("b"): 8, ord("t"): 9, ord("n"): 10, ord("v"): 11, ord("f"): 12, ord("r"): 13,
+              ord('"'): 34, ord("\\"): 92}  # fmt: skip
+
+
+def _c_unquote(data: bytes) -> bytes | None:
+    """The first C-quoted string (as git writes unusual paths) of ``data``, which starts with '"'."""
+    out, i = bytearray(), 1
+    while i < len(data):
+        c = data[i]
+        if c == 34:
+            return bytes(out)
+        if c == 92 and i + 1 < len(data):
+            n = data[i + 1]
+            if n in _C_ESCAPES:
+                out.append(_C_ESCAPES[n])
+                i += 2
+                continue
+            if 48 <= n <= 55:
+                out.append(int(data[i + 1 : i + 4], 8))
+                i += 4
+                continue
+            return None
+        out.append(c)
+        i += 1
+    return None
+
+
+def _diff_parts(out: bytes) -> dict[str, bytes] | None:
+    """``git diff --no-renames`` output split by file; None if a header cannot be read."""
+    starts = [m.start() for m in re.finditer(rb"^diff --git ", out, re.M)]
+    parts = {}
+    for i, start in enumerate(starts):
+        chunk = out[start : starts[i + 1] if i + 1 < len(starts) else len(out)]
+        header = chunk.split(b"\n", 1)[0][len(b"diff --git ") :]
+        if header.startswith(b'"'):
+            a = _c_unquote(header)
+            if a is None or not a.startswith(b"a/"):
+                return None
+            path = a[2:]
+        else:
+            # "a/<path> b/<path>", the same path twice (no renames)
+            half = (len(header) - 5) // 2
+            path = header[2 : 2 + half]
+            if header[:2] != b"a/" or header[2 + half :] != b" b/" + path:
+                return None
+        parts[agent.dec(path)] = chunk
+    return parts
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1663,7 +1755,9 @@ class _Shipping:
     def provenance(self) -> dict[str, Any]:
         if self.stored_provenance is None:
             snap = self.snap
-            self.stored_provenance = provenance(snap.tree, snap.project, snap.subdir, snap.git)
+            self.stored_provenance = provenance(
+                snap.tree, snap.project, snap.subdir, snap.git, cache=snap.texts
+            )
         return self.stored_provenance
 
     def stream(self, header: bytes, sends: list[Entry], progress: ProgressCounter | None) -> Iterator[bytes]:

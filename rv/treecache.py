@@ -8,6 +8,9 @@ next command is then as slow as a first one, never wrong):
 * ``texts/<id>``: manifests by snapshot id (rv.remote_store's text format).
 * ``stores/<store>``: per remote store and project, the snapshots known to be there (the bases a
   manifest can be sent as a delta against).
+* ``diffs/<repo>``: the last provenance diff of each repository, file by file, with what each file's
+  part was made from (HEAD's commit, the file's content and mode): a part is made again only when
+  one of those changed.
 
 Files are written whole and renamed into place, readable by the user only. A file that cannot be
 read (damaged, written by another version) counts as absent.
@@ -93,6 +96,30 @@ class TreeCache:
         if self.directory is not None:
             with contextlib.suppress(OSError):  # a cache: failing to keep it only costs time
                 _write(self.directory / "trees" / _name(key), marshal.dumps(state))
+
+    # -- provenance diffs ----------------------------------------------------------------------------
+    def diffs(self, top: Path) -> dict[str, Any]:
+        """The last provenance diff of ``top``, by file: {"head": commit, "files": {path: [key, text]}}."""
+        key = "diff\0" + str(top)
+        if key in self._states:
+            return self._states[key]
+        data: Any = None
+        kept: dict[str, Any]
+        if self.directory is not None:
+            with contextlib.suppress(OSError, ValueError, EOFError, TypeError):
+                data = marshal.loads((self.directory / "diffs" / _name(str(top))).read_bytes())
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            data = {"format": FORMAT, "head": None, "files": {}}
+        kept = data
+        self._states[key] = kept
+        return kept
+
+    def put_diffs(self, top: Path, data: dict[str, Any]) -> None:
+        data = dict(data, format=FORMAT)
+        self._states["diff\0" + str(top)] = data
+        if self.directory is not None:
+            with contextlib.suppress(OSError):
+                _write(self.directory / "diffs" / _name(str(top)), marshal.dumps(data))
 
     # -- manifests -----------------------------------------------------------------------------------
     def text(self, sid: str) -> bytes | None:

@@ -269,18 +269,58 @@ def test_submodules_are_listed_from_the_cache_too(tmp_path):
     same_listing(scan_tree(repo, cache=TreeCache(tmp_path / "cache")), scan_tree(repo))
 
 
-def test_the_provenance_diff_covers_only_what_changed_and_equals_gits(tmp_path):
-    repo = new_repo(tmp_path / "repo", {f"f{i}.py": f"x = {i}\n" for i in range(30)})
+GIT_DIFF = [
+    "diff",
+    "HEAD",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--submodule=short",
+    "--no-renames",
+]
+
+
+def test_the_provenance_diff_is_gits_and_rediffs_only_files_that_changed(tmp_path, monkeypatch):
+    names = [f"f{i}.py" for i in range(30)] + ['odd "name"\t.py', "ünï.py", "sp ace.py"]
+    repo = new_repo(tmp_path / "repo", {n: f"x = {i}\n" for i, n in enumerate(names)})
+    git(repo, "config", "diff.noprefix", "true")  # a user's setting must not change what is recorded
+    cache = TreeCache(tmp_path / "cache")
+    diffed: list[list[str]] = []
+    real = Git.out
+
+    def out(self, args, cwd, **kw):
+        if "diff" in args and "HEAD" in args:
+            diffed.append(list(args[args.index("--") + 1 :]) if "--" in args else ["<all>"])
+        return real(self, args, cwd, **kw)
+
+    monkeypatch.setattr(Git, "out", out)
+
+    def check() -> None:
+        tree = scan_tree(repo, cache=cache)
+        want = git(repo, "-c", "diff.noprefix=false", *GIT_DIFF)
+        assert snapshot.diff_head(tree, Git(), cache).decode() == want
+        assert snapshot.provenance(tree, "p", "", cache=cache)["diff"] == want
+
     write(repo / "f3.py", "x = 'edited'\n")
     (repo / "f4.py").unlink()
     write(repo / "f5.py", "x = 'staged'\n")
     git(repo, "add", "f5.py")
-    tree = scan_tree(repo, cache=TreeCache(tmp_path / "cache"))
-    assert tree.repo.changed == ("f3.py", "f4.py", "f5.py")
-    limited = snapshot.provenance(tree, "p", "")["diff"]
-    assert limited == git(
-        repo, "diff", "HEAD", "--no-color", "--no-ext-diff", "--no-textconv", "--submodule=short"
-    )
+    write(repo / 'odd "name"\t.py', "quoted\n")
+    write(repo / "ünï.py", "unicode\n")
+    (repo / "f6.py").chmod(0o755)
+    write(repo / "untracked.py", "not in a diff\n")
+    check()
+    assert diffed[-1] == sorted(["f3.py", "f4.py", "f5.py", "f6.py", 'odd "name"\t.py', "ünï.py"])
+    diffed.clear()
+    write(repo / "f3.py", "x = 'edited again'\n")
+    check()
+    assert diffed == [["f3.py"]]  # the one file edited since; the rest (and the second ask) cached
+    diffed.clear()
+    write(repo / "sp ace.py", "more\n")
+    git(repo, "commit", "-q", "-am", "a commit: HEAD changed")
+    write(repo / "f7.py", "after the commit\n")
+    check()
+    assert diffed[0] == ["f7.py"]
 
 
 def test_an_rvignore_in_a_folder_that_holds_only_folders_applies(tmp_path):

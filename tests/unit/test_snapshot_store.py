@@ -552,3 +552,24 @@ def test_gc_keeps_the_full_snapshot_a_kept_layer_sits_on(tmp_path, layout, fake_
     assert sorted(r["id"] for r in report["removed"]) == sorted([base.id, layer.id])
     assert sorted(p.name for p in Path(layout.snapshots).iterdir()) == []
     assert not any(Path(layout.objects).glob("*/*"))
+
+
+def test_snapshots_of_the_earlier_format_are_still_used_by_jobs_and_collected(tmp_path, layout, fake_squeue):
+    # Stores written by rv 0.1 hold full trees whose meta file lists the entries (version 1).
+    t = gc_transport(tmp_path)
+    repo = new_repo(tmp_path / "repo", {"a.txt": "old store\n"})
+    new = make_snapshot(t, layout, repo)  # objects and folders exist; make an old-format twin of it
+    old_id = "0123456789abcdef01234567"
+    subprocess.run(["cp", "-a", layout.snapshot(new.id), layout.snapshot(old_id)], check=True)
+    rows = [["a.txt", 0o100644, blob_id(b"old store\n"), 10]]
+    Path(layout.snapshot_meta(old_id)).write_text(json.dumps({"version": 1, "id": old_id, "entries": rows}))
+    assert tree_state(job_copy(layout, old_id, tmp_path / "w")) == expected_state(repo, ["a.txt"])
+    subprocess.run(["chmod", "-R", "u+w", layout.snapshot(new.id)], check=True)
+    shutil.rmtree(layout.snapshot(new.id))
+    os.unlink(layout.snapshot_meta(new.id))
+    os.unlink(Path(layout.snapshot(new.id + ".manifest")))
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert report["removed"] == [] and report["objects_removed"] == 0  # its entries keep its objects
+    backdate(layout, old_id, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert [r["id"] for r in report["removed"]] == [old_id] and report["objects_removed"] == 1
