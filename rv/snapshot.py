@@ -1818,9 +1818,10 @@ def upload_snapshot(
             continue
         missing = list(reply["missing"])
         rows = ship.payload.get("upsert", ship.payload.get("entries"))
-        if rows is None or any(o not in {r[2] for r in rows} for o in missing):
-            rows = agent.manifest_rows(snap.tree.manifest)
-        by_oid = {r[2]: Entry(*r) for r in rows}
+        by_oid = {r[2]: r for r in rows or ()}
+        if any(o not in by_oid for o in missing):
+            by_oid = {r[2]: r for r in agent.manifest_rows(snap.tree.manifest)}
+        by_oid = {o: Entry(*by_oid[o]) for o in missing}
         spec = [by_oid[o] for o in missing]
         if summary is None and on_summary:
             summary = summary_line(snap, new_objects + len(spec), new_bytes + sum(e.size for e in spec))
