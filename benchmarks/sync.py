@@ -1,35 +1,47 @@
 """Sync benchmark: rv snapshots side by side with `rsync -a` over ssh and `git archive | ssh tar -x`.
 
     scripts/testcluster up
-    .venv/bin/python benchmarks/sync.py [--files 5000] [--mb 200] [--repeat 3]
+    .venv/bin/python benchmarks/sync.py [--files 5000] [--mb 200] [--rounds 10] [--first-rounds 3]
+                                        [--repo-dir DIR] [--json OUT]
 
 One synthetic repo (default 5,000 files, ~200 MB: many small text files, some medium ones, a few
 large incompressible binaries), against the loopback cluster, in four situations:
 
-  (a) first sync            every method starts from an empty destination
+  (a) first sync            every method starts from an empty destination (and rv from empty caches)
   (b) resync, no change     the same tree again
   (c) one file changed      one text file edited (uncommitted)
-  (d) 1% of files changed   50 files edited (uncommitted)
+  (d) 1% of files changed   files // 100 files edited (uncommitted)
 
-Methods:
+Methods, interleaved within each round so that load on this shared machine hits them alike:
 
   rsync      rsync -a --delete --exclude=.git -e ssh  (OpenSSH, a new connection per run)
-  tar        git archive $(git stash create || echo HEAD) | ssh HOST 'tar -x -C DEST'  (all, every time)
-  rv cli     `rv sync snapshot`: a whole rv process (Python start-up, imports, connect, snapshot)
+  tar        git archive $(git stash create || echo HEAD) | ssh HOST 'tar -x -C DEST'  (all, every
+             time; timed in (a) only, unless --tar-everywhere)
+  rv warm    `rv sync snapshot` as a user types it: a whole rv process (Python start-up, imports,
+             listing, the round trips), with the warm connection of an earlier command
+  rv cold    the same with RV_WARM_SECONDS=0: a fresh SSH connection inside the process
+  rv dry     `rv run --dry-run -g 1 -t a6000 -- python train.py`: the whole local half of a
+             resubmit (listing, id, script), no network
   rv api     make_snapshot() on an open connection: what `rv run` pays inside its own process
 
-Each figure is the median of --repeat runs. Targets (issue 3): (b) rv at most 0.5x rsync; (a) rv at
-most 1.3x the tar stream; (c) rv sends only the changed file's bytes (object bytes are reported
-apart from the manifest and framing). The page cache is warm for everyone: the repo was just written.
+Each rv method has its own remote root and its own local cache folder (RV_CACHE_DIR), so each sees
+the edit of a round for the first time, as a user would. Printed per situation: the median and the
+spread (min-max) of wall seconds, and the ratios to rsync (and to tar for (a)) as the median of the
+per-round ratios with their min-max. Targets (issue 13, item 8): with a warm connection the whole
+process <= 0.5x rsync for (b) and (c); (a) rv api <= 1.3x the tar stream; (c) rv sends only the
+changed file's bytes (object bytes are reported apart from the manifest and framing). The page cache
+is warm for everyone: the repo was just written or read.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,6 +62,7 @@ WORDS = [
     "lr", "schedule", "warmup", "eval", "def", "return", "self", "config", "path", "tokens", "logits",
     "reward", "policy", "value", "advantage", "clip", "ratio", "kl", "beta",
 ]  # fmt: skip
+REPO_FORMAT = 2  # bump when make_repo changes, so a kept --repo-dir is rebuilt
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -62,14 +75,21 @@ def read_env(path: Path) -> dict[str, str]:
     return out
 
 
-def text_blob(rng: random.Random, size: int) -> bytes:
-    out = []
-    n = 0
-    while n < size:
-        line = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) + "\n"
-        out.append(line)
-        n += len(line)
-    return "".join(out).encode()[:size]
+class TextMaker:
+    """Text files made of a few thousand random code-like lines: fast to write, as compressible as code."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.lines = [
+            (" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) + "\n").encode()
+            for _ in range(4096)
+        ]
+
+    def blob(self, size: int) -> bytes:
+        out = bytearray()
+        while len(out) < size:
+            out += b"".join(self.rng.choices(self.lines, k=64))
+        return bytes(out[:size])
 
 
 def make_repo(path: Path, files: int, total_mb: int) -> tuple[int, list[Path]]:
@@ -83,18 +103,20 @@ def make_repo(path: Path, files: int, total_mb: int) -> tuple[int, list[Path]]:
     small_sizes = [rng.randint(500, 8_000) for _ in range(n_small)]
     medium_sizes = [rng.randint(20_000, 120_000) for _ in range(n_medium)]
     large_each = max(1, (budget - sum(small_sizes) - sum(medium_sizes)) // n_large)
+    text = TextMaker(rng)
     written, text_files = 0, []
     for i, size in enumerate(small_sizes + medium_sizes):
         f = path / f"pkg{i % 40:02d}" / f"mod{i % 13}" / f"file{i:05d}.py"
         f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_bytes(text_blob(rng, size))
+        f.write_bytes(text.blob(size))
         written += size
         text_files.append(f)
     for i in range(n_large):
         f = path / "assets" / f"blob{i:03d}.bin"
         f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_bytes(os.urandom(large_each))
+        f.write_bytes(rng.randbytes(large_each))
         written += large_each
+    (path / "train.py").write_text("print('train')\n")
     git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.org"]
     subprocess.run([*git, "init", "-q", "-b", "main"], cwd=path, check=True)
     subprocess.run([*git, "add", "-A"], cwd=path, check=True)
@@ -102,7 +124,45 @@ def make_repo(path: Path, files: int, total_mb: int) -> tuple[int, list[Path]]:
     return written, text_files
 
 
+def prepared_repo(repo_dir: Path | None, work: Path, files: int, mb: int) -> tuple[Path, int, list[Path]]:
+    """The synthetic repo: made afresh, or reused from --repo-dir (reset to its commit) when it matches."""
+    if repo_dir is None:
+        size, text_files = make_repo(work / "repo", files, mb)
+        return work / "repo", size, text_files
+    repo = repo_dir / f"repo-{files}-{mb}"
+    stamp = repo / ".git" / "rv-bench"
+    want = f"{REPO_FORMAT} {files} {mb}"
+    if stamp.exists() and stamp.read_text().split(" ", 3)[:3] == want.split():
+        subprocess.run(["git", "reset", "-q", "--hard"], cwd=repo, check=True)
+        subprocess.run(["git", "clean", "-q", "-fdx"], cwd=repo, check=True)
+        size = int(stamp.read_text().split()[3])
+        text_files = sorted(p for p in repo.glob("pkg*/mod*/file*.py"))
+        return repo, size, text_files
+    shutil.rmtree(repo, ignore_errors=True)
+    size, text_files = make_repo(repo, files, mb)
+    stamp.write_text(f"{want} {size}")
+    return repo, size, text_files
+
+
+def stop_warm(runtime: Path) -> None:
+    """Stop the background connections this benchmark's rv commands started (by their pid files)."""
+    for f in runtime.glob("*.pid"):
+        try:
+            pid = int(f.read_text())
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            continue
+        for _ in range(200):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.01)
+
+
 class Bench:
+    RV_METHODS = ("rv warm", "rv cold", "rv dry")
+
     def __init__(self, env: dict[str, str], repo: Path, workdir: Path) -> None:
         self.env = env
         self.repo = repo
@@ -122,53 +182,55 @@ class Bench:
             ssh_config_path="/nonexistent",
         )  # fmt: skip
         self.transport = SSHTransport(target).connect()
-        self.rv_env = self._rv_config()
-        self.generation = 0
+        self.runtime = workdir / "run"
+        self.runtime.mkdir(mode=0o700)
+        self.rv_envs = self._rv_config()
         self.last_api = None
+        # What a user types: the console script next to this interpreter, else `python -m rv`.
+        script = Path(sys.executable).parent / "rv"
+        self.rv = [str(script)] if script.exists() else [sys.executable, "-m", "rv"]
 
-    def _rv_config(self) -> dict[str, str]:
+    def _rv_config(self) -> dict[str, dict[str, str]]:
         home = self.workdir / "home"
         home.mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RV_")}
-        env.update(HOME=str(home), RV_CONFIG=str(home / "rv.toml"), NO_COLOR="1")
-        init = subprocess.run(
-            [
-                sys.executable, "-m", "rv", "init", "--profile", "bench", "--host", "127.0.0.1",
-                "--port", self.port, "--user", self.user, "--identity-file", self.key,
-                "--known-hosts", self.known, "--remote-root", f"{self.base}/rv-cli", "--yes",
-            ],
-            env=env, capture_output=True, text=True,
-        )  # fmt: skip
-        if init.returncode != 0:
-            raise SystemExit(f"rv init failed: {init.stderr}")
-        return env
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RV_", "XDG_"))}
+        env.update(
+            HOME=str(home), RV_CONFIG=str(home / "rv.toml"), NO_COLOR="1", RV_RUNTIME_DIR=str(self.runtime)
+        )
+        envs = {}
+        for method in self.RV_METHODS:
+            name = method.replace(" ", "-")
+            init = subprocess.run(
+                [
+                    sys.executable, "-m", "rv", "init", "--profile", name, "--host", "127.0.0.1",
+                    "--port", self.port, "--user", self.user, "--identity-file", self.key,
+                    "--known-hosts", self.known, "--remote-root", f"{self.base}/{name}", "--yes",
+                ],
+                env=env, capture_output=True, text=True,
+            )  # fmt: skip
+            if init.returncode != 0:
+                raise SystemExit(f"rv init failed: {init.stderr}")
+            envs[method] = dict(env, RV_PROFILE=name, RV_CACHE_DIR=str(self.workdir / "cache" / name))
+        envs["rv cold"]["RV_WARM_SECONDS"] = "0"
+        return envs
 
     def remote(self, command: str) -> None:
         self.transport.run(command).check(command[:60])
 
     def fresh(self) -> None:
-        """Empty every destination (for a first-sync measurement)."""
-        self.generation += 1
+        """Empty every destination and every rv cache (for a first-sync measurement)."""
         q = shlex.quote(self.base)
         self.remote(f"if [ -d {q} ]; then chmod -R u+w {q} && rm -rf {q}; fi; mkdir -p {q}/tar {q}/rsync")
-        shutil.rmtree(Path(self.rv_env["HOME"]) / "cache", ignore_errors=True)
+        shutil.rmtree(self.workdir / "cache", ignore_errors=True)
         shutil.rmtree(self.workdir / "api-cache", ignore_errors=True)
 
     def rsync(self) -> None:
         ssh = " ".join(shlex.quote(a) for a in self.ssh[:-1])
         subprocess.run(
-            [
-                "rsync",
-                "-a",
-                "--delete",
-                "--exclude=.git",
-                "-e",
-                ssh,
-                f"{self.repo}/",
-                f"{self.user}@127.0.0.1:{self.base}/rsync/",
-            ],
+            ["rsync", "-a", "--delete", "--exclude=.git", "-e", ssh, f"{self.repo}/",
+             f"{self.user}@127.0.0.1:{self.base}/rsync/"],
             check=True,
-        )
+        )  # fmt: skip
 
     def tar(self) -> None:
         ref = subprocess.run(
@@ -185,16 +247,21 @@ class Bench:
         if archive.wait() != 0:
             raise SystemExit("git archive failed")
 
-    def rv_cli(self) -> None:
+    def _rv(self, method: str, args: list[str]) -> None:
         r = subprocess.run(
-            [sys.executable, "-m", "rv", "sync", "snapshot"],
-            cwd=self.repo,
-            env=self.rv_env,
-            capture_output=True,
-            text=True,
+            [*self.rv, *args], cwd=self.repo, env=self.rv_envs[method], capture_output=True, text=True
         )
         if r.returncode != 0:
-            raise SystemExit(f"rv sync snapshot failed: {r.stderr}")
+            raise SystemExit(f"{method}: rv {' '.join(args)} failed: {r.stderr}")
+
+    def rv_warm(self) -> None:
+        self._rv("rv warm", ["sync", "snapshot"])
+
+    def rv_cold(self) -> None:
+        self._rv("rv cold", ["sync", "snapshot"])
+
+    def rv_dry(self) -> None:
+        self._rv("rv dry", ["run", "--dry-run", "-g", "1", "-t", "a6000", "--", "python", "train.py"])
 
     def rv_api(self) -> None:
         self.last_api = make_snapshot(
@@ -203,6 +270,12 @@ class Bench:
             self.repo,
             cache_dir=self.workdir / "api-cache",
         )
+
+    def close(self) -> None:
+        stop_warm(self.runtime)
+        q = shlex.quote(self.base)
+        self.remote(f"if [ -d {q} ]; then chmod -R u+w {q} && rm -rf {q}; fi")
+        self.transport.close()
 
 
 def timed(fn: Callable[[], None]) -> float:
@@ -215,17 +288,25 @@ def edit(files: list[Path], rng: random.Random, n: int) -> int:
     changed = 0
     for f in rng.sample(files, n):
         with open(f, "ab") as fh:
-            line = f"# edited {rng.random()}\n".encode()
-            fh.write(line)
+            fh.write(f"# edited {rng.random()}\n".encode())
         changed += f.stat().st_size
     return changed
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.3f}-{max(values):.3f}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=5000)
     ap.add_argument("--mb", type=int, default=200)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=10, help="samples of (b), (c) and (d) per method")
+    ap.add_argument("--first-rounds", type=int, default=3, help="samples of (a) per method")
+    ap.add_argument("--phases", default="abcd", help="which situations to measure (default abcd)")
+    ap.add_argument("--tar-everywhere", action="store_true", help="time the tar stream in (b)-(d) too")
+    ap.add_argument("--repo-dir", type=Path, help="keep the synthetic repo here and reuse it next time")
+    ap.add_argument("--json", type=Path, help="also write every sample to this file")
     ap.add_argument(
         "--cluster-env", default=os.environ.get("RV_TESTCLUSTER_DIR", "/tmp/rv-testcluster") + "/env"
     )
@@ -237,75 +318,121 @@ def main() -> None:
     for tool in ("rsync", "ssh", "git"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed")
+    # An installed rv has its bytecode compiled (pip does it); compile once so no run pays for it.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO_ROOT / "rv")], check=True)
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rv-bench-") as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
-        size, text_files = make_repo(work / "repo", args.files, args.mb)
+        repo, size, text_files = prepared_repo(args.repo_dir, work, args.files, args.mb)
+        n_files = int(
+            subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True).stdout.count("\n")
+        )
         print(
-            f"repo: {args.files:,} files, {size / 1e6:.0f} MB ({time.perf_counter() - t0:.1f} s to make)",
+            f"repo: {n_files:,} files, {size / 1e6:.0f} MB ({time.perf_counter() - t0:.1f} s to prepare)",
             flush=True,
         )
-        bench = Bench(env, work / "repo", work)
-        methods = {"rsync": bench.rsync, "tar": bench.tar, "rv cli": bench.rv_cli, "rv api": bench.rv_api}
-        results: dict[str, dict[str, list[float]]] = {p: {m: [] for m in methods} for p in "abcd"}
+        bench = Bench(env, repo, work)
+        methods = {
+            "rsync": bench.rsync, "tar": bench.tar, "rv warm": bench.rv_warm, "rv cold": bench.rv_cold,
+            "rv dry": bench.rv_dry, "rv api": bench.rv_api,
+        }  # fmt: skip
+        n_changed = max(1, args.files // 100)
+        phases = [p for p in "abcd" if p in args.phases]
+        results: dict[str, dict[str, list[float]]] = {p: {} for p in phases}
         sent: dict[str, list[tuple[int, int, int]]] = {"c": [], "d": []}
         rng = random.Random(99)
-        try:
-            for rep in range(args.repeat):
-                bench.fresh()
-                for name, fn in methods.items():
-                    results["a"][name].append(timed(fn))
-                for _ in range(3):  # (b) is short: more samples
-                    for name, fn in methods.items():
-                        results["b"][name].append(timed(fn))
-                for phase, n in (("c", 1), ("d", max(1, args.files // 100))):
-                    changed_bytes = edit(text_files, rng, n)
-                    for name, fn in methods.items():
-                        results[phase][name].append(timed(fn))
-                    api = bench.last_api
-                    sent[phase].append((changed_bytes, api.new_bytes, api.sent_bytes))
-                print(f"  round {rep + 1}/{args.repeat} done", flush=True)
-        finally:
-            bench.remote(f"chmod -R u+w {shlex.quote(bench.base)} && rm -rf {shlex.quote(bench.base)}")
-            bench.transport.close()
 
-    med = {p: {m: statistics.median(v) for m, v in r.items()} for p, r in results.items()}
+        def one_round(phase: str) -> None:
+            for name, fn in methods.items():
+                if name == "tar" and phase != "a" and not args.tar_everywhere:
+                    continue
+                results[phase].setdefault(name, []).append(timed(fn))
+
+        try:
+            bench.fresh()
+            bench.rv_warm()  # starts the warm connection; its store is emptied again below
+            if "a" in phases:
+                for rep in range(args.first_rounds):
+                    bench.fresh()
+                    one_round("a")
+                    print(f"  (a) round {rep + 1}/{args.first_rounds} done", flush=True)
+            else:
+                bench.fresh()
+                for fn in methods.values():
+                    fn()  # every destination holds the tree before (b)-(d)
+            for rep in range(args.rounds):
+                for phase in phases:
+                    if phase == "b":
+                        one_round("b")
+                    elif phase in "cd":
+                        changed_bytes = edit(text_files, rng, 1 if phase == "c" else n_changed)
+                        one_round(phase)
+                        api = bench.last_api
+                        sent[phase].append((changed_bytes, api.new_bytes, api.sent_bytes))
+                print(f"  round {rep + 1}/{args.rounds} done", flush=True)
+        finally:
+            bench.close()
+            if args.repo_dir is not None:
+                subprocess.run(["git", "reset", "-q", "--hard"], cwd=repo, check=True)
+    load_after = os.getloadavg()
+
     titles = {
         "a": "(a) first sync",
         "b": "(b) resync, nothing changed",
         "c": "(c) one file changed",
-        "d": f"(d) 1% changed ({max(1, args.files // 100)} files)",
+        "d": f"(d) 1% changed ({n_changed} files)",
     }
-    print(f"\nmedian seconds ({args.repeat} rounds; (b) {3 * args.repeat} samples)\n")
-    print(f"{'':32}{'rsync':>9}{'tar':>9}{'rv cli':>9}{'rv api':>9}   rv api/rsync  rv api/tar  rv cli/rsync")
-    for p in "abcd":
-        m = med[p]
-        api_rsync, api_tar, cli_rsync = (
-            m["rv api"] / m["rsync"],
-            m["rv api"] / m["tar"],
-            m["rv cli"] / m["rsync"],
-        )
-        ratios = f"{api_rsync:12.2f}  {api_tar:10.2f}  {cli_rsync:12.2f}"
-        print(
-            f"{titles[p]:32}{m['rsync']:9.3f}{m['tar']:9.3f}{m['rv cli']:9.3f}{m['rv api']:9.3f}   {ratios}"
-        )
+    print(
+        f"\n{n_files:,} files, {size / 1e6:.0f} MB; {args.first_rounds} rounds of (a), "
+        f"{args.rounds} of the rest; "
+        f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
+    )
+    print("median seconds (min-max); ratios: median of per-round ratios (min-max)\n")
+    report: dict[str, object] = {
+        "files": n_files, "bytes": size, "load": [load_before[0], load_after[0]], "phases": {},
+    }  # fmt: skip
+    for p in phases:
+        print(titles[p])
+        rows = results[p]
+        ref = "tar" if p == "a" else "rsync"
+        for name, values in rows.items():
+            line = f"  {name:9} {statistics.median(values):8.3f} s  ({spread(values)})"
+            for yard in ("rsync", *(("tar",) if p == "a" else ())):
+                if name != yard and yard in rows:
+                    r = [v / w for v, w in zip(values, rows[yard], strict=True)]
+                    line += f"   {statistics.median(r):5.2f}x {yard} ({min(r):.2f}-{max(r):.2f})"
+            print(line)
+        report["phases"][p] = {"title": titles[p], "reference": ref, "samples": rows}  # type: ignore[index]
     for phase in "cd":
-        changed, objects, wire = sent[phase][-1]
+        if phase in phases and sent[phase]:
+            changed, objects, wire = sent[phase][-1]
+            print(
+                f"{titles[phase]}: the changed files hold {changed:,} B; "
+                f"rv sent {objects:,} B of objects, {wire:,} B in all"
+            )
+
+    def ratio(phase: str, name: str, yard: str) -> float:
+        r = [v / w for v, w in zip(results[phase][name], results[phase][yard], strict=True)]
+        return statistics.median(r)
+
+    print("\ntargets (issue 13, item 8):")
+    for p in ("b", "c"):
+        if p in phases:
+            got = ratio(p, "rv warm", "rsync")
+            print(f"  {titles[p]}: rv warm <= 0.5x rsync: {got:.2f}x  {'met' if got <= 0.5 else 'NOT met'}")
+    if "a" in phases:
+        got = ratio("a", "rv api", "tar")
+        print(f"  (a) rv api <= 1.3x tar:   {got:.2f}x  {'met' if got <= 1.3 else 'NOT met'}")
+    if "c" in phases and sent["c"]:
+        c_changed, c_objects, _ = sent["c"][-1]
         print(
-            f"{titles[phase]}: changed files hold {changed:,} B; "
-            f"rv sent {objects:,} B of objects, {wire:,} B in all"
+            f"  (c) only that file's bytes: {c_objects:,} B of objects for a {c_changed:,} B file  "
+            f"{'met' if c_objects == c_changed else 'NOT met'}"
         )
-    print("\ntargets:")
-    b = med["b"]["rv api"] / med["b"]["rsync"]
-    a = med["a"]["rv api"] / med["a"]["tar"]
-    c_changed, c_objects, _ = sent["c"][-1]
-    print(f"  (b) rv api <= 0.5x rsync: {b:.2f}x  {'met' if b <= 0.5 else 'NOT met'}")
-    cli = med["b"]["rv cli"] / med["b"]["rsync"]
-    print(f"  (b) rv cli <= 0.5x rsync: {cli:.2f}x (a whole rv process, for reference)")
-    print(f"  (a) rv api <= 1.3x tar:   {a:.2f}x  {'met' if a <= 1.3 else 'NOT met'}")
-    print(f"  (c) only that file's bytes: {c_objects:,} B of objects for a {c_changed:,} B file  "
-          f"{'met' if c_objects == c_changed else 'NOT met'}")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

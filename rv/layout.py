@@ -1,8 +1,10 @@
 """Where rv keeps things under a profile's remote root. One place, so every module agrees.
 
 <root>/objects/ab/abcdef...     content-addressed file store (git blob ids)
-<root>/snapshots/<id>/          immutable tree of hard links into objects/ (read-only)
-<root>/snapshots/<id>.json      the snapshot's manifest and provenance, beside it
+<root>/snapshots/<id>/          immutable tree of hard links into objects/ (read-only) ...
+<root>/snapshots/<id>.manifest  ... and its manifest (one line per file)
+<root>/snapshots/<id>.layer/    or a layer over a full snapshot: tree/ (what differs), remove, base
+<root>/snapshots/<id>.json      the snapshot's provenance (and a layer's rows), beside it
 <root>/workspaces/<project>/<branch>/   mutable mirror for `rv sync push`
 <root>/runs/<run id>/           one run (a chain of Slurm jobs, its segments); everything but its
     run.json                    checkpoints and outputs, so one rmtree cleans it up:
@@ -66,6 +68,9 @@ class RemoteLayout:
 
     def snapshot_meta(self, snapshot_id: str) -> str:
         return self._join("snapshots", snapshot_id + ".json")
+
+    def snapshot_layer(self, snapshot_id: str) -> str:
+        return self._join("snapshots", snapshot_id + ".layer")
 
     def workspace(self, project: str, branch: str) -> str:
         return self._join("workspaces", project, branch.replace("/", "_"))

@@ -1,7 +1,7 @@
 """The cluster-side half of snapshots and sync: a small stdlib-only program rv ships on every call.
 
 rv never installs anything on the cluster. Each remote step runs this file's source, compressed, as
-``python3 -c ... MODE ARGS`` over the one SSH connection (see :func:`rv.snapshot.agent_command`);
+``python3 -c ... MODE ARGS`` over the one SSH connection (see :func:`rv.agent_client.agent_command`);
 bulk data travels on the same command's stdin or stdout, so a step is one round trip however many
 files it moves.
 
@@ -91,10 +91,110 @@ def sort_entries(entries):
     return sorted(entries, key=lambda e: enc(e[0]))
 
 
+# A manifest is text: one line per file, ``["path",mode,"oid",size]`` in JSON (ASCII only, so no
+# line can hold a raw newline), sorted by the path's bytes; the snapshot id is a hash of that text.
+# A line is found by binary search and replaced in place, so a manifest made from a known one by a
+# few changes costs Python work in proportion to the changes (on both sides), plus one pass of C
+# over the bytes (a copy and a hash): a resubmit of a 50,000-file repo never parses 50,000 lines.
+MANIFEST_TAG = b"rv-snapshot-2\n"
+_LINE = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+
+
+def manifest_line(row):
+    return _LINE.encode([row[0], row[1], row[2], row[3]]).encode("ascii") + b"\n"
+
+
+def manifest_text(rows):
+    """The manifest of rows ``[path, mode, oid, size]`` given in any order."""
+    return b"".join(manifest_line(r) for r in sort_entries(rows))
+
+
+def text_id(text):
+    h = hashlib.sha256(MANIFEST_TAG)
+    h.update(text)
+    return h.hexdigest()[:24]
+
+
 def manifest_id(entries):
-    """The snapshot id: a hash of the sorted manifest ``[[path, mode, oid, size], ...]``."""
-    data = json.dumps([list(e) for e in entries], ensure_ascii=True, separators=(",", ":"))
-    return hashlib.sha256(b"rv-snapshot-1\n" + data.encode("ascii")).hexdigest()[:24]
+    """The snapshot id of rows ``[path, mode, oid, size]`` (any order)."""
+    return text_id(manifest_text(entries))
+
+
+def parse_line(line):
+    return json.loads(line.decode("ascii"))
+
+
+def manifest_rows(text):
+    """Every row of a manifest (one C-speed parse)."""
+    if not text:
+        return []
+    return json.loads((b"[" + text[:-1].replace(b"\n", b",") + b"]").decode("ascii"))
+
+
+def find_line(text, key, lo=0):
+    """``(start, end, found)``: the line whose path's bytes are ``key``, or where it would go.
+
+    ``lo`` is a line start the search begins at (the lines before it sort before ``key``).
+    """
+    hi = len(text)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = text.rfind(b"\n", lo, mid) + 1
+        if start < lo:
+            start = lo
+        end = text.index(b"\n", start) + 1
+        k = enc(parse_line(text[start:end])[0])
+        if k < key:
+            lo = end
+        elif k > key:
+            hi = start
+        else:
+            return start, end, True
+    return lo, lo, False
+
+
+def row_at(text, path):
+    """The row of ``path`` in a manifest, or None."""
+    start, end, found = find_line(text, enc(path))
+    return parse_line(text[start:end]) if found else None
+
+
+def has_under(text, folder):
+    """Does the manifest hold anything inside ``folder`` (a path without the trailing slash)?"""
+    prefix = enc(folder) + b"/"
+    start, _end, _found = find_line(text, prefix)
+    if start >= len(text):
+        return False
+    end = text.index(b"\n", start) + 1
+    return enc(parse_line(text[start:end])[0]).startswith(prefix)
+
+
+def splice(text, changes):
+    """``(new text, old rows)``: ``changes`` ({path: row, or None to remove}) applied to a manifest.
+
+    ``old rows`` maps each changed path to the row it replaced (None where there was none).
+    """
+    if len(changes) > 64 and len(changes) * 12 > text.count(b"\n"):
+        # Many changes: one parse of everything is cheaper than a search per change.
+        by_path = dict((r[0], r) for r in manifest_rows(text))
+        old = dict((p, by_path.get(p)) for p in changes)
+        for path, row in changes.items():
+            if row is None:
+                by_path.pop(path, None)
+            else:
+                by_path[path] = row
+        return manifest_text(list(by_path.values())), old
+    out, old, pos = [], {}, 0
+    for key, path in sorted((enc(p), p) for p in changes):
+        start, end, found = find_line(text, key, pos)
+        old[path] = parse_line(text[start:end]) if found else None
+        out.append(text[pos:start])
+        row = changes[path]
+        if row is not None:
+            out.append(manifest_line(row))
+        pos = end if found else start
+    out.append(text[pos:])
+    return b"".join(out), old
 
 
 def same_mtime(a, b):
@@ -343,10 +443,11 @@ def write_atomic(path, data, mode):
             os.unlink(tmp)
 
 
-def receive_into(tmp, size, hasher):
-    """Copy ``size`` bytes of stdin into a new file ``tmp``, feeding ``hasher``."""
+def receive_into(tmp, size, hasher, mode=0o600):
+    """Copy ``size`` bytes of stdin into a new file ``tmp`` (created with ``mode``), feeding ``hasher``."""
     left = size
-    with open(tmp, "wb") as fh:
+    # Created with its final mode: the descriptor stays writable, and no chmod is needed after.
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, private(mode)), "wb") as fh:
         while left:
             data = stdin().read(min(CHUNK, left))
             if not data:
@@ -369,6 +470,23 @@ def clean_stale_temps(root):
 
 
 # -- snapshots -----------------------------------------------------------------------------------------
+# A snapshot is ``snapshots/<id>.json`` (provenance, counts) and either
+#
+# * a full tree ``snapshots/<id>/`` of hard links into objects/, with its manifest in
+#   ``snapshots/<id>.manifest``; or
+# * a layer ``snapshots/<id>.layer/`` over a full snapshot (its ``base``): ``tree/`` holds hard links
+#   of only the files that differ from the base, ``remove`` (NUL-separated) the paths a job deletes
+#   from its copy of the base before it copies the layer's files in, ``base`` the base's id. The
+#   meta file holds the layer's rows (``upsert``, ``remove``); the manifest is the base's with them.
+#
+# A layer costs work in proportion to what differs from its base, so a resubmit after an edit is
+# cheap however big the repo is; a layer that grows past LAYER_MIN / LAYER_SHARE of the files is
+# built as a full tree instead (once), which later layers then sit on. Both kinds appear by one
+# rename of a folder built complete beside them. Snapshots of rv 0.1 (entries in the meta file, a
+# full tree, version 1) are still collected by gc and used by the jobs that name them.
+
+LAYER_MIN = 256
+LAYER_SHARE = 16
 
 
 def snapshot_dir(root, sid):
@@ -377,44 +495,97 @@ def snapshot_dir(root, sid):
     return join(root, b"snapshots", enc(sid))
 
 
+def snapshot_exists(root, sid):
+    path = snapshot_dir(root, sid)
+    return os.path.isdir(path) or os.path.isdir(path + b".layer")
+
+
 def read_meta(root, sid):
     with open(snapshot_dir(root, sid) + b".json", "rb") as fh:
         return json.loads(fh.read().decode("ascii"))
 
 
-def resolve_entries(root, sid, payload):
-    """The manifest from a full list or a delta against a base snapshot; None if the base is gone.
+def read_manifest(root, sid):
+    with open(snapshot_dir(root, sid) + b".manifest", "rb") as fh:
+        return fh.read()
 
-    Returns ``(entries, new)``: ``new`` holds the entries that may need objects. With a delta against
-    a base whose tree exists, that is only the upserted ones: the base's objects are referenced by
-    it, and gc cannot remove them while the caller holds the store lock.
+
+def layer_changes(layer):
+    changes = dict((p, None) for p in layer.get("remove", ()))
+    for row in layer.get("upsert", ()):
+        changes[row[0]] = row
+    return changes
+
+
+def load_snapshot(root, sid, meta=None):
+    """A stored snapshot as ``(manifest, full base id, its layer, base manifest)``.
+
+    A full snapshot has no base (None), an empty layer and no base manifest. Raises OSError,
+    ValueError or KeyError when it is not there or not readable as such (rv 0.1's included).
     """
-    if "entries" in payload:
-        entries = new = payload["entries"]
-    else:
-        try:
-            base = read_meta(root, payload["base"])["entries"]
-        except (OSError, ValueError, KeyError):
-            return None, None
-        by_path = dict((e[0], e) for e in base)
-        for path in payload.get("remove", ()):
-            by_path.pop(path, None)
-        new = payload.get("upsert", [])
-        for e in new:
-            by_path[e[0]] = e
-        entries = list(by_path.values())
-        if not os.path.isdir(snapshot_dir(root, payload["base"])):
-            new = entries
-    entries = sort_entries(entries)
-    if manifest_id(entries) != sid:
-        if "entries" in payload:
-            raise AgentError("the manifest sent does not hash to snapshot id %s" % sid, "remote")
-        return None, None  # the base's manifest differs from the client's cached copy: ask for all
-    for e in new:
+    meta = meta if meta is not None else read_meta(root, sid)
+    if meta.get("version") != 2 or not snapshot_exists(root, sid):
+        raise ValueError("snapshot %s cannot be a base" % sid)
+    base = meta.get("base")
+    if base is None:
+        return read_manifest(root, sid), None, {}, None
+    base_text = read_manifest(root, base)
+    layer = layer_changes(meta["layer"])
+    return splice(base_text, layer)[0], base, layer, base_text
+
+
+def check_rows(rows):
+    for e in rows:
+        if not isinstance(e, list) or len(e) != 4:
+            raise AgentError("bad manifest entry %r" % (e,), "usage")
         check_relpath(e[0])
         if e[1] not in (MODE_FILE, MODE_EXEC, MODE_LINK) or not re.match(r"^[0-9a-f]{40}$", e[2]):
             raise AgentError("bad manifest entry %r" % (e,), "usage")
-    return entries, new
+        if not isinstance(e[3], int) or e[3] < 0:
+            raise AgentError("bad manifest entry %r" % (e,), "usage")
+
+
+def resolve_manifest(root, sid, payload):
+    """The manifest the client means: a full list, or changes to a snapshot stored here.
+
+    Returns None when that snapshot is gone or not what the client thought (it then sends the full
+    list), else a dict: ``text``, ``files``, ``bytes``, ``new`` (the rows that may need objects:
+    with changes to a stored snapshot, only the upserted ones; that snapshot's objects are referenced
+    by it, and gc cannot remove them while the caller holds the store lock) and ``over``: None, or
+    ``(full base id, base manifest, {path: row or None})`` when a layer over that base could hold it.
+    """
+    if "entries" in payload:
+        rows = payload["entries"]
+        check_rows(rows)
+        text = manifest_text(rows)
+        if text_id(text) != sid:
+            raise AgentError("the manifest sent does not hash to snapshot id %s" % sid, "remote")
+        return {"text": text, "files": len(rows), "bytes": sum(r[3] for r in rows), "new": rows, "over": None}
+    base_id = payload["base"]
+    try:
+        meta = read_meta(root, base_id)
+        base_text, full_id, base_layer, full_text = load_snapshot(root, base_id, meta)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    upsert = payload.get("upsert", [])
+    check_rows(upsert)
+    changes = {}
+    for path in payload.get("remove", ()):
+        changes[check_relpath(path)] = None
+    for row in upsert:
+        changes[row[0]] = row
+    text, old = splice(base_text, changes)
+    if text_id(text) != sid:
+        return None  # the client's copy of the base differs from the one here: ask for all
+    files = int(meta["files"]) + sum((changes[p] is not None) - (old[p] is not None) for p in changes)
+    size = int(meta["bytes"]) + sum(r[3] for r in upsert) - sum(r[3] for r in old.values() if r is not None)
+    if full_id is None:
+        over = (base_id, base_text, changes)
+    else:
+        layer = dict(base_layer)
+        layer.update(changes)
+        over = (full_id, full_text, layer)
+    return {"text": text, "files": files, "bytes": size, "new": upsert, "over": over}
 
 
 def missing_objects(root, entries):
@@ -437,19 +608,22 @@ def mode_snap_query(args):
     payload = read_header()
     sid = payload["id"]
     with store_lock(root, exclusive=False):
-        final = snapshot_dir(root, sid)
-        if os.path.isdir(final):
-            touch(final + b".json")  # "last used": gc measures age from here
+        if snapshot_exists(root, sid):
+            touch(snapshot_dir(root, sid) + b".json")  # "last used": gc measures age from here
             return {"status": "exists"}
-        entries, new = resolve_entries(root, sid, payload)
-        if entries is None:
+        resolved = resolve_manifest(root, sid, payload)
+        if resolved is None:
             return {"status": "need-full"}
-        missing = missing_objects(root, new)
+        missing = missing_objects(root, resolved["new"])
         return {"status": "missing", "missing": sorted(missing), "bytes": sum(missing.values())}
 
 
 def receive_objects(root):
-    """Read ``O <oid:20> <size:8> <content>`` frames until ``E``; each lands by rename when correct."""
+    """Read ``O <oid:20> <size:8> <content>`` frames until ``E``; each lands by rename when correct.
+
+    An object already stored is read past, not written again (the client may send a few small ones
+    without asking first).
+    """
     tmpdir = join(root, b"tmp")
     makedirs(tmpdir)
     fans = set()  # objects/xx folders known to exist: a failing mkdir per object adds up
@@ -462,14 +636,16 @@ def receive_objects(root):
             raise AgentError("corrupt upload stream (tag %r)" % tag)
         oid = read_exact(20).hex()
         (size,) = struct.unpack(">Q", read_exact(8))
+        dest = object_path(root, oid)
+        if os.path.exists(dest):
+            skip(size)
+            continue
         tmp = temp_name(tmpdir, oid)
         _cleanup.add(tmp)
         try:
             hasher = blob_hasher(size)
-            receive_into(tmp, size, hasher)
+            receive_into(tmp, size, hasher, 0o444)
             if hasher.hexdigest() == oid:
-                os.chmod(tmp, private(0o444))
-                dest = object_path(root, oid)
                 if oid[:2] not in fans:
                     makedirs(os.path.dirname(dest))
                     fans.add(oid[:2])
@@ -482,6 +658,15 @@ def receive_objects(root):
             _cleanup.discard(tmp)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def skip(size):
+    left = size
+    while left:
+        data = stdin().read(min(CHUNK, left))
+        if not data:
+            raise Truncated()
+        left -= len(data)
 
 
 def link_or_copy(src, dst, mode):
@@ -513,42 +698,41 @@ def exec_object(root, oid):
     return path
 
 
-def build_snapshot(root, sid, entries, provenance):
+def place(root, tree, row, made):
+    """Put one manifest row into the folder ``tree`` being built (``made``: its folders so far)."""
+    path, mode, oid = row[0], row[1], row[2]
+    pb = enc(path)
+    parts = pb.split(b"/")
+    for i in range(1, len(parts)):
+        d = b"/".join(parts[:i])
+        if d not in made:
+            os.mkdir(join(tree, d), 0o700)
+            made.add(d)
+    dst = join(tree, pb)
+    if mode == MODE_LINK:
+        with open(object_path(root, oid), "rb") as fh:
+            os.symlink(fh.read(), dst)
+    elif mode == MODE_EXEC:
+        link_or_copy(exec_object(root, oid), dst, 0o555)
+    else:
+        link_or_copy(object_path(root, oid), dst, 0o444)
+
+
+def _building(root, sid):
     snaps = join(root, b"snapshots")
     makedirs(snaps)
-    final = snapshot_dir(root, sid)
     build = join(snaps, b".tmp-" + enc(sid) + b"-%d-" % os.getpid() + os.urandom(4).hex().encode())
     _cleanup.add(build)
+    os.mkdir(build, 0o700)
+    return build
+
+
+def _finish(root, sid, build, final, meta):
+    """Write the meta file, then move the complete folder into place: "created", or "exists"."""
     try:
-        os.mkdir(build, 0o700)
-        made = set()
-        for path, mode, oid, _size in entries:
-            pb = enc(path)
-            parts = pb.split(b"/")
-            for i in range(1, len(parts)):
-                d = b"/".join(parts[:i])
-                if d not in made:
-                    os.mkdir(join(build, d), 0o755)
-                    made.add(d)
-            dst = join(build, pb)
-            if mode == MODE_LINK:
-                with open(object_path(root, oid), "rb") as fh:
-                    os.symlink(fh.read(), dst)
-            elif mode == MODE_EXEC:
-                link_or_copy(exec_object(root, oid), dst, 0o555)
-            else:
-                link_or_copy(object_path(root, oid), dst, 0o444)
-        for d in made:
-            os.chmod(join(build, d), private(0o555))
-        os.chmod(build, private(0o555))
-        meta = {
-            "version": VERSION,
-            "id": sid,
-            "created": time.time(),
-            "entries": entries,
-            "provenance": provenance,
-        }
-        write_atomic(final + b".json", json.dumps(meta, ensure_ascii=True).encode("ascii"), 0o444)
+        write_atomic(
+            snapshot_dir(root, sid) + b".json", json.dumps(meta, ensure_ascii=True).encode("ascii"), 0o444
+        )
         try:
             os.rename(build, final)
         except OSError as exc:
@@ -562,7 +746,163 @@ def build_snapshot(root, sid, entries, provenance):
             force_rmtree(build)
 
 
+def _read_only(top, made):
+    for d in made:
+        os.chmod(join(top, d), private(0o555))
+    os.chmod(top, private(0o555))
+
+
+def build_snapshot(root, sid, text, provenance, files=None, size=None):
+    """The full tree of manifest ``text``, its manifest file and meta."""
+    rows = manifest_rows(text)
+    build = _building(root, sid)
+    try:
+        made = set()
+        for row in rows:
+            place(root, build, row, made)
+        _read_only(build, made)
+        write_atomic(snapshot_dir(root, sid) + b".manifest", text, 0o444)
+    except BaseException:
+        _cleanup.discard(build)
+        force_rmtree(build)
+        raise
+    meta = {
+        "version": 2,
+        "id": sid,
+        "created": time.time(),
+        "files": len(rows) if files is None else files,
+        "bytes": sum(r[3] for r in rows) if size is None else size,
+        "provenance": provenance,
+    }
+    return _finish(root, sid, build, snapshot_dir(root, sid), meta)
+
+
+class RowFinder(object):
+    """Rows of one manifest by path: a binary search each for a few, one parse of all for many."""
+
+    def __init__(self, text, many):
+        self.text = text
+        self.rows = dict((r[0], r) for r in manifest_rows(text)) if many > 64 else None
+
+    def row(self, path):
+        if self.rows is not None:
+            return self.rows.get(path)
+        return row_at(self.text, path)
+
+
+def layer_over(base_text, changes, base=None):
+    """The rows of ``changes`` that differ from the full snapshot ``base_text``: the layer."""
+    base = base or RowFinder(base_text, len(changes))
+    layer = {}
+    for path, row in changes.items():
+        if row != base.row(path):
+            layer[path] = row
+    return layer
+
+
+def layer_removals(base_text, text, layer, base=None):
+    """What a job deletes from its copy of the base before copying the layer's files in.
+
+    Every path the layer replaces or removes; a folder of the base where the layer puts a file, and a
+    file of the base where it needs a folder; and each folder the removals leave empty (the new tree
+    has no such folder). Never a path below a symlink of the base, so ``rm -rf`` stays inside.
+    """
+    base = base or RowFinder(base_text, len(layer))
+    out = set()
+    for path, row in layer.items():
+        parts = path.split("/")
+        if base.row(path) is not None:
+            out.add(path)
+            if row is None:
+                gone = None
+                for i in range(len(parts) - 1, 0, -1):
+                    folder = "/".join(parts[:i])
+                    if has_under(text, folder):
+                        break
+                    gone = folder
+                if gone is not None:
+                    out.add(gone)
+            continue
+        if row is None:
+            continue
+        if has_under(base_text, path):
+            out.add(path)
+        for i in range(1, len(parts)):
+            above = "/".join(parts[:i])
+            if base.row(above) is not None:
+                out.add(above)
+                break
+    return out
+
+
+def build_layer(root, sid, resolved, provenance):
+    base_id, base_text, layer = resolved["over"]
+    build = _building(root, sid)
+    try:
+        tree = join(build, b"tree")
+        os.mkdir(tree, 0o700)
+        made = set()
+        for path in sorted(layer, key=enc):
+            if layer[path] is not None:
+                place(root, tree, layer[path], made)
+        _read_only(tree, made)
+        gone = layer_removals(base_text, resolved["text"], layer, resolved.get("finder"))
+        removals = sorted(enc(p) for p in gone)
+        with open(join(build, b"remove"), "wb") as fh:
+            fh.write(b"".join(p + b"\0" for p in removals))
+        with open(join(build, b"base"), "wb") as fh:
+            fh.write(base_id.encode("ascii") + b"\n")
+        for name in (b"remove", b"base"):
+            os.chmod(join(build, name), private(0o444))
+        os.chmod(build, private(0o555))
+    except BaseException:
+        _cleanup.discard(build)
+        force_rmtree(build)
+        raise
+    meta = {
+        "version": 2,
+        "id": sid,
+        "created": time.time(),
+        "files": resolved["files"],
+        "bytes": resolved["bytes"],
+        "base": base_id,
+        "layer": {
+            "upsert": [layer[p] for p in sorted(layer, key=enc) if layer[p] is not None],
+            "remove": [p for p in sorted(layer, key=enc) if layer[p] is None],
+        },
+        "provenance": provenance,
+    }
+    return _finish(root, sid, build, snapshot_dir(root, sid) + b".layer", meta)
+
+
+def make_tree(root, sid, resolved, provenance):
+    """A layer when one over a full snapshot stays small, else a full tree: (status, base or None)."""
+    if resolved["over"] is not None:
+        base_id, base_text, changes = resolved["over"]
+        finder = RowFinder(base_text, len(changes))  # the base's rows, looked up by both steps
+        layer = layer_over(base_text, changes, finder)
+        if len(layer) <= max(LAYER_MIN, resolved["files"] // LAYER_SHARE):
+            resolved = dict(resolved, over=(base_id, base_text, layer), finder=finder)
+            return build_layer(root, sid, resolved, provenance), base_id
+    return build_snapshot(root, sid, resolved["text"], provenance, resolved["files"], resolved["bytes"]), None
+
+
+def layer_base(root, sid):
+    """The full snapshot a stored snapshot sits on (None when it is a full tree itself)."""
+    if os.path.isdir(snapshot_dir(root, sid)):
+        return None
+    try:
+        return read_meta(root, sid).get("base")
+    except (OSError, ValueError):
+        return None
+
+
 def mode_snap_put(args):
+    """Receive objects, then make the snapshot when everything it needs is here.
+
+    A header without provenance asks only: nothing is built, the reply lists what is missing (maybe
+    nothing), and the client calls again with the provenance.
+    """
     root = root_path(args["root"])
     payload = read_header()
     sid = payload["id"]
@@ -570,20 +910,20 @@ def mode_snap_put(args):
     with store_lock(root, exclusive=False):
         received, received_bytes, bad = receive_objects(root)
         result = {"received": received, "received_bytes": received_bytes, "bad": bad}
-        final = snapshot_dir(root, sid)
-        if os.path.isdir(final):
-            touch(final + b".json")
-            result["status"] = "exists"
+        if snapshot_exists(root, sid):
+            touch(snapshot_dir(root, sid) + b".json")  # "last used": gc measures age from here
+            result.update(status="exists", base=layer_base(root, sid))
             return result
-        entries, new = resolve_entries(root, sid, payload)
-        if entries is None:
+        resolved = resolve_manifest(root, sid, payload)
+        if resolved is None:
             result["status"] = "need-full"
             return result
-        missing = missing_objects(root, new)
-        if missing:
+        missing = missing_objects(root, resolved["new"])
+        if missing or "provenance" not in payload:
             result.update(status="missing", missing=sorted(missing))
             return result
-        result["status"] = build_snapshot(root, sid, entries, payload.get("provenance"))
+        status, base = make_tree(root, sid, resolved, payload["provenance"])
+        result.update(status=status, base=base if status == "created" else layer_base(root, sid))
         return result
 
 
@@ -591,9 +931,23 @@ def mode_snap_put(args):
 # The runs side (rv.job.remote, mode "gc") decides which runs stay and calls this with the snapshots
 # they use; ``freed`` counts, inode by inode, what each removal frees.
 
+_SNAP_NAME = re.compile(rb"^([0-9a-f]{24})(\.layer|\.json|\.manifest)?$")
+
+
+def _snapshot_objects(root, sid, meta):
+    """The object ids a snapshot's own files use (a layer's, not its base's)."""
+    if meta.get("version") != 2:
+        return set(e[2] for e in meta["entries"])
+    if meta.get("base") is not None:
+        return set(r[2] for r in meta["layer"]["upsert"])
+    return set(r[2] for r in manifest_rows(read_manifest(root, sid)))
+
 
 def collect_garbage(root, in_use, args, freed, dry):
-    """Snapshots no kept run uses and unused for ``older_than``, then objects no kept snapshot needs."""
+    """Snapshots no kept run uses and unused for ``older_than``, then objects no kept snapshot needs.
+
+    A kept layer keeps the full snapshot it sits on.
+    """
     older_than = float(args["older_than"])
     grace = float(args.get("grace", 900))
     report = {"removed": [], "kept": [], "objects_removed": 0}
@@ -602,44 +956,76 @@ def collect_garbage(root, in_use, args, freed, dry):
     with store_lock(root, exclusive=True, wait=float(args.get("lock_wait", 120))):
         now = time.time()
         names = os.listdir(snaps) if os.path.isdir(snaps) else []
-        kept_ids = []
+        parts = {}  # id -> the suffixes present (b"" for a full tree)
         for name in sorted(names):
             path = join(snaps, name)
             if name.startswith(b".tmp-"):
                 if now - os.lstat(path).st_mtime > STALE_BUILD_S:
                     remove_counted(path, freed, dry)
                 continue
-            if name.endswith(b".json") or not os.path.isdir(path):
-                continue
-            sid = dec(name)
-            meta = path + b".json"
-            used = os.lstat(meta).st_mtime if os.path.exists(meta) else os.lstat(path).st_mtime
+            m = _SNAP_NAME.match(name)
+            if m:
+                parts.setdefault(dec(m.group(1)), set()).add(m.group(2) or b"")
+        metas = {}
+        kept, doomed = {}, []
+        for sid in sorted(parts):
+            have = parts[sid]
+            if b"" not in have and b".layer" not in have:
+                continue  # a meta or manifest left without its tree: see below
+            path = snapshot_dir(root, sid)
+            meta_path = path + b".json"
+            folder = path if b"" in have else path + b".layer"
+            used = os.lstat(meta_path).st_mtime if b".json" in have else os.lstat(folder).st_mtime
             age = now - used
-            row = {"id": sid, "age_s": round(age)}
             if sid in in_use:
-                row["reason"] = "used by a run that is kept"
+                kept[sid] = (age, "used by a run that is kept")
             elif age < max(older_than, grace):
-                row["reason"] = "used %s ago" % human_age(age)
-            if "reason" in row:
-                report["kept"].append(row)
-                kept_ids.append(sid)
+                kept[sid] = (age, "used %s ago" % human_age(age))
+            else:
+                doomed.append((sid, age))
+        unreadable = []
+        for sid in list(kept):
+            try:
+                metas[sid] = read_meta(root, sid)
+            except (OSError, ValueError):
+                unreadable.append(sid)
                 continue
+            base = metas[sid].get("base")
+            if base is not None and base not in kept and base in parts:
+                ages = dict(doomed)
+                kept[base] = (ages.get(base, 0), "the base of kept layer %s" % sid)
+                doomed = [d for d in doomed if d[0] != base]
+                try:
+                    metas[base] = read_meta(root, base)
+                except (OSError, ValueError):
+                    unreadable.append(base)
+        for sid, age in doomed:
+            row = {"id": sid, "age_s": round(age)}
             before = freed.bytes
-            remove_counted(path, freed, dry)
-            if os.path.exists(meta):
-                remove_counted(meta, freed, dry)
+            path = snapshot_dir(root, sid)
+            for suffix in (b"", b".layer", b".json", b".manifest"):
+                if suffix in parts[sid]:
+                    remove_counted(path + suffix, freed, dry)
             row["bytes"] = freed.bytes - before
             report["removed"].append(row)
-        # Manifests left without their tree (a build that died between the two renames).
-        for name in names:
-            p = join(snaps, name)
-            orphan = name.endswith(b".json") and not os.path.isdir(p[:-5]) and os.path.exists(p)
-            if orphan and now - os.lstat(p).st_mtime > grace:
-                remove_counted(p, freed, dry)
+        for sid in sorted(kept):
+            report["kept"].append({"id": sid, "age_s": round(kept[sid][0]), "reason": kept[sid][1]})
+        # Meta and manifest files left without their tree (a build that died between the renames).
+        for sid, have in parts.items():
+            if b"" in have or b".layer" in have:
+                continue
+            for suffix in (b".json", b".manifest"):
+                p = snapshot_dir(root, sid) + suffix
+                if suffix in have and now - os.lstat(p).st_mtime > grace:
+                    remove_counted(p, freed, dry)
         referenced = set()
-        for sid in kept_ids:
+        for sid in unreadable:
+            referenced = None
+            warnings.append("snapshot %s has no readable manifest, so no object was removed" % sid)
+            break
+        for sid in sorted(kept) if referenced is not None else []:
             try:
-                referenced.update(e[2] for e in read_meta(root, sid)["entries"])
+                referenced.update(_snapshot_objects(root, sid, metas[sid]))
             except (OSError, ValueError, KeyError):
                 referenced = None
                 warnings.append("snapshot %s has no readable manifest, so no object was removed" % sid)

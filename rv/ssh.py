@@ -79,12 +79,17 @@ HOT_SHELL = (
 
 
 class _Spare:
-    """One pre-started hot shell on its own channel, waiting for a command."""
+    """One pre-started hot shell on its own channel, waiting for a command.
 
-    def __init__(self, transport: Any, timeout: float) -> None:
+    With ``then``, the shell is given that command as soon as it is ready: a program started ahead
+    of time that waits on stdin for what to do (the agent; see rv.agent_client.hot_agent_command).
+    """
+
+    def __init__(self, transport: Any, timeout: float, then: str | None = None) -> None:
         self.channel: Any = None
         self.ok = False
         self.framing = b""  # the ready byte: \001 NUL-terminated, \002 length-prefixed
+        self.then = then
         self.ready = threading.Event()
         threading.Thread(target=self._start, args=(transport, timeout), daemon=True).start()
 
@@ -101,6 +106,8 @@ class _Spare:
                     return  # not bash, or it died: no hot shells on this connection
                 if data in (b"\001", b"\002"):
                     self.framing = data
+                    if self.then is not None:
+                        channel.sendall(self._framed(self.then))
                     self.ok = True
                     return
                 seen += 1  # something the rc files printed on stdout: not the command's output
@@ -109,8 +116,11 @@ class _Spare:
         finally:
             self.ready.set()
 
-    def take(self, command: str, wait: float) -> Any:
-        """The channel, now running ``command``; None when this spare cannot be used."""
+    def take(self, command: str | bytes, wait: float) -> Any:
+        """The channel, now running ``command``; None when this spare cannot be used.
+
+        A spare started with ``then`` runs that already: ``command`` is the first bytes of its stdin.
+        """
         self.ready.wait(wait)
         channel = self.channel
         if not self.ok or channel is None or channel.closed or channel.exit_status_ready():
@@ -119,14 +129,16 @@ class _Spare:
         while channel.recv_stderr_ready():
             channel.recv_stderr(_CHUNK)  # what the rc files said on stderr belongs to no command
         channel.settimeout(None)
-        raw = command.encode("utf-8", "surrogateescape")
-        framed = b"%d\n" % len(raw) + raw if self.framing == b"\002" else raw + b"\0"
         try:
-            channel.sendall(framed)
+            channel.sendall(self._framed(command) if self.then is None else command)
         except (OSError, EOFError, paramiko.SSHException):
             self.close()
             return None
         return channel
+
+    def _framed(self, command: str | bytes) -> bytes:
+        raw = command.encode("utf-8", "surrogateescape") if isinstance(command, str) else command
+        return b"%d\n" % len(raw) + raw if self.framing == b"\002" else raw + b"\0"
 
     def close(self) -> None:
         if self.channel is not None:
@@ -206,9 +218,11 @@ class SSHTransport(_Collecting):
         self._sftp: Any = None
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
-        self._hot = False  # keep a pre-started shell ready (see HOT_SHELL)
+        self._hot = False  # keep a pre-started shell ready (see HOT_SHELL), and an agent in another
         self._spare: _Spare | None = None
+        self._agent_spare: tuple[str, _Spare] | None = None  # (the agent code's key, its spare)
         self.hot_commands = 0  # commands that ran in a pre-started shell
+        self.hot_agents = 0  # agent calls served by a pre-started agent
 
     # -- connection ---------------------------------------------------------------------------------
     def connect(self) -> SSHTransport:
@@ -343,8 +357,32 @@ class SSHTransport(_Collecting):
 
     def _refill(self) -> None:
         with self._lock:
-            if self._hot and self._spare is None and self.is_alive():
-                self._spare = _Spare(self._client.get_transport(), self.target.connect_timeout)
+            if not self._hot or not self.is_alive():
+                return
+            transport = self._client.get_transport()
+            if self._spare is None:
+                self._spare = _Spare(transport, self.target.connect_timeout)
+            if self._agent_spare is None:
+                # rv's agent (python start-up, its modules loaded) waits too: an agent call then
+                # costs the command's own work, not a python start on the login node.
+                from rv.agent_client import agent_key, hot_agent_command
+
+                spare = _Spare(transport, self.target.connect_timeout, then=hot_agent_command())
+                self._agent_spare = (agent_key(), spare)
+
+    def _take_agent(self, agent: dict[str, Any]) -> Any:
+        """The pre-started agent, given ``agent``'s mode and arguments; None if there is none for it."""
+        with self._lock:
+            held = self._agent_spare
+            if held is None or held[0] != agent.get("key"):
+                return None  # none yet, or one of other code: the command starts its own
+            self._agent_spare = None
+        from rv.agent_client import agent_request
+
+        channel = held[1].take(agent_request(agent["mode"], agent["args"]), self.target.connect_timeout)
+        if channel is not None:
+            self.hot_agents += 1
+        return channel
 
     def _take_spare(self, command: str) -> Any:
         with self._lock:
@@ -362,8 +400,11 @@ class SSHTransport(_Collecting):
         self._hot = False
         with self._lock:
             spare, self._spare = self._spare, None
+            agent, self._agent_spare = self._agent_spare, None
         if spare is not None:
             spare.close()
+        if agent is not None:
+            agent[1].close()
         if self._sftp is not None:
             with contextlib.suppress(OSError, EOFError):  # already gone with the connection
                 self._sftp.close()
@@ -382,7 +423,11 @@ class SSHTransport(_Collecting):
         self.close()
 
     # -- commands -------------------------------------------------------------------------------------
-    def _open(self, command: str) -> Any:
+    def _open(self, command: str, agent: dict[str, Any] | None = None) -> Any:
+        if self._hot and agent is not None:
+            channel = self._take_agent(agent)
+            if channel is not None:
+                return channel
         if self._hot:
             channel = self._take_spare(command)
             if channel is not None:
@@ -413,6 +458,7 @@ class SSHTransport(_Collecting):
         keep_stdin_open: bool = False,
         cancelled: Callable[[], bool] | None = None,
         on_started: Callable[[], None] | None = None,
+        agent: dict[str, Any] | None = None,
     ) -> int:
         """Run ``command``, handing output to the callbacks as it arrives; return the exit code.
 
@@ -423,8 +469,11 @@ class SSHTransport(_Collecting):
 
         When the data for stdin cannot be produced here (a file fails mid-read), the channel is
         closed at once and :class:`TransferError` raised: the command must not wait for the rest.
+
+        ``agent`` (``{"key", "mode", "args"}``, when ``command`` is rv's agent_command for them) lets a
+        pre-started agent of the same code serve it.
         """
-        channel = self._open(command)
+        channel = self._open(command, agent)
         if on_started is not None:
             try:
                 on_started()

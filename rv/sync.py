@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import re
 import stat
 import struct
 import time
@@ -24,57 +23,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rv import remote_store as agent
+from rv.agent_client import call_agent, frame
 from rv.errors import NotFound, RemoteError, UsageError
 from rv.layout import RemoteLayout
+from rv.listing import MODE_EXEC, Entry, Git, LocalTree, blob_id, hash_path, ignored_paths, scan_tree
 from rv.progress import Progress, ProgressCounter
-from rv.snapshot import (
-    DEFAULT_MAX_FILE_SIZE,
-    MODE_EXEC,
-    Entry,
-    Git,
-    HashCache,
-    LocalTree,
-    blob_id,
-    call_agent,
-    check_sizes,
-    frame,
-    hash_path,
-    human_size,
-    ignored_paths,
-    project_key,
-    scan_tree,
-    snapshot_id,
-)
+from rv.provenance import project_key
+from rv.snapshot import DEFAULT_MAX_FILE_SIZE, check_sizes
+from rv.units import human_size, parse_duration, parse_size
 
-# --------------------------------------------------------------------------------------------------
-# Small parsers
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?)b?\s*$", re.IGNORECASE)
-
-
-def parse_duration(text: str) -> float:
-    """``14d``, ``12h``, ``30m``, ``90s``, ``2w``; a bare number is days; ``0`` is zero."""
-    m = _DURATION.match(text)
-    if not m:
-        raise UsageError(f"not a duration: {text!r}", hint="use a number and a unit, e.g. 14d, 12h, 30m, 90s")
-    return float(m.group(1)) * _UNITS[m.group(2) or "d"]
-
-
-def parse_size(text: str) -> int:
-    """``100MB``, ``1.5GB``, ``500M``, ``2GiB``, or a number of bytes (decimal units, as `du --si`)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise UsageError(f"not a size: {text!r}", hint="use e.g. 100MB, 1.5GB or 500000000")
-    unit = m.group(2).lower()
-    base = 1024 if unit.endswith("i") else 1000
-    power = " kmgt".index(unit[:1] or " ")
-    return int(float(m.group(1)) * base**power)
-
+if TYPE_CHECKING:
+    from rv.treecache import TreeCache
 
 # --------------------------------------------------------------------------------------------------
 # Remote listings
@@ -262,9 +224,11 @@ class PushResult:
     deleted: int = 0
 
 
-def _local_tree(local: Path | None, git: Git, hash_cache: HashCache | None) -> tuple[LocalTree, LocalTree]:
+def _local_tree(
+    local: Path | None, git: Git, cache: TreeCache | None, *, with_mtimes: bool = False
+) -> tuple[LocalTree, LocalTree]:
     """(the whole repo or folder, the part under ``local``); ``None``: the repo holding the cwd, whole."""
-    full = scan_tree(local or ".", git=git, hash_cache=hash_cache)
+    full = scan_tree(local or ".", git=git, cache=cache, with_mtimes=with_mtimes)
     if local is None or local.resolve() == full.root:
         return full, full
     return full, full.subtree(local.resolve().relative_to(full.root).as_posix())
@@ -292,7 +256,7 @@ def push(
     allow_large: bool = False,
     git: Git | None = None,
     cache_dir: Path | None = None,
-    hash_cache: HashCache | None = None,
+    cache: TreeCache | None = None,
     on_plan: Callable[[PushPlan], None] | None = None,
     on_progress: Progress | None = None,
 ) -> PushResult:
@@ -306,7 +270,7 @@ def push(
     local_path = Path(local) if local is not None else None
     if local_path is not None and not local_path.is_dir():
         raise UsageError(f"{local} is not a folder", hint="push mirrors a folder (default: this repo)")
-    full, tree = _local_tree(local_path, git, hash_cache)
+    full, tree = _local_tree(local_path, git, cache, with_mtimes=True)
     check_sizes(tree, max_file_size, allow_large)
     if remote is None:
         remote = default_remote(full, layout, git, cache_dir)
@@ -319,7 +283,7 @@ def push(
     plan = plan_push(tree.entries, listing.entries, links, protected)
     if on_plan:
         on_plan(plan)
-    tid = snapshot_id(tree.entries)
+    tid = tree.id
     base = PushResult(tree.root, remote, listing.path, plan, False, tid, tree.warnings)
     if dry_run or plan.empty:
         return base
@@ -887,7 +851,7 @@ def _conflicts(
 
 
 def _send_command(layout: RemoteLayout, remote: str) -> str:
-    from rv.snapshot import agent_command
+    from rv.agent_client import agent_command
 
     return agent_command("send", layout.agent_args(path=remote))
 
@@ -904,8 +868,8 @@ class WatchState:
 
 
 def watch(
-    push_once: Callable[[HashCache], PushResult],
-    current_id: Callable[[HashCache], str],
+    push_once: Callable[[TreeCache], PushResult],
+    current_id: Callable[[TreeCache], str],
     *,
     interval: float = 0.5,
     debounce: float = 0.5,
@@ -922,7 +886,9 @@ def watch(
     interrupted (Ctrl-C raises KeyboardInterrupt out of ``sleep``) or ``max_pushes`` pushes.
     """
     state = WatchState()
-    cache: HashCache = {}
+    from rv.treecache import TreeCache
+
+    cache = TreeCache()  # in memory: the listing and hashes of the last look, reused by the next
 
     def do_push() -> None:
         try:
@@ -955,10 +921,10 @@ def watch(
     return state
 
 
-def tree_id(local: str | Path | None, git: Git | None = None, hash_cache: HashCache | None = None) -> str:
-    """The snapshot id the files a push of ``local`` carries would have (cheap with a hash cache)."""
-    _, tree = _local_tree(Path(local) if local is not None else None, git or Git(), hash_cache)
-    return snapshot_id(tree.entries)
+def tree_id(local: str | Path | None, git: Git | None = None, cache: TreeCache | None = None) -> str:
+    """The snapshot id the files a push of ``local`` carries would have (cheap with a cache)."""
+    _, tree = _local_tree(Path(local) if local is not None else None, git or Git(), cache)
+    return tree.id
 
 
 __all__ = [

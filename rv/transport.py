@@ -28,7 +28,6 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,7 +106,7 @@ def _chunks(stdin: Stdin) -> Iterator[bytes]:
 def _temp_name(path: str) -> str:
     """A sibling name for an atomic write: same directory, so the final rename never crosses devices."""
     head, tail = posixpath.split(path)
-    return posixpath.join(head, f".{tail}.rv-tmp-{uuid.uuid4().hex[:12]}")
+    return posixpath.join(head, f".{tail}.rv-tmp-{os.urandom(6).hex()}")
 
 
 def file_mode(mode: int, mask: int) -> int:
@@ -132,7 +131,7 @@ def write_local_atomically(
 ) -> None:
     """Write a local file by temp file and rename: a failure or Ctrl-C never leaves half a file."""
     local = Path(local_path)
-    tmp = local.with_name(f".{local.name}.rv-tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    tmp = local.with_name(f".{local.name}.rv-tmp-{os.getpid()}-{os.urandom(6).hex()}")
     try:
         with open(tmp, "wb") as fh:
 
@@ -626,7 +625,7 @@ class LocalTransport(_Collecting):
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         local = Path(local_path)
-        tmp = local.with_name(f".{local.name}.rv-tmp-{uuid.uuid4().hex[:12]}")
+        tmp = local.with_name(f".{local.name}.rv-tmp-{os.urandom(6).hex()}")
         tmp.write_bytes(Path(remote_path).read_bytes())
         tmp.replace(local)
 

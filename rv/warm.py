@@ -47,10 +47,8 @@ import socket
 import stat as stat_
 import struct
 import sys
-import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +58,7 @@ from rv.errors import ConnectError, RemoteError, RvError
 from rv.transport import (
     PRIVATE_MASK,
     RemoteTimeout,
+    RunResult,
     SSHTarget,
     Stdin,
     TransferError,
@@ -122,6 +121,8 @@ def runtime_dir() -> Path:
     elif os.environ.get("XDG_RUNTIME_DIR") and os.path.isdir(os.environ["XDG_RUNTIME_DIR"]):
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "rv"
     else:
+        import tempfile
+
         path = Path(tempfile.gettempdir()) / f"rv-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700, parents=True)
@@ -606,6 +607,34 @@ class WarmTransport(_Collecting):
             )
         )
 
+    def run_agent(
+        self, mode: str, args: dict[str, Any], *, stdin: Stdin = None, timeout: float | None = None
+    ) -> RunResult:
+        """rv's agent in ``mode``: served by the agent the background process started ahead of time
+        when it has one of this code, else as any command (rv.agent_client.call_agent uses this)."""
+        from rv.agent_client import agent_command, agent_key
+
+        command = agent_command(mode, args)
+        if self._direct is None:
+            out: list[bytes] = []
+            err: list[bytes] = []
+            header = {
+                "op": "exec",
+                "command": command,
+                "stdin": stdin is not None,
+                "keep_stdin_open": False,
+                "agent": {"key": agent_key(), "mode": mode, "args": args},
+            }
+            try:
+                reply = self._call(
+                    header, data=stdin, on_stdout=out.append, on_stderr=err.append, timeout=timeout
+                )
+                return RunResult(int(reply["exit_code"]), b"".join(out), b"".join(err))
+            except WarmUnavailable as exc:
+                self._fall_back(exc)
+        result: RunResult = self._direct.run(command, stdin=stdin, timeout=timeout)
+        return result
+
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
         self._put([data], remote_path, mode)
 
@@ -766,6 +795,8 @@ def _daemon_entry(spec: dict[str, Any], lock_fd: int, ready_w: int) -> int:
     except SystemExit:
         return 0
     except BaseException:
+        import traceback
+
         traceback.print_exc()
         return 1
     finally:
@@ -947,6 +978,8 @@ class Server:
         except (_ClientGone, BrokenPipeError, ConnectionResetError) as exc:
             self.log(f"the rv command went away ({type(exc).__name__}); its channel was closed")
         except Exception:
+            import traceback
+
             self.log("error while serving a command:\n" + traceback.format_exc())
         finally:
             conn.close()
@@ -1061,6 +1094,7 @@ class Server:
                 keep_stdin_open=bool(header.get("keep_stdin_open")),
                 cancelled=lambda: _gone(conn),
                 on_started=on_started,
+                agent=header.get("agent"),
             )
         except Cancelled as exc:
             raise _ClientGone() from exc

@@ -16,8 +16,8 @@ def ckpt() -> None:
 
 
 def _listing(s, ref: str | None):  # type: ignore[no-untyped-def]
+    from rv.agent_client import call_agent
     from rv.job import query
-    from rv.snapshot import call_agent
 
     found = query.resolve(s.transport, run_store(), s.profile.name, s.layout.root, ref)
     meta = found.run.meta
@@ -28,7 +28,7 @@ def _listing(s, ref: str | None):  # type: ignore[no-untyped-def]
 
 def render_listing(listing: dict) -> list[str]:
     """Pure: the `rv ckpt ls` table."""
-    from rv.snapshot import human_size
+    from rv.units import human_size
 
     if not listing["exists"]:
         return ["no checkpoint folder yet"]
@@ -95,7 +95,7 @@ def pull(ctx: click.Context, spec: str, local: str | None) -> None:
         dest = Path(local) if local else Path("checkpoints") / found.name / remote.rsplit("/", 1)[-1]
         with progress_after(what="receiving") as progress:
             result = core.pull(s.transport, RemoteLayout(root), remote, dest, on_progress=progress)
-    from rv.snapshot import human_size
+    from rv.units import human_size
 
     got = f"{result.downloaded} file(s), {human_size(result.downloaded_bytes)}"
     note(f"pulled {label} of run {found.name} to {dest}/: {got} ({result.unchanged} already there)")

@@ -240,8 +240,35 @@ def session(ctx: click.Context, *, direct: bool = False) -> Iterator[Session]:
         s.close()
 
 
+def _may_have_secrets_left(profile: str, root: str) -> bool:
+    """A first look at the run records, without loading the run machinery (~50 ms of imports).
+
+    True when a run of this profile and root was sent with secrets not yet seen removed, or when the
+    records cannot be read here (the real reader then reports it).
+    """
+    from rv.config import state_dir
+
+    try:
+        data = json.loads((state_dir() / "runs.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    runs = data.get("runs", []) if isinstance(data, dict) else None
+    if not isinstance(runs, list):
+        return True
+    return any(
+        not isinstance(r, dict)
+        or (r.get("has_secrets") and not r.get("secrets_cleared") and r.get("profile") == profile
+            and r.get("remote_root") == root)
+        for r in runs
+    )  # fmt: skip
+
+
 def _sweep(s: Session) -> None:
     """Secrets a killed job could not remove: the next command that talks to the cluster does."""
+    if not _may_have_secrets_left(s.profile.name, s.layout.root):
+        return
     from rv.errors import RvError
     from rv.job.cleanup import sweep_secrets
 

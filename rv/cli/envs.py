@@ -119,7 +119,7 @@ def venv() -> None:
 def ls(ctx: click.Context, as_json: bool) -> None:
     """List environments: key, size, built at, last used, what they were built from."""
     from rv.pyenv.client import list_envs
-    from rv.snapshot import human_size
+    from rv.units import human_size
 
     with session(ctx) as s:
         envs = list_envs(s.transport, s.layout)
@@ -149,7 +149,7 @@ def ls(ctx: click.Context, as_json: bool) -> None:
 def rm(ctx: click.Context, key: str, force: bool) -> None:
     """Remove environment KEY (a prefix of it is enough); the next run that needs it rebuilds it."""
     from rv.pyenv.client import remove_env
-    from rv.snapshot import human_size
+    from rv.units import human_size
 
     with session(ctx) as s:
         reply = remove_env(s.transport, s.layout, key, force=force)
@@ -185,12 +185,13 @@ def build(
 ) -> None:
     """Build this project's environment now, as `rv run` would, without submitting anything."""
     from rv.cli.common import load_profile
+    from rv.config import cache_dir
     from rv.errors import UsageError
     from rv.pyenv.plan import plan
     from rv.snapshot import prepare_snapshot
 
     _, profile = load_profile(ctx)
-    snap = prepare_snapshot(Path.cwd(), allow_large=True)
+    snap = prepare_snapshot(Path.cwd(), allow_large=True, cache_dir=cache_dir())
     ssp = profile.system_site_packages if system_site_packages is None else system_site_packages
     env_plan = plan(snap, "auto", requirements=requirements, extras=extras, python=python_ or profile.python,
                     system_site_packages=ssp)  # fmt: skip

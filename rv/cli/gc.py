@@ -15,7 +15,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
 
 def summary(report: dict) -> str:
     """One line: what went (or would go), and the bytes, as measured on the cluster."""
-    from rv.snapshot import human_size
+    from rv.units import human_size
 
     verb = "would free" if report["dry_run"] else "freed"
     parts = [f"{len(report['runs_removed'])} run(s)"]
@@ -51,7 +51,7 @@ def gc(ctx: click.Context, older_than: float, checkpoints: bool, dry_run: bool, 
     Never anything of a live run. Checkpoints and outputs only with --checkpoints.
     """
     from rv.job.cleanup import collect_garbage
-    from rv.snapshot import human_size
+    from rv.units import human_size
 
     with session(ctx) as s:
         report = collect_garbage(

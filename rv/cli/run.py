@@ -149,10 +149,13 @@ def run(
     from rv.secrets import SecretStore
 
     secrets = SecretStore(state_dir() / "secrets.json").load()
-    from rv.snapshot import ManifestCache, prepare_snapshot, snapshot_warnings, upload_snapshot
+    from rv.config import cache_dir
+    from rv.snapshot import prepare_snapshot, snapshot_warnings, upload_snapshot
+    from rv.treecache import StoreCache
 
-    # The file list, hashes and size guard are local: a refused file fails before we connect.
-    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large)
+    # The file list, hashes and size guard are local: a refused file fails before we connect. The
+    # last listing of this repo is reused: a resubmit lists and hashes only what changed.
+    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large, cache_dir=cache_dir())
     for message in snapshot_warnings(snap):
         warn(message)
     if snap.subdir:
@@ -183,15 +186,12 @@ def run(
         if as_json:
             print_json(
                 {"dry_run": True, "run_id": run_id, "name": req.name, "snapshot": snap.id,
-                 "files": len(snap.tree.entries), "script": script}
+                 "files": snap.tree.files, "script": script}
             )  # fmt: skip
         else:
             sys.stdout.write(script)
         note(resources_line(req))
-        note(
-            f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, "
-            f"{len(snap.tree.entries)} files)"
-        )
+        note(f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, {snap.tree.files} files)")
         return
 
     with session(ctx) as s:
@@ -203,8 +203,8 @@ def run(
             note(f"resuming {req.name}: its checkpoint folder holds what an earlier run saved")
         # Before the upload: a requirement that cannot be resolved fails here, and nothing is queued.
         env = ensure_environment(s, env_plan, (*profile.setup, *setup))
-        # The cached manifest lets the cluster receive only a delta of the file list.
-        cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
+        # What this machine knows the store holds lets the file list travel as a delta.
+        cache = StoreCache(cache_dir(), f"{profile.name}:{s.layout.root}")
         with progress_renderer("uploading") as bar:
             uploaded = upload_snapshot(
                 s.transport, s.layout, snap, cache=cache, on_summary=note, on_progress=bar
@@ -318,7 +318,7 @@ def follow_to_end(s, run_id: str, name: str, max_segments: int, *, output_to_std
 
 def _start_dir(here: Path) -> str:
     """The folder the program will start in, relative to the repo top ("" at the top or outside a repo)."""
-    from rv.snapshot import Git, find_repo_top
+    from rv.listing import Git, find_repo_top
 
     top = find_repo_top(here, Git())
     if top is None:

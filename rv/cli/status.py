@@ -52,7 +52,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         print_json(data)
         return
-    from rv.snapshot import human_size
+    from rv.units import human_size
 
     size = human_size(kept["total"])
     click.echo(

@@ -18,13 +18,13 @@ def _cache_dir() -> Path:
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    from rv.sync import parse_size
+    from rv.units import parse_size
 
     return parse_size(value)
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
-    from rv.sync import parse_duration
+    from rv.units import parse_duration
 
     return parse_duration(value)
 
@@ -177,7 +177,7 @@ def pull(
                 "overwritten": list(result.overwritten),
             }
         )
-    from rv.snapshot import human_size
+    from rv.units import human_size
 
     if result.kept_local:
         shown = ", ".join(result.kept_local[:10])
@@ -225,7 +225,7 @@ def watch(
                 max_file_size=max_file_size,
                 allow_large=allow_large,
                 cache_dir=_cache_dir(),
-                hash_cache=cache,
+                cache=cache,
             )
 
         def on_push(result: Any) -> None:
@@ -242,7 +242,7 @@ def watch(
         try:
             core.watch(
                 push_once,
-                lambda cache: core.tree_id(local, hash_cache=cache),
+                lambda cache: core.tree_id(local, cache=cache),
                 interval=interval,
                 debounce=debounce,
                 on_push=on_push,
@@ -268,23 +268,32 @@ _register_gc_alias()
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot's id, path and provenance as JSON.")
 @click.pass_context
 def snapshot(ctx: click.Context, path: str, max_file_size: int, allow_large: bool, as_json: bool) -> None:
-    """Make (or find) the snapshot `rv run` would use for PATH's repo and print its id."""
-    from rv.snapshot import ManifestCache, prepare_snapshot, snapshot_warnings, upload_snapshot
+    """Make (or find) the snapshot `rv run` would use for PATH's repo and print its id.
 
-    snap = prepare_snapshot(
-        path, max_file_size=max_file_size, allow_large=allow_large, cache_dir=_cache_dir()
-    )
-    for w in snapshot_warnings(snap):
-        warn(w)
+    The cluster side starts while the files are listed; a file over the size limit still stops it
+    before anything is sent.
+    """
+    from rv.snapshot import make_snapshot, snapshot_warnings
+
+    def prepared(snap: Any) -> None:
+        for w in snapshot_warnings(snap):
+            warn(w)
+
     with session(ctx) as s, progress_renderer("uploading") as bar:
-        cache = ManifestCache(_cache_dir(), f"{s.profile.name}:{s.layout.root}")
-        result = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note, on_progress=bar)
+        # Connecting (ssh -G, the warm connection) happens in make_snapshot's first call, on its own
+        # thread, while this one lists the files.
+        result = make_snapshot(
+            _Lazy(s), s.layout, path, max_file_size=max_file_size, allow_large=allow_large,
+            cache_dir=_cache_dir(), cache_key=f"{s.profile.name}:{s.layout.root}", on_summary=note,
+            on_progress=bar, on_prepared=prepared,
+        )  # fmt: skip
     if as_json:
         print_json(
             {
                 "id": result.id,
                 "remote_path": result.remote_path,
                 "meta_path": result.meta_path,
+                "base": result.base,
                 "project": result.project,
                 "branch": result.branch,
                 "commit": result.commit,
@@ -295,7 +304,7 @@ def snapshot(ctx: click.Context, path: str, max_file_size: int, allow_large: boo
                 "total_bytes": result.total_bytes,
                 "new_objects": result.new_objects,
                 "new_bytes": result.new_bytes,
-                "left_out": [{"path": p, "size": n if n >= 0 else None} for p, n in snap.tree.ignored],
+                "left_out": [{"path": p, "size": n if n >= 0 else None} for p, n in result.ignored],
                 "warnings": list(result.warnings),
             }
         )

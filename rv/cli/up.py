@@ -105,13 +105,14 @@ def up(
     import shlex
 
     from rv.cli.common import load_profile
-    from rv.config import state_dir
+    from rv.config import cache_dir, state_dir
     from rv.errors import UsageError
     from rv.job import submit as job
     from rv.job import up as session_up
     from rv.request import build_request
     from rv.secrets import SecretStore
-    from rv.snapshot import ManifestCache, prepare_snapshot, upload_snapshot
+    from rv.snapshot import prepare_snapshot, snapshot_warnings, upload_snapshot
+    from rv.treecache import StoreCache
 
     if not detach and not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError(
@@ -130,7 +131,9 @@ def up(
     for message in req.warnings:
         warn(message)
     secrets = SecretStore(state_dir() / "secrets.json").load()
-    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large)
+    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large, cache_dir=cache_dir())
+    for message in snapshot_warnings(snap):
+        warn(message)
     if snap.subdir:
         # Typed in a subfolder: the shell starts there, as a run's program would.
         req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
@@ -152,7 +155,7 @@ def up(
         job.check(s.transport, s.layout, project=snap.project, name=req.name, from_run=None)
         # The project's environment, as rv run has it: built (or found) before anything is queued.
         env = ensure_environment(s, env_plan, (*profile.setup, *setup))
-        cache = ManifestCache(state_dir() / "cache", f"{profile.name}:{s.layout.root}")
+        cache = StoreCache(cache_dir(), f"{profile.name}:{s.layout.root}")
         uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rv.agent_client import call_agent
 from rv.job.records import RunRecord, RunStore
 from rv.slurm import commands
-from rv.snapshot import call_agent
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rv.agent_client import call_agent
 from rv.errors import NotFound
 from rv.job.records import ClusterRun, RunRecord, RunStore, parse_runs
 from rv.slurm import commands
 from rv.slurm.parse import AccountedJob, QueuedJob, parse_sacct, parse_squeue
-from rv.snapshot import call_agent
 
 FINISHED_DAYS = 7  # how far back `rv ps -a` looks
 

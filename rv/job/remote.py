@@ -1,6 +1,6 @@
 """The cluster-side half of runs: agent modes that rv ships on every call, bundled with rv.remote_store.
 
-One program (see :mod:`rv.agent`) holds both modules; this one adds its modes to the store's. Every
+One program (see :mod:`rv.agent_client`) holds both modules; this one adds its modes to the store's. Every
 Slurm command it runs comes from the laptop as an argv built by :mod:`rv.slurm.commands` (``{user}``
 stands for the login name), so this file writes no Slurm command text of its own.
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rv.agent_client import call_agent
 from rv.errors import RemoteError, UsageError
 from rv.job.records import RunRecord
 from rv.layout import RemoteLayout
@@ -29,7 +30,6 @@ from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
 from rv.slurm.script import ScriptContext, render_script
-from rv.snapshot import call_agent
 
 
 def new_run_id() -> str:

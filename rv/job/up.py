@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rv.agent_client import agent_command
 from rv.errors import ConnectError, RemoteError
 from rv.job.records import RunRecord
 from rv.job.submit import run_record, submit_args
@@ -38,7 +39,6 @@ from rv.secrets import render_env_file
 from rv.slurm import commands
 from rv.slurm.parse import QueuedJob, parse_squeue
 from rv.slurm.script import ScriptContext
-from rv.snapshot import agent_command
 
 HEARTBEAT_S = 5.0  # rv -> watchdog
 SILENCE_S = 60.0  # the watchdog cancels after this long without a word from rv

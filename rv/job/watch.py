@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rv.agent_client import agent_command
 from rv.errors import ConnectError, NotFound, RemoteError
 from rv.slurm import commands
-from rv.snapshot import agent_command
 
 # A follower that sent nothing (not even a heartbeat) for this long is taken for a dead connection.
 SILENCE_S = 45.0

@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rv.agent_client import agent_command, agent_reply, call_agent
 from rv.errors import RemoteError
 from rv.layout import RemoteLayout
 from rv.pyenv.spec import EnvSpec
 from rv.slurm import commands
-from rv.snapshot import agent_command, agent_reply, call_agent
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def plan(
             )
     if choice == "none":
         return EnvPlan()
-    files = {entry.path for entry in snap.tree.entries}
+    files = snap.tree.paths  # membership by binary search: no parse of the whole manifest
     start = snap.subdir or ""
     if choice != "auto":
         if not (choice.startswith("/") or choice.startswith("~/")) or any(c in choice for c in "\n\0"):

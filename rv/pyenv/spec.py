@@ -232,7 +232,9 @@ def import_paths(files: Collection[str], folder: str) -> tuple[str, ...]:
     """Folders (relative to the work dir) that make the project importable: ``src/`` if it has one."""
     base = f"{folder}/" if folder else ""
     src = f"{base}src/"
-    if any(path.startswith(src) and path.endswith(".py") for path in files):
+    under = getattr(files, "under", None)  # a manifest's paths list those under a folder cheaply
+    inside = under(src) if under is not None else (p for p in files if p.startswith(src))
+    if any(path.endswith(".py") for path in inside):
         return (f"{base}src",)
     return (folder or ".",)
 

@@ -32,7 +32,7 @@ def cluster_status(
     ``older_than`` is the age `rv gc` would remove ended runs at; ``sweep`` the run ids whose leftover
     secrets this call removes too (see rv.job.cleanup).
     """
-    from rv.snapshot import call_agent
+    from rv.agent_client import call_agent
 
     args: dict[str, Any] = {
         "root": remote_root,

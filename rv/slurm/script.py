@@ -486,23 +486,45 @@ def _secrets(ctx: ScriptContext) -> list[str]:
 
 
 def _work_dir(ctx: ScriptContext) -> list[str]:
-    snap = _q(ctx.layout.snapshot(ctx.snapshot_id))
     return [
         "# --- work dir ----------------------------------------------------------------------",
         "# The run's own copy of its snapshot, made once and kept by later segments and requeues.",
         "# Copies (reflinks where the filesystem has them), never hard links into the store: a job may",
         "# make its files writable and edit them without touching the store or another run. Files",
         "# that are hard links of each other in the snapshot (same content) become separate files.",
+        "# A snapshot is a full tree, or a layer over one (what differs from it): then the full one is",
+        "# copied, the paths the layer lists in `remove` deleted, and the layer's own files copied in.",
+        *work_dir_lines(ctx.layout, ctx.snapshot_id),
+        'cd "$RV_WORK_DIR"',
+    ]
+
+
+def work_dir_lines(layout: RemoteLayout, snapshot_id: str) -> list[str]:
+    """Bash that makes ``$RV_WORK_DIR`` a private, writable copy of a snapshot (full, or a layer)."""
+    snap = _q(layout.snapshot(snapshot_id))
+    layer = _q(layout.snapshot_layer(snapshot_id))
+    copy = "cp -R -P --preserve=mode,timestamps --reflink=auto --"
+    return [
         'if [ ! -d "$RV_WORK_DIR" ]; then',
-        f"    if [ ! -d {snap} ]; then",
-        f'        rv_failed_at="snapshot {ctx.snapshot_id} not found"; echo "rv: $rv_failed_at" >&2; exit 1',
-        "    fi",
         '    rm -rf -- "$RV_WORK_DIR.tmp"',
-        f'    cp -R -P --preserve=mode,timestamps --reflink=auto -- {snap} "$RV_WORK_DIR.tmp"',
+        f"    if [ -d {snap} ]; then",
+        f'        {copy} {snap} "$RV_WORK_DIR.tmp"',
+        f"    elif [ -d {layer} ]; then",
+        f"        rv_base=$(cat {layer}/base)",
+        '        case "$rv_base" in',
+        f'            ""|*[!0-9a-f]*) rv_failed_at="snapshot layer {snapshot_id} names no base"',
+        '                echo "rv: $rv_failed_at" >&2; exit 1 ;;',
+        "        esac",
+        f'        {copy} {_q(layout.snapshots)}/"$rv_base" "$RV_WORK_DIR.tmp"',
+        '        chmod -R u+w -- "$RV_WORK_DIR.tmp"',
+        f'        (cd "$RV_WORK_DIR.tmp" && xargs -0 -r rm -rf -- < {layer}/remove)',
+        f'        {copy} {layer}/tree/. "$RV_WORK_DIR.tmp"',
+        "    else",
+        f'        rv_failed_at="snapshot {snapshot_id} not found"; echo "rv: $rv_failed_at" >&2; exit 1',
+        "    fi",
         '    chmod -R u+w -- "$RV_WORK_DIR.tmp"',
         '    mv -- "$RV_WORK_DIR.tmp" "$RV_WORK_DIR"',
         "fi",
-        'cd "$RV_WORK_DIR"',
     ]
 
 

@@ -208,12 +208,25 @@ trap 'rv_got_term=1; [ "$rv_program_ran" = 1 ] || exit 129' HUP
 # Copies (reflinks where the filesystem has them), never hard links into the store: a job may
 # make its files writable and edit them without touching the store or another run. Files
 # that are hard links of each other in the snapshot (same content) become separate files.
+# A snapshot is a full tree, or a layer over one (what differs from it): then the full one is
+# copied, the paths the layer lists in `remove` deleted, and the layer's own files copied in.
 if [ ! -d "$RV_WORK_DIR" ]; then
-    if [ ! -d /scratch/u/rv/snapshots/snap01 ]; then
+    rm -rf -- "$RV_WORK_DIR.tmp"
+    if [ -d /scratch/u/rv/snapshots/snap01 ]; then
+        cp -R -P --preserve=mode,timestamps --reflink=auto -- /scratch/u/rv/snapshots/snap01 "$RV_WORK_DIR.tmp"
+    elif [ -d /scratch/u/rv/snapshots/snap01.layer ]; then
+        rv_base=$(cat /scratch/u/rv/snapshots/snap01.layer/base)
+        case "$rv_base" in
+            ""|*[!0-9a-f]*) rv_failed_at="snapshot layer snap01 names no base"
+                echo "rv: $rv_failed_at" >&2; exit 1 ;;
+        esac
+        cp -R -P --preserve=mode,timestamps --reflink=auto -- /scratch/u/rv/snapshots/"$rv_base" "$RV_WORK_DIR.tmp"
+        chmod -R u+w -- "$RV_WORK_DIR.tmp"
+        (cd "$RV_WORK_DIR.tmp" && xargs -0 -r rm -rf -- < /scratch/u/rv/snapshots/snap01.layer/remove)
+        cp -R -P --preserve=mode,timestamps --reflink=auto -- /scratch/u/rv/snapshots/snap01.layer/tree/. "$RV_WORK_DIR.tmp"
+    else
         rv_failed_at="snapshot snap01 not found"; echo "rv: $rv_failed_at" >&2; exit 1
     fi
-    rm -rf -- "$RV_WORK_DIR.tmp"
-    cp -R -P --preserve=mode,timestamps --reflink=auto -- /scratch/u/rv/snapshots/snap01 "$RV_WORK_DIR.tmp"
     chmod -R u+w -- "$RV_WORK_DIR.tmp"
     mv -- "$RV_WORK_DIR.tmp" "$RV_WORK_DIR"
 fi

@@ -149,7 +149,7 @@ def test_snapshot_of_an_awkward_repo_is_exact(run_rv, tmp_path, ssh_transport):
     assert json.loads(again.stdout)["subdir"] == "pkg"
 
 
-def test_editing_after_a_snapshot_does_not_change_it(run_rv, tmp_path, ssh_transport):
+def test_editing_after_a_snapshot_does_not_change_it(run_rv, tmp_path, ssh_transport, remote_root):
     repo, intended = awkward_repo(tmp_path)
     first = rv_json(run_rv, "sync", "snapshot", cwd=repo)
     before = remote_tree(ssh_transport, first["remote_path"])
@@ -159,7 +159,10 @@ def test_editing_after_a_snapshot_does_not_change_it(run_rv, tmp_path, ssh_trans
     second = rv_json(run_rv, "sync", "snapshot", cwd=repo)
     assert second["id"] != first["id"] and second["new_objects"] == 2
     assert remote_tree(ssh_transport, first["remote_path"]) == before
-    assert remote_tree(ssh_transport, second["remote_path"]) == local_tree(repo, intended)
+    assert second["base"] == first["id"]  # a layer over the first: what a job makes of it
+    job_work_dir(ssh_transport, remote_root, second["id"], f"{remote_root}/check-work")
+    got = remote_tree(ssh_transport, f"{remote_root}/check-work")
+    assert without_writable(got) == without_writable(local_tree(repo, intended))
 
 
 def sound_objects(transport, root: str) -> int:
@@ -324,3 +327,108 @@ def test_api_snapshot_overlaps_its_query_and_survives_a_local_error(tmp_path, ss
     assert result.created and remote_tree(ssh_transport, result.remote_path) == local_tree(repo, intended)
     again = make_snapshot(ssh_transport, layout, repo, cache_dir=tmp_path / "cache")
     assert (again.id, again.created, again.new_objects) == (result.id, False, 0)
+
+
+# -- resubmits: layers, the listing cache, the agent started ahead (bare layout) -------------------
+
+
+def job_work_dir(transport, remote_root: str, snapshot_id: str, dest: str) -> None:
+    """What a job's script does to make its work dir from a snapshot: its own lines, run on the cluster."""
+    from rv.layout import RemoteLayout
+    from rv.slurm.script import work_dir_lines
+
+    script = "set -euo pipefail\n" + "\n".join(work_dir_lines(RemoteLayout(remote_root), snapshot_id))
+    transport.run(f"RV_WORK_DIR={shlex.quote(dest)} bash -c {shlex.quote(script)}").check("making a work dir")
+
+
+def without_writable(tree: dict[str, list]) -> dict[str, list]:
+    return {p: v[:3] if v[0] == "file" else v for p, v in tree.items()}
+
+
+def test_a_resubmit_after_edits_ships_a_layer_and_the_job_runs_the_edited_tree(
+    run_rv_bare, bare_ssh_transport, bare_remote_root, tmp_path
+):
+    repo, intended = awkward_repo(tmp_path)
+    first = rv_json(run_rv_bare, "sync", "snapshot", cwd=repo)
+    assert first["base"] is None and first["remote_path"].endswith(first["id"])
+    # Edits of every kind, none of them committed.
+    write(repo / "train.py", "lr = 9e-9  # edited for the resubmit\n")
+    (repo / "names/with space.txt").unlink()
+    (repo / "pkg/mod.py").unlink()
+    write(repo / "pkg/mod.py/inside.py", "a folder where a file was\n")
+    (repo / "link-to-train").unlink()
+    write(repo / "link-to-train", "a file where a symlink was\n")
+    write(repo / "brand/new/file.txt", "new\n")
+    now = sorted(
+        {*intended, "pkg/mod.py/inside.py", "brand/new/file.txt"} - {"names/with space.txt", "pkg/mod.py"}
+    )
+    second = run_rv_bare("sync", "snapshot", "--json", cwd=repo)
+    assert second.returncode == 0, second.stderr
+    snap = json.loads(second.stdout)
+    assert snap["base"] == first["id"] and snap["remote_path"].endswith(snap["id"] + ".layer")
+    assert snap["new_objects"] == 4 and "sent with the manifest" in second.stderr  # one round trip
+    work = f"{bare_remote_root}/check-work"
+    job_work_dir(bare_ssh_transport, bare_remote_root, snap["id"], work)
+    assert without_writable(remote_tree(bare_ssh_transport, work)) == without_writable(local_tree(repo, now))
+    # Private and read-only like a full snapshot.
+    modes = (
+        bare_ssh_transport.run(
+            f"cd {shlex.quote(snap['remote_path'])} && stat -c '%a %n' . remove base tree tree/train.py"
+        )
+        .check("stat")
+        .out.split("\n")
+    )
+    assert [m.split()[0] for m in modes if m] == ["500", "400", "400", "500", "400"]
+    # A real job on the bare cluster: `rv run` finds the same snapshot and its work dir is the edit.
+    run = run_rv_bare(
+        "run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "-c",
+        "import os; print(open('train.py').read().strip(), sorted(os.listdir('pkg/mod.py')))",
+        cwd=repo, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "lr = 9e-9  # edited for the resubmit ['inside.py']" in run.stdout
+    assert "already on the cluster, nothing to send" in run.stderr
+
+
+HOT_AGENT = "H[.]read[(]4"  # a regex matching the pre-started agent's command line, not this one
+
+
+def hot_agents(transport) -> list[str]:
+    r = transport.run(f'pgrep -u "$(id -u)" -f {shlex.quote(HOT_AGENT)} || true')
+    return r.out.split()
+
+
+def wait_for(check, limit: float = 30.0):
+    """Liveness bound for something the background process does after a command (not a timing claim)."""
+    end = time.monotonic() + limit
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < end, "never happened"
+        time.sleep(0.1)
+
+
+def test_the_agent_started_ahead_serves_the_next_call_and_its_death_costs_nothing(
+    run_rv_bare, bare_ssh_transport, tmp_path
+):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    write(repo / "a.txt", "a\n")
+    for _ in range(3):  # the first command connects directly and leaves the warm connection behind
+        r = run_rv_bare("sync", "snapshot", cwd=repo)
+        assert r.returncode == 0, r.stderr
+    before = wait_for(lambda: hot_agents(bare_ssh_transport))
+    assert len(before) == 1
+    write(repo / "a.txt", "b\n")
+    r = run_rv_bare("sync", "snapshot", cwd=repo)
+    assert r.returncode == 0 and "connecting directly" not in r.stderr, r.stderr
+    # The waiting agent did the work (it is gone) and another one waits for the next call.
+    after = wait_for(lambda: [p for p in hot_agents(bare_ssh_transport) if p not in before])
+    assert before[0] not in hot_agents(bare_ssh_transport) and len(after) == 1
+    bare_ssh_transport.run(f"kill -9 {after[0]}").check("killing the waiting agent")
+    write(repo / "a.txt", "c\n")
+    r = run_rv_bare("sync", "snapshot", "--json", cwd=repo)
+    assert r.returncode == 0 and "connecting directly" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["created"]

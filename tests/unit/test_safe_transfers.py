@@ -14,8 +14,9 @@ from test_snapshot import git, new_repo, write
 from test_snapshot_store import local_python_first, tree_state
 
 from rv.layout import RemoteLayout
+from rv.listing import redact_url
 from rv.progress import TransferProgress
-from rv.snapshot import make_snapshot, redact_url
+from rv.snapshot import make_snapshot
 from rv.sync import PullConflict, PullLedger, pull, push
 from rv.transport import LocalTransport, TransferError
 

@@ -9,26 +9,18 @@ import ast
 import importlib
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from rv import snapshot
+from rv import agent_client, listing
+from rv import remote_store as agent
 from rv.errors import UsageError
-from rv.snapshot import (
-    MODE_EXEC,
-    MODE_FILE,
-    MODE_LINK,
-    Entry,
-    blob_id,
-    check_sizes,
-    manifest_payload,
-    prepare_snapshot,
-    project_key,
-    provenance,
-    scan_tree,
-    snapshot_id,
-)
+from rv.listing import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, LocalTree, blob_id, scan_tree, snapshot_id
+from rv.provenance import project_key, provenance
+from rv.snapshot import check_sizes, manifest_payload, prepare_snapshot
+from rv.treecache import TreeCache
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -79,12 +71,12 @@ def hash_object(path: Path) -> str:
 def test_blob_id_is_gits(tmp_path, data):
     f = write(tmp_path / "f", data)
     assert blob_id(data) == hash_object(f)
-    assert snapshot.hash_path(f)[1] == hash_object(f)
+    assert listing.hash_path(f)[1] == hash_object(f)
 
 
 def test_symlink_blob_is_its_target(tmp_path):
     (tmp_path / "link").symlink_to("some/where")
-    mode, oid, size, _ = snapshot.hash_path(tmp_path / "link")
+    mode, oid, size, _ = listing.hash_path(tmp_path / "link")
     assert (mode, oid, size) == (MODE_LINK, blob_id(b"some/where"), 10)
 
 
@@ -162,8 +154,8 @@ def test_clean_tracked_files_are_not_hashed(tmp_path, monkeypatch):
     write(repo / "f3.txt", "edited\n")
     write(repo / "new.txt", "new\n")
     hashed: list[str] = []
-    real = snapshot.hash_path
-    monkeypatch.setattr(snapshot, "hash_path", lambda p: hashed.append(os.path.basename(p)) or real(p))
+    real = listing.hash_path
+    monkeypatch.setattr(listing, "hash_path", lambda p: hashed.append(os.path.basename(p)) or real(p))
     tree = scan_tree(repo)
     assert sorted(hashed) == ["f3.txt", "new.txt"]
     assert all(e.oid == hash_object(repo / e.path) for e in tree.entries)
@@ -260,15 +252,43 @@ def test_snapshot_id_depends_on_content_mode_and_path_only():
     assert len(snapshot_id([a])) == 24
 
 
-def test_manifest_payload_uses_the_closest_base_as_a_delta():
+def test_manifest_payload_is_a_delta_against_a_snapshot_the_store_holds(tmp_path):
     rows = [[f"f{i}", MODE_FILE, blob_id(str(i).encode()), 1] for i in range(100)]
     changed = [*rows[:99], ["f99", MODE_FILE, blob_id(b"new"), 3], ["extra", MODE_FILE, blob_id(b"e"), 1]]
-    assert manifest_payload(rows, []) == {"entries": rows}
-    delta = manifest_payload(changed, [("old", rows[:10]), ("base", rows)])
-    assert delta["base"] == "base"
+    old = LocalTree.of(tmp_path, [Entry(*r) for r in rows])
+    tree = LocalTree.of(tmp_path, [Entry(*r) for r in changed])
+    texts = TreeCache()
+    texts.put_text(old.id, old.manifest)
+    assert manifest_payload(tree, [], texts) == {"entries": agent.manifest_rows(tree.manifest)}
+    assert manifest_payload(tree, [tree.id], texts) == {"base": tree.id, "upsert": [], "remove": []}
+    delta = manifest_payload(tree, ["gone", old.id], texts)  # no manifest kept for "gone"
+    assert delta["base"] == old.id
     assert sorted(r[0] for r in delta["upsert"]) == ["extra", "f99"] and delta["remove"] == []
-    unrelated = [[f"g{i}", MODE_FILE, blob_id(b"x"), 1] for i in range(100)]
-    assert "entries" in manifest_payload(changed, [("far", unrelated)])
+    # The changes a listing found since the one before need no comparison at all.
+    listed = replace(tree, previous=(old.id, {"f99": changed[99], "extra": changed[100]}))
+    assert manifest_payload(listed, [old.id]) == delta | {"upsert": [changed[99], changed[100]]}
+    # Against an unrelated tree a delta is no smaller: the full list goes.
+    unrelated = LocalTree.of(tmp_path, [Entry(f"g{i}", MODE_FILE, blob_id(b"x"), 1) for i in range(100)])
+    texts.put_text(unrelated.id, unrelated.manifest)
+    assert "entries" in manifest_payload(tree, [unrelated.id], texts)
+
+
+def test_manifest_text_splices_like_a_rebuild():
+    rows = [[f"d{i % 7}/f{i}", MODE_FILE, blob_id(str(i).encode()), i] for i in range(200)]
+    text = agent.manifest_text(rows)
+    changes = {
+        "d3/f3": None,
+        "d0/new": ["d0/new", MODE_EXEC, blob_id(b"n"), 1],
+        "d5/f5": ["d5/f5", MODE_LINK, blob_id(b"t"), 1],
+    }
+    spliced, old = agent.splice(text, changes)
+    by_path = {r[0]: r for r in rows}
+    for p, r in changes.items():
+        by_path.pop(p, None) if r is None else by_path.__setitem__(p, r)
+    assert spliced == agent.manifest_text(list(by_path.values()))
+    assert old == {"d3/f3": rows[3], "d0/new": None, "d5/f5": rows[5]}
+    assert agent.has_under(spliced, "d0") and not agent.has_under(spliced, "d")
+    assert agent.row_at(spliced, "d0/new") == changes["d0/new"] and agent.row_at(spliced, "d3/f3") is None
 
 
 # -- guards, project, provenance ----------------------------------------------------------------
@@ -326,7 +346,7 @@ def test_provenance_of_a_dirty_tree(tmp_path):
 # -- the agent ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", snapshot.AGENT_MODULES)
+@pytest.mark.parametrize("module", agent_client.AGENT_MODULES)
 def test_agent_parses_as_python_3_6(module):
     # Login nodes may only have RHEL 8's python3.6: no walrus, no positional-only parameters...
     source = Path(importlib.import_module(module).__file__).read_text()
@@ -339,7 +359,7 @@ def test_agent_parses_as_python_3_6(module):
 
 
 def test_agent_command_quotes_its_arguments():
-    cmd = snapshot.agent_command("scan", {"root": "/x/it's here", "path": "$(rm -rf ~)"})
+    cmd = agent_client.agent_command("scan", {"root": "/x/it's here", "path": "$(rm -rf ~)"})
     assert cmd.startswith('p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" -I -S -c ')
     assert "'\"'\"'" in cmd  # the single quote in the root is shell-quoted
     assert "$(rm -rf ~)" in cmd and '\'{"root"' in cmd

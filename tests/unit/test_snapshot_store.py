@@ -19,18 +19,17 @@ from pathlib import Path
 import pytest
 from test_snapshot import git, new_repo, write
 
+from rv.agent_client import frame
 from rv.errors import RemoteError, UsageError
 from rv.job.cleanup import collect_garbage
 from rv.layout import RemoteLayout
-from rv.snapshot import (
-    ManifestCache,
-    blob_id,
-    frame,
-    make_snapshot,
-    prepare_snapshot,
-    upload_snapshot,
-)
+from rv.listing import blob_id
+from rv.remote_store import manifest_text as agent_text
+from rv.remote_store import text_id
+from rv.slurm.script import work_dir_lines
+from rv.snapshot import make_snapshot, prepare_snapshot
 from rv.transport import LocalTransport
+from rv.treecache import StoreCache, TreeCache
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 
@@ -88,6 +87,13 @@ def objects_are_sound(layout: RemoteLayout) -> int:
     return n
 
 
+def job_copy(layout: RemoteLayout, sid: str, dest: Path) -> Path:
+    """The work dir a job makes of snapshot ``sid`` (full or a layer), by the job script's own lines."""
+    script = "set -euo pipefail\n" + "\n".join(work_dir_lines(layout, sid))
+    subprocess.run(["bash", "-c", script], env={**os.environ, "RV_WORK_DIR": str(dest)}, check=True)
+    return dest
+
+
 def leftover_temps(layout: RemoteLayout) -> list[str]:
     tmp = Path(layout.tmp)
     return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
@@ -138,32 +144,47 @@ def test_unchanged_resnapshot_is_one_round_trip(tmp_path, transport, layout):
     assert "already on the cluster" in again.summary
 
 
-def test_one_changed_file_sends_only_that_file(tmp_path, transport, layout):
+def test_one_changed_file_sends_only_that_file_in_one_round_trip(tmp_path, transport, layout):
     repo = sample_repo(tmp_path)
     for i in range(300):
         write(repo / "many" / f"f{i}.txt", f"file {i}\n" * 50)
     cache_dir = tmp_path / "cache"
-    make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     write(repo / "many/f7.txt", "changed\n")
     transport.calls.clear()
     second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert (second.new_objects, second.new_bytes) == (1, len("changed\n"))
-    assert len(transport.calls) == 2
-    # The manifest went as a delta against the cached one: a fraction of the 300-entry list.
+    assert len(transport.calls) == 1  # the new object went with the manifest, unasked
+    # The manifest went as a delta against the one sent before: a fraction of the 300-entry list.
     full_manifest = frame({"entries": [e.row() for e in prepare_snapshot(repo).tree.entries]})
     assert second.sent_bytes < len(full_manifest) / 4
-    assert (Path(second.remote_path) / "many/f7.txt").read_text() == "changed\n"
+    # On the cluster: a layer over the first snapshot holding that one file.
+    assert second.base == first.id and second.remote_path == layout.snapshot_layer(second.id)
+    layer = Path(second.remote_path)
+    assert sorted(str(p.relative_to(layer / "tree")) for p in (layer / "tree").rglob("*") if p.is_file()) == [
+        "many/f7.txt"
+    ]
+    work = job_copy(layout, second.id, tmp_path / "work")
+    assert (work / "many/f7.txt").read_text() == "changed\n"
+    assert tree_state(work) == tree_state(job_copy(layout, first.id, tmp_path / "w1")) | {
+        "many/f7.txt": tree_state(work)["many/f7.txt"]
+    }
 
 
-def test_stale_manifest_cache_falls_back_to_the_full_list(tmp_path, transport, layout):
+def test_a_base_the_store_does_not_have_falls_back_to_the_full_list(tmp_path, transport, layout):
     repo = sample_repo(tmp_path)
-    cache = ManifestCache(tmp_path / "cache", layout.root)
+    cache_dir = tmp_path / "cache"
     snap = prepare_snapshot(repo)
     rows = [e.row() for e in snap.tree.entries]
-    cache.put(snap.project, "f" * 24, rows[:-1])  # a base the cluster never had
+    stale = agent_text(rows[:-1])
+    TreeCache(cache_dir).put_text(text_id(stale), stale)
+    StoreCache(cache_dir, layout.root).add(snap.project, text_id(stale))  # a base the cluster never had
     write(repo / "extra.txt", "x")
-    result = upload_snapshot(transport, layout, prepare_snapshot(repo), cache=cache)
+    transport.calls.clear()
+    result = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert result.created and (Path(result.remote_path) / "extra.txt").read_text() == "x"
+    assert len(transport.calls) == 3  # the delta, refused; the full list; the objects
+    assert StoreCache(cache_dir, layout.root).known(snap.project) == [result.id]
 
 
 def test_later_edits_do_not_change_a_snapshot(tmp_path, transport, layout):
@@ -410,14 +431,14 @@ def test_file_systems_without_hard_links_get_copies(tmp_path, monkeypatch):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     monkeypatch.setattr(agent.os, "link", refuse)
-    entries = agent.sort_entries(
+    text = agent.manifest_text(
         [
             ["a.txt", agent.MODE_FILE, blob_id(b"plain"), 5],
             ["bin/run", agent.MODE_EXEC, blob_id(b"#!/bin/sh\n"), 10],
         ]
     )
-    sid = agent.manifest_id(entries)
-    assert agent.build_snapshot(root, sid, entries, {}) == "created"
+    sid = agent.text_id(text)
+    assert agent.build_snapshot(root, sid, text, {}) == "created"
     snap = Path(os.fsdecode(agent.snapshot_dir(root, sid)))
     assert (snap / "a.txt").read_bytes() == b"plain" and (snap / "a.txt").stat().st_nlink == 1
     # Private by default (the agent's umask is 077 unless the profile shares with the group).
@@ -432,7 +453,7 @@ def test_a_local_error_abandons_the_early_query_cleanly(tmp_path, transport, lay
     write(repo / "weights.bin", b"\0" * 5000)
     with pytest.raises(UsageError, match=r"weights\.bin"):
         make_snapshot(transport, layout, repo, max_file_size=1000)
-    assert len(transport.calls) == 1 and "snap-query" in transport.calls[0]
+    assert len(transport.calls) == 1 and "snap-put" in transport.calls[0]
     assert not Path(layout.snapshots).exists()
     assert leftover_temps(layout) == []
 
@@ -441,5 +462,111 @@ def test_a_remote_file_system_error_names_the_path(tmp_path, transport):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the remote root's parent should be")
     repo = sample_repo(tmp_path)
-    with pytest.raises(RemoteError, match=r"remote snap-query: Not a directory: .*/not-a-folder/root$"):
+    with pytest.raises(RemoteError, match=r"remote snap-put: Not a directory: .*/not-a-folder/root$"):
         make_snapshot(transport, RemoteLayout(str(blocker / "root")), repo)
+
+
+# -- layers ------------------------------------------------------------------------------------
+
+
+def listed_paths(repo: Path) -> list[str]:
+    return [e.path for e in prepare_snapshot(repo).tree.entries]
+
+
+def folders(root: Path) -> set[str]:
+    return {str(Path(d).relative_to(root)) for d, _dirs, _files in os.walk(root) if Path(d) != root}
+
+
+def test_a_layer_makes_the_same_work_dir_as_a_full_snapshot_whatever_changed(tmp_path, transport, layout):
+    repo = new_repo(tmp_path / "repo", {"a/b/c.txt": "c\n", "a/keep.txt": "keep\n", "d/x.txt": "x\n",
+                                        "f/deep/g.txt": "the only file under f\n"})  # fmt: skip
+    write(repo / "e.sh", "#!/bin/sh\n", 0o755)
+    (repo / "lnk").symlink_to("a")
+    for i in range(300):
+        write(repo / "many" / f"f{i}.txt", f"{i}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "all")
+    cache_dir = tmp_path / "cache"
+    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert first.base is None and first.remote_path == layout.snapshot(first.id)
+    # Every kind of change a layer has to express:
+    write(repo / "a/keep.txt", "kept, edited\n")  # content
+    (repo / "f/deep/g.txt").unlink()  # the last file of two folders
+    shutil.rmtree(repo / "d")
+    write(repo / "d", "a file where a folder was\n")  # folder -> file
+    (repo / "e.sh").unlink()
+    (repo / "e.sh").symlink_to("a/keep.txt")  # file -> symlink
+    (repo / "lnk").unlink()
+    write(repo / "lnk/inner.txt", "a folder where a symlink was\n")  # symlink -> folder
+    (repo / "a/b/c.txt").chmod(0o755)  # mode only
+    write(repo / "new/dir/file.txt", "new\n")  # new folders
+    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert second.base == first.id and Path(layout.snapshot_layer(second.id)).is_dir()
+    assert not Path(layout.snapshot(second.id)).exists()
+    work = job_copy(layout, second.id, tmp_path / "w2")
+    paths = listed_paths(repo)
+    assert tree_state(work) == expected_state(repo, paths)
+    # No folder the new tree lacks (f/ and f/deep/ went with their last file; d/ became a file).
+    assert folders(work) == {str(q) for p in paths for q in Path(p).parents if str(q) != "."}
+    # A layer of a layer sits on the full snapshot, holding both sets of changes.
+    write(repo / "a/keep.txt", "keep\n")  # back as in the first snapshot: no longer in the layer
+    write(repo / "many/f1.txt", "third\n")
+    third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert third.base == first.id
+    assert tree_state(job_copy(layout, third.id, tmp_path / "w3")) == expected_state(repo, listed_paths(repo))
+    meta = json.loads(Path(layout.snapshot_meta(third.id)).read_text())
+    assert "a/keep.txt" not in [r[0] for r in meta["layer"]["upsert"]] and meta["base"] == first.id
+    # Permissions: the layer is as private and read-only as a full snapshot.
+    layer = Path(layout.snapshot_layer(third.id))
+    assert (
+        stat.S_IMODE(layer.stat().st_mode) == 0o500
+        and stat.S_IMODE((layer / "remove").stat().st_mode) == 0o400
+    )
+    assert stat.S_IMODE((layer / "tree/many/f1.txt").stat().st_mode) == 0o400
+    # Past the share of files a layer may hold, the snapshot is a full tree again.
+    for i in range(300):
+        write(repo / "many" / f"f{i}.txt", f"rewritten {i}\n")
+    fourth = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert fourth.base is None and fourth.remote_path == layout.snapshot(fourth.id)
+    assert tree_state(Path(fourth.remote_path)) == expected_state(repo, listed_paths(repo))
+
+
+def test_gc_keeps_the_full_snapshot_a_kept_layer_sits_on(tmp_path, layout, fake_squeue):
+    t = gc_transport(tmp_path)
+    repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" for i in range(20)})
+    cache_dir = tmp_path / "cache"
+    base = make_snapshot(t, layout, repo, cache_dir=cache_dir)
+    write(repo / "f3.txt", "layered\n")
+    layer = make_snapshot(t, layout, repo, cache_dir=cache_dir)
+    assert layer.base == base.id
+    backdate(layout, base.id, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert report["removed"] == []
+    assert {k["id"]: k["reason"] for k in report["kept"]}[base.id] == f"the base of kept layer {layer.id}"
+    assert tree_state(job_copy(layout, layer.id, tmp_path / "w")) == expected_state(repo, listed_paths(repo))
+    backdate(layout, layer.id, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert sorted(r["id"] for r in report["removed"]) == sorted([base.id, layer.id])
+    assert sorted(p.name for p in Path(layout.snapshots).iterdir()) == []
+    assert not any(Path(layout.objects).glob("*/*"))
+
+
+def test_snapshots_of_the_earlier_format_are_still_used_by_jobs_and_collected(tmp_path, layout, fake_squeue):
+    # Stores written by rv 0.1 hold full trees whose meta file lists the entries (version 1).
+    t = gc_transport(tmp_path)
+    repo = new_repo(tmp_path / "repo", {"a.txt": "old store\n"})
+    new = make_snapshot(t, layout, repo)  # objects and folders exist; make an old-format twin of it
+    old_id = "0123456789abcdef01234567"
+    subprocess.run(["cp", "-a", layout.snapshot(new.id), layout.snapshot(old_id)], check=True)
+    rows = [["a.txt", 0o100644, blob_id(b"old store\n"), 10]]
+    Path(layout.snapshot_meta(old_id)).write_text(json.dumps({"version": 1, "id": old_id, "entries": rows}))
+    assert tree_state(job_copy(layout, old_id, tmp_path / "w")) == expected_state(repo, ["a.txt"])
+    subprocess.run(["chmod", "-R", "u+w", layout.snapshot(new.id)], check=True)
+    shutil.rmtree(layout.snapshot(new.id))
+    os.unlink(layout.snapshot_meta(new.id))
+    os.unlink(Path(layout.snapshot(new.id + ".manifest")))
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert report["removed"] == [] and report["objects_removed"] == 0  # its entries keep its objects
+    backdate(layout, old_id, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert [r["id"] for r in report["removed"]] == [old_id] and report["objects_removed"] == 1

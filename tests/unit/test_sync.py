@@ -13,7 +13,7 @@ from test_snapshot import git, new_repo, write
 from test_snapshot_store import local_python_first, tree_state
 
 from rv.errors import NotFound, UsageError
-from rv.snapshot import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id
+from rv.listing import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id
 from rv.sync import (
     PullLedger,
     PushPlan,
@@ -29,6 +29,7 @@ from rv.sync import (
     watch,
 )
 from rv.transport import LocalTransport
+from rv.treecache import TreeCache
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 
@@ -360,12 +361,12 @@ def test_watch_keeps_going_after_a_failed_push():
     assert seen == ["too big"] and state.pushes == 1
 
 
-def test_tree_id_sees_edits_and_uses_the_hash_cache(tmp_path):
+def test_tree_id_sees_edits_and_uses_the_cache(tmp_path):
     repo = new_repo(tmp_path / "repo", {"a": "1"})
     write(repo / "untracked.txt", "u")
-    cache: dict = {}
-    first = tree_id(repo, hash_cache=cache)
-    assert "untracked.txt" in cache and tree_id(repo, hash_cache=cache) == first
+    cache = TreeCache()
+    first = tree_id(repo, cache=cache)
+    assert "untracked.txt" in cache.state(repo)["hashed"] and tree_id(repo, cache=cache) == first
     time.sleep(0.01)
     write(repo / "untracked.txt", "v")
-    assert tree_id(repo, hash_cache=cache) != first
+    assert tree_id(repo, cache=cache) != first

@@ -1,0 +1,184 @@
+"""Talking to rv's agent: the stdlib-only program (rv.remote_store and the modules in AGENT_MODULES)
+that every cluster-side operation runs as, one ``python3 -c`` call per operation.
+
+A module of its own because every command that talks to the cluster needs it (`rv ps`, `rv logs`,
+`rv status`) and none of those should pay for importing the snapshot machinery.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import shlex
+import struct
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rv.errors import NotFound, RemoteCommandMissing, RemoteError, RvError, UsageError
+
+if TYPE_CHECKING:
+    pass
+
+
+# The cluster-side agent is one program made of these modules, in this order: each is compiled into a
+# module of its own name there, so they import each other as they do here (the second adds its modes
+# to the first's).
+AGENT_MODULES = ("rv.remote_store", "rv.job.remote", "rv.pyenv.remote")
+
+
+@functools.cache
+def _agent_sources() -> tuple[tuple[tuple[str, str], ...], str]:
+    """The agent's modules, compressed for the command line, and a key naming this version of them."""
+    import importlib
+
+    parts = []
+    digest = hashlib.sha256()
+    for name in AGENT_MODULES:
+        source = Path(importlib.import_module(name).__file__ or "").read_bytes()
+        digest.update(name.encode() + b"\0" + source)
+        # Level 6: every command pays this; 9 takes three times as long for 1% less.
+        parts.append((name, base64.b64encode(zlib.compress(source, 6)).decode("ascii")))
+    return tuple(parts), digest.hexdigest()[:20]
+
+
+def agent_key() -> str:
+    """Names the agent's code: a pre-started agent serves only requests of the same code."""
+    return _agent_sources()[1]
+
+
+@functools.cache
+def _agent_bootstrap(hot: bool = False) -> str:
+    """The ``python3 -c`` program that runs the agent: its modules travel compressed on every call.
+
+    Decompressing and compiling them costs the cluster ~60 ms a call, more than most modes' work,
+    so the compiled code is kept in ``${XDG_CACHE_HOME:-~/.cache}/rv/agent/`` on the cluster (0700),
+    named by a hash of the sources and the interpreter's cache tag: later calls read it with marshal
+    (~1 ms). A missing, damaged or foreign file is simply recompiled and rewritten; nothing else is
+    ever read from there.
+
+    ``hot``: the mode and arguments come on stdin (see agent_request) instead of the command line,
+    so the program can be started, its modules loaded, before anyone knows what it will be asked.
+    """
+    parts, key = _agent_sources()
+    if hot:
+        run = (
+            "import json,struct\nH=sys.stdin.buffer;b=H.read(4)\n"
+            "if len(b)<4:sys.exit(0)\n"  # closed before it was asked anything
+            "M,A=json.loads(H.read(struct.unpack('>I',b)[0]).decode())\n"
+            "sys.exit(sys.modules['rv.remote_store'].main(['-c',M,A]))"
+        )
+    else:
+        run = "sys.exit(sys.modules['rv.remote_store'].main(sys.argv))"
+    return (
+        "import base64,marshal,os,sys,types,zlib\n"
+        f"P={list(parts)!r}\n"
+        f"for p in {_agent_packages()!r}:\n m=types.ModuleType(p);m.__path__=[];sys.modules[p]=m\n"
+        "d=os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),'rv','agent')\n"
+        f"f=os.path.join(d,{key!r}+'-'+sys.implementation.cache_tag+'.bin')\n"
+        "try:\n"
+        " with open(f,'rb') as h:C=marshal.load(h)\n"
+        " assert len(C)==len(P)\n"
+        # A cache, so any failure to read it means: compile from the sources sent along.
+        "except Exception:\n"
+        " C=[compile(zlib.decompress(base64.b64decode(s)),n,'exec') for n,s in P]\n"
+        " try:\n"
+        "  os.makedirs(d,0o700,exist_ok=True);t='%s.%d'%(f,os.getpid())\n"
+        "  with open(t,'wb') as h:marshal.dump(C,h)\n"
+        "  os.chmod(t,0o600);os.replace(t,f)\n"
+        " except OSError:pass\n"
+        "for (n,_),c in zip(P,C):\n"
+        " m=types.ModuleType(n);sys.modules[n]=m;p,_,a=n.rpartition('.');setattr(sys.modules[p],a,m)\n"
+        " exec(c,m.__dict__)\n" + run
+    )
+
+
+def _agent_packages() -> tuple[str, ...]:
+    """The packages the agent's modules live in, made empty for them (parents first)."""
+    names = {name.rsplit(".", i)[0] for name in AGENT_MODULES for i in range(1, name.count(".") + 1)}
+    return tuple(sorted(names, key=lambda n: (n.count("."), n)))
+
+
+def agent_command(mode: str, args: dict[str, Any]) -> str:
+    """The shell line that runs :mod:`rv.remote_store` on the cluster (isolated mode, no site).
+
+    The system's /usr/bin/python3 is preferred over whatever ``python3`` is first on PATH: pyenv and
+    conda shims there cost 50-150 ms per call (on the loopback cluster, more than the work itself),
+    and a user's broken environment cannot break syncing. The agent needs the stdlib only.
+    """
+    program = " ".join(
+        ["-I", "-S", "-c", shlex.quote(_agent_bootstrap()), shlex.quote(mode), shlex.quote(json.dumps(args))]
+    )
+    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {program}'
+
+
+def hot_agent_command() -> str:
+    """The shell line of an agent started ahead of time: it waits for agent_request on stdin."""
+    program = shlex.quote(_agent_bootstrap(True))
+    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" -I -S -c {program}'
+
+
+def agent_request(mode: str, args: dict[str, Any]) -> bytes:
+    """What a pre-started agent reads first: the mode and arguments agent_command would pass."""
+    data = json.dumps([mode, json.dumps(args)]).encode()
+    return struct.pack(">I", len(data)) + data
+
+
+def frame(obj: Any) -> bytes:
+    data = zlib.compress(json.dumps(obj, ensure_ascii=True).encode("ascii"), 6)
+    return struct.pack(">I", len(data)) + data
+
+
+_AGENT_ERRORS: dict[str, type[RvError]] = {"usage": UsageError, "not-found": NotFound, "live": UsageError}
+
+
+def call_agent(
+    transport: Any, mode: str, args: dict[str, Any], *, stdin: Any = None, timeout: float | None = None
+) -> dict[str, Any]:
+    """Run one agent mode and return its reply; failures become rv errors with the remote's words.
+
+    A transport that keeps an agent started ahead of time (the warm connection) is asked through
+    ``run_agent``: the agent's start-up is then off the command's path.
+    """
+    run_agent = getattr(transport, "run_agent", None)
+    if run_agent is not None:
+        res = run_agent(mode, args, stdin=stdin, timeout=timeout)
+    else:
+        res = transport.run(agent_command(mode, args), stdin=stdin, timeout=timeout)
+    return agent_reply(mode, res.exit_code, res.stdout, res.err)
+
+
+def agent_reply(mode: str, exit_code: int, stdout: bytes, stderr: bytes | str) -> dict[str, Any]:
+    """The reply of one agent call, from its exit code and output; failures become rv errors."""
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode("utf-8", "replace")
+    if exit_code == 127:
+        raise RemoteCommandMissing(
+            "python3 is not on the cluster's PATH (rv needs it, stdlib only, to sync files)",
+            hint="add `module load python` (or similar) to the profile's setup, or ask the admins",
+        )
+    if exit_code != 0:
+        tail = " / ".join(stderr.strip().splitlines()[-3:])
+        raise RemoteError(f"remote {mode} failed (exit {exit_code}): {tail or 'no message'}")
+    try:
+        reply = json.loads(zlib.decompress(stdout))
+    except (zlib.error, ValueError) as exc:
+        raise RemoteError(
+            f"remote {mode} sent an unreadable reply: {stdout[:120]!r}",
+            hint="a login script that prints to stdout corrupts replies: make it quiet for non-interactive "
+            "shells",
+        ) from exc
+    if isinstance(reply, dict) and "error" in reply:
+        hint = None
+        if reply.get("errno") in ("ENOSPC", "EDQUOT"):
+            hint = "free space under the remote root: `rv sync gc` removes snapshots no job needs"
+        elif reply.get("errno") in ("EACCES", "EPERM", "EROFS"):
+            hint = "check the profile's remote_root is writable by you (`rv init` to change it)"
+        raise _AGENT_ERRORS.get(reply.get("code", ""), RemoteError)(
+            f"remote {mode}: {reply['error']}", hint=hint
+        )
+    if not isinstance(reply, dict):
+        raise RemoteError(f"remote {mode} sent a reply that is not an object: {str(reply)[:120]}")
+    return reply

@@ -1,0 +1,1106 @@
+"""Which files a snapshot holds and their blob ids: git's answer, listed fast.
+
+What is in a snapshot (from the git repo holding the given folder):
+
+* tracked files plus untracked files git does not ignore, with their working-tree content
+  (uncommitted edits included; a tracked file deleted but not staged is simply absent);
+* files of checked-out submodules and of untracked nested repositories, by their own git rules;
+* minus what ``.rvignore`` files exclude (gitignore syntax, nested folders too, across submodule
+  boundaries). git's own matcher decides, never a hand-written one: the candidate paths go into a
+  throw-away index and ``git ls-files -c -i --exclude-per-directory=.rvignore`` names the excluded;
+* symlinks as symlinks, executable bits kept (git's two file modes), ``.git`` never.
+
+Outside a git repo: every file under the folder minus ``.rvignore`` (git's matcher again, in a
+throw-away repository whose work tree is the folder), with a warning.
+
+Blob ids are git's (sha1 over ``blob <size>\\0`` + content) for every file, so clean tracked files
+cost nothing: their ids come from git's index, trusted only where git's own stat check says the file
+is unchanged and no checkout conversion (filters, ``eol=crlf``, autocrlf, ident, encodings) could make
+the working tree differ from the blob. Everything else is hashed here. With a cache
+(rv.treecache), the last listing is reused: see scan_tree.
+
+Why git decides what is ignored: a second implementation of gitignore semantics (negation, folder
+patterns, ``**``, nested files, case folding) would disagree with git somewhere, and the user's only
+reference is what git itself does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import re
+import stat
+import subprocess
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rv import remote_store as agent
+from rv.errors import NotFound, RvError, UsageError
+
+if TYPE_CHECKING:
+    from rv.treecache import TreeCache
+
+MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
+READ_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------------------------------
+# git, the one local seam
+
+
+class GitError(RvError):
+    """A git command failed unexpectedly (exit 1: not something the user typed wrong)."""
+
+    exit_code = 1
+
+
+_GIT_LOCATION_VARS = frozenset(
+    {
+        "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_PREFIX", "GIT_QUARANTINE_PATH",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Git:
+    """Runs git. Injected so tests (and odd installs) can point at another binary."""
+
+    executable: str = "git"
+
+    def run(
+        self,
+        args: Sequence[str],
+        cwd: str | Path,
+        *,
+        input: bytes | None = None,
+        env: dict[str, str] | None = None,
+        ok_codes: tuple[int, ...] = (0,),
+    ) -> subprocess.CompletedProcess[bytes]:
+        # Variables that would point git at another repository or index (set inside a git hook,
+        # say) must not leak in; the rest (GIT_CONFIG_*, GIT_CEILING_DIRECTORIES...) the user meant.
+        base = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARS}
+        # Never take optional locks (git status would rewrite the user's index while they work).
+        base["GIT_OPTIONAL_LOCKS"] = "0"
+        base.update(env or {})
+        try:
+            proc = subprocess.run(
+                [self.executable, *args], cwd=cwd, input=input, capture_output=True, env=base
+            )
+        except FileNotFoundError as exc:
+            raise UsageError(
+                f"git is not installed here ({self.executable})", hint="install git; rv uses it to list files"
+            ) from exc
+        if proc.returncode not in ok_codes:
+            tail = proc.stderr.decode("utf-8", "replace").strip()[-400:]
+            raise GitError(f"git {' '.join(args[:3])} failed in {cwd}: {tail}")
+        return proc
+
+    def out(self, args: Sequence[str], cwd: str | Path, **kw: Any) -> bytes:
+        return self.run(args, cwd, **kw).stdout
+
+
+class Soon:
+    """A call running on a thread of its own; ``result()`` waits for it and re-raises its error."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        self._out: list[Any] = []
+        self._thread = threading.Thread(target=self._run, args=(fn, args, kw), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+        try:
+            self._out.append((True, fn(*args, **kw)))
+        except BaseException as exc:  # handed to whoever asks for the result, never dropped
+            self._out.append((False, exc))
+
+    def result(self) -> Any:
+        self._thread.join()
+        ok, value = self._out[0]
+        if not ok:
+            raise value
+        return value
+
+
+def _map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
+    """``[fn(x) for x in items]`` on up to ``workers`` threads."""
+    results: list[Any] = [None] * len(items)
+    todo = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            results[i] = fn(items[i])
+
+    for task in [Soon(work) for _ in range(max(1, min(workers, len(items))))]:
+        task.result()
+    return results
+
+
+def _split_z(data: bytes) -> list[str]:
+    return [agent.dec(p) for p in data.split(b"\0") if p]
+
+
+# --------------------------------------------------------------------------------------------------
+# The manifest
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One file of a tree: ``mode`` is git's (100644, 100755 or 120000), ``oid`` its blob id."""
+
+    path: str
+    mode: int
+    oid: str
+    size: int
+    mtime_ns: int = 0  # local only (push's quick check); not part of the manifest
+
+    def row(self) -> list[Any]:
+        return [self.path, self.mode, self.oid, self.size]
+
+    @property
+    def is_link(self) -> bool:
+        return self.mode == MODE_LINK
+
+
+def blob_id(data: bytes) -> str:
+    h = agent.blob_hasher(len(data))
+    h.update(data)
+    return str(h.hexdigest())
+
+
+def snapshot_id(entries: Iterable[Entry]) -> str:
+    """Derived from the manifest alone, so identical trees are one snapshot."""
+    return str(agent.manifest_id([e.row() for e in entries]))
+
+
+def sort_entries(entries: Iterable[Entry]) -> list[Entry]:
+    return sorted(entries, key=lambda e: agent.enc(e.path))
+
+
+def hash_path(full: str | Path) -> tuple[int, str, int, int] | None:
+    """(mode, oid, size, mtime_ns) of a file or symlink as git would store it; None if absent/special."""
+    try:
+        st = os.lstat(full)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        target = os.fsencode(os.readlink(full))
+        return MODE_LINK, blob_id(target), len(target), st.st_mtime_ns
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    mode = MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE
+    h = agent.blob_hasher(st.st_size)
+    left = st.st_size
+    with open(full, "rb") as fh:
+        while left > 0:
+            data = fh.read(min(READ_CHUNK, left))
+            if not data:
+                # Shrank since the stat: hash what is there now, with its own size.
+                return hash_path(full)
+            h.update(data)
+            left -= len(data)
+    return mode, h.hexdigest(), st.st_size, st.st_mtime_ns
+
+
+# --------------------------------------------------------------------------------------------------
+# Listing
+
+
+_URL_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<userinfo>[^@/?#]*)@")
+
+
+def redact_url(url: str | None) -> str | None:
+    """A remote URL without the credentials it may carry, fit to record and print.
+
+    ``https://user:token@host/x`` -> ``https://host/x`` (over http(s) the user part alone can be a
+    token, e.g. ``https://ghp_...@github.com``); ``ssh://user:password@host/x`` ->
+    ``ssh://user@host/x`` (an ssh user name is not a secret, the password is). ``git@host:x`` has
+    no password and stays as it is.
+    """
+    if not url:
+        return url
+    m = _URL_USERINFO.match(url)
+    if not m:
+        return url
+    scheme, userinfo = m.group("scheme"), m.group("userinfo")
+    rest = url[m.end() :]
+    if scheme.lower() in ("http", "https", "ftp", "ftps"):
+        return f"{scheme}://{rest}"
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}@{rest}" if user else f"{scheme}://{rest}"
+
+
+@dataclass(frozen=True)
+class RepoInfo:
+    top: Path
+    git_dir: Path
+    commit: str | None
+    branch: str | None
+    remote_url: str | None
+    dirty: bool
+    untracked: tuple[str, ...]
+    # Paths of the top repository whose content may differ from HEAD's (staged, or changed in the
+    # work tree, and every submodule): what the provenance diff is limited to. None: not known.
+    changed: tuple[str, ...] | None = None
+    submodules: tuple[str, ...] = ()  # the top repository's submodules (their diff is never kept)
+
+
+class ManifestPaths(Collection[str]):
+    """The paths of a manifest: membership by binary search, iteration by one parse of the text."""
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, str) and agent.row_at(self.text, path) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (row[0] for row in agent.manifest_rows(self.text))
+
+    def __len__(self) -> int:
+        return self.text.count(b"\n")
+
+    def under(self, prefix: str) -> Iterator[str]:
+        """The paths that start with ``prefix``, in manifest order."""
+        key = agent.enc(prefix)
+        start = agent.find_line(self.text, key)[0]
+        while start < len(self.text):
+            end = self.text.index(b"\n", start) + 1
+            path = agent.parse_line(self.text[start:end])[0]
+            if not agent.enc(path).startswith(key):
+                return
+            yield path
+            start = end
+
+
+@dataclass(frozen=True)
+class LocalTree:
+    """The files a snapshot or push would carry, relative to ``root``, as a manifest text.
+
+    ``entries`` parses the whole manifest (on first use): the hot paths (a resubmit with nothing or
+    little changed) never need it.
+    """
+
+    root: Path
+    manifest: bytes  # rv.remote_store's manifest text: one line per file, sorted by path
+    files: int
+    total_size: int
+    large: tuple[tuple[str, int], ...] = ()  # every file of LARGE_FLOOR bytes or more: (path, size)
+    ignored: tuple[tuple[str, int], ...] = ()  # left out by .rvignore: (path, size; -1 for a folder)
+    warnings: tuple[str, ...] = ()
+    repo: RepoInfo | None = None
+    mtimes: dict[str, int] | None = field(default=None, compare=False, repr=False)
+    # (id of the manifest this machine listed before, {path: row or None} since then): lets an
+    # upload send a delta against it without comparing the two manifests.
+    previous: tuple[str, dict[str, list[Any] | None]] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, root: Path, entries: Iterable[Entry], **kw: Any) -> LocalTree:
+        entries = list(entries)
+        text = agent.manifest_text([e.row() for e in entries])
+        mtimes = {e.path: e.mtime_ns for e in entries} if any(e.mtime_ns for e in entries) else None
+        large = tuple((e.path, e.size) for e in entries if e.size >= LARGE_FLOOR)
+        return cls(root, text, len(entries), sum(e.size for e in entries), large, mtimes=mtimes, **kw)
+
+    @functools.cached_property
+    def id(self) -> str:
+        return str(agent.text_id(self.manifest))
+
+    @functools.cached_property
+    def entries(self) -> tuple[Entry, ...]:
+        mtimes = self.mtimes or {}
+        return tuple(Entry(p, m, o, s, mtimes.get(p, 0)) for p, m, o, s in agent.manifest_rows(self.manifest))
+
+    @property
+    def paths(self) -> ManifestPaths:
+        return ManifestPaths(self.manifest)
+
+    def subtree(self, rel: str) -> LocalTree:
+        """The part under ``rel`` (a folder inside root), with paths relative to it."""
+        if rel in ("", "."):
+            return self
+        prefix = rel.rstrip("/") + "/"
+        return LocalTree.of(
+            self.root / rel,
+            [replace(e, path=e.path[len(prefix) :]) for e in self.entries if e.path.startswith(prefix)],
+            ignored=tuple((p[len(prefix) :], s) for p, s in self.ignored if p.startswith(prefix)),
+            warnings=self.warnings,
+            repo=self.repo,
+        )
+
+
+def find_repo(path: Path, git: Git) -> tuple[Path, str] | None:
+    """(the work tree's top, its git folder), or None outside any repository.
+
+    When git refuses a repository that is there (``safe.directory`` ownership checks, a damaged
+    ``.git``), that is an error, not "no repo": treating it as a plain folder would send every
+    gitignored file.
+    """
+    proc = git.run(["rev-parse", "--show-toplevel", "--absolute-git-dir"], path, ok_codes=(0, 128))
+    if proc.returncode == 0:
+        top, git_dir = os.fsdecode(proc.stdout).rstrip("\n").split("\n")[:2]
+        return Path(top), git_dir
+    resolved = path.resolve()
+    for folder in (resolved, *resolved.parents):
+        if (folder / ".git").exists():
+            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise UsageError(
+                f"git cannot read the repository at {folder}: {tail[-1] if tail else 'no message'}",
+                hint="run `git status` there to see why (safe.directory, a damaged .git ...)",
+            )
+    return None
+
+
+def find_repo_top(path: Path, git: Git) -> Path | None:
+    found = find_repo(path, git)
+    return found[0] if found else None
+
+
+def _untrusted_by_attributes(top: Path, paths: list[str], git: Git, config: dict[str, str]) -> set[str]:
+    """Paths whose checkout may not equal the blob (filters such as LFS, CRLF conversion, ident...)."""
+    if not paths:
+        return set()
+    autocrlf = config.get("core.autocrlf", "false").lower() in ("true", "1", "yes", "on")
+    crlf_eol = config.get("core.eol", "").lower() == "crlf"
+    out = git.out(
+        ["check-attr", "-z", "--stdin", "filter", "ident", "working-tree-encoding", "text", "eol", "crlf"],
+        top,
+        input=b"\0".join(agent.enc(p) for p in paths) + b"\0",
+    )
+    fields = out.split(b"\0")
+    bad: set[str] = set()
+    for i in range(0, len(fields) - 2, 3):
+        path, attr, value = agent.dec(fields[i]), fields[i + 1], fields[i + 2]
+        if value in (b"unspecified", b"unset"):
+            if attr == b"text" and (autocrlf or crlf_eol) and value == b"unspecified":
+                bad.add(path)  # autocrlf converts any file git guesses is text
+            continue
+        converts = attr in (b"text", b"crlf") and (autocrlf or crlf_eol)
+        if (
+            converts
+            or attr in (b"filter", b"ident", b"working-tree-encoding")
+            or (attr, value) == (b"eol", b"crlf")
+        ):
+            bad.add(path)
+    return bad
+
+
+def _git_config(top: Path, git: Git) -> dict[str, str]:
+    proc = git.run(
+        [
+            "config", "-z", "--get-regexp",
+            r"^(core\.(autocrlf|eol|attributesfile|filemode)|remote\.origin\.url)$",
+        ],
+        top,
+        ok_codes=(0, 1),
+    )  # fmt: skip
+    values = {}
+    for item in proc.stdout.split(b"\0"):
+        if item:
+            key, _, value = item.partition(b"\n")
+            values[key.decode()] = value.decode("utf-8", "replace")
+    return values
+
+
+_LS_STAGE = re.compile(rb"([^ \0]+) ([0-7]{6}) ([0-9a-f]+) ([0-3])\t([^\0]*)\0")
+
+
+def _attribute_files(git_dir: str, config: dict[str, str]) -> list[str]:
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return [
+        os.path.join(git_dir, "info", "attributes"),
+        os.path.expanduser(config.get("core.attributesfile", "")) or os.path.join(xdg, "git", "attributes"),
+        "/etc/gitattributes",
+        "/usr/local/etc/gitattributes",
+    ]
+
+
+def _converts(config: dict[str, str]) -> bool:
+    return config.get("core.autocrlf", "false").lower() in ("true", "1", "yes", "on", "input") or (
+        config.get("core.eol", "").lower() == "crlf"
+    )
+
+
+def _attribute_sources(top: Path, git_dir: str, names: Iterable[str], config: dict[str, str]) -> bool:
+    """Could any gitattributes apply here? Without any, check-attr (costly on big repos) is skipped."""
+    if _converts(config):
+        return True
+    if any(n == ".gitattributes" or n.endswith("/.gitattributes") for n in names):
+        return True
+    return any(os.path.isfile(f) for f in _attribute_files(git_dir, config))
+
+
+def _is_attributes(path: str) -> bool:
+    return path == ".gitattributes" or path.endswith("/.gitattributes")
+
+
+def _list_plain(folder: Path, git: Git) -> tuple[list[str], list[str], list[str]]:
+    """Every file under a folder that is not a repo, minus .rvignore: (files, nested repos, left out)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rv-ls-") as tmp:
+        env = _scratch_repo(Path(tmp), folder, git)
+        listed = _split_z(
+            git.out(["ls-files", "-z", "-o", "--exclude-per-directory=.rvignore"], folder, env=env)
+        )
+        left_out = _split_z(
+            git.out(
+                ["ls-files", "-z", "-o", "-i", "--directory", "--exclude-per-directory=.rvignore"],
+                folder,
+                env=env,
+            )
+        )
+    files = [p for p in listed if not p.endswith("/")]
+    nested = [p.rstrip("/") for p in listed if p.endswith("/")]
+    return files, nested, left_out
+
+
+def _scratch_repo(tmp: Path, work_tree: Path, git: Git) -> dict[str, str]:
+    """A throw-away repository over ``work_tree``: git's ignore matcher without touching the user's repo."""
+    git.out(["init", "-q", "--bare", str(tmp / "g")], tmp)
+    return {
+        "GIT_DIR": str(tmp / "g"),
+        "GIT_WORK_TREE": str(work_tree),
+        "GIT_INDEX_FILE": str(tmp / "index"),
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }
+
+
+def ignored_paths(
+    root: Path,
+    paths: Iterable[str],
+    git: Git,
+    *,
+    gitignore: bool = False,
+    exclude_from: Iterable[Path] = (),
+) -> set[str]:
+    """Which of ``paths`` (relative to root; they need not exist) ignore rules exclude.
+
+    ``.rvignore`` files by default; with ``gitignore``, git's standard rules instead (``.gitignore``
+    files, the global excludes file, plus ``exclude_from`` such as the repo's ``info/exclude``).
+    git decides: the paths go into a throw-away index as placeholders and ``ls-files -c -i`` applies
+    nested ignore files, negations and folder patterns exactly as git does.
+    """
+    remaining = set(paths)
+    if not remaining:
+        return set()
+    empty = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+    rules = ["--exclude-standard"] if gitignore else ["--exclude-per-directory=.rvignore"]
+    rules += [f"--exclude-from={f}" for f in exclude_from if f.is_file()]
+    import tempfile
+
+    out: set[str] = set()
+    while remaining:
+        # An index cannot hold "a" and "a/b" at once (a file that became a folder lists both): the
+        # paths below another one are asked about in a later round.
+        batch = [p for p in remaining if not _below_one_of(p, remaining)]
+        remaining.difference_update(batch)
+        info = b"".join(b"100644 " + empty.encode() + b"\t" + agent.enc(p) + b"\0" for p in batch)
+        with tempfile.TemporaryDirectory(prefix="rv-ignore-") as tmp:
+            env = _scratch_repo(Path(tmp), root, git)
+            git.out(["update-index", "-z", "--index-info"], root, input=info, env=env)
+            out.update(_split_z(git.out(["ls-files", "-z", "-c", "-i", *rules], root, env=env)))
+    return out
+
+
+def _below_one_of(path: str, paths: set[str]) -> bool:
+    i = path.rfind("/")
+    while i > 0:
+        if path[:i] in paths:
+            return True
+        i = path.rfind("/", 0, i)
+    return False
+
+
+def index_signature(git_dir: str) -> tuple[Any, ...] | None:
+    """What identifies the content of a repository's index: its size, mtime, inode and checksum.
+
+    git writes the index to a new file and renames it, and ends it with a SHA-1 of its content, so
+    an unchanged signature means an unchanged file list. None when there is nothing to trust (the
+    index could not be read, or ``index.skipHash`` left the checksum out).
+    """
+    try:
+        with open(os.path.join(git_dir, "index"), "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_size < 32:
+                return None
+            fh.seek(-20, os.SEEK_END)
+            trailer = fh.read(20)
+    except FileNotFoundError:
+        return ("no index",)
+    except OSError:
+        return None
+    if trailer == bytes(20):
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino, trailer)
+
+
+def _file_sig(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+@dataclass
+class _Repo:
+    """What git says about one repository of the tree (the top one, a submodule, a nested repo)."""
+
+    prefix: str  # its folder from the top, with a trailing slash ("" for the top)
+    git_dir: str
+    sig: tuple[Any, ...] | None
+    config: dict[str, str]
+    modified: set[str]  # tracked files git's stat check does not vouch for (paths from the top)
+    others: list[str]  # untracked files, not ignored
+    nested: list[str]  # untracked folders that are repositories of their own
+    index: dict[str, tuple[bytes, int, str, int]] | None  # path -> (tag, mode, oid, stage); fast: None
+
+
+def _ask_repo(top: Path, prefix: str, git: Git, git_dir: str | None, with_index: bool) -> _Repo:
+    where = top / prefix if prefix else top
+    if git_dir is None:
+        git_dir = os.fsdecode(git.out(["rev-parse", "--absolute-git-dir"], where).strip())
+    sig = index_signature(git_dir)  # before the index is read: a later change then shows next time
+    # Independent questions, asked at once: git processes are the bulk of a listing.
+    index_f = Soon(git.out, ["ls-files", "-z", "-s", "-v"], where) if with_index else None
+    modified_f = Soon(git.out, ["diff-files", "-z", "--name-only", "--ignore-submodules=all"], where)
+    others_f = Soon(git.out, ["ls-files", "-z", "-o", "--exclude-standard"], where)
+    config = _git_config(where, git)
+    listing = index_f.result() if index_f is not None else b""
+    modified_b, others_b = modified_f.result(), others_f.result()
+    if index_signature(git_dir) != sig:
+        sig = None  # the index changed while git read it (a `git add` just now): trust no listing of it
+    index = None
+    if with_index:
+        index = {}
+        for tag, mode_s, oid, stage, raw in _LS_STAGE.findall(listing):
+            # a conflict keeps its last stage
+            index[prefix + agent.dec(raw)] = (tag, int(mode_s, 8), oid.decode(), int(stage))
+    others, nested = [], []
+    for path in _split_z(others_b):
+        if path.endswith("/"):
+            nested.append(prefix + path.rstrip("/"))
+        else:
+            others.append(prefix + path)
+    modified = {prefix + p for p in _split_z(modified_b)}
+    return _Repo(prefix, git_dir, sig, config, modified, others, nested, index)
+
+
+LARGE_FLOOR = 1_000_000  # files this big are remembered, so the size check needs no parse
+
+
+def _ancestors(paths: Iterable[str]) -> set[str]:
+    """Every folder holding one of ``paths`` at any depth ("" for the top)."""
+    parents = {p.rpartition("/")[0] for p in paths}
+    out = {""}
+    for d in parents:
+        while d and d not in out:
+            out.add(d)
+            d = d.rpartition("/")[0]
+    return out
+
+
+def _rvignore_sig(root: Path, dirs: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """The .rvignore files in these folders, with a hash of each one's content."""
+    out = []
+    for d in dirs:
+        f = os.path.join(root, d, ".rvignore")
+        try:
+            with open(f, "rb") as fh:
+                out.append((d, hashlib.sha1(fh.read()).hexdigest()))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            continue
+    return tuple(sorted(out))
+
+
+class _Hasher:
+    """Hashes files, reusing ids from the last listing while the files' stat data is unchanged.
+
+    ``before`` is the last listing's ``hashed``: path -> [index ids, stat key, stamp, result].
+    ``hashed`` collects what the next listing may reuse: path -> (stat key, stamp, result), where
+    the stamp is when hashing began (see rv.treecache.RACY_NS for when an id can be reused).
+    """
+
+    def __init__(self, root: Path, before: dict[str, Any]) -> None:
+        self.root = root
+        self.before = before
+        self.hashed: dict[str, tuple[Any, int, Any]] = {}
+
+    def one(self, path: str) -> tuple[int, str, int] | None:
+        from rv import treecache
+
+        full = os.path.join(self.root, path)
+        stamp = treecache.now_ns()
+        try:
+            st = os.lstat(full)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        key = treecache.stat_key(st)
+        hit = self.before.get(path)  # [index ids, stat key, stamp, result]
+        if hit is not None and treecache.trusted(hit[1], hit[2], key):
+            result: tuple[int, str, int] | None = hit[3]
+        else:
+            got = hash_path(full)
+            result = None if got is None else got[:3]
+        self.hashed[path] = (key, stamp, result)
+        return result
+
+    def many(self, paths: list[str]) -> dict[str, tuple[int, str, int] | None]:
+        if len(paths) < 16:
+            return {p: self.one(p) for p in paths}
+        # hashlib releases the GIL on large buffers, so threads do help on a first snapshot.
+        return dict(zip(paths, _map(self.one, paths, min(8, os.cpu_count() or 2)), strict=True))
+
+
+def _same_result(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
+    """Two hashing results (mode, blob id, size), as kept (tuples, or lists once stored), alike?"""
+    return (a is None and b is None) or (a is not None and b is not None and list(a) == list(b))
+
+
+def _skipped(path: str) -> bool:
+    return ".git" in path.split("/")
+
+
+def scan_tree(
+    path: str | Path = ".",
+    *,
+    git: Git | None = None,
+    cache: TreeCache | None = None,
+    with_mtimes: bool = False,
+) -> LocalTree:
+    """List and hash what a snapshot of ``path``'s repository (or plain folder) would hold.
+
+    With a ``cache`` (rv.treecache.TreeCache: a folder, or memory as `rv sync watch` keeps), the last
+    listing of the repo is reused: while git's index is the one it was made from, only the files git
+    reports as modified, untracked files, and those it listed last time are looked at again, and
+    files are hashed only when their stat data changed. ``with_mtimes`` adds each file's mtime (push
+    compares them with the remote copy's).
+    """
+    git = git or Git()
+    folder = Path(path).resolve()
+    if not folder.is_dir():
+        raise NotFound(f"no such folder: {path}")
+    found = find_repo(folder, git)
+    tree = _scan_plain(folder, git) if found is None else _Scan(found[0], found[1], git, cache).run()
+    if with_mtimes:
+        tree = _with_mtimes(tree)
+    return tree
+
+
+def _with_mtimes(tree: LocalTree) -> LocalTree:
+    mtimes = {}
+    for e in tree.entries:
+        with contextlib.suppress(OSError):
+            mtimes[e.path] = os.lstat(os.path.join(tree.root, e.path)).st_mtime_ns
+    return replace(tree, mtimes=mtimes)
+
+
+def _scan_plain(folder: Path, git: Git) -> LocalTree:
+    """A folder outside any repository: everything minus .rvignore, nested repos by their own rules."""
+    warnings = [
+        f"{folder} is not in a git repository: taking every file under it except what .rvignore "
+        "excludes (inside a repo, .gitignore is honoured too)"
+    ]
+    files, nested, left_out = _list_plain(folder, git)
+    rows: dict[str, tuple[int, str, int]] = {}
+    hasher = _Hasher(folder, {})
+    for p, got in hasher.many([p for p in files if not _skipped(p)]).items():
+        if got is not None:
+            rows[p] = got
+        elif os.path.lexists(os.path.join(folder, p)) and not os.path.isdir(os.path.join(folder, p)):
+            warnings.append(f"left out {p}: not a regular file or symlink")
+    for sub in nested:
+        git_dir = os.fsdecode(git.out(["rev-parse", "--absolute-git-dir"], folder / sub).strip())
+        inner = _Scan(folder / sub, git_dir, git, None).run()
+        warnings.extend(inner.warnings)
+        for e in inner.entries:
+            rows[f"{sub}/{e.path}"] = (e.mode, e.oid, e.size)
+    ignored = tuple((p, -1 if p.endswith("/") else _size_of(folder / p)) for p in left_out)
+    entries = [Entry(p, m, o, s) for p, (m, o, s) in rows.items()]
+    return LocalTree.of(folder, entries, ignored=ignored, warnings=tuple(warnings))
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
+
+
+def _large(rows: Iterable[list[Any]]) -> tuple[tuple[str, int], ...]:
+    return tuple((r[0], r[3]) for r in rows if r[3] >= LARGE_FLOOR)
+
+
+def _left_out(root: Path, path: str) -> str | None:
+    """The warning for a path that exists but is neither a regular file nor a symlink."""
+    full = os.path.join(root, path)
+    if os.path.lexists(full) and not os.path.isdir(full):
+        return f"left out {path}: not a regular file or symlink"
+    return None
+
+
+def _in_top(paths: Iterable[str], nested: Iterable[str]) -> list[str]:
+    """The paths that belong to the top repository, not to one of the ``nested`` ones."""
+    prefixes = tuple(n + "/" for n in nested)
+    return [p for p in paths if not (prefixes and p.startswith(prefixes))]
+
+
+def _top_links(top: _Repo) -> list[str]:
+    assert top.index is not None
+    return [p for p, v in top.index.items() if v[1] == MODE_GITLINK]
+
+
+class _HeadQuestions:
+    """HEAD's commit and branch, and whether what is staged differs from it, asked while listing."""
+
+    def __init__(self, top: Path, git: Git, *, eager: bool) -> None:
+        self.top, self.git = top, git
+        ok = (0, 1, 128)
+        self.head = Soon(git.run, ["rev-parse", "-q", "--verify", "HEAD^{commit}"], top, ok_codes=ok)
+        self.ref = Soon(git.run, ["symbolic-ref", "-q", "--short", "HEAD"], top, ok_codes=ok)
+        # After a change of the index the staged question is asked at once; otherwise the answer
+        # kept with the index signature and commit usually stands, and asking would only cost CPU.
+        self.staged = Soon(self._staged) if eager else None
+
+    def _staged(self) -> list[str]:
+        proc = self.git.run(
+            ["diff-index", "--cached", "--name-only", "-z", "HEAD", "--"], self.top, ok_codes=(0, 128)
+        )
+        return _split_z(proc.stdout) if proc.returncode == 0 else []
+
+    def finish(
+        self, top: _Repo, before: Any, changed: list[str], untracked: tuple[str, ...], submodules: list[str]
+    ) -> tuple[RepoInfo, Any]:
+        """The RepoInfo; ``changed``: the top repo's tracked paths whose work tree differs from the index."""
+        h, r = self.head.result(), self.ref.result()
+        commit = h.stdout.decode().strip() if h.returncode == 0 else None
+        branch = r.stdout.decode("utf-8", "replace").strip() if r.returncode == 0 else None
+        key = [commit, top.sig]
+        staged: list[str] | None  # paths staged with content other than HEAD's; None: unknown
+        if top.sig is not None and before is not None and before[0] == key:
+            staged = before[1]
+        elif commit is None:
+            # Without a commit everything staged is new.
+            staged = (
+                None if top.sig != ("no index",) and self.git.out(["ls-files", "-z"], self.top)[:1] else []
+            )
+        else:
+            staged = self.staged.result() if self.staged is not None else self._staged()
+        url = redact_url(top.config.get("remote.origin.url"))
+        dirty = bool(changed) or staged is None or bool(staged) or bool(untracked)
+        paths = None if staged is None else tuple(sorted({*changed, *staged, *submodules}))
+        info = RepoInfo(
+            self.top, Path(top.git_dir), commit, branch, url, dirty, untracked, paths, tuple(submodules)
+        )
+        return info, [key, staged]
+
+
+class _Scan:
+    """One listing of a repository and everything inside it (submodules, nested repositories).
+
+    The cache state it keeps (rv.treecache) per repository: ``repos`` (each one's folder, git folder,
+    index signature and config), ``structure`` (submodules and nested repos, checked out or not),
+    ``attrs`` and ``rvignore`` (what decides conversions and .rvignore exclusions), ``dirs`` (every
+    folder holding a listed file), ``fixed`` (tracked files always hashed: links, conflicts,
+    assume-unchanged, converted by attributes; with their index ids), ``hashed`` (every file hashed:
+    index ids, stat key, stamp, result), ``untracked``, ``excluded`` (by .rvignore, with index ids),
+    ``staged``, ``warnings`` (about submodules), and the manifest's ``sid``, ``files``, ``bytes``
+    and ``large``.
+    """
+
+    def __init__(self, top: Path, git_dir: str, git: Git, cache: TreeCache | None) -> None:
+        self.top = top
+        self.git_dir = git_dir
+        self.git = git
+        self.cache = cache
+        self.state = cache.state(top) if cache is not None else None
+
+    def run(self) -> LocalTree:
+        tree = None
+        if self.state is not None:
+            tree = self._fast(_HeadQuestions(self.top, self.git, eager=False))
+        if tree is None:
+            tree = self._full(_HeadQuestions(self.top, self.git, eager=True))
+        return tree
+
+    # -- every repository, from scratch -------------------------------------------------------------
+    def _repos(self) -> tuple[list[_Repo], list[tuple[str, bool]], list[str]]:
+        repos, structure, warnings = [], [], []
+        pending: list[tuple[str, str | None]] = [("", self.git_dir)]
+        while pending:
+            prefix, git_dir = pending.pop(0)
+            repo = _ask_repo(self.top, prefix, self.git, git_dir, with_index=True)
+            repos.append(repo)
+            assert repo.index is not None
+            gitlinks = [p for p, (_t, mode, _o, _s) in repo.index.items() if mode == MODE_GITLINK]
+            for sub in gitlinks + repo.nested:
+                present = (self.top / sub / ".git").exists()
+                structure.append((sub, present))
+                if present:
+                    pending.append((sub + "/", None))
+                else:
+                    warnings.append(
+                        f"submodule {sub} is not checked out, so none of its files are included "
+                        "(run `git submodule update --init`)"
+                    )
+        return repos, structure, warnings
+
+    def _attrs(self, repos: list[_Repo], applies: list[str]) -> Any:
+        """What, besides the index and config, decides which files attributes keep from trust."""
+        files = [[_file_sig(f) for f in _attribute_files(r.git_dir, r.config)] for r in repos]
+        return [applies, files]
+
+    def _full(self, head: _HeadQuestions) -> LocalTree:
+        repos, structure, struct_warnings = self._repos()
+        index_ids: dict[str, Any] = {}  # tracked path -> [mode, oid], or [] when conflicted
+        trusted: set[str] = set()  # clean by git's stat check: the index's id stands
+        fixed: set[str] = set()
+        to_hash: set[str] = set()
+        untracked: list[str] = []
+        applies: list[str] = []
+        for repo in repos:
+            assert repo.index is not None
+            entries = {p: v for p, v in repo.index.items() if v[1] != MODE_GITLINK}
+            # "H" is a plain cached entry; lowercase (assume-unchanged), "S" (skip-worktree) and
+            # conflicts mean git's stat check does not vouch for the working tree: hashed here, as
+            # are symlinks and files attributes may convert on checkout.
+            plain = {p for p, (tag, mode, _o, stage) in entries.items()
+                     if stage == 0 and tag == b"H" and mode != MODE_LINK}  # fmt: skip
+            where = self.top / repo.prefix if repo.prefix else self.top
+            if _attribute_sources(where, repo.git_dir, [*entries, *repo.others], repo.config):
+                n = len(repo.prefix)
+                rel = _untrusted_by_attributes(where, [p[n:] for p in plain], self.git, repo.config)
+                plain -= {repo.prefix + p for p in rel}
+                applies.append(repo.prefix)
+            for p, (_tag, mode, oid, stage) in entries.items():
+                index_ids[p] = [mode, oid] if stage == 0 else []
+                if p not in plain:
+                    fixed.add(p)
+                    to_hash.add(p)
+                elif p in repo.modified:
+                    to_hash.add(p)
+                else:
+                    trusted.add(p)
+            to_hash.update(repo.others)
+            untracked.extend(repo.others)
+        candidates = [p for p in (*trusted, *to_hash) if not _skipped(p)]
+        dirs = _ancestors(candidates)
+        rvignore = _rvignore_sig(self.top, dirs)
+        excluded = ignored_paths(self.top, candidates, self.git) if rvignore else set()
+        hasher = _Hasher(self.top, (self.state or {}).get("hashed", {}))
+        results = hasher.many([p for p in candidates if p not in trusted and p not in excluded])
+        rows, warnings = [], list(struct_warnings)
+        for p in candidates:
+            if p in excluded:
+                continue
+            if p in trusted:
+                try:
+                    st = os.lstat(os.path.join(self.top, p))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    rows.append(
+                        [
+                            p,
+                            MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE,
+                            index_ids[p][1],
+                            st.st_size,
+                        ]
+                    )
+                    continue
+                results[p] = hasher.one(p)  # changed type without git noticing yet: hash it
+            got = results[p]
+            if got is None:
+                why = _left_out(self.top, p)
+                if why:
+                    warnings.append(why)
+                continue
+            rows.append([p, *got])
+        present = {r[0]: [r[1], r[2]] for r in rows}
+        # Dirty: the snapshot differs from what is staged (an included file whose content or mode is
+        # not the index's: a touched but unchanged file is clean; an included untracked file; a
+        # tracked file deleted and not .rvignored), or what is staged differs from HEAD.
+        changed = [p for p in to_hash if index_ids.get(p) and present.get(p) != index_ids[p]
+                   and p not in excluded and not _skipped(p)]  # fmt: skip
+        included = tuple(sorted(p for p in untracked if p in present))
+        submodules = [s for s, _ in structure]
+        links = _top_links(repos[0])
+        info, staged = head.finish(repos[0], None, _in_top(changed, submodules), included, links)
+        state = {
+            "repos": [[r.prefix, r.git_dir, r.sig, sorted(r.config.items())] for r in repos],
+            "structure": structure,
+            "attrs": self._attrs(repos, applies),
+            "rvignore": rvignore,
+            "dirs": dirs,
+            "fixed": {p: index_ids[p] for p in fixed},
+            "hashed": {p: [index_ids.get(p), *v] for p, v in hasher.hashed.items()},
+            "untracked": set(untracked),
+            "excluded": {p: index_ids.get(p) for p in excluded},
+            "warnings": struct_warnings,
+            "staged": staged,
+            "links": links,
+        }
+        text = agent.manifest_text(rows)
+        return self._finish(text, None, _large(rows), len(rows), sum(r[3] for r in rows), excluded,
+                            warnings, info, state, None)  # fmt: skip
+
+    # -- the last listing, updated by what git reports now -----------------------------------------
+    def _fast(self, head: _HeadQuestions) -> LocalTree | None:
+        """None when the last listing cannot be reused (index, config, ignore rules... changed)."""
+        state = self.state
+        assert state is not None and self.cache is not None
+        if not state["repos"] or state["repos"][0][:2] != ["", self.git_dir]:
+            return None
+        old_text = self.cache.text(state["sid"])
+        if old_text is None:
+            return None
+        repos = _map(lambda r: _ask_repo(self.top, r[0], self.git, r[1], False), state["repos"], 4)
+        for repo, (_prefix, _gd, sig, config) in zip(repos, state["repos"], strict=True):
+            if sig is None or repo.sig != sig or sorted(repo.config.items()) != config:
+                return None
+            if repo.config.get("core.filemode", "true").lower() in ("false", "0", "no", "off"):
+                return None  # git ignores the executable bit here: every file's is read instead
+        # The same submodules and nested repositories, each checked out or not as before.
+        structure = [list(s) for s in state["structure"]]
+        nested_now = {s for r in repos for s in r.nested}
+        gitlinks = {s for s, _ in structure} - nested_now
+        if [s for s, _ in structure if s not in gitlinks] != [
+            s for s in (n for r in repos for n in r.nested)
+        ]:
+            return None
+        if any((self.top / s / ".git").exists() != present for s, present in structure):
+            return None
+        modified = set().union(*(r.modified for r in repos))
+        untracked = {p for r in repos for p in r.others}
+        applies = state["attrs"][0]
+        if self._attrs(repos, applies) != state["attrs"]:
+            return None
+        if any(_is_attributes(p) for p in untracked) or (
+            applies and any(_is_attributes(p) for p in modified)
+        ):
+            return None  # an uncommitted .gitattributes: which files convert may have changed
+        new_untracked = [p for p in untracked if p not in state["untracked"] and not _skipped(p)]
+        dirs = set(state["dirs"]) | _ancestors(new_untracked)
+        rvignore = _rvignore_sig(self.top, dirs)
+        if rvignore != state["rvignore"]:
+            return None
+        excluded = {p: ids for p, ids in state["excluded"].items() if ids is not None or p in untracked}
+        if rvignore and new_untracked:
+            for p in ignored_paths(self.top, new_untracked, self.git):
+                excluded[p] = None
+        # Had this listing run from scratch, only these paths could differ from the last one.
+        fixed, before = state["fixed"], state["hashed"]
+        look = {p for p in (*before, *modified, *untracked, *fixed) if p not in excluded and not _skipped(p)}
+        index_of: dict[str, Any] = {}
+        for p in look:
+            if p in fixed:
+                index_of[p] = fixed[p]
+            elif p in before:
+                index_of[p] = before[p][0]
+            elif p in untracked:
+                index_of[p] = None
+            else:
+                # Modified just now: last time git vouched for it, so its row held the index's id.
+                row = agent.row_at(old_text, p)
+                if row is None:
+                    return None
+                index_of[p] = [row[1], row[2]]
+        hasher = _Hasher(self.top, before)
+        listed = {p for p in look if p in modified or p in untracked or p in fixed}
+        results: dict[str, Any] = hasher.many(list(listed))
+        for p in look:
+            if p in results:
+                continue
+            ids = index_of[p]
+            if not ids:
+                results[p] = None  # untracked before, not listed now: gone, or ignored now
+                continue
+            listed.add(p)
+            # Modified before and clean now: git vouches for it again.
+            try:
+                st = os.lstat(os.path.join(self.top, p))
+            except (FileNotFoundError, NotADirectoryError):
+                results[p] = None
+                continue
+            results[p] = (ids[0], ids[1], st.st_size) if stat.S_ISREG(st.st_mode) else hasher.one(p)
+        warnings = list(state["warnings"])
+        changes: dict[str, list[Any] | None] = {}
+        for p in sorted(look):
+            got = results[p]
+            if got is None and p in listed:
+                why = _left_out(self.top, p)
+                if why:
+                    warnings.append(why)
+            hashed_before = before.get(p)
+            if hashed_before is not None and _same_result(hashed_before[3], got):
+                # What the last listing hashed is what its manifest holds: with many dirty files
+                # (thousands after a big edit), only those that changed since are spliced.
+                continue
+            changes[p] = None if got is None else [p, *got]
+        text, old_rows = agent.splice(old_text, changes) if changes else (old_text, {})
+        changes = {p: r for p, r in changes.items() if r != old_rows[p]}
+        if not changes:
+            text = old_text
+        files = state["files"] + sum((r is not None) - (old_rows[p] is not None) for p, r in changes.items())
+        total = state["bytes"] + sum(
+            (r[3] if r is not None else 0) - (old_rows[p][3] if old_rows[p] is not None else 0)
+            for p, r in changes.items()
+        )
+        large = dict(state["large"])
+        for p, r in changes.items():
+            large.pop(p, None)
+            if r is not None and r[3] >= LARGE_FLOOR:
+                large[p] = r[3]
+        changed = [
+            p
+            for p in look
+            if index_of[p] and (results[p] is None or list(results[p][:2]) != list(index_of[p]))
+        ]
+        included = tuple(sorted(p for p in untracked if results.get(p) is not None))
+        submodules = [s for s, _ in structure]
+        info, staged = head.finish(
+            repos[0], state["staged"], _in_top(changed, submodules), included, state["links"]
+        )
+        new_state = dict(
+            state, rvignore=rvignore, dirs=dirs, untracked=untracked, excluded=excluded, staged=staged,
+            hashed={p: [index_of.get(p), *v] for p, v in hasher.hashed.items()},
+        )  # fmt: skip
+        sid = None if changes else state["sid"]
+        large_rows = tuple(sorted(large.items()))
+        return self._finish(text, sid, large_rows, files, total, set(excluded), warnings, info, new_state,
+                            (state["sid"], changes))  # fmt: skip
+
+    def _finish(
+        self,
+        text: bytes,
+        sid: str | None,
+        large: tuple[tuple[str, int], ...],
+        files: int,
+        total: int,
+        excluded: set[str],
+        warnings: list[str],
+        info: RepoInfo,
+        state: dict[str, Any],
+        previous: tuple[str, dict[str, Any]] | None,
+    ) -> LocalTree:
+        ignored = tuple((p, _size_of(self.top / p)) for p in sorted(excluded))
+        tree = LocalTree(
+            self.top, text, files, total, large, ignored, tuple(warnings), info, previous=previous
+        )
+        if sid is not None:
+            tree.__dict__["id"] = sid  # known already: the text is the one listed last time
+        if self.cache is not None:
+            self.cache.put_text(tree.id, text)
+            self.cache.put_state(self.top, dict(state, sid=tree.id, files=files, bytes=total, large=large))
+        return tree

@@ -1,0 +1,196 @@
+"""What this machine remembers between listings and uploads, so a resubmit costs what changed.
+
+Three things, all under the cache folder (``rv.config.cache_dir()``) and all safe to delete (the
+next command is then as slow as a first one, never wrong):
+
+* ``trees/<repo>``: the last listing of each repository (see rv.listing.scan_tree): the index
+  signature it was made from, the files it hashed with their stat data, and the id of its manifest.
+* ``texts/<id>``: manifests by snapshot id (rv.remote_store's text format).
+* ``stores/<store>``: per remote store and project, the snapshots known to be there (the bases a
+  manifest can be sent as a delta against).
+* ``diffs/<repo>``: the last provenance diff of each repository, file by file, with what each file's
+  part was made from (HEAD's commit, the file's content and mode): a part is made again only when
+  one of those changed.
+
+Files are written whole and renamed into place, readable by the user only. A file that cannot be
+read (damaged, written by another version) counts as absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import marshal
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+# A hashed file's cached id is trusted only when its ctime and mtime are older than the moment its
+# hashing began by this much: a write in the same clock tick as the hash (racy, as git calls it) can
+# leave size, mtime, ctime and inode as they were, and must not be missed. Two seconds covers
+# filesystems with coarse timestamps (FAT: 2 s) and a small skew between clocks.
+RACY_NS = 2_000_000_000
+KEEP_TEXTS = 12
+KEEP_IDS = 8
+
+StatKey = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
+Hashed = tuple[int, str, int] | None  # (mode, blob id, size) or None: absent, or not a file or link
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def trusted(key: StatKey | list[int], stamp: int, now_key: StatKey) -> bool:
+    """May a cached id, taken with ``key`` at ``stamp``, stand for a file whose stat is ``now_key``?"""
+    return tuple(key) == now_key and max(key[1], key[2]) < stamp - RACY_NS
+
+
+def _name(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    tmp.replace(path)
+
+
+class TreeCache:
+    """The listing cache: in memory always, on disk under ``directory`` when one is given.
+
+    `rv sync watch` keeps one in memory for its whole run; commands use the folder.
+    """
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory
+        self._states: dict[str, dict[str, Any]] = {}
+        self._texts: dict[str, bytes] = {}
+
+    # -- listings ------------------------------------------------------------------------------------
+    def state(self, top: Path) -> dict[str, Any] | None:
+        key = str(top)
+        if key in self._states:
+            return self._states[key]
+        if self.directory is None:
+            return None
+        try:
+            state = marshal.loads((self.directory / "trees" / _name(key)).read_bytes())
+        except (OSError, ValueError, EOFError, TypeError):
+            return None
+        if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("top") != key:
+            return None
+        self._states[key] = state
+        return state
+
+    def put_state(self, top: Path, state: dict[str, Any]) -> None:
+        key = str(top)
+        state = dict(state, format=FORMAT, top=key)
+        self._states[key] = state
+        if self.directory is not None:
+            with contextlib.suppress(OSError):  # a cache: failing to keep it only costs time
+                _write(self.directory / "trees" / _name(key), marshal.dumps(state))
+
+    # -- provenance diffs ----------------------------------------------------------------------------
+    def diffs(self, top: Path) -> dict[str, Any]:
+        """The last provenance diff of ``top``, by file: {"head": commit, "files": {path: [key, text]}}."""
+        key = "diff\0" + str(top)
+        if key in self._states:
+            return self._states[key]
+        data: Any = None
+        kept: dict[str, Any]
+        if self.directory is not None:
+            with contextlib.suppress(OSError, ValueError, EOFError, TypeError):
+                data = marshal.loads((self.directory / "diffs" / _name(str(top))).read_bytes())
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            data = {"format": FORMAT, "head": None, "files": {}}
+        kept = data
+        self._states[key] = kept
+        return kept
+
+    def put_diffs(self, top: Path, data: dict[str, Any]) -> None:
+        data = dict(data, format=FORMAT)
+        self._states["diff\0" + str(top)] = data
+        if self.directory is not None:
+            with contextlib.suppress(OSError):
+                _write(self.directory / "diffs" / _name(str(top)), marshal.dumps(data))
+
+    # -- manifests -----------------------------------------------------------------------------------
+    def text(self, sid: str) -> bytes | None:
+        if sid in self._texts:
+            return self._texts[sid]
+        if self.directory is None:
+            return None
+        path = self.directory / "texts" / sid
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        from rv.remote_store import text_id
+
+        if text_id(data) != sid:
+            return None  # damaged: never build on it
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: kept by the pruning below
+        self._texts[sid] = data
+        return data
+
+    def put_text(self, sid: str, text: bytes) -> None:
+        self._texts[sid] = text
+        if self.directory is None:
+            return
+        folder = self.directory / "texts"
+        path = folder / sid
+        with contextlib.suppress(OSError):
+            if path.exists():
+                os.utime(path)
+                return
+            _write(path, text)
+            names = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+            for old in names[KEEP_TEXTS:]:
+                if not old.name.startswith("."):
+                    old.unlink(missing_ok=True)
+
+
+class StoreCache:
+    """Per project, the snapshot ids known to exist in one remote store, the newest first."""
+
+    def __init__(self, directory: Path, store_key: str) -> None:
+        self.path = directory / "stores" / _name(store_key)
+
+    def _load(self) -> dict[str, list[str]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def known(self, project: str) -> list[str]:
+        ids = self._load().get(project, [])
+        return [i for i in ids if isinstance(i, str)]
+
+    def add(self, project: str, sid: str) -> None:
+        data = self._load()
+        ids = [sid, *(i for i in data.get(project, []) if i != sid)][:KEEP_IDS]
+        if data.get(project) == ids:
+            return
+        data[project] = ids
+        with contextlib.suppress(OSError):
+            _write(self.path, json.dumps(data).encode())
+
+    def forget(self, project: str, sid: str) -> None:
+        data = self._load()
+        if sid in data.get(project, []):
+            data[project] = [i for i in data[project] if i != sid]
+            with contextlib.suppress(OSError):
+                _write(self.path, json.dumps(data).encode())
+
+
+def now_ns() -> int:
+    return time.time_ns()

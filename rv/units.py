@@ -1,0 +1,42 @@
+"""Sizes and ages typed on the command line (`--max-file-size 100MB`, `--older-than 14d`).
+
+A module of its own so that option parsing imports nothing else (rv.sync is heavy to import).
+"""
+
+from __future__ import annotations
+
+import re
+
+from rv.errors import UsageError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float:
+    """``14d``, ``12h``, ``30m``, ``90s``, ``2w``; a bare number is days; ``0`` is zero."""
+    m = _DURATION.match(text)
+    if not m:
+        raise UsageError(f"not a duration: {text!r}", hint="use a number and a unit, e.g. 14d, 12h, 30m, 90s")
+    return float(m.group(1)) * _UNITS[m.group(2) or "d"]
+
+
+def parse_size(text: str) -> int:
+    """``100MB``, ``1.5GB``, ``500M``, ``2GiB``, or a number of bytes (decimal units, as `du --si`)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise UsageError(f"not a size: {text!r}", hint="use e.g. 100MB, 1.5GB or 500000000")
+    unit = m.group(2).lower()
+    base = 1024 if unit.endswith("i") else 1000
+    power = " kmgt".index(unit[:1] or " ")
+    return int(float(m.group(1)) * base**power)
+
+
+def human_size(n: float) -> str:
+    """``1.5 MB``: decimal units, as the size options take them."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
