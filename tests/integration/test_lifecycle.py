@@ -252,6 +252,8 @@ def rv_started_processes(user: str) -> list[str]:
             continue  # sshd's own per-session process belongs to the connection, not to rv's commands
         if "__rv_cmd" in args and pid not in parents:
             continue  # an idle pre-started shell of a warm connection (rv.ssh.HOT_SHELL), not a command
+        if "H=sys.stdin.buffer;b=H.read(4)" in args and pid not in parents:
+            continue  # rv's agent started ahead by a warm connection, waiting; it ends with it
         up, seen = ppid, 0
         while up in rows and seen < 50:
             if rows[up][2].startswith("sshd"):

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import warm_pids
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "protocol.file.allow=always"]
 
@@ -426,9 +427,15 @@ def test_the_agent_started_ahead_serves_the_next_call_and_its_death_costs_nothin
     assert r.returncode == 0 and "connecting directly" not in r.stderr, r.stderr
     # The waiting agent did the work (it is gone) and another one waits for the next call.
     after = wait_for(lambda: [p for p in hot_agents(bare_ssh_transport) if p not in before])
-    assert before[0] not in hot_agents(bare_ssh_transport) and len(after) == 1
+    assert len(after) == 1
+    wait_for(lambda: before[0] not in hot_agents(bare_ssh_transport))  # it exits once it has replied
     bare_ssh_transport.run(f"kill -9 {after[0]}").check("killing the waiting agent")
     write(repo / "a.txt", "c\n")
     r = run_rv_bare("sync", "snapshot", "--json", cwd=repo)
     assert r.returncode == 0 and "connecting directly" not in r.stderr, r.stderr
     assert json.loads(r.stdout)["created"]
+    # A waiting agent belongs to its warm connection: when that goes, however it goes, so does the agent.
+    wait_for(lambda: hot_agents(bare_ssh_transport))
+    for pid in warm_pids().values():
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not hot_agents(bare_ssh_transport))
