@@ -33,7 +33,7 @@ from rv.listing import MODE_EXEC, Entry, Git, LocalTree, blob_id, hash_path, ign
 from rv.progress import Progress, ProgressCounter
 from rv.provenance import project_key
 from rv.snapshot import DEFAULT_MAX_FILE_SIZE, check_sizes
-from rv.units import human_size, parse_duration, parse_size
+from rv.units import human_size, parse_size
 
 if TYPE_CHECKING:
     from rv.treecache import TreeCache
@@ -937,7 +937,6 @@ __all__ = [
     "RemoteEntry",
     "RemoteListing",
     "blob_id",
-    "parse_duration",
     "parse_size",
     "plan_pull",
     "plan_push",

@@ -1,4 +1,5 @@
-"""Sizes and ages typed on the command line (`--max-file-size 100MB`, `--older-than 14d`).
+"""Sizes typed on the command line (`--max-file-size 100MB`) and shown (`1.5 MB`); durations are
+rv.timespec's.
 
 A module of its own so that option parsing imports nothing else (rv.sync is heavy to import).
 """
@@ -9,17 +10,7 @@ import re
 
 from rv.errors import UsageError
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?)b?\s*$", re.IGNORECASE)
-
-
-def parse_duration(text: str) -> float:
-    """``14d``, ``12h``, ``30m``, ``90s``, ``2w``; a bare number is days; ``0`` is zero."""
-    m = _DURATION.match(text)
-    if not m:
-        raise UsageError(f"not a duration: {text!r}", hint="use a number and a unit, e.g. 14d, 12h, 30m, 90s")
-    return float(m.group(1)) * _UNITS[m.group(2) or "d"]
 
 
 def parse_size(text: str) -> int:

@@ -23,12 +23,6 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     return parse_size(value)
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
-    from rv.units import parse_duration
-
-    return parse_duration(value)
-
-
 def progress_after(delay: float = 1.0, what: str = "sending") -> Any:
     """The progress renderer under its earlier name (rv ckpt pull uses it)."""
     return progress_renderer(what, delay=delay)

@@ -19,7 +19,6 @@ from rv.sync import (
     PushPlan,
     RemoteEntry,
     _PullWriter,
-    parse_duration,
     parse_size,
     plan_pull,
     plan_push,
@@ -40,28 +39,6 @@ def transport() -> LocalTransport:
 
 
 # -- parsers -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [
-        ("14d", 14 * 86400),
-        ("12h", 43200),
-        ("30m", 1800),
-        ("90s", 90),
-        ("2w", 14 * 86400),
-        ("0", 0),
-        ("1.5", 129600),
-    ],
-)
-def test_parse_duration(text, seconds):
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["", "d", "-1d", "3x", "14 days"])
-def test_parse_duration_rejects(text):
-    with pytest.raises(UsageError, match="not a duration"):
-        parse_duration(text)
 
 
 @pytest.mark.parametrize(
