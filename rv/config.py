@@ -89,13 +89,20 @@ def cache_dir() -> Path:
     return platformdirs.user_cache_path("rv", appauthor=False)
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes, *, durable: bool = False) -> None:
+    """Write ``data`` whole by temp file and rename, readable by the user only (folders made 0700).
+
+    ``durable`` syncs it to disk before the rename: for what the user wrote (config, records), not
+    for caches, which a crash only makes slower.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
@@ -146,7 +153,7 @@ def _migrate_state(old_dir: Path, new_dir: Path) -> None:
                     f"cannot move {old} to {new}: one of them is not valid JSON ({exc})",
                     hint=f"fix or remove the broken one, then run rv again (the other is {new_dir})",
                 ) from exc
-            _write_private(new, data)
+            write_private(new, data, durable=True)
             old.unlink()
 
 
@@ -472,4 +479,4 @@ def save_config(config: Config) -> None:
     text = render_config(config, existing)
     parse_config(text, config.path)  # never write a file we could not read back
     config.path.parent.mkdir(parents=True, exist_ok=True)
-    _write_private(config.path, text.encode("utf-8"))
+    write_private(config.path, text.encode("utf-8"), durable=True)

@@ -62,9 +62,10 @@ def _root_commit(repo: RepoInfo, git: Git, cache_dir: Path | None) -> str | None
     root = out[-1].decode()
     if cache:
         known[str(repo.git_dir)] = root
-        with contextlib.suppress(OSError):
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(cache, json.dumps(known).encode())
+        from rv.config import write_private
+
+        with contextlib.suppress(OSError):  # a cache: failing to keep it only costs time
+            write_private(cache, json.dumps(known).encode())
     return root
 
 
@@ -224,9 +225,3 @@ def _diff_parts(out: bytes) -> dict[str, bytes] | None:
                 return None
         parts[agent.dec(path)] = chunk
     return parts
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rv.config import write_private
+
 FORMAT = 1
 # A hashed file's cached id is trusted only when its ctime and mtime are older than the moment its
 # hashing began by this much: a write in the same clock tick as the hash (racy, as git calls it) can
@@ -51,15 +53,6 @@ def trusted(key: StatKey | list[int], stamp: int, now_key: StatKey) -> bool:
 
 def _name(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    tmp.replace(path)
 
 
 class TreeCache:
@@ -95,7 +88,7 @@ class TreeCache:
         self._states[key] = state
         if self.directory is not None:
             with contextlib.suppress(OSError):  # a cache: failing to keep it only costs time
-                _write(self.directory / "trees" / _name(key), marshal.dumps(state))
+                write_private(self.directory / "trees" / _name(key), marshal.dumps(state))
 
     # -- provenance diffs ----------------------------------------------------------------------------
     def diffs(self, top: Path) -> dict[str, Any]:
@@ -119,7 +112,7 @@ class TreeCache:
         self._states["diff\0" + str(top)] = data
         if self.directory is not None:
             with contextlib.suppress(OSError):
-                _write(self.directory / "diffs" / _name(str(top)), marshal.dumps(data))
+                write_private(self.directory / "diffs" / _name(str(top)), marshal.dumps(data))
 
     # -- manifests -----------------------------------------------------------------------------------
     def text(self, sid: str) -> bytes | None:
@@ -151,7 +144,7 @@ class TreeCache:
             if path.exists():
                 os.utime(path)
                 return
-            _write(path, text)
+            write_private(path, text)
             names = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
             for old in names[KEEP_TEXTS:]:
                 if not old.name.startswith("."):
@@ -182,14 +175,14 @@ class StoreCache:
             return
         data[project] = ids
         with contextlib.suppress(OSError):
-            _write(self.path, json.dumps(data).encode())
+            write_private(self.path, json.dumps(data).encode())
 
     def forget(self, project: str, sid: str) -> None:
         data = self._load()
         if sid in data.get(project, []):
             data[project] = [i for i in data[project] if i != sid]
             with contextlib.suppress(OSError):
-                _write(self.path, json.dumps(data).encode())
+                write_private(self.path, json.dumps(data).encode())
 
 
 def now_ns() -> int:

@@ -150,28 +150,14 @@ def run(
 
     secrets = SecretStore(state_dir() / "secrets.json").load()
     from rv.config import cache_dir
-    from rv.snapshot import prepare_snapshot, snapshot_warnings, upload_snapshot
+    from rv.snapshot import upload_snapshot
     from rv.treecache import StoreCache
 
-    # The file list, hashes and size guard are local: a refused file fails before we connect. The
-    # last listing of this repo is reused: a resubmit lists and hashes only what changed.
-    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large, cache_dir=cache_dir())
-    for message in snapshot_warnings(snap):
-        warn(message)
-    if snap.subdir:
-        # Typed in a subfolder: the snapshot is the whole repo, the program starts where the user was.
-        import dataclasses
-        import shlex
-
-        req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
-    if system_site_packages is None:
-        system_site_packages = profile.system_site_packages
-    env_plan = plan_environment(
-        snap, env_choice, requirements=requirements, extras=extras, python=python_ or profile.python,
-        system_site_packages=system_site_packages,
+    # The file list, hashes and size guard are local: a refused file fails before we connect.
+    req, snap, env_plan = prepare_local(
+        req, profile, allow_large=allow_large, env_choice=env_choice, requirements=requirements,
+        extras=extras, python=python_, system_site_packages=system_site_packages,
     )  # fmt: skip
-    for message in env_plan.notes:
-        note(message)
     if dry_run:
         from rv.layout import RemoteLayout
         from rv.slurm.script import render_script
@@ -264,11 +250,35 @@ def option_words(command: click.Command) -> dict[str, bool]:
     return words
 
 
-def plan_environment(snap, choice: str, **options):  # type: ignore[no-untyped-def]
-    """What the run's environment will be, decided from the snapshot alone (no network)."""
-    from rv.pyenv.plan import plan
+def prepare_local(  # type: ignore[no-untyped-def]
+    req, profile, *, allow_large: bool, env_choice: str, requirements, extras, python, system_site_packages
+):
+    """The local half `rv run` and `rv up` share, before any network call: the snapshot (listed with
+    the cache, size-checked, its warnings shown), the folder the program starts in, and the
+    environment plan. Returns ``(request, snapshot, environment plan)``."""
+    import dataclasses
+    import shlex
 
-    return plan(snap, choice, **options)
+    from rv.config import cache_dir
+    from rv.pyenv.plan import plan
+    from rv.snapshot import prepare_snapshot, snapshot_warnings
+
+    # The last listing of this repo is reused: a resubmit lists and hashes only what changed.
+    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large, cache_dir=cache_dir())
+    for message in snapshot_warnings(snap):
+        warn(message)
+    if snap.subdir:
+        # Typed in a subfolder: the snapshot is the whole repo, the program starts where the user was.
+        req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
+    if system_site_packages is None:
+        system_site_packages = profile.system_site_packages
+    env_plan = plan(
+        snap, env_choice, requirements=requirements, extras=extras, python=python or profile.python,
+        system_site_packages=system_site_packages,
+    )  # fmt: skip
+    for message in env_plan.notes:
+        note(message)
+    return req, snap, env_plan
 
 
 def ensure_environment(s, env_plan, setup: tuple[str, ...]):  # type: ignore[no-untyped-def]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -101,8 +100,6 @@ def up(
       rv up -g 1 -t a6000 --time 1h
       rv up --mig --detach    then: rv ssh up-3f9a    and: rv stop up-3f9a
     """
-    import dataclasses
-    import shlex
 
     from rv.cli.common import load_profile
     from rv.config import cache_dir, state_dir
@@ -111,7 +108,7 @@ def up(
     from rv.job import up as session_up
     from rv.request import build_request
     from rv.secrets import SecretStore
-    from rv.snapshot import prepare_snapshot, snapshot_warnings, upload_snapshot
+    from rv.snapshot import upload_snapshot
     from rv.treecache import StoreCache
 
     if not detach and not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -131,22 +128,13 @@ def up(
     for message in req.warnings:
         warn(message)
     secrets = SecretStore(state_dir() / "secrets.json").load()
-    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large, cache_dir=cache_dir())
-    for message in snapshot_warnings(snap):
-        warn(message)
-    if snap.subdir:
-        # Typed in a subfolder: the shell starts there, as a run's program would.
-        req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
-    from rv.cli.run import ensure_environment, job_umask, plan_environment
+    from rv.cli.run import ensure_environment, job_umask, prepare_local
 
-    if system_site_packages is None:
-        system_site_packages = profile.system_site_packages
-    env_plan = plan_environment(
-        snap, env_choice, requirements=requirements, extras=extras, python=python_ or profile.python,
-        system_site_packages=system_site_packages,
+    # The shell starts in the folder rv up was typed in, as a run's program would.
+    req, snap, env_plan = prepare_local(
+        req, profile, allow_large=allow_large, env_choice=env_choice, requirements=requirements,
+        extras=extras, python=python_, system_site_packages=system_site_packages,
     )  # fmt: skip
-    for message in env_plan.notes:
-        note(message)
 
     # The watchdog and the shell share one connection of this command's own (the warm connection
     # carries no terminal): when rv goes, however it goes, the connection closes and the watchdog
