@@ -8,10 +8,13 @@ them alike), each a whole process as a user types it:
 
   ssh squeue       ssh -F none ... HOST squeue: a fresh OpenSSH connection (the yardstick)
   ssh mux squeue   the same through an OpenSSH ControlMaster that is already up (for comparison)
-  rv ps cold       `rv ps` with no warm connection (its background process stopped before)
+  rv ps cold       `rv ps` with nothing of rv's running: no command server, no warm connection
+                   (the first command of the day: Python imports everything, then connects)
+  rv ps cold conn  `rv ps` with the command server up (it outlives connections: 30 minutes idle)
+                   but no warm connection (the first command after a five-minute pause)
   rv ps warm       `rv ps` again within RV_WARM_SECONDS
   rv status cold / warm
-  rv ps direct     RV_WARM_SECONDS=0: connect in-process every time (what rv did before)
+  rv ps direct     RV_WARM_SECONDS=0: no background process, connect in-process every time
   before: rv ps    with --before: the same command from another checkout (e.g. main), direct
 
 and, locally: `rv --help` and `rv run --dry-run`, with the modules each imports.
@@ -64,9 +67,22 @@ def timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> float
     raise SystemExit(f"benchmark step failed 3 times: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
 
 
-def stop_warm(runtime: Path) -> None:
-    """Stop the background connections this benchmark's rv commands started (by their pid files)."""
+def wait_server(runtime: Path) -> None:
+    """Wait until the command server a cold command started is listening (it imports ~400 modules
+    in the background after the command ends), so the next case finds it up."""
+    for _ in range(500):
+        if list(runtime.glob("cmd-*.pid")):
+            return
+        time.sleep(0.01)
+    raise SystemExit(f"the command server did not start (see {runtime}/cmd-*.log)")
+
+
+def stop_warm(runtime: Path, *, server: bool = False) -> None:
+    """Stop the background connections this benchmark's rv commands started (by their pid files),
+    and with ``server`` the command server too."""
     for f in runtime.glob("*.pid"):
+        if f.name.startswith("cmd-") and not server:
+            continue
         try:
             pid = int(f.read_text())
             os.kill(pid, signal.SIGTERM)
@@ -99,7 +115,7 @@ def imported(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list
 
 def summary(name: str, values: list[float], ratios: list[float] | None) -> str:
     med = statistics.median(values)
-    text = f"{name:<16} {med:6.3f} s  ({min(values):.3f}-{max(values):.3f})"
+    text = f"{name:<20} {med:6.3f} s  ({min(values):.3f}-{max(values):.3f})"
     if ratios:
         text += f"   {statistics.median(ratios):5.2f}x ssh  ({min(ratios):.2f}-{max(ratios):.2f})"
     return text
@@ -130,7 +146,9 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RV_", "XDG_"))}
     env.update(HOME=str(home), RV_CONFIG=str(home / "rv.toml"), NO_COLOR="1", RV_RUNTIME_DIR=str(runtime))
     root = f"{tc['RV_TESTCLUSTER_REMOTE_ROOT']}/bench-cli-{os.getpid()}"
-    rv = [sys.executable, "-m", "rv"]
+    # The `rv` program as installed (its front end hands commands to the command server), as a user
+    # types it; `python -m rv` always runs in-process.
+    rv = [str(Path(sys.executable).parent / "rv")]
     init = [
         *rv, "init", "--profile", "bench", "--host", "127.0.0.1", "--port", port, "--user", user,
         "--identity-file", key, "--known-hosts", known, "--remote-root", root, "--yes",
@@ -163,8 +181,11 @@ def main() -> None:
     for _ in range(args.runs):
         row = {"ssh squeue": timed([*ssh, "squeue"], env), "ssh mux squeue": timed([*mux, "squeue"], env)}
         for cmd in ("ps", "status"):
-            stop_warm(runtime)
+            stop_warm(runtime, server=True)
             row[f"rv {cmd} cold"] = timed([*rv, cmd], env)
+            wait_server(runtime)
+            stop_warm(runtime)
+            row[f"rv {cmd} cold conn"] = timed([*rv, cmd], env)
             row[f"rv {cmd} warm"] = timed([*rv, cmd], env)
         row["rv ps direct"] = timed([*rv, "ps"], direct_env)
         if before_env is not None:
@@ -172,7 +193,7 @@ def main() -> None:
         for name, value in row.items():
             cases.setdefault(name, []).append(value)
             ratios.setdefault(name, []).append(value / row["ssh squeue"])
-    stop_warm(runtime)
+    stop_warm(runtime, server=True)
     mux_stop = subprocess.run([*mux[:-1], "-O", "exit", mux[-1]], capture_output=True, text=True)
     if mux_stop.returncode != 0:
         print(f"note: could not stop the ssh master: {mux_stop.stderr.strip()}", file=sys.stderr)
@@ -196,6 +217,7 @@ def main() -> None:
             repo,
         )
         print(f"{summary(name, values, None)}   {count} modules; heavy ones: {', '.join(heavy) or 'none'}")
+    stop_warm(runtime, server=True)
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
 

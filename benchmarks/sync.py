@@ -17,9 +17,11 @@ Methods, interleaved within each round so that load on this shared machine hits 
   rsync      rsync -a --delete --exclude=.git -e ssh  (OpenSSH, a new connection per run)
   tar        git archive $(git stash create || echo HEAD) | ssh HOST 'tar -x -C DEST'  (all, every
              time; timed in (a) only, unless --tar-everywhere)
-  rv warm    `rv sync snapshot` as a user types it: a whole rv process (Python start-up, imports,
-             listing, the round trips), with the warm connection of an earlier command
-  rv cold    the same with RV_WARM_SECONDS=0: a fresh SSH connection inside the process
+  rv warm    `rv sync snapshot` as a user types it: the whole `rv` program (its front end, the
+             command server's fork, listing, the round trips), with the command server and the warm
+             connection of an earlier command
+  rv cold    the same with RV_WARM_SECONDS=0: in-process (Python start-up, every import) and a fresh
+             SSH connection inside the process
   rv dry     `rv run --dry-run -g 1 -t a6000 -- python train.py`: the whole local half of a
              resubmit (listing, id, script), no network
   rv api     make_snapshot() on an open connection: what `rv run` pays inside its own process

@@ -44,7 +44,6 @@ import os
 import select
 import signal
 import socket
-import stat as stat_
 import struct
 import sys
 import threading
@@ -54,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from rv import __version__, errors
+from rv import runtime as rv_runtime
 from rv.errors import ConnectError, RemoteError, RvError
 from rv.transport import (
     PRIVATE_MASK,
@@ -115,23 +115,11 @@ class _Retry(Exception):
 
 
 def runtime_dir() -> Path:
-    """A folder only this user can enter: ``$RV_RUNTIME_DIR``, ``$XDG_RUNTIME_DIR/rv``, ``/tmp/rv-<uid>``."""
-    if os.environ.get("RV_RUNTIME_DIR"):
-        path = Path(os.environ["RV_RUNTIME_DIR"])
-    elif os.environ.get("XDG_RUNTIME_DIR") and os.path.isdir(os.environ["XDG_RUNTIME_DIR"]):
-        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "rv"
-    else:
-        import tempfile
-
-        path = Path(tempfile.gettempdir()) / f"rv-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700, parents=True)
-    st = os.lstat(path)
-    if not stat_.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        # Someone else's folder, a symlink, or one others can enter: their processes could reach
-        # our socket (or plant one). Refuse to keep a connection there.
-        raise WarmUnavailable(f"{path} is not a private folder of this user (mode {st.st_mode & 0o777:o})")
-    return path
+    """A folder only this user can enter (rv.runtime); WarmUnavailable when it is not private."""
+    try:
+        return Path(rv_runtime.runtime_dir())
+    except rv_runtime.NotPrivate as exc:
+        raise WarmUnavailable(str(exc)) from None
 
 
 def _key(profile_key: str) -> str:
@@ -725,25 +713,31 @@ def _spawn(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
 
     Not a fork of this rv process: that would be ~40 ms quicker, but the fork's command line
     (visible in `ps`, to other users too) would be this command's, for minutes after it ended. The
-    description of the connection travels on stdin, not on the command line.
+    description of the connection travels on stdin, not on the command line. The exception: a
+    command run by the command server (rv.forkserver) is a fork of that server, whose command line
+    says nothing of the user's; it forks (twice: the process is nobody's child), which saves the
+    new process ~150 ms of importing paramiko before it can connect.
     """
-    import subprocess
-
-    # `-I -S`: no site processing (a venv's .pth files, an editable install's finder) and no
-    # PYTHON* variables; the path this process found rv and paramiko on comes along instead.
+    forkserver = sys.modules.get("rv.forkserver")
+    if forkserver is not None and forkserver.in_copy:
+        _fork_daemon(spec, lock_fd, ready_w)
+        return
+    # The path this process found rv and paramiko on comes along (the new one runs with -I -S).
     path = [str(Path(__file__).resolve().parents[1]), *sys.path]
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _BOOT, str(lock_fd), str(ready_w)],
-        pass_fds=(lock_fd, ready_w),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        cwd="/",
+    rv_runtime.spawn_python(
+        _BOOT, {"path": path, "spec": spec}, args=(str(lock_fd), str(ready_w)), pass_fds=(lock_fd, ready_w)
     )
-    assert proc.stdin is not None
-    with proc.stdin:
-        proc.stdin.write(json.dumps({"path": path, "spec": spec}).encode())
+
+
+def _fork_daemon(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if os.fork() == 0:
+                os._exit(_daemon_entry(spec, lock_fd, ready_w))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 _BOOT = (

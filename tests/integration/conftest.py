@@ -154,6 +154,16 @@ def stop_warm() -> None:
         time.sleep(0.05)
 
 
+def wait_gone(pid: int, limit: float = 30.0) -> bool:
+    """Liveness bound for a process to exit (not a timing claim)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

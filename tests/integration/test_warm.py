@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import RUNTIME, base_env, run_cli, warm_pids
+from conftest import RUNTIME, base_env, run_cli, wait_gone, warm_pids
 
 from rv import warm
 
@@ -33,18 +33,6 @@ def profile_name(cluster: dict[str, str]) -> str:
 
 def key_of(rv_env: dict[str, str], profile: str) -> str:
     return warm.socket_key(rv_env["RV_CONFIG"], profile)
-
-
-def wait_gone(pid: int, limit: float = 30.0) -> bool:
-    """Liveness bound for a process to exit (not a timing claim)."""
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def remote_alive(ssh_transport, pid_file: str) -> bool:

@@ -1,0 +1,215 @@
+"""The `rv` program's command server (rv.entry, rv.forkserver) against the real cluster and sshd.
+
+Every command here is the installed `rv` program, as a user types it, in a subprocess (or on a real
+pseudo-terminal); the server is the real one it starts. What shows a command was served: the
+server's log names each command it forked, with the copy's pid, under the server's own pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import wait_gone
+from terminal import Terminal
+
+from rv.config import load_config, save_config
+
+pytestmark = pytest.mark.integration
+
+RV = Path(sys.executable).parent / "rv"
+
+
+@pytest.fixture
+def runtime() -> Path:
+    """A private runtime folder of this test's own: its server and connections, stopped after."""
+    path = Path(tempfile.mkdtemp(prefix="rv-cs-", dir="/tmp"))
+    os.chmod(path, 0o700)
+    yield path
+    for pid_file in path.glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGTERM)
+            wait_gone(pid)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def front(
+    env: dict[str, str], *args: str, cwd: Path | None = None, **extra: str
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(RV), *args], env=dict(env, **extra), cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def server_pid(runtime: Path, other_than: int | None = None, limit: float = 60.0) -> int:
+    """The pid of the command server listening under ``runtime`` (waiting for one to start)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        for pid_file in runtime.glob("cmd-*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pid_file.read_text())
+                if pid != other_than and list(runtime.glob("cmd-*.sock")):
+                    os.kill(pid, 0)
+                    return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no command server started; log: {server_log(runtime)}")
+
+
+def server_log(runtime: Path) -> str:
+    return "".join(p.read_text() for p in sorted(runtime.glob("cmd-*.log")))
+
+
+def served(runtime: Path, server: int, command: str) -> list[int]:
+    """The pids of the copies ``server`` forked for ``rv COMMAND``."""
+    return [int(p) for p in re.findall(rf"\[{server}\] command (\d+): rv {command}\b", server_log(runtime))]
+
+
+def started_server(env: dict[str, str]) -> int:
+    """Run one command (in-process: no server yet), which starts the server; its pid."""
+    assert front(env, "exec", "true").returncode == 0
+    return server_pid(Path(env["RV_RUNTIME_DIR"]))
+
+
+def test_a_served_command_behaves_as_in_process(rv_env, runtime):
+    env = dict(rv_env, RV_RUNTIME_DIR=str(runtime))
+    server = started_server(env)
+
+    script = "echo out; echo err >&2; exit 7"
+    served_run = front(env, "exec", script)
+    in_process = front(env, "exec", script, RV_WARM_SECONDS="0")
+    assert (served_run.returncode, served_run.stdout, served_run.stderr) == (7, "out\n", "err\n")
+    assert (in_process.returncode, in_process.stdout, in_process.stderr) == (7, "out\n", "err\n")
+
+    bad = front(env, "ps", "--bogus")
+    assert bad.returncode == 2 and "No such option '--bogus'" in bad.stderr, bad.stderr
+
+    listed = front(env, "ps", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == json.loads(front(env, "ps", "--json", RV_WARM_SECONDS="0").stdout)
+
+    # All three went through the server (the in-process ones did not), with their exit codes.
+    log = server_log(runtime)
+    assert len(served(runtime, server, "exec")) == 1 and len(served(runtime, server, "ps")) == 2, log
+    assert f"[{server}] command {served(runtime, server, 'exec')[0]}: exit 7" in log
+    assert re.search(rf"\[{server}\] command \d+: exit 2", log), log
+
+
+def test_one_server_serves_each_callers_folder_environment_and_profile(
+    rv_env, bare_rv_env, runtime, tmp_path
+):
+    # The bare layout (one mixed partition, no accounting) and the default one, from one server.
+    env, bare_env = (dict(e, RV_RUNTIME_DIR=str(runtime)) for e in (rv_env, bare_rv_env))
+    server = started_server(env)
+    repo = tmp_path / f"proj-{uuid.uuid4().hex[:6]}"
+    repo.mkdir()
+    (repo / "train.py").write_text("print('hi')\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "train.py"], cwd=repo, check=True)
+    dry = ["run", "--dry-run", "-g", "1", "-t", "a6000", "--", "python", "train.py"]
+
+    default_script = front(env, *dry, cwd=repo)
+    bare_script = front(bare_env, *dry, cwd=repo)
+    assert default_script.returncode == 0, default_script.stderr
+    assert bare_script.returncode == 0, bare_script.stderr
+    assert len(served(runtime, server, "run")) == 2
+    # Each came from its own config (RV_CONFIG in its environment) and the folder it was typed in.
+    assert "#SBATCH --partition=gpu-a6000" in default_script.stdout
+    assert "#SBATCH --partition=gpu\n" in bare_script.stdout
+    assert repo.name in default_script.stdout and repo.name in bare_script.stdout
+    # The same as in-process, line for line, but for what is new each time (ids, times).
+    in_process = front(bare_env, *dry, cwd=repo, RV_WARM_SECONDS="0")
+    assert _stable(in_process.stdout) == _stable(bare_script.stdout)
+
+
+def _stable(script: str) -> list[str]:
+    # Run names (train-3f9a), ids and stamps differ from one call to the next; the rest may not.
+    return [re.sub(r"[0-9a-f]{4,}", "#", line) for line in script.splitlines()]
+
+
+def test_ctrl_c_on_a_terminal_and_a_killed_front_end_end_the_command(rv_env, runtime):
+    env = dict(rv_env, RV_RUNTIME_DIR=str(runtime))
+    server = started_server(env)
+
+    term = Terminal([str(RV), "exec", "sleep 60"], env=env)
+    try:
+        copy = _wait_served(runtime, server, "exec", 1)
+        term.send("\x03")  # Ctrl-C: the terminal signals its foreground group, the front end
+        assert term.wait(60) == 130
+        term.expect("rv: interrupted")
+    finally:
+        term.close()
+    assert wait_gone(copy)
+    assert f"command {copy}: exit 130" in server_log(runtime)
+
+    proc = subprocess.Popen(
+        [str(RV), "exec", "sleep 60"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    copy = _wait_served(runtime, server, "exec", 2)
+    proc.kill()  # SIGKILL: nothing can be passed on
+    proc.communicate(timeout=60)
+    assert wait_gone(copy), "the command outlived the rv program that ran it"
+    assert f"command {copy}: its front end went away" in server_log(runtime)
+
+
+def _wait_served(runtime: Path, server: int, command: str, count: int) -> int:
+    end = time.monotonic() + 60
+    while len(copies := served(runtime, server, command)) < count:
+        assert time.monotonic() < end, server_log(runtime)
+        time.sleep(0.05)
+    return copies[-1]
+
+
+def test_the_host_key_prompt_is_answered_on_the_callers_terminal(rv_env, runtime, tmp_path):
+    env = dict(rv_env, RV_RUNTIME_DIR=str(runtime))
+    server = started_server(env)
+    known = tmp_path / "known_hosts_new"
+    cfg = load_config(Path(env["RV_CONFIG"]))
+    profile = cfg.profile(cfg.default)
+    save_config(cfg.with_profile(replace(profile, known_hosts=str(known)), make_default=True))
+
+    term = Terminal([str(RV), "exec", "echo answered"], env=env)
+    try:
+        term.expect(r"Trust it and remember it\?")
+        term.send("y\n")
+        term.expect("answered")
+        assert term.wait(60) == 0
+    finally:
+        term.close()
+    assert served(runtime, server, "exec"), server_log(runtime)
+    assert "127.0.0.1" in known.read_text()
+
+
+def test_a_dead_or_stale_server_is_replaced_and_the_command_still_runs(rv_env, runtime):
+    env = dict(rv_env, RV_RUNTIME_DIR=str(runtime))
+    first = started_server(env)
+
+    os.kill(first, signal.SIGKILL)  # its socket file stays behind
+    assert wait_gone(first)
+    r = front(env, "exec", "echo ran")
+    assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
+    second = server_pid(runtime, other_than=first)
+
+    # rv's code changes under a running server (an edit, an upgrade): it must not run the old code.
+    probe = Path(__import__("rv").__file__).parent / f"zz_probe_{uuid.uuid4().hex[:8]}.py"
+    try:
+        probe.write_text("")
+        r = front(env, "exec", "echo ran again")
+        assert (r.returncode, r.stdout) == (0, "ran again\n"), r.stderr
+    finally:
+        probe.unlink()
+    assert wait_gone(second)
+    assert f"[{second}] rv changed since this server started: exiting" in server_log(runtime)
+    assert not served(runtime, second, "exec")
