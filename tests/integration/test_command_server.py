@@ -143,7 +143,7 @@ def test_ctrl_c_on_a_terminal_and_a_killed_front_end_end_the_command(rv_env, run
     env = dict(rv_env, RV_RUNTIME_DIR=str(runtime))
     server = started_server(env)
 
-    term = Terminal([str(RV), "exec", "sleep 60"], env=env)
+    term = Terminal([str(RV), "exec", "sleep 20"], env=env)
     try:
         copy = _wait_served(runtime, server, "exec", 1)
         term.send("\x03")  # Ctrl-C: the terminal signals its foreground group, the front end
@@ -155,7 +155,7 @@ def test_ctrl_c_on_a_terminal_and_a_killed_front_end_end_the_command(rv_env, run
     assert f"command {copy}: exit 130" in server_log(runtime)
 
     proc = subprocess.Popen(
-        [str(RV), "exec", "sleep 60"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [str(RV), "exec", "sleep 20"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     copy = _wait_served(runtime, server, "exec", 2)
     proc.kill()  # SIGKILL: nothing can be passed on
