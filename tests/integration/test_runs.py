@@ -81,7 +81,7 @@ def test_grpo_on_two_nodes_runs_as_a_chain_of_segments_to_its_last_step(run_rv_b
     proj = grpo_project(tmp_path)
     # 1-minute jobs (Slurm's shortest), the stop 40 s before the limit: each segment trains about
     # 20 s (50-120 steps on this machine, by load), then saves, and the job submits the next: 300
-    # steps take 3 to 7 segments. Nothing of rv runs in between: the first
+    # steps take 2 to 7 segments. Nothing of rv runs in between: the first
     # `rv run` only submits, and the test follows later with `rv logs -f`.
     r = run_rv_bare(
         "run", "-g", "4", "-t", "a6000", "--mem", "3G", "--time", "1m", "--signal", "USR1@40",
@@ -93,10 +93,11 @@ def test_grpo_on_two_nodes_runs_as_a_chain_of_segments_to_its_last_step(run_rv_b
     assert follow.returncode == 0, follow.stderr[-3000:]
     out = follow.stdout
     resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", out)]
-    assert len(resumed) >= 2 and resumed == sorted(resumed), out[-4000:]  # >= 3 segments
+    # At least one resume (>= 2 segments): a quiet machine trains ~150 steps a segment, a loaded one 50.
+    assert len(resumed) >= 1 and resumed == sorted(resumed), out[-4000:]
     assert re.search(r"step\s+300\b", out) and "Traceback" not in out, out[-4000:]
     separators = re.findall(r"── rv: segment (\d+)/10 · job (\d+)", out)
-    assert [int(k) for k, _ in separators] == list(range(1, len(separators) + 1)) and len(separators) >= 3
+    assert [int(k) for k, _ in separators] == list(range(1, len(separators) + 1)) and len(separators) >= 2
     err = run_rv_bare("logs", name, "--err", cwd=proj)
     assert "Traceback" not in err.stdout and "SignalException" not in err.stdout, err.stdout[-3000:]
     # Without accounting (sacct fails here) and long after slurmctld forgot the jobs, rv ps -a shows
