@@ -44,7 +44,6 @@ from pathlib import Path
 
 from rv import entry, runtime
 
-_LOG_LIMIT = 1 << 20
 # Set in a forked copy: everything is imported, so a background process it starts (a warm
 # connection, rv.warm._spawn) is best forked from it too, rather than started afresh.
 in_copy = False
@@ -197,10 +196,7 @@ def serve(spec: dict[str, object]) -> Request | None:
 
 
 def _open_log(path: str) -> int:
-    with contextlib.suppress(OSError):
-        if os.path.getsize(path) > _LOG_LIMIT:
-            os.truncate(path, 0)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = runtime.open_log(path)
     for target in (1, 2):
         os.dup2(fd, target)  # a traceback from here lands in the log, not nowhere
     return fd
@@ -252,7 +248,7 @@ class _Server:
             os.umask(old_mask)
         listener.listen(16)
         os.replace(tmp, path)  # atomically over a dead server's socket
-        _write_pid(self.base + ".pid")
+        runtime.write_pid(self.base + ".pid")
         self.log(f"serving {path}")
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
@@ -314,7 +310,7 @@ class _Server:
         code (stale) also sets ``closing``."""
         fds: list[int] = []
         try:
-            if _peer_uid(conn) not in (None, os.getuid()):
+            if runtime.peer_uid(conn) not in (None, os.getuid()):
                 conn.close()
                 return None
             conn.settimeout(5.0)
@@ -405,14 +401,6 @@ class _Server:
         os.close(self.lock_fd)
 
 
-def _write_pid(path: str) -> None:
-    tmp = f"{path}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(tmp, path)
-
-
 def _recv_with_fds(conn: socket.socket) -> tuple[bytes, list[int]]:
     data, ancdata, _flags, _addr = conn.recvmsg(1 << 16, socket.CMSG_SPACE(3 * struct.calcsize("i")))
     fds: list[int] = []
@@ -430,13 +418,6 @@ def _close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-
-
-def _peer_uid(conn: socket.socket) -> int | None:
-    if hasattr(socket, "SO_PEERCRED"):
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return int(struct.unpack("3i", raw)[1])
-    return None  # elsewhere the folder's 0700 is the guard
 
 
 # --------------------------------------------------------------------------------------------------

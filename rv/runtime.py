@@ -65,3 +65,35 @@ def spawn_python(
     assert proc.stdin is not None
     with proc.stdin:
         proc.stdin.write(json.dumps(data).encode())
+
+
+def write_pid(path: str) -> None:
+    """This process's pid in ``path`` (0600), replaced atomically: a reader never sees half of it."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(tmp, path)
+
+
+def open_log(path: str, limit: int = 1 << 20) -> int:
+    """A background process's log (0600), appended to (a process on its way out may still write
+    there) and cut when it has grown past ``limit``."""
+    try:
+        if os.path.getsize(path) > limit:
+            os.truncate(path, 0)
+    except OSError:
+        pass  # not there yet: created below
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+
+def peer_uid(conn: object) -> int | None:
+    """The uid of the process at the other end of a Unix socket; None where the system does not
+    say (there the folder's 0700 is the guard)."""
+    import socket
+    import struct
+
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))  # type: ignore[attr-defined]
+    return int(struct.unpack("3i", raw)[1])

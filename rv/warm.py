@@ -665,14 +665,6 @@ class WarmTransport(_Collecting):
         self.close()
 
 
-def _write_pid(path: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(str(os.getpid()))
-    os.replace(tmp, path)
-
-
 def _stop_wedged(sock_path: Path) -> str:
     """Kill a background process that accepts connections but no longer answers (stopped, stuck).
 
@@ -755,11 +747,7 @@ def _daemon_entry(spec: dict[str, Any], lock_fd: int, ready_w: int) -> int:
     with contextlib.suppress(OSError):  # already a session leader (started with start_new_session)
         os.setsid()
     os.chdir("/")
-    # Appended to (a process on its way out may still write here), and cut when it grows large.
-    with contextlib.suppress(OSError):
-        if os.path.getsize(spec["log"]) > 1 << 20:
-            os.truncate(spec["log"], 0)
-    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_fd = rv_runtime.open_log(spec["log"])
     null_fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null_fd, 0)
     os.dup2(log_fd, 1)
@@ -806,13 +794,6 @@ def _max_fd() -> int:
         return int(os.sysconf("SC_OPEN_MAX"))
     except (ValueError, OSError):
         return 1024
-
-
-def _peer_uid(conn: socket.socket) -> int | None:
-    if hasattr(socket, "SO_PEERCRED"):
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return int(struct.unpack("3i", raw)[1])
-    return None  # elsewhere the folder's 0700 is the guard
 
 
 _HUP = getattr(select, "POLLHUP", 0) | getattr(select, "POLLERR", 0) | getattr(select, "POLLRDHUP", 0)
@@ -862,7 +843,7 @@ class Server:
         sock.listen(64)
         self.listener = sock
         self.ino = os.stat(self.path).st_ino
-        _write_pid(self.pid_path)
+        rv_runtime.write_pid(self.pid_path)
         self.log(f"listening on {self.path} for {self.target.where}, idle exit after {self.idle:g}s")
 
     def serve(self) -> None:
@@ -928,7 +909,7 @@ class Server:
     # -- one rv command --------------------------------------------------------------------------------
     def handle(self, conn: socket.socket) -> None:
         try:
-            uid = _peer_uid(conn)
+            uid = rv_runtime.peer_uid(conn)
             if uid is not None and uid != os.getuid():
                 self.log(f"refused a connection from uid {uid}")
                 return
