@@ -12,7 +12,10 @@ them alike), each a whole process as a user types it:
                    (the first command of the day: Python imports everything, then connects)
   rv ps cold conn  `rv ps` with the command server up (it outlives connections: 30 minutes idle)
                    but no warm connection (the first command after a five-minute pause)
-  rv ps warm       `rv ps` again within RV_WARM_SECONDS
+  rv ps warm at once  `rv ps` again at once (within ~10 ms of the last command's end, as in a
+                   script): the agent the connection keeps started on the cluster was taken by the
+                   last command, and its successor is still starting
+  rv ps warm       `rv ps` again a second later (PAUSE_S: a person's pace), within RV_WARM_SECONDS
   rv status cold / warm
   rv ps direct     RV_WARM_SECONDS=0: no background process, connect in-process every time
   before: rv ps    with --before: the same command from another checkout (e.g. main), direct
@@ -38,6 +41,7 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+PAUSE_S = 1.0  # between a command and the "warm" case: a person reads the output before typing again
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -186,6 +190,8 @@ def main() -> None:
             wait_server(runtime)
             stop_warm(runtime)
             row[f"rv {cmd} cold conn"] = timed([*rv, cmd], env)
+            row[f"rv {cmd} warm at once"] = timed([*rv, cmd], env)
+            time.sleep(PAUSE_S)
             row[f"rv {cmd} warm"] = timed([*rv, cmd], env)
         row["rv ps direct"] = timed([*rv, "ps"], direct_env)
         if before_env is not None:

@@ -287,23 +287,29 @@ class WarmTransport(_Collecting):
 
     # -- connecting ------------------------------------------------------------------------------------
     def connect(self) -> WarmTransport:
-        """Use the warm connection if there is one; otherwise start it for the next command.
+        """Use the warm connection if there is one; otherwise start it, for this command or the next.
 
-        A cold command connects directly (as rv always did): a process started just now would only
-        be ready after importing paramiko and shaking hands too, so waiting for it is no quicker,
-        and the handshake's host key question is asked right here.
+        A command run by the command server forks the background process (see _spawn), which is
+        connecting within a millisecond: the command waits for it and uses it, so one handshake is
+        made, not two side by side on the same cores (a host key question comes back through the
+        socket). Any other command connects directly (as rv always did) and leaves the process it
+        started to the next command: a fresh Python would only be ready after importing paramiko
+        and shaking hands too, so waiting for it is no quicker.
         """
         if self._direct is not None or self.reused is not None:
             return self
         try:
             path, lock_path, log_path = self._paths()
-            if self.key in _started_here:
+            if self.key in _started_here and not _forks_daemon():
                 raise _Cold()
             probe = _try_connect(path, self.target.connect_timeout)
             if probe is None:
-                self._start(path, lock_path, log_path, wait=False)
-                raise _Cold()
-            probe.close()
+                forks = _forks_daemon()
+                self._start(path, lock_path, log_path, wait=forks)
+                if not forks:
+                    raise _Cold()
+            else:
+                probe.close()
             reply = self._call({"op": "ping"})
             self.reused = bool(reply.get("reused"))
             self.daemon_pid = reply.get("pid")
@@ -710,8 +716,7 @@ def _spawn(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
     says nothing of the user's; it forks (twice: the process is nobody's child), which saves the
     new process ~150 ms of importing paramiko before it can connect.
     """
-    forkserver = sys.modules.get("rv.forkserver")
-    if forkserver is not None and forkserver.in_copy:
+    if _forks_daemon():
         _fork_daemon(spec, lock_fd, ready_w)
         return
     # The path this process found rv and paramiko on comes along (the new one runs with -I -S).
@@ -719,6 +724,12 @@ def _spawn(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
     rv_runtime.spawn_python(
         _BOOT, {"path": path, "spec": spec}, args=(str(lock_fd), str(ready_w)), pass_fds=(lock_fd, ready_w)
     )
+
+
+def _forks_daemon() -> bool:
+    """Is this a command run by the command server, which starts the process by forking?"""
+    forkserver = sys.modules.get("rv.forkserver")
+    return forkserver is not None and bool(forkserver.in_copy)
 
 
 def _fork_daemon(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:

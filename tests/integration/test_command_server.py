@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import wait_gone
+from conftest import STATES, wait_gone, warm_pids
 from terminal import Terminal
 
 from rv.config import load_config, save_config
@@ -213,3 +213,32 @@ def test_a_dead_or_stale_server_is_replaced_and_the_command_still_runs(rv_env, r
     assert wait_gone(second)
     assert f"[{second}] rv changed since this server started: exiting" in server_log(runtime)
     assert not served(runtime, second, "exec")
+
+
+def _handshakes(variant: str) -> int:
+    """Connections the variant's sshd accepted so far, by its own log."""
+    return (STATES[variant] / "log" / "sshd.log").read_text().count("Accepted publickey")
+
+
+def test_a_served_command_with_no_warm_connection_shakes_hands_once(bare_rv_env, runtime):
+    # The bare layout. The copy forks the profile's background connection and waits for it, rather
+    # than connecting itself beside it: one SSH handshake (sshd's log counts them), which the next
+    # command reuses.
+    env = dict(bare_rv_env, RV_RUNTIME_DIR=str(runtime))
+    server = started_server(env)
+    for key, pid in warm_pids(runtime).items():
+        if not key.startswith("cmd-"):
+            os.kill(pid, signal.SIGTERM)  # the connection the first (in-process) command started
+            assert wait_gone(pid)
+
+    before = _handshakes("bare")
+    listed = front(env, "ps", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert served(runtime, server, "ps"), server_log(runtime)
+    assert _handshakes("bare") - before == 1
+    connections = [pid for key, pid in warm_pids(runtime).items() if not key.startswith("cmd-")]
+    assert len(connections) == 1
+
+    again = front(env, "exec", "echo again")
+    assert (again.returncode, again.stdout) == (0, "again\n"), again.stderr
+    assert _handshakes("bare") - before == 1
