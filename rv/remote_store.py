@@ -477,7 +477,10 @@ def clean_stale_temps(root):
 # * a layer ``snapshots/<id>.layer/`` over a full snapshot (its ``base``): ``tree/`` holds hard links
 #   of only the files that differ from the base, ``remove`` (NUL-separated) the paths a job deletes
 #   from its copy of the base before it copies the layer's files in, ``base`` the base's id. The
-#   meta file holds the layer's rows (``upsert``, ``remove``); the manifest is the base's with them.
+#   meta file holds the layer's rows (``upsert``, ``remove``); the manifest is the base's with them,
+#   also kept whole in ``snapshots/<id>.manifest`` so that the next layer over the same base starts
+#   from a read, not from splicing the layer's rows into the base's manifest (~0.25 s for 2,500 rows
+#   over 50,000 files). Layers built before that have no such file and are spliced.
 #
 # A layer costs work in proportion to what differs from its base, so a resubmit after an edit is
 # cheap however big the repo is; a layer that grows past LAYER_MIN / LAYER_SHARE of the files is
@@ -531,7 +534,13 @@ def load_snapshot(root, sid, meta=None):
         return read_manifest(root, sid), None, {}, None
     base_text = read_manifest(root, base)
     layer = layer_changes(meta["layer"])
-    return splice(base_text, layer)[0], base, layer, base_text
+    try:
+        text = read_manifest(root, sid)
+    except FileNotFoundError:
+        text = splice(base_text, layer)[0]
+    # A damaged copy only costs time: the snapshot id the client asks for is checked against the
+    # text spliced from this one, and a mismatch asks the client for the full list.
+    return text, base, layer, base_text
 
 
 def check_rows(rows):
@@ -855,6 +864,7 @@ def build_layer(root, sid, resolved, provenance):
         for name in (b"remove", b"base"):
             os.chmod(join(build, name), private(0o444))
         os.chmod(build, private(0o555))
+        write_atomic(snapshot_dir(root, sid) + b".manifest", resolved["text"], 0o444)
     except BaseException:
         _cleanup.discard(build)
         force_rmtree(build)

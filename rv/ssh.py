@@ -78,6 +78,11 @@ HOT_SHELL = (
 )
 
 
+# Agents kept started on a warm connection: two, so that a command run at once after another (a
+# script's `rv ps; rv status`) finds one ready while the one the last command took is replaced.
+AGENT_SPARES = 2
+
+
 class _Spare:
     """One pre-started hot shell on its own channel, waiting for a command.
 
@@ -220,7 +225,7 @@ class SSHTransport(_Collecting):
         self._sftp_lock = threading.Lock()
         self._hot = False  # keep a pre-started shell ready (see HOT_SHELL), and an agent in another
         self._spare: _Spare | None = None
-        self._agent_spare: tuple[str, _Spare] | None = None  # (the agent code's key, its spare)
+        self._agent_spares: list[tuple[str, _Spare]] = []  # (the agent code's key, its spare)
         self.hot_commands = 0  # commands that ran in a pre-started shell
         self.hot_agents = 0  # agent calls served by a pre-started agent
 
@@ -353,30 +358,36 @@ class SSHTransport(_Collecting):
     def enable_hot_shell(self) -> None:
         """Start each command in a shell started ahead of time (for a long-lived connection)."""
         self._hot = True
-        self._refill()
+        # One agent at first: a second, started beside the first command, would compete with it.
+        # The refill after each command keeps AGENT_SPARES.
+        self._refill(agents=1)
 
-    def _refill(self) -> None:
+    def _refill(self, agents: int = AGENT_SPARES) -> None:
         with self._lock:
             if not self._hot or not self.is_alive():
                 return
             transport = self._client.get_transport()
             if self._spare is None:
                 self._spare = _Spare(transport, self.target.connect_timeout)
-            if self._agent_spare is None:
+            if len(self._agent_spares) < agents:
                 # rv's agent (python start-up, its modules loaded) waits too: an agent call then
                 # costs the command's own work, not a python start on the login node.
                 from rv.agent_client import agent_key, hot_agent_command
 
-                spare = _Spare(transport, self.target.connect_timeout, then=hot_agent_command())
-                self._agent_spare = (agent_key(), spare)
+                key, command = agent_key(), hot_agent_command()
+                while len(self._agent_spares) < agents:
+                    spare = _Spare(transport, self.target.connect_timeout, then=command)
+                    self._agent_spares.append((key, spare))
 
     def _take_agent(self, agent: dict[str, Any]) -> Any:
-        """The pre-started agent, given ``agent``'s mode and arguments; None if there is none for it."""
+        """A pre-started agent (a ready one first), given ``agent``'s mode and arguments; None if
+        there is none for it."""
         with self._lock:
-            held = self._agent_spare
-            if held is None or held[0] != agent.get("key"):
-                return None  # none yet, or one of other code: the command starts its own
-            self._agent_spare = None
+            mine = [held for held in self._agent_spares if held[0] == agent.get("key")]
+            if not mine:
+                return None  # none yet, or of other code: the command starts its own
+            held = next((h for h in mine if h[1].ready.is_set()), mine[0])
+            self._agent_spares.remove(held)
         from rv.agent_client import agent_request
 
         channel = held[1].take(agent_request(agent["mode"], agent["args"]), self.target.connect_timeout)
@@ -400,11 +411,11 @@ class SSHTransport(_Collecting):
         self._hot = False
         with self._lock:
             spare, self._spare = self._spare, None
-            agent, self._agent_spare = self._agent_spare, None
+            agents, self._agent_spares = self._agent_spares, []
         if spare is not None:
             spare.close()
-        if agent is not None:
-            agent[1].close()
+        for _key, agent in agents:
+            agent.close()
         if self._sftp is not None:
             with contextlib.suppress(OSError, EOFError):  # already gone with the connection
                 self._sftp.close()

@@ -503,6 +503,8 @@ def test_a_layer_makes_the_same_work_dir_as_a_full_snapshot_whatever_changed(tmp
     second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert second.base == first.id and Path(layout.snapshot_layer(second.id)).is_dir()
     assert not Path(layout.snapshot(second.id)).exists()
+    # The layer keeps its whole manifest too: the next layer starts from it.
+    assert Path(layout.snapshot(second.id) + ".manifest").read_bytes() == prepare_snapshot(repo).tree.manifest
     work = job_copy(layout, second.id, tmp_path / "w2")
     paths = listed_paths(repo)
     assert tree_state(work) == expected_state(repo, paths)
@@ -529,6 +531,32 @@ def test_a_layer_makes_the_same_work_dir_as_a_full_snapshot_whatever_changed(tmp
     fourth = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert fourth.base is None and fourth.remote_path == layout.snapshot(fourth.id)
     assert tree_state(Path(fourth.remote_path)) == expected_state(repo, listed_paths(repo))
+
+
+@pytest.mark.parametrize("damage", ["missing", "damaged"])
+def test_a_layer_without_a_sound_manifest_file_still_serves_as_a_base(tmp_path, transport, layout, damage):
+    # Layers of an earlier rv have no manifest file (they are spliced from the base's); a damaged one
+    # must cost time, never a wrong tree.
+    repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" for i in range(40)})
+    cache_dir = tmp_path / "cache"
+    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    write(repo / "f1.txt", "one\n")
+    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    kept = Path(layout.snapshot(second.id) + ".manifest")
+    if damage == "missing":
+        kept.unlink()
+    else:
+        kept.chmod(0o600)
+        kept.write_bytes(kept.read_bytes().replace(b"f1.txt", b"f9.txt", 1))
+    write(repo / "f2.txt", "two\n")
+    third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert tree_state(job_copy(layout, third.id, tmp_path / "w")) == expected_state(repo, listed_paths(repo))
+    if damage == "missing":  # spliced from the base's manifest, as before: a layer again
+        assert third.base == first.id
+        meta = json.loads(Path(layout.snapshot_meta(third.id)).read_text())
+        assert sorted(r[0] for r in meta["layer"]["upsert"]) == ["f1.txt", "f2.txt"]
+    else:  # the id check failed, the client sent the full list: a full tree, built right
+        assert third.base is None
 
 
 def test_gc_keeps_the_full_snapshot_a_kept_layer_sits_on(tmp_path, layout, fake_squeue):
