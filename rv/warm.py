@@ -832,6 +832,9 @@ class Server:
         self.idle = float(spec["idle"])
         self.ssh: Any = None
         self.connect_error: dict[str, Any] | None = None
+        # The early connection's failure and when it ended: told to the requests that were already
+        # waiting for it (see ensure_connected), never to later ones.
+        self.early_error: tuple[float, dict[str, Any]] | None = None
         self.connect_lock = threading.Lock()
         self.state = threading.Lock()
         self.active = 0
@@ -991,9 +994,11 @@ class Server:
                 self.log(f"not connecting early: {exc.message}; the first command will be asked")
                 return
             except RvError as exc:
-                # Not kept: the failure may be passing (the command that started us connected
-                # directly meanwhile). The first request tries again and hears its own answer.
+                # Kept only for the requests waiting on it now (a served command waits for the
+                # connection it forked): trying again for them would double the wait on an
+                # unreachable host. A later request tries again: the failure may have passed.
                 self.log(f"could not connect early: {exc.message}")
+                self.early_error = (time.monotonic(), _error_json(exc, retry=False))
                 return
             self._connected(transport)
 
@@ -1005,7 +1010,12 @@ class Server:
 
     def ensure_connected(self, conn: socket.socket, reader: FrameReader) -> bool | None:
         """Connect once (relaying a host key question to this client). True: it was already open."""
+        asked = time.monotonic()
         with self.connect_lock:
+            if self.ssh is None and self.early_error is not None and asked < self.early_error[0]:
+                send_json(conn, b"E", self.early_error[1])  # the attempt it waited for failed
+                self.stop(f"could not connect: {self.early_error[1].get('message')}")
+                return None
             if self.connect_error is not None:
                 send_json(conn, b"E", self.connect_error)
                 self.stop(f"could not connect: {self.connect_error.get('message')}")

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -242,3 +243,30 @@ def test_a_served_command_with_no_warm_connection_shakes_hands_once(bare_rv_env,
     again = front(env, "exec", "echo again")
     assert (again.returncode, again.stdout) == (0, "again\n"), again.stderr
     assert _handshakes("bare") - before == 1
+
+
+def test_a_host_that_never_answers_is_tried_once(rv_env, runtime):
+    # A login node that accepts TCP and never speaks SSH (hung): the served command waits for the
+    # connection it forked, whose one attempt times out. It must not be tried a second time for the
+    # same command (that would double the wait of a user whose VPN is down).
+    env = dict(rv_env, RV_RUNTIME_DIR=str(runtime), RV_CONNECT_TIMEOUT="2")
+    server = started_server(env)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        cfg = load_config(Path(env["RV_CONFIG"]))
+        profile = cfg.profile(cfg.default)
+        save_config(cfg.with_profile(replace(profile, port=silent.getsockname()[1]), make_default=True))
+        r = front(env, "exec", "true")
+        assert r.returncode != 0 and "rv: error:" in r.stderr, r.stderr
+        assert served(runtime, server, "exec"), server_log(runtime)
+        silent.setblocking(False)
+        attempts = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                silent.accept()[0].close()
+                attempts += 1
+        assert attempts == 1
+    finally:
+        silent.close()
