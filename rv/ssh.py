@@ -78,6 +78,8 @@ HOT_SHELL = (
 )
 
 
+OUTPUT_GRACE_S = 0.5  # after the exit status, for output still on its way (see SSHTransport.stream)
+
 # Agents kept started on a warm connection: two, so that a command run at once after another (a
 # script's `rv ps; rv status`) finds one ready while the one the last command took is replaced.
 AGENT_SPARES = 2
@@ -521,9 +523,11 @@ class SSHTransport(_Collecting):
             channel.shutdown_write()
         deadline = None if timeout is None else time.monotonic() + timeout
         tick = 0.2 if cancelled is not None else 0.5
+        eof_by: float | None = None  # see below: how long output may still trail the exit status
         try:
             while True:
-                wait = tick if deadline is None else max(0.0, min(tick, deadline - time.monotonic()))
+                wait = tick if eof_by is None else 0.02
+                wait = wait if deadline is None else max(0.0, min(wait, deadline - time.monotonic()))
                 select.select([channel], [], [], wait)
                 while channel.recv_ready():
                     on_stdout(channel.recv(_CHUNK))
@@ -540,7 +544,16 @@ class SSHTransport(_Collecting):
                     and not channel.recv_ready()
                     and not channel.recv_stderr_ready()
                 ):
-                    break
+                    # sshd sends the exit status when the command exits, which can be before the last
+                    # output it still had to read from the command's pipes: the output is complete
+                    # at EOF. A background process still holding the pipes keeps EOF away, so that
+                    # is waited for only briefly (OUTPUT_GRACE_S).
+                    if channel.eof_received or channel.closed:
+                        break
+                    if eof_by is None:
+                        eof_by = time.monotonic() + OUTPUT_GRACE_S
+                    elif time.monotonic() >= eof_by:
+                        break
                 pending = channel.exit_status_ready() or channel.recv_ready() or channel.recv_stderr_ready()
                 if not pending and (channel.closed or not channel.get_transport().is_active()):
                     # The connection dropped: no exit status will ever come. Say so instead of
