@@ -300,11 +300,11 @@ class WarmTransport(_Collecting):
             return self
         try:
             path, lock_path, log_path = self._paths()
-            if self.key in _started_here and not _forks_daemon():
+            forks = _forks_daemon()
+            if self.key in _started_here and not forks:
                 raise _Cold()
             probe = _try_connect(path, self.target.connect_timeout)
             if probe is None:
-                forks = _forks_daemon()
                 self._start(path, lock_path, log_path, wait=forks)
                 if not forks:
                     raise _Cold()
@@ -1013,9 +1013,7 @@ class Server:
         asked = time.monotonic()
         with self.connect_lock:
             if self.ssh is None and self.early_error is not None and asked < self.early_error[0]:
-                send_json(conn, b"E", self.early_error[1])  # the attempt it waited for failed
-                self.stop(f"could not connect: {self.early_error[1].get('message')}")
-                return None
+                self.connect_error = self.early_error[1]  # the attempt this request waited for failed
             if self.connect_error is not None:
                 send_json(conn, b"E", self.connect_error)
                 self.stop(f"could not connect: {self.connect_error.get('message')}")
