@@ -3,7 +3,7 @@
 <root>/objects/ab/abcdef...     content-addressed file store (git blob ids)
 <root>/snapshots/<id>/          immutable tree of hard links into objects/ (read-only) ...
 <root>/snapshots/<id>.manifest  ... and its manifest (one line per file; a layer's too)
-<root>/snapshots/<id>.layer/    or a layer over a full snapshot: tree/ (what differs), remove, base
+<root>/snapshots/<id>.layer/    or a layer over another snapshot: tree/ (what differs), remove, base
 <root>/snapshots/<id>.json      the snapshot's provenance (and a layer's rows), beside it
 <root>/workspaces/<project>/<branch>/   mutable mirror for `rv sync push`
 <root>/runs/<run id>/           one run (a chain of Slurm jobs, its segments); everything but its

@@ -474,22 +474,29 @@ def clean_stale_temps(root):
 #
 # * a full tree ``snapshots/<id>/`` of hard links into objects/, with its manifest in
 #   ``snapshots/<id>.manifest``; or
-# * a layer ``snapshots/<id>.layer/`` over a full snapshot (its ``base``): ``tree/`` holds hard links
-#   of only the files that differ from the base, ``remove`` (NUL-separated) the paths a job deletes
-#   from its copy of the base before it copies the layer's files in, ``base`` the base's id. The
-#   meta file holds the layer's rows (``upsert``, ``remove``); the manifest is the base's with them,
-#   also kept whole in ``snapshots/<id>.manifest`` so that the next layer over the same base starts
-#   from a read, not from splicing the layer's rows into the base's manifest (~0.25 s for 2,500 rows
-#   over 50,000 files). Layers built before that have no such file and are spliced.
+# * a layer ``snapshots/<id>.layer/`` over another snapshot (its ``base``, the one the client named:
+#   usually the previous submit's): ``tree/`` holds hard links of only the files that differ from
+#   the base, ``remove`` (NUL-separated) the paths a job deletes from its copy of the base before it
+#   copies the layer's files in, ``base`` the base's id. The meta file holds the layer's rows
+#   (``upsert``, ``remove``) and its ``depth`` (1 over a full snapshot); the manifest is the base's
+#   with the rows, kept whole in ``snapshots/<id>.manifest`` so the next layer starts from a read,
+#   not a splice (~0.25 s for 2,500 rows over 50,000 files). Layers of an earlier rv have no such
+#   file (they sit on a full snapshot and are spliced from its manifest).
 #
-# A layer costs work in proportion to what differs from its base, so a resubmit after an edit is
-# cheap however big the repo is; a layer that grows past LAYER_MIN / LAYER_SHARE of the files is
-# built as a full tree instead (once), which later layers then sit on. Both kinds appear by one
-# rename of a folder built complete beside them. Snapshots of rv 0.1 (entries in the meta file, a
-# full tree, version 1) are still collected by gc and used by the jobs that name them.
+# A layer costs work in proportion to what changed since its base, so a resubmit after an edit is
+# cheap however big the repo is and however much else is uncommitted: a job copies the full
+# snapshot at the bottom and applies the layers up the chain in order. A chain stops at LAYER_DEPTH
+# layers or at LAYER_MIN / LAYER_SHARE of the files in all; then the next snapshot is one layer
+# holding everything that differs from the full snapshot (once), or, past that share too, a full
+# tree, which later layers then sit on. Layers deeper than one have meta version 3, so an older rv
+# takes them for no base at all (it sends the full list) instead of misreading them. Every kind
+# appears by one rename of a folder built complete beside them. Snapshots of rv 0.1 (entries in
+# the meta file, a full tree, version 1) are still collected by gc and used by the jobs that name
+# them.
 
 LAYER_MIN = 256
 LAYER_SHARE = 16
+LAYER_DEPTH = 8
 
 
 def snapshot_dir(root, sid):
@@ -521,26 +528,51 @@ def layer_changes(layer):
 
 
 def load_snapshot(root, sid, meta=None):
-    """A stored snapshot as ``(manifest, full base id, its layer, base manifest)``.
+    """A stored snapshot's manifest and meta, ``(text, meta)``.
 
-    A full snapshot has no base (None), an empty layer and no base manifest. Raises OSError,
-    ValueError or KeyError when it is not there or not readable as such (rv 0.1's included).
+    Raises OSError, ValueError or KeyError when it is not there or not readable as such (rv 0.1's
+    included).
     """
     meta = meta if meta is not None else read_meta(root, sid)
-    if meta.get("version") != 2 or not snapshot_exists(root, sid):
+    if meta.get("version") not in (2, 3) or not snapshot_exists(root, sid):
         raise ValueError("snapshot %s cannot be a base" % sid)
-    base = meta.get("base")
-    if base is None:
-        return read_manifest(root, sid), None, {}, None
-    base_text = read_manifest(root, base)
-    layer = layer_changes(meta["layer"])
     try:
         text = read_manifest(root, sid)
     except FileNotFoundError:
-        text = splice(base_text, layer)[0]
+        if meta.get("base") is None or meta.get("version") != 2:
+            raise
+        text = splice(read_manifest(root, meta["base"]), layer_changes(meta["layer"]))[0]
     # A damaged copy only costs time: the snapshot id the client asks for is checked against the
     # text spliced from this one, and a mismatch asks the client for the full list.
-    return text, base, layer, base_text
+    return text, meta
+
+
+def layer_chain(root, sid, meta):
+    """``[(id, meta), ...]`` from snapshot ``sid`` down to the full snapshot it rests on, that one
+    last. Raises OSError, ValueError or KeyError when a link is gone (never by rv's gc, which keeps
+    whole chains) or the chain loops."""
+    chain = [(sid, meta)]
+    while meta.get("base") is not None:
+        if len(chain) > 4 * LAYER_DEPTH:
+            raise ValueError("snapshot %s: a chain of layers with no end" % chain[0][0])
+        sid = meta["base"]
+        meta = read_meta(root, sid)
+        if not snapshot_exists(root, sid):
+            raise ValueError("snapshot %s is gone" % sid)
+        chain.append((sid, meta))
+    return chain
+
+
+def chain_changes(chain):
+    """``{path: row or None}``: everything the layers of ``chain`` change in its full snapshot.
+
+    Later layers win; rows equal to the full snapshot's may be among them (a file changed, then
+    changed back): the caller filters with :func:`layer_over`.
+    """
+    changes = {}
+    for _sid, meta in reversed(chain[:-1]):
+        changes.update(layer_changes(meta["layer"]))
+    return changes
 
 
 def check_rows(rows):
@@ -561,7 +593,7 @@ def resolve_manifest(root, sid, payload):
     list), else a dict: ``text``, ``files``, ``bytes``, ``new`` (the rows that may need objects:
     with changes to a stored snapshot, only the upserted ones; that snapshot's objects are referenced
     by it, and gc cannot remove them while the caller holds the store lock) and ``over``: None, or
-    ``(full base id, base manifest, {path: row or None})`` when a layer over that base could hold it.
+    ``(its chain, its manifest, {path: row or None})``: the changes to it (see :func:`layer_chain`).
     """
     if "entries" in payload:
         rows = payload["entries"]
@@ -572,8 +604,8 @@ def resolve_manifest(root, sid, payload):
         return {"text": text, "files": len(rows), "bytes": sum(r[3] for r in rows), "new": rows, "over": None}
     base_id = payload["base"]
     try:
-        meta = read_meta(root, base_id)
-        base_text, full_id, base_layer, full_text = load_snapshot(root, base_id, meta)
+        base_text, meta = load_snapshot(root, base_id)
+        chain = layer_chain(root, base_id, meta)  # a job needs every link: check them now
     except (OSError, ValueError, KeyError, TypeError):
         return None
     upsert = payload.get("upsert", [])
@@ -588,13 +620,7 @@ def resolve_manifest(root, sid, payload):
         return None  # the client's copy of the base differs from the one here: ask for all
     files = int(meta["files"]) + sum((changes[p] is not None) - (old[p] is not None) for p in changes)
     size = int(meta["bytes"]) + sum(r[3] for r in upsert) - sum(r[3] for r in old.values() if r is not None)
-    if full_id is None:
-        over = (base_id, base_text, changes)
-    else:
-        layer = dict(base_layer)
-        layer.update(changes)
-        over = (full_id, full_text, layer)
-    return {"text": text, "files": files, "bytes": size, "new": upsert, "over": over}
+    return {"text": text, "files": files, "bytes": size, "new": upsert, "over": (chain, base_text, changes)}
 
 
 def missing_objects(root, entries):
@@ -844,8 +870,10 @@ def layer_removals(base_text, text, layer, base=None):
     return out
 
 
-def build_layer(root, sid, resolved, provenance):
-    base_id, base_text, layer = resolved["over"]
+def build_layer(root, sid, resolved, provenance, over):
+    """Layer ``sid`` over ``over`` = (base id, base manifest, finder of its rows, {path: row or None}
+    differing from it, the new layer's depth)."""
+    base_id, base_text, finder, layer, depth = over
     build = _building(root, sid)
     try:
         tree = join(build, b"tree")
@@ -855,7 +883,7 @@ def build_layer(root, sid, resolved, provenance):
             if layer[path] is not None:
                 place(root, tree, layer[path], made)
         _read_only(tree, made)
-        gone = layer_removals(base_text, resolved["text"], layer, resolved.get("finder"))
+        gone = layer_removals(base_text, resolved["text"], layer, finder)
         removals = sorted(enc(p) for p in gone)
         with open(join(build, b"remove"), "wb") as fh:
             fh.write(b"".join(p + b"\0" for p in removals))
@@ -870,12 +898,13 @@ def build_layer(root, sid, resolved, provenance):
         force_rmtree(build)
         raise
     meta = {
-        "version": 2,
+        "version": 2 if depth == 1 else 3,
         "id": sid,
         "created": time.time(),
         "files": resolved["files"],
         "bytes": resolved["bytes"],
         "base": base_id,
+        "depth": depth,
         "layer": {
             "upsert": [layer[p] for p in sorted(layer, key=enc) if layer[p] is not None],
             "remove": [p for p in sorted(layer, key=enc) if layer[p] is None],
@@ -886,14 +915,32 @@ def build_layer(root, sid, resolved, provenance):
 
 
 def make_tree(root, sid, resolved, provenance):
-    """A layer when one over a full snapshot stays small, else a full tree: (status, base or None)."""
+    """The cheapest kind that stays bounded: (status, base or None).
+
+    A layer over the snapshot the client named, while the chain stays short and small; else one
+    layer over the chain's full snapshot, while that stays small; else a full tree.
+    """
+    limit = max(LAYER_MIN, resolved["files"] // LAYER_SHARE)
     if resolved["over"] is not None:
-        base_id, base_text, changes = resolved["over"]
+        chain, base_text, changes = resolved["over"]
+        base_id = chain[0][0]
         finder = RowFinder(base_text, len(changes))  # the base's rows, looked up by both steps
         layer = layer_over(base_text, changes, finder)
-        if len(layer) <= max(LAYER_MIN, resolved["files"] // LAYER_SHARE):
-            resolved = dict(resolved, over=(base_id, base_text, layer), finder=finder)
-            return build_layer(root, sid, resolved, provenance), base_id
+        depth = len(chain) - 1
+        rows = sum(len(m["layer"]["upsert"]) + len(m["layer"]["remove"]) for _sid, m in chain[:-1])
+        if depth < LAYER_DEPTH and rows + len(layer) <= limit:
+            over = (base_id, base_text, finder, layer, depth + 1)
+            return build_layer(root, sid, resolved, provenance, over), base_id
+        if depth > 0:
+            full_id = chain[-1][0]
+            merged = chain_changes(chain)
+            merged.update(changes)
+            full_text = read_manifest(root, full_id)
+            finder = RowFinder(full_text, len(merged))
+            layer = layer_over(full_text, merged, finder)
+            if len(layer) <= limit:
+                over = (full_id, full_text, finder, layer, 1)
+                return build_layer(root, sid, resolved, provenance, over), full_id
     return build_snapshot(root, sid, resolved["text"], provenance, resolved["files"], resolved["bytes"]), None
 
 
@@ -956,7 +1003,7 @@ def _snapshot_objects(root, sid, meta):
 def collect_garbage(root, in_use, args, freed, dry):
     """Snapshots no kept run uses and unused for ``older_than``, then objects no kept snapshot needs.
 
-    A kept layer keeps the full snapshot it sits on.
+    A kept layer keeps the snapshot it sits on, and that one its own, down to a full snapshot.
     """
     older_than = float(args["older_than"])
     grace = float(args.get("grace", 900))
@@ -994,7 +1041,9 @@ def collect_garbage(root, in_use, args, freed, dry):
             else:
                 doomed.append((sid, age))
         unreadable = []
-        for sid in list(kept):
+        todo = list(kept)  # a kept layer keeps its base, and so on down the chain
+        while todo:
+            sid = todo.pop()
             try:
                 metas[sid] = read_meta(root, sid)
             except (OSError, ValueError):
@@ -1005,10 +1054,7 @@ def collect_garbage(root, in_use, args, freed, dry):
                 ages = dict(doomed)
                 kept[base] = (ages.get(base, 0), "the base of kept layer %s" % sid)
                 doomed = [d for d in doomed if d[0] != base]
-                try:
-                    metas[base] = read_meta(root, base)
-                except (OSError, ValueError):
-                    unreadable.append(base)
+                todo.append(base)
         for sid, age in doomed:
             row = {"id": sid, "age_s": round(age)}
             before = freed.bytes

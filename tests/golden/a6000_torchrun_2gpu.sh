@@ -208,25 +208,36 @@ trap 'rv_got_term=1; [ "$rv_program_ran" = 1 ] || exit 129' HUP
 # Copies (reflinks where the filesystem has them), never hard links into the store: a job may
 # make its files writable and edit them without touching the store or another run. Files
 # that are hard links of each other in the snapshot (same content) become separate files.
-# A snapshot is a full tree, or a layer over one (what differs from it): then the full one is
-# copied, the paths the layer lists in `remove` deleted, and the layer's own files copied in.
+# A snapshot is a full tree, or a layer over another snapshot (what differs from it): then the
+# full one at the bottom is copied and each layer up to this one applied in order: the paths
+# it lists in `remove` deleted, its own files copied in.
 if [ ! -d "$RV_WORK_DIR" ]; then
     rm -rf -- "$RV_WORK_DIR.tmp"
-    if [ -d /scratch/u/rv/snapshots/snap01 ]; then
-        cp -R -P --preserve=mode,timestamps --reflink=auto -- /scratch/u/rv/snapshots/snap01 "$RV_WORK_DIR.tmp"
-    elif [ -d /scratch/u/rv/snapshots/snap01.layer ]; then
-        rv_base=$(cat /scratch/u/rv/snapshots/snap01.layer/base)
-        case "$rv_base" in
-            ""|*[!0-9a-f]*) rv_failed_at="snapshot layer snap01 names no base"
+    rv_snap=snap01 rv_layers='' rv_depth=0
+    while [ -d /scratch/u/rv/snapshots/"$rv_snap.layer" ]; do  # down the layers to the full snapshot
+        rv_layers="$rv_snap $rv_layers" rv_depth=$((rv_depth + 1))
+        rv_snap=$(cat /scratch/u/rv/snapshots/"$rv_snap.layer/base")
+        case "$rv_snap" in
+            ""|*[!0-9a-f]*) rv_failed_at="a layer under snapshot snap01 has no base"
                 echo "rv: $rv_failed_at" >&2; exit 1 ;;
         esac
-        cp -R -P --preserve=mode,timestamps --reflink=auto -- /scratch/u/rv/snapshots/"$rv_base" "$RV_WORK_DIR.tmp"
-        chmod -R u+w -- "$RV_WORK_DIR.tmp"
-        (cd "$RV_WORK_DIR.tmp" && xargs -0 -r rm -rf -- < /scratch/u/rv/snapshots/snap01.layer/remove)
-        cp -R -P --preserve=mode,timestamps --reflink=auto -- /scratch/u/rv/snapshots/snap01.layer/tree/. "$RV_WORK_DIR.tmp"
-    else
-        rv_failed_at="snapshot snap01 not found"; echo "rv: $rv_failed_at" >&2; exit 1
+        if [ "$rv_depth" -gt 64 ]; then
+            rv_failed_at="snapshot snap01: layers with no end"; echo "rv: $rv_failed_at" >&2; exit 1
+        fi
+    done
+    if [ ! -d /scratch/u/rv/snapshots/"$rv_snap" ]; then
+        rv_failed_at="snapshot $rv_snap not found"; echo "rv: $rv_failed_at" >&2; exit 1
     fi
+    cp -R -P --preserve=mode,timestamps --reflink=auto -- /scratch/u/rv/snapshots/"$rv_snap" "$RV_WORK_DIR.tmp"
+    chmod -R u+w -- "$RV_WORK_DIR.tmp"
+    for rv_layer in $rv_layers; do  # the lowest first
+        (cd "$RV_WORK_DIR.tmp" && xargs -0 -r rm -rf -- < /scratch/u/rv/snapshots/"$rv_layer.layer/remove")
+        cp -R -P --preserve=mode,timestamps --reflink=auto -- /scratch/u/rv/snapshots/"$rv_layer.layer/tree/." "$RV_WORK_DIR.tmp"
+        # cp gave the folders it wrote into the layer's read-only modes: the next layer deletes
+        # in them.
+        (cd /scratch/u/rv/snapshots/"$rv_layer.layer/tree" && find . -type d -print0) |
+            (cd "$RV_WORK_DIR.tmp" && xargs -0 chmod u+w --)
+    done
     chmod -R u+w -- "$RV_WORK_DIR.tmp"
     mv -- "$RV_WORK_DIR.tmp" "$RV_WORK_DIR"
 fi
@@ -518,16 +529,21 @@ rv_task() {
         wait "$program"; rc=$?
         kill -0 "$program" 2>/dev/null || break
     done
-    kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+    # KILL, not TERM: the watcher has nothing to finish, and a TERM trap of bash 5.2 was seen
+    # lost under load (the watcher lived on, and this wait with it).
+    kill -KILL "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || :
     return "$rc"
 }
 rv_stop_watch() {  # rv_stop_watch PID: at the lead time, rv_stop_deliver PID
-    local end left sleeper=''
-    trap '[ -z "$sleeper" ] || kill "$sleeper" 2>/dev/null; exit 0' TERM
+    local end left
+    # It waits in `read -t` on a pipe no one writes to (rv_nap_fd, also rv_stop_deliver's): a
+    # builtin, so killing the watcher leaves no `sleep` behind holding the job's output open.
+    exec {rv_nap_fd}<> <(:)
     while :; do
         # Asked again every minute at most: Slurm may move the limit (scontrol update).
         end="$(env SLURM_TIME_FORMAT=standard squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null | sed -n 1p)"
-        end="$(date -d "$end" +%s 2>/dev/null)" || end=""
+        # An empty answer must stay empty: `date -d ''` is midnight, a limit long past.
+        [ -n "$end" ] && end="$(date -d "$end" +%s 2>/dev/null)" || end=""
         if [ -n "$end" ]; then
             left=$((end - RV_STOP_LEAD - $(date +%s)))
             if [ "$left" -le 0 ]; then rv_stop_deliver "$1"; return 0; fi
@@ -535,8 +551,7 @@ rv_stop_watch() {  # rv_stop_watch PID: at the lead time, rv_stop_deliver PID
         else
             left=60  # no answer (or no limit): never signal on a guess
         fi
-        sleep "$left" & sleeper=$!
-        wait "$sleeper"; sleeper=""
+        read -r -t "$left" -u "$rv_nap_fd" || :
     done
 }
 rv_stop_deliver() {  # rv_stop_deliver PID: RV_STOP_SIGNAL to the processes under PID handling it
@@ -550,8 +565,7 @@ rv_stop_deliver() {  # rv_stop_deliver PID: RV_STOP_SIGNAL to the processes unde
             date +%s >"$RV_JOB_DIR/stop-node${SLURM_NODEID:-0}"
             said=1
         fi
-        sleep 5 & sleeper=$!
-        wait "$sleeper"; sleeper=""
+        read -r -t 5 -u "$rv_nap_fd" || :
     done
 }
 rv_stop_send() {  # rv_stop_send PID: signal the handlers under PID; fails when there are none

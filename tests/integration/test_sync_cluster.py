@@ -391,6 +391,16 @@ def test_a_resubmit_after_edits_ships_a_layer_and_the_job_runs_the_edited_tree(
     assert run.returncode == 0, run.stderr[-2000:]
     assert "lr = 9e-9  # edited for the resubmit ['inside.py']" in run.stdout
     assert "already on the cluster, nothing to send" in run.stderr
+    # The next resubmit is a layer over that one, holding only the new edits; a job applies both, the
+    # second deleting in folders the first one's copy left read-only (this user is not root).
+    write(repo / "pkg/mod.py/inside.py", "edited again\n")
+    (repo / "link-to-train").unlink()
+    third = rv_json(run_rv_bare, "sync", "snapshot", cwd=repo)
+    assert third["base"] == snap["id"] and third["new_objects"] == 1
+    job_work_dir(bare_ssh_transport, bare_remote_root, third["id"], f"{bare_remote_root}/check-work-3")
+    now.remove("link-to-train")
+    got = remote_tree(bare_ssh_transport, f"{bare_remote_root}/check-work-3")
+    assert without_writable(got) == without_writable(local_tree(repo, now))
 
 
 HOT_AGENT = "H[.]read[(]4"  # a regex matching the pre-started agent's command line, not this one

@@ -687,10 +687,15 @@ def test_a_plain_program_is_never_signalled_early(box):
     assert box.ended()["exit_code"] == 0
 
 
-def test_no_signal_before_the_lead_time(box):
-    result, _ = box.run(stopper(box), FAKE_END_IN="3600", RUN_FOR="1.5")
+@pytest.mark.parametrize(
+    "squeue", [{"FAKE_END_IN": "3600"}, {"FAKE_SQUEUE_FAIL": "1"}], ids=["far off", "no answer"]
+)
+def test_no_signal_before_the_lead_time_or_on_a_guess(box, squeue):
+    # No answer from squeue once read as "ends at midnight today" (`date -d ""`): a signal at once.
+    result, _ = box.run(stopper(box), RUN_FOR="1.5", **squeue)
     assert "ran to the end" in result.stdout.decode()
     assert "before the time limit" not in result.stderr.decode()
+    assert box.record()["stop_sent"] is False
 
 
 @pytest.mark.parametrize(
@@ -947,3 +952,29 @@ def test_the_stop_signal_goes_to_workers_never_to_a_launcher(box):
     out = result.stdout.decode()
     assert "saved and stopped" in out and "AGENT GOT USR1" not in out
     assert result.returncode == 0 and box.record()["reason"] == "stopped at time limit"
+
+
+def test_the_stop_watcher_ends_with_the_program_however_soon_and_leaves_nothing_behind(box, tmp_path):
+    # The program ending at once ends the watcher at any point of its loop. With a TERM trap and
+    # `sleep &`, a TERM between `sleep &` and `sleeper=$!` left a sleep holding the job's output open
+    # for a minute (a flaky hang of the property tests above), and under load bash 5.2 lost the trap
+    # itself, so the watcher lived on and rv_task waited for it. The watcher and rv_task's lines
+    # that end it, thousands of times, run into neither.
+    script = render_script(build_request(CATALOG, command=["python", "t.py"], gpu_type="a6000"), box.ctx())
+    lines = script.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("rv_stop_watch() {")))
+    watcher = "\n".join(lines[start : lines.index("}", start) + 1])
+    (end_it,) = [line.strip() for line in lines if 'wait "$watcher"' in line]
+    loop = f"for i in $(seq 3000); do rv_stop_watch 1 & watcher=$!; {end_it}; done"
+    bindir = tmp_path / "bin"  # no squeue: the watcher waits its full minute between questions
+    bindir.mkdir()
+    for tool in ("bash", "date", "sed", "seq", "env"):
+        (bindir / tool).symlink_to(shutil.which(tool))
+    proc = subprocess.Popen(["bash", "-c", f"{watcher}\n{loop}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={"PATH": str(bindir)})  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=45)  # what a watcher leaves holds the pipes 60 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("a watcher, or a sleep of one, outlived its end, holding the output open")
+    assert proc.returncode == 0 and out == b"" and err == b""

@@ -7,6 +7,7 @@ would over SSH, reading the same stdin stream.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -24,8 +25,8 @@ from rv.errors import RemoteError, UsageError
 from rv.job.cleanup import collect_garbage
 from rv.layout import RemoteLayout
 from rv.listing import blob_id
+from rv.remote_store import LAYER_DEPTH, text_id
 from rv.remote_store import manifest_text as agent_text
-from rv.remote_store import text_id
 from rv.slurm.script import work_dir_lines
 from rv.snapshot import make_snapshot, prepare_snapshot
 from rv.transport import LocalTransport
@@ -510,14 +511,15 @@ def test_a_layer_makes_the_same_work_dir_as_a_full_snapshot_whatever_changed(tmp
     assert tree_state(work) == expected_state(repo, paths)
     # No folder the new tree lacks (f/ and f/deep/ went with their last file; d/ became a file).
     assert folders(work) == {str(q) for p in paths for q in Path(p).parents if str(q) != "."}
-    # A layer of a layer sits on the full snapshot, holding both sets of changes.
-    write(repo / "a/keep.txt", "keep\n")  # back as in the first snapshot: no longer in the layer
+    # The next layer sits on that layer, holding only what changed since it.
+    write(repo / "a/keep.txt", "keep\n")  # back as in the first snapshot
     write(repo / "many/f1.txt", "third\n")
     third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert third.base == first.id
+    assert third.base == second.id
     assert tree_state(job_copy(layout, third.id, tmp_path / "w3")) == expected_state(repo, listed_paths(repo))
     meta = json.loads(Path(layout.snapshot_meta(third.id)).read_text())
-    assert "a/keep.txt" not in [r[0] for r in meta["layer"]["upsert"]] and meta["base"] == first.id
+    assert sorted(r[0] for r in meta["layer"]["upsert"]) == ["a/keep.txt", "many/f1.txt"]
+    assert meta["layer"]["remove"] == [] and meta["depth"] == 2
     # Permissions: the layer is as private and read-only as a full snapshot.
     layer = Path(layout.snapshot_layer(third.id))
     assert (
@@ -533,6 +535,80 @@ def test_a_layer_makes_the_same_work_dir_as_a_full_snapshot_whatever_changed(tmp
     assert tree_state(Path(fourth.remote_path)) == expected_state(repo, listed_paths(repo))
 
 
+def expected_folders(repo: Path) -> set[str]:
+    return {str(q) for p in listed_paths(repo) for q in Path(p).parents if str(q) != "."}
+
+
+def test_layers_stack_up_to_a_bound_and_each_makes_the_right_work_dir(tmp_path, transport, layout):
+    # A resubmit's layer holds what changed since the snapshot before it, however much is uncommitted,
+    # so a job applies a chain of them; past LAYER_DEPTH the next is one layer over the full snapshot.
+    repo = new_repo(tmp_path / "repo", {**{f"src/f{i}.txt": f"{i}\n" for i in range(40)}, "d/x.txt": "x\n"})
+    cache_dir = tmp_path / "cache"
+    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    edits = [
+        lambda: write(repo / "src/f0.txt", "edited\n"),
+        lambda: (repo / "src/f1.txt").unlink(),
+        lambda: (shutil.rmtree(repo / "d"), write(repo / "d", "a file where a folder was\n")),
+        lambda: ((repo / "d").unlink(), write(repo / "d/y.txt", "a folder again\n")),
+        lambda: write(repo / "new/a/b.txt", "new folders\n"),
+        lambda: (shutil.rmtree(repo / "new"), write(repo / "top.txt", "t\n")),  # folders go with their file
+        lambda: (repo / "src/f2.txt").chmod(0o755),
+        lambda: write(repo / "src/f0.txt", "0\n"),  # back as in the first snapshot
+    ]
+    assert len(edits) == LAYER_DEPTH
+    below = first
+    for depth, edit in enumerate(edits, start=1):
+        edit()
+        snap = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+        meta = json.loads(Path(layout.snapshot_meta(snap.id)).read_text())
+        assert (snap.base, meta["depth"]) == (below.id, depth)
+        assert len(meta["layer"]["upsert"]) + len(meta["layer"]["remove"]) <= 2  # this edit only
+        work = job_copy(layout, snap.id, tmp_path / f"w{depth}")
+        assert tree_state(work) == expected_state(repo, listed_paths(repo)), f"layer {depth}"
+        assert folders(work) == expected_folders(repo), f"layer {depth}"
+        below = snap
+    # The chain is full: the next layer sits on the full snapshot, holding all that differs from it.
+    write(repo / "src/f3.txt", "edited\n")
+    merged = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    meta = json.loads(Path(layout.snapshot_meta(merged.id)).read_text())
+    assert (merged.base, meta["depth"]) == (first.id, 1)
+    assert sorted(r[0] for r in meta["layer"]["upsert"]) == ["d/y.txt", "src/f2.txt", "src/f3.txt", "top.txt"]
+    assert meta["layer"]["remove"] == ["d/x.txt", "src/f1.txt"]
+    assert tree_state(job_copy(layout, merged.id, tmp_path / "m")) == expected_state(repo, listed_paths(repo))
+    # ... and the one after it on that layer again.
+    write(repo / "src/f4.txt", "edited\n")
+    after = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert after.base == merged.id
+    assert tree_state(job_copy(layout, after.id, tmp_path / "wa")) == expected_state(repo, listed_paths(repo))
+
+
+def remove_snapshot(layout: RemoteLayout, sid: str) -> None:
+    for path in Path(layout.snapshots).glob(f"{sid}*"):
+        if path.is_dir():
+            subprocess.run(["chmod", "-R", "u+w", str(path)], check=True)
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def test_a_layer_whose_chain_lost_a_link_is_no_base(tmp_path, transport, layout):
+    # Only a person (or an older rv's gc, which kept one level) removes a snapshot under a layer: a
+    # layer over it would make jobs that fail, so the client is asked for the full list instead.
+    repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" for i in range(40)})
+    cache_dir = tmp_path / "cache"
+    make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    write(repo / "f1.txt", "one\n")
+    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    write(repo / "f2.txt", "two\n")
+    third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert third.base == second.id
+    remove_snapshot(layout, second.id)
+    write(repo / "f3.txt", "three\n")
+    fourth = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert fourth.base is None and fourth.remote_path == layout.snapshot(fourth.id)
+    assert tree_state(job_copy(layout, fourth.id, tmp_path / "w")) == expected_state(repo, listed_paths(repo))
+
+
 @pytest.mark.parametrize("damage", ["missing", "damaged"])
 def test_a_layer_without_a_sound_manifest_file_still_serves_as_a_base(tmp_path, transport, layout, damage):
     # Layers of an earlier rv have no manifest file (they are spliced from the base's); a damaged one
@@ -542,6 +618,7 @@ def test_a_layer_without_a_sound_manifest_file_still_serves_as_a_base(tmp_path, 
     first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     write(repo / "f1.txt", "one\n")
     second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert second.base == first.id
     kept = Path(layout.snapshot(second.id) + ".manifest")
     if damage == "missing":
         kept.unlink()
@@ -552,29 +629,34 @@ def test_a_layer_without_a_sound_manifest_file_still_serves_as_a_base(tmp_path, 
     third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert tree_state(job_copy(layout, third.id, tmp_path / "w")) == expected_state(repo, listed_paths(repo))
     if damage == "missing":  # spliced from the base's manifest, as before: a layer again
-        assert third.base == first.id
+        assert third.base == second.id
         meta = json.loads(Path(layout.snapshot_meta(third.id)).read_text())
-        assert sorted(r[0] for r in meta["layer"]["upsert"]) == ["f1.txt", "f2.txt"]
+        assert [r[0] for r in meta["layer"]["upsert"]] == ["f2.txt"]
     else:  # the id check failed, the client sent the full list: a full tree, built right
         assert third.base is None
 
 
-def test_gc_keeps_the_full_snapshot_a_kept_layer_sits_on(tmp_path, layout, fake_squeue):
+def test_gc_keeps_every_snapshot_under_a_kept_layer(tmp_path, layout, fake_squeue):
     t = gc_transport(tmp_path)
     repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" for i in range(20)})
     cache_dir = tmp_path / "cache"
-    base = make_snapshot(t, layout, repo, cache_dir=cache_dir)
-    write(repo / "f3.txt", "layered\n")
-    layer = make_snapshot(t, layout, repo, cache_dir=cache_dir)
-    assert layer.base == base.id
-    backdate(layout, base.id, 30)
+    chain = [make_snapshot(t, layout, repo, cache_dir=cache_dir)]
+    for i in range(3):
+        write(repo / f"f{i}.txt", f"layer {i}\n")
+        chain.append(make_snapshot(t, layout, repo, cache_dir=cache_dir))
+        assert chain[-1].base == chain[-2].id
+    for snap in chain[:-1]:
+        backdate(layout, snap.id, 30)
     report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
     assert report["removed"] == []
-    assert {k["id"]: k["reason"] for k in report["kept"]}[base.id] == f"the base of kept layer {layer.id}"
-    assert tree_state(job_copy(layout, layer.id, tmp_path / "w")) == expected_state(repo, listed_paths(repo))
-    backdate(layout, layer.id, 30)
+    reasons = {k["id"]: k["reason"] for k in report["kept"]}
+    for below, above in itertools.pairwise(chain):
+        assert reasons[below.id] == f"the base of kept layer {above.id}"
+    top = job_copy(layout, chain[-1].id, tmp_path / "w")
+    assert tree_state(top) == expected_state(repo, listed_paths(repo))
+    backdate(layout, chain[-1].id, 30)
     report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
-    assert sorted(r["id"] for r in report["removed"]) == sorted([base.id, layer.id])
+    assert sorted(r["id"] for r in report["removed"]) == sorted(s.id for s in chain)
     assert sorted(p.name for p in Path(layout.snapshots).iterdir()) == []
     assert not any(Path(layout.objects).glob("*/*"))
 
