@@ -154,17 +154,28 @@ def diff_head(tree: LocalTree, git: Git, cache: TreeCache | None = None) -> byte
     kept = cache.diffs(repo.top)
     files = kept["files"] if kept.get("head") == repo.commit else {}
     subs = set(repo.submodules)
-    if len(changed) > 64:  # one parse of the manifest (C speed) beats a search per path
+    paths = [p for p in changed if p not in subs]
+    previous = tree.previous
+    if files and previous is not None and kept.get("sid") == previous[0]:
+        # The parts were made for the last listing, whose changes since are at hand: only those
+        # rows can differ from their keys. No parse of the manifest, however many files are dirty
+        # (0.15 s at 50,000 files, every resubmit once more than 64 are).
+        since = previous[1]
+        keys = {p: since[p] if p in since else files[p][0] if p in files else agent.row_at(tree.manifest, p)
+                for p in paths}  # fmt: skip
+    elif len(paths) > 64:  # one parse of the manifest (C speed) beats a search per path
         rows = {r[0]: r for r in agent.manifest_rows(tree.manifest)}
-        keys = {p: rows.get(p) for p in changed if p not in subs}
+        keys = {p: rows.get(p) for p in paths}
     else:
-        keys = {p: agent.row_at(tree.manifest, p) for p in changed if p not in subs}
+        keys = {p: agent.row_at(tree.manifest, p) for p in paths}
     todo = [p for p in changed if p in subs or p not in files or files[p][0] != keys[p]]
     fresh = _diff_parts(_diff_of(git, repo.top, todo)) if todo else {}
     if fresh is None:  # a header this code cannot read: the plain diff, nothing kept
         return _diff_of(git, repo.top, changed)
     parts = {p: fresh.get(p, b"") if p in todo else files[p][1] for p in changed}
-    cache.put_diffs(repo.top, {"head": repo.commit, "files": {p: [keys[p], parts[p]] for p in keys}})
+    cache.put_diffs(
+        repo.top, {"head": repo.commit, "sid": tree.id, "files": {p: [keys[p], parts[p]] for p in keys}}
+    )
     return b"".join(parts[p] for p in sorted(parts, key=agent.enc))
 
 

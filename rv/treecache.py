@@ -92,7 +92,8 @@ class TreeCache:
 
     # -- provenance diffs ----------------------------------------------------------------------------
     def diffs(self, top: Path) -> dict[str, Any]:
-        """The last provenance diff of ``top``, by file: {"head": commit, "files": {path: [key, text]}}."""
+        """The last provenance diff of ``top``, by file: {"head": commit, "sid": the manifest's id,
+        "files": {path: [its manifest row, its part of the diff]}}."""
         key = "diff\0" + str(top)
         if key in self._states:
             return self._states[key]

@@ -328,6 +328,35 @@ def test_the_provenance_diff_is_gits_and_rediffs_only_files_that_changed(tmp_pat
     assert diffed[0] == ["f7.py"]
 
 
+def test_with_many_dirty_files_a_resubmit_rediffs_what_changed_and_parses_no_manifest(tmp_path, monkeypatch):
+    # Past 64 dirty files the keys of the cached parts came from parsing the whole manifest, every
+    # resubmit (0.15 s at 50,000 files); the last listing's changes say which keys can be stale.
+    repo = new_repo(tmp_path / "repo", {f"f{i}.py": f"x = {i}\n" for i in range(100)})
+    cache = TreeCache(tmp_path / "cache")
+    for i in range(80):
+        write(repo / f"f{i}.py", f"x = 'dirty {i}'\n")
+    want = git(repo, "-c", "diff.noprefix=false", *GIT_DIFF)
+    assert provenance.diff_head(scan_tree(repo, cache=cache), Git(), cache).decode() == want
+    write(repo / "f3.py", "x = 'edited again'\n")
+    (repo / "f90.py").unlink()
+    write(repo / "f5.py", "x = 5\n")  # clean again
+    tree = scan_tree(repo, cache=cache)
+    diffed: list[list[str]] = []
+    parsed: list[int] = []
+    real_out, real_rows = Git.out, agent.manifest_rows
+
+    def out(self, args, cwd, **kw):
+        if "diff" in args and "HEAD" in args:
+            diffed.append(list(args[args.index("--") + 1 :]) if "--" in args else ["<all>"])
+        return real_out(self, args, cwd, **kw)
+
+    monkeypatch.setattr(Git, "out", out)
+    monkeypatch.setattr(agent, "manifest_rows", lambda text: parsed.append(1) or real_rows(text))
+    want = git(repo, "-c", "diff.noprefix=false", *GIT_DIFF)
+    assert provenance.diff_head(tree, Git(), cache).decode() == want
+    assert diffed == [["f3.py", "f90.py"]] and parsed == []
+
+
 def test_an_rvignore_in_a_folder_that_holds_only_folders_applies(tmp_path):
     # rv 0.1 looked for .rvignore files only in folders holding a listed file directly: one kept out
     # of git (a personal one, say) in a folder of folders was never read, and the weights were sent.
