@@ -312,9 +312,18 @@ def test_nothing_rv_starts_outlives_it(relayed, rv_env, tmp_path):
             # only the new one remain; then rv goes, and that one ends too.
             old = set(rv_started_processes(user))
             relay.cut()
-            wait_for(
-                lambda old=old: not (set(rv_started_processes(user)) & old), 15, "the old follower to end"
-            )
+
+            def survivors(old=old):
+                return sorted(set(rv_started_processes(user)) & old)
+
+            # A liveness bound, not a timing claim: 15 s ran out twice in full CI runs (never alone,
+            # in a dozen tries); a follower that never ends still fails here, with the user's tree.
+            try:
+                wait_for(lambda: not survivors(), 30, "the old follower to end", step=0.5)
+            except AssertionError as e:
+                tree = subprocess.run(["ps", "-ww", "-u", user, "-o", "pid,ppid,etime,args", "--forest"],
+                                      capture_output=True, text=True)  # fmt: skip
+                raise AssertionError(f"{e}; still there: {survivors()}\n{tree.stdout}") from None
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=30)
         reader.join()
