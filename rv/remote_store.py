@@ -497,6 +497,7 @@ def clean_stale_temps(root):
 LAYER_MIN = 256
 LAYER_SHARE = 16
 LAYER_DEPTH = 8
+CHAIN_BROKEN = 4 * LAYER_DEPTH  # more links than this: a loop or a damaged store (jobs check it too)
 
 
 def snapshot_dir(root, sid):
@@ -553,7 +554,7 @@ def layer_chain(root, sid, meta):
     whole chains) or the chain loops."""
     chain = [(sid, meta)]
     while meta.get("base") is not None:
-        if len(chain) > 4 * LAYER_DEPTH:
+        if len(chain) > CHAIN_BROKEN:
             raise ValueError("snapshot %s: a chain of layers with no end" % chain[0][0])
         sid = meta["base"]
         meta = read_meta(root, sid)

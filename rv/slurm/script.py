@@ -50,6 +50,7 @@ from pathlib import Path
 from rv.contract import BF16_MIN_MAJOR, PREEMPTED
 from rv.errors import ConfigError, UsageError
 from rv.layout import RemoteLayout
+from rv.remote_store import CHAIN_BROKEN
 from rv.request import ACCELERATE_MODES, JobRequest, LaunchArgs, TorchrunArgs, launch_ranks
 from rv.slurm import commands
 
@@ -516,7 +517,7 @@ def work_dir_lines(layout: RemoteLayout, snapshot_id: str) -> list[str]:
         f'            ""|*[!0-9a-f]*) rv_failed_at="a layer under snapshot {snapshot_id} has no base"',
         f"                {fail} ;;",
         "        esac",
-        '        if [ "$rv_depth" -gt 64 ]; then',
+        f'        if [ "$rv_depth" -gt {CHAIN_BROKEN} ]; then',
         f'            rv_failed_at="snapshot {snapshot_id}: layers with no end"; {fail}',
         "        fi",
         "    done",

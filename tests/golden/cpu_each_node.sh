@@ -219,7 +219,7 @@ if [ ! -d "$RV_WORK_DIR" ]; then
             ""|*[!0-9a-f]*) rv_failed_at="a layer under snapshot snap01 has no base"
                 echo "rv: $rv_failed_at" >&2; exit 1 ;;
         esac
-        if [ "$rv_depth" -gt 64 ]; then
+        if [ "$rv_depth" -gt 32 ]; then
             rv_failed_at="snapshot snap01: layers with no end"; echo "rv: $rv_failed_at" >&2; exit 1
         fi
     done
