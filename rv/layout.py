@@ -46,7 +46,7 @@ class RemoteLayout:
         return 0o027 if self.share_with_group else 0o077
 
     def agent_args(self, **extra: object) -> dict[str, object]:
-        """Arguments for a remote_store mode: the root, the umask, and the mode's own."""
+        """Arguments for an agent mode: the root, the umask, and the mode's own."""
         return {"root": self.root, "umask": self.umask, **extra}
 
     def _join(self, *parts: str) -> str:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rv import remote_store as agent
+from rv.agent import manifest
 from rv.errors import NotFound, RvError, UsageError
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def _map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
 
 
 def _split_z(data: bytes) -> list[str]:
-    return [agent.dec(p) for p in data.split(b"\0") if p]
+    return [manifest.dec(p) for p in data.split(b"\0") if p]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -173,18 +173,18 @@ class Entry:
 
 
 def blob_id(data: bytes) -> str:
-    h = agent.blob_hasher(len(data))
+    h = manifest.blob_hasher(len(data))
     h.update(data)
     return str(h.hexdigest())
 
 
 def snapshot_id(entries: Iterable[Entry]) -> str:
     """Derived from the manifest alone, so identical trees are one snapshot."""
-    return str(agent.manifest_id([e.row() for e in entries]))
+    return str(manifest.manifest_id([e.row() for e in entries]))
 
 
 def sort_entries(entries: Iterable[Entry]) -> list[Entry]:
-    return sorted(entries, key=lambda e: agent.enc(e.path))
+    return sorted(entries, key=lambda e: manifest.enc(e.path))
 
 
 def hash_path(full: str | Path) -> tuple[int, str, int, int] | None:
@@ -199,7 +199,7 @@ def hash_path(full: str | Path) -> tuple[int, str, int, int] | None:
     if not stat.S_ISREG(st.st_mode):
         return None
     mode = MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE
-    h = agent.blob_hasher(st.st_size)
+    h = manifest.blob_hasher(st.st_size)
     left = st.st_size
     with open(full, "rb") as fh:
         while left > 0:
@@ -262,22 +262,22 @@ class ManifestPaths(Collection[str]):
         self.text = text
 
     def __contains__(self, path: object) -> bool:
-        return isinstance(path, str) and agent.row_at(self.text, path) is not None
+        return isinstance(path, str) and manifest.row_at(self.text, path) is not None
 
     def __iter__(self) -> Iterator[str]:
-        return (row[0] for row in agent.manifest_rows(self.text))
+        return (row[0] for row in manifest.manifest_rows(self.text))
 
     def __len__(self) -> int:
         return self.text.count(b"\n")
 
     def under(self, prefix: str) -> Iterator[str]:
         """The paths that start with ``prefix``, in manifest order."""
-        key = agent.enc(prefix)
-        start = agent.find_line(self.text, key)[0]
+        key = manifest.enc(prefix)
+        start = manifest.find_line(self.text, key)[0]
         while start < len(self.text):
             end = self.text.index(b"\n", start) + 1
-            path = agent.parse_line(self.text[start:end])[0]
-            if not agent.enc(path).startswith(key):
+            path = manifest.parse_line(self.text[start:end])[0]
+            if not manifest.enc(path).startswith(key):
                 return
             yield path
             start = end
@@ -292,7 +292,7 @@ class LocalTree:
     """
 
     root: Path
-    manifest: bytes  # rv.remote_store's manifest text: one line per file, sorted by path
+    manifest: bytes  # rv.agent.manifest's text: one line per file, sorted by path
     files: int
     total_size: int
     large: tuple[tuple[str, int], ...] = ()  # every file of LARGE_FLOOR bytes or more: (path, size)
@@ -307,19 +307,21 @@ class LocalTree:
     @classmethod
     def of(cls, root: Path, entries: Iterable[Entry], **kw: Any) -> LocalTree:
         entries = list(entries)
-        text = agent.manifest_text([e.row() for e in entries])
+        text = manifest.manifest_text([e.row() for e in entries])
         mtimes = {e.path: e.mtime_ns for e in entries} if any(e.mtime_ns for e in entries) else None
         large = tuple((e.path, e.size) for e in entries if e.size >= LARGE_FLOOR)
         return cls(root, text, len(entries), sum(e.size for e in entries), large, mtimes=mtimes, **kw)
 
     @functools.cached_property
     def id(self) -> str:
-        return str(agent.text_id(self.manifest))
+        return str(manifest.text_id(self.manifest))
 
     @functools.cached_property
     def entries(self) -> tuple[Entry, ...]:
         mtimes = self.mtimes or {}
-        return tuple(Entry(p, m, o, s, mtimes.get(p, 0)) for p, m, o, s in agent.manifest_rows(self.manifest))
+        return tuple(
+            Entry(p, m, o, s, mtimes.get(p, 0)) for p, m, o, s in manifest.manifest_rows(self.manifest)
+        )
 
     @property
     def paths(self) -> ManifestPaths:
@@ -375,12 +377,12 @@ def _untrusted_by_attributes(top: Path, paths: list[str], git: Git, config: dict
     out = git.out(
         ["check-attr", "-z", "--stdin", "filter", "ident", "working-tree-encoding", "text", "eol", "crlf"],
         top,
-        input=b"\0".join(agent.enc(p) for p in paths) + b"\0",
+        input=b"\0".join(manifest.enc(p) for p in paths) + b"\0",
     )
     fields = out.split(b"\0")
     bad: set[str] = set()
     for i in range(0, len(fields) - 2, 3):
-        path, attr, value = agent.dec(fields[i]), fields[i + 1], fields[i + 2]
+        path, attr, value = manifest.dec(fields[i]), fields[i + 1], fields[i + 2]
         if value in (b"unspecified", b"unset"):
             if attr == b"text" and (autocrlf or crlf_eol) and value == b"unspecified":
                 bad.add(path)  # autocrlf converts any file git guesses is text
@@ -505,7 +507,7 @@ def ignored_paths(
         # paths below another one are asked about in a later round.
         batch = [p for p in remaining if not _below_one_of(p, remaining)]
         remaining.difference_update(batch)
-        info = b"".join(b"100644 " + empty.encode() + b"\t" + agent.enc(p) + b"\0" for p in batch)
+        info = b"".join(b"100644 " + empty.encode() + b"\t" + manifest.enc(p) + b"\0" for p in batch)
         with tempfile.TemporaryDirectory(prefix="rv-ignore-") as tmp:
             env = _scratch_repo(Path(tmp), root, git)
             git.out(["update-index", "-z", "--index-info"], root, input=info, env=env)
@@ -586,7 +588,7 @@ def _ask_repo(top: Path, prefix: str, git: Git, git_dir: str | None, with_index:
         index = {}
         for tag, mode_s, oid, stage, raw in _LS_STAGE.findall(listing):
             # a conflict keeps its last stage
-            index[prefix + agent.dec(raw)] = (tag, int(mode_s, 8), oid.decode(), int(stage))
+            index[prefix + manifest.dec(raw)] = (tag, int(mode_s, 8), oid.decode(), int(stage))
     others, nested = [], []
     for path in _split_z(others_b):
         if path.endswith("/"):
@@ -951,7 +953,7 @@ class _Scan:
             "staged": staged,
             "links": links,
         }
-        text = agent.manifest_text(rows)
+        text = manifest.manifest_text(rows)
         return self._finish(text, None, _large(rows), len(rows), sum(r[3] for r in rows), excluded,
                             warnings, info, state, None)  # fmt: skip
 
@@ -1012,7 +1014,7 @@ class _Scan:
                 index_of[p] = None
             else:
                 # Modified just now: last time git vouched for it, so its row held the index's id.
-                row = agent.row_at(old_text, p)
+                row = manifest.row_at(old_text, p)
                 if row is None:
                     return None
                 index_of[p] = [row[1], row[2]]
@@ -1048,7 +1050,7 @@ class _Scan:
                 # (thousands after a big edit), only those that changed since are spliced.
                 continue
             changes[p] = None if got is None else [p, *got]
-        text, old_rows = agent.splice(old_text, changes) if changes else (old_text, {})
+        text, old_rows = manifest.splice(old_text, changes) if changes else (old_text, {})
         changes = {p: r for p, r in changes.items() if r != old_rows[p]}
         if not changes:
             text = old_text

@@ -4,7 +4,7 @@ tqdm and friends redraw a line with `\\r`; in a log file that is thousands of st
 For display we keep only the last state of each line (what a terminal would show). `--raw` skips this.
 
 A job with more than one process writes every line (and every `\\r` piece of a line) with its rank in
-front, `[3] ...` (rv's rank labeller, rv/job/ranklabel.py). `--rank R` keeps rank R's pieces and, unless
+front, `[3] ...` (rv's rank labeller, rv/agent/ranklabel.py). `--rank R` keeps rank R's pieces and, unless
 raw, shows them without the label: exactly what that rank printed. Lines without a label (rv's own,
 a launcher's) belong to no rank.
 """

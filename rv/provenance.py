@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rv import __version__
-from rv import remote_store as agent
+from rv.agent import manifest
 
 if TYPE_CHECKING:
     from rv.treecache import TreeCache
@@ -161,13 +161,15 @@ def diff_head(tree: LocalTree, git: Git, cache: TreeCache | None = None) -> byte
         # rows can differ from their keys. No parse of the manifest, however many files are dirty
         # (0.15 s at 50,000 files, every resubmit once more than 64 are).
         since = previous[1]
-        keys = {p: since[p] if p in since else files[p][0] if p in files else agent.row_at(tree.manifest, p)
-                for p in paths}  # fmt: skip
+        keys = {
+            p: since[p] if p in since else files[p][0] if p in files else manifest.row_at(tree.manifest, p)
+            for p in paths
+        }
     elif len(paths) > 64:  # one parse of the manifest (C speed) beats a search per path
-        rows = {r[0]: r for r in agent.manifest_rows(tree.manifest)}
+        rows = {r[0]: r for r in manifest.manifest_rows(tree.manifest)}
         keys = {p: rows.get(p) for p in paths}
     else:
-        keys = {p: agent.row_at(tree.manifest, p) for p in paths}
+        keys = {p: manifest.row_at(tree.manifest, p) for p in paths}
     todo = [p for p in changed if p in subs or p not in files or files[p][0] != keys[p]]
     fresh = _diff_parts(_diff_of(git, repo.top, todo)) if todo else {}
     if fresh is None:  # a header this code cannot read: the plain diff, nothing kept
@@ -176,12 +178,12 @@ def diff_head(tree: LocalTree, git: Git, cache: TreeCache | None = None) -> byte
     cache.put_diffs(
         repo.top, {"head": repo.commit, "sid": tree.id, "files": {p: [keys[p], parts[p]] for p in keys}}
     )
-    return b"".join(parts[p] for p in sorted(parts, key=agent.enc))
+    return b"".join(parts[p] for p in sorted(parts, key=manifest.enc))
 
 
 def _diff_of(git: Git, top: Path, paths: Sequence[str]) -> bytes:
     """``git diff HEAD -- PATHS``, in batches of paths, in git's order (by the paths' bytes)."""
-    ordered = sorted(paths, key=agent.enc)
+    ordered = sorted(paths, key=manifest.enc)
     literal = {"GIT_LITERAL_PATHSPECS": "1"}
     return b"".join(
         git.out([*_DIFF, "--", *ordered[i : i + _DIFF_BATCH]], top, env=literal)
@@ -234,5 +236,5 @@ def _diff_parts(out: bytes) -> dict[str, bytes] | None:
             path = header[2 : 2 + half]
             if header[:2] != b"a/" or header[2 + half :] != b" b/" + path:
                 return None
-        parts[agent.dec(path)] = chunk
+        parts[manifest.dec(path)] = chunk
     return parts

@@ -1,6 +1,6 @@
 """A snapshot: prepared locally (listing, size guard, provenance), then shipped to the cluster.
 
-Shipping (see :mod:`rv.remote_store` for the cluster side) costs one round trip when the snapshot
+Shipping (see :mod:`rv.agent.store` for the cluster side) costs one round trip when the snapshot
 already exists and usually one when it does not: the manifest travels as the changes since a
 snapshot this machine knows the store holds, with small new files sent unasked; when more is
 missing, ``snap-put`` streams only those objects and the tree (or a layer over a full tree) is built
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rv import remote_store as agent
+from rv.agent import manifest
 from rv.errors import RemoteError, UsageError
 from rv.layout import RemoteLayout
 from rv.progress import Progress, ProgressCounter
@@ -40,9 +40,9 @@ DEFAULT_MAX_FILE_SIZE = 100 * 1000 * 1000  # 100 MB
 def diff_manifests(old: bytes, new: bytes) -> tuple[list[list[Any]], list[str]]:
     """(rows new or changed, paths gone) from manifest ``old`` to ``new``: set operations in C."""
     a, b = set(old.split(b"\n")), set(new.split(b"\n"))
-    upsert = [agent.parse_line(line) for line in b - a if line]
+    upsert = [manifest.parse_line(line) for line in b - a if line]
     have = {r[0] for r in upsert}
-    remove = [p for p in (agent.parse_line(line)[0] for line in a - b if line) if p not in have]
+    remove = [p for p in (manifest.parse_line(line)[0] for line in a - b if line) if p not in have]
     return upsert, remove
 
 
@@ -68,7 +68,7 @@ def manifest_payload(tree: LocalTree, known: Sequence[str], texts: TreeCache | N
                 break
     if delta is not None and len(delta[1]) + len(delta[2]) < max(1, tree.files // 2):
         return {"base": delta[0], "upsert": delta[1], "remove": delta[2]}
-    return {"entries": agent.manifest_rows(tree.manifest)}
+    return {"entries": manifest.manifest_rows(tree.manifest)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -304,7 +304,7 @@ def _speculative(payload: dict[str, Any]) -> list[Entry]:
 
 @dataclass
 class _Shipping:
-    """One upload's state across its calls (snap-put; rv.remote_store says what each reply means)."""
+    """One upload's state across its calls (snap-put; rv.agent.store says what each reply means)."""
 
     transport: Any
     layout: RemoteLayout
@@ -385,7 +385,7 @@ def upload_snapshot(
             # The base is gone from the store (rv gc) or is not what this machine remembers.
             if cache is not None and "base" in ship.payload:
                 cache.forget(snap.project, ship.payload["base"])
-            ship.payload = {"entries": agent.manifest_rows(snap.tree.manifest)}
+            ship.payload = {"entries": manifest.manifest_rows(snap.tree.manifest)}
             spec = []
             reply = ship.call([])
             continue
@@ -393,7 +393,7 @@ def upload_snapshot(
         rows = ship.payload.get("upsert", ship.payload.get("entries"))
         by_oid = {r[2]: r for r in rows or ()}
         if any(o not in by_oid for o in missing):
-            by_oid = {r[2]: r for r in agent.manifest_rows(snap.tree.manifest)}
+            by_oid = {r[2]: r for r in manifest.manifest_rows(snap.tree.manifest)}
         by_oid = {o: Entry(*by_oid[o]) for o in missing}
         spec = [by_oid[o] for o in missing]
         if summary is None and on_summary:

@@ -3,7 +3,7 @@
 Every operation is at most two remote commands over the one SSH connection, whatever the number of
 files: a ``scan`` (what is there: size, mtime and mode; blob ids only where the quick check cannot
 decide), then one command that carries all the data (``apply`` for push, ``send`` for pull). The
-cluster side is :mod:`rv.remote_store`.
+cluster side is :mod:`rv.agent.transfer`.
 
 push mirrors a local folder (the repo's files, by the same rules as a snapshot) into a remote one:
 new and changed files are uploaded, files gone locally are deleted there, except what local ignore
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rv import remote_store as agent
+from rv.agent import manifest
 from rv.agent_client import call_agent, frame
 from rv.errors import NotFound, RemoteError, UsageError
 from rv.layout import RemoteLayout
@@ -105,7 +105,7 @@ class PushPlan:
         rows += [(p, f"chmod   {p} {m:o}") for p, m in self.chmod]
         rows += [(p, f"touch   {p}") for p, _ in self.touch]
         rows += [(p, f"link    {p} -> {t}") for p, t in self.symlink]
-        return [line for _, line in sorted(rows, key=lambda r: (agent.enc(r[0]), r[1]))]
+        return [line for _, line in sorted(rows, key=lambda r: (manifest.enc(r[0]), r[1]))]
 
     def summary(self) -> str:
         parts = [
@@ -172,7 +172,7 @@ def plan_push(
         if r is None or r.kind != "f":
             upload.append(e)
             continue
-        if r.size == e.size and agent.same_mtime(r.mtime_ns, e.mtime_ns):
+        if r.size == e.size and manifest.same_mtime(r.mtime_ns, e.mtime_ns):
             unchanged += 1
         elif r.extra is not None and r.extra == e.oid:
             touch.append((p, e.mtime_ns))
@@ -421,7 +421,7 @@ def plan_pull(
                 unchanged += 1
             continue
         if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == r.size:
-            if agent.same_mtime(st.st_mtime_ns, r.mtime_ns):
+            if manifest.same_mtime(st.st_mtime_ns, r.mtime_ns):
                 unchanged += 1
                 continue
             download.append((r.path, local_ids.get(r.path)))
@@ -615,7 +615,7 @@ class _PullWriter:
         self.tmp = tmp
         self.left = size
         self.info = (idx, size, mtime, mode)
-        self.hasher = agent.blob_hasher(size)
+        self.hasher = manifest.blob_hasher(size)
 
     def _body(self) -> bool:
         if self.left:
@@ -730,7 +730,7 @@ def pull(
             r.kind == "f"
             and stat.S_ISREG(st.st_mode)
             and st.st_size == r.size
-            and not agent.same_mtime(st.st_mtime_ns, r.mtime_ns)
+            and not manifest.same_mtime(st.st_mtime_ns, r.mtime_ns)
         ):
             got = hash_path(path)
             if got:

@@ -5,7 +5,7 @@ next command is then as slow as a first one, never wrong):
 
 * ``trees/<repo>``: the last listing of each repository (see rv.listing.scan_tree): the index
   signature it was made from, the files it hashed with their stat data, and the id of its manifest.
-* ``texts/<id>``: manifests by snapshot id (rv.remote_store's text format).
+* ``texts/<id>``: manifests by snapshot id (rv.agent.manifest's text format).
 * ``stores/<store>``: per remote store and project, the snapshots known to be there (the bases a
   manifest can be sent as a delta against).
 * ``diffs/<repo>``: the last provenance diff of each repository, file by file, with what each file's
@@ -126,7 +126,7 @@ class TreeCache:
             data = path.read_bytes()
         except OSError:
             return None
-        from rv.remote_store import text_id
+        from rv.agent.manifest import text_id
 
         if text_id(data) != sid:
             return None  # damaged: never build on it

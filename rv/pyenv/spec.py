@@ -14,7 +14,7 @@ with the same dependencies; the code is per run): the job puts the project's fol
 on ``PYTHONPATH`` instead.
 
 The environment's key is finished on the cluster, which adds the interpreter, the platform and the
-index settings (see :mod:`rv.pyenv.remote`); here we hash what the project decides.
+index settings (see :mod:`rv.agent.envs`); here we hash what the project decides.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ run's records and decides whether the run goes on, so closing the laptop never s
    that makes its files writable must not change the store or another run). Made once per run.
 7. Setup lines, the env-build hook, GPU and precision, the first node; then the environment the
    program gets, saved as ``$RV_JOB_DIR/env.sh`` for the shells of ``rv ssh`` and ``rv up``.
-8. With more than one process, rv's rank labeller (``rv/job/ranklabel.py``) written into the job's
+8. With more than one process, rv's rank labeller (``rv/agent/ranklabel.py``) written into the job's
    folder: each rank runs under it (torchrun's ``PYTHON_EXEC``) and its lines reach the log whole,
    labelled ``[rank]``.
 9. The program, one ``srun`` task per node running ``rv_task``: the program in the background and
@@ -50,14 +50,17 @@ from pathlib import Path
 from rv.contract import BF16_MIN_MAJOR, PREEMPTED
 from rv.errors import ConfigError, UsageError
 from rv.layout import RemoteLayout
-from rv.remote_store import CHAIN_BROKEN
-from rv.request import ACCELERATE_MODES, JobRequest, LaunchArgs, TorchrunArgs, launch_ranks
+from rv.request import JobRequest
 from rv.slurm import commands
+from rv.slurm.launch import RANK_LABEL, program_line
 
 # rv's rank labeller, shipped inside the script of every job with more than one process.
-_LABELLER = Path(__file__).resolve().parent.parent / "job" / "ranklabel.py"
+_LABELLER = Path(__file__).resolve().parent.parent / "agent" / "ranklabel.py"
 _HEREDOC_END = "RV_RANK_LABEL_END"
-RANK_LABEL = '"$RV_JOB_DIR/rank-label.py"'
+
+# More links under a layer than this: a loop or a damaged store (rv.agent.store.CHAIN_BROKEN, which a
+# test holds equal to this; the laptop does not import the agent).
+CHAIN_BROKEN = 32
 
 # MASTER_PORT = BASE + job id % SPAN: ports 15000-29999, below Linux's ephemeral range (32768+) so
 # a port picked for us is never one the kernel handed to some client socket.
@@ -669,93 +672,15 @@ def _segment_start(req: JobRequest) -> list[str]:
     ]
 
 
-def accelerate_injected_flags(req: JobRequest, la: LaunchArgs) -> list[str]:
-    """The flags rv adds after ``accelerate launch``, as shell words for the task's shell.
-
-    Only flags the user did not give: the processes of all nodes together, the machines, this node's
-    rank and the first node as the main process (``$SLURM_NODEID`` and friends expand in each task),
-    the port from the job id (also on one node: two jobs sharing a node must not both take 29500).
-    ``--multi_gpu`` for two or more processes when nothing else says how to start them: without it
-    accelerate counts CUDA devices on the node to decide, and starts a single process where it finds
-    one (or none). DeepSpeed on several nodes is started the "standard" way, by every node's task,
-    not over pdsh.
-    """
-    total = launch_ranks(la, nodes=req.nodes, gpus_per_node=req.gpus_per_node) or req.nodes
-    flags = []
-    if not la.has("num_processes"):
-        flags.append(f"--num_processes={total}")
-    if not la.has("num_machines"):
-        flags.append(f"--num_machines={req.nodes}")
-    if req.nodes > 1:
-        if not la.has("machine_rank"):
-            flags.append('--machine_rank="$SLURM_NODEID"')
-        if not la.has("main_process_ip"):
-            flags.append('--main_process_ip="$RV_HEAD_ADDR"')
-    if not la.has("main_process_port"):
-        flags.append('--main_process_port="$MASTER_PORT"')
-    if total > 1 and not any(la.has(mode) for mode in ACCELERATE_MODES):
-        flags.append("--multi_gpu")
-    if req.nodes > 1 and la.has("use_deepspeed") and not la.has("deepspeed_multinode_launcher"):
-        flags.append("--deepspeed_multinode_launcher=standard")
-    return flags
-
-
-def torchrun_injected_flags(req: JobRequest, tr: TorchrunArgs) -> list[str]:
-    """The flags rv adds after the torchrun launcher, as shell words for the task's shell.
-
-    Only flags the user did not give. ``$SLURM_NODEID`` and friends are left for the task's own
-    shell to expand. On one node, a user's own rendezvous (``--standalone``, ``--master-port``,
-    ...) is respected; on several, ``build_request`` already refused one. No
-    ``--signals-to-handle``: the stop signal goes to the workers directly, never to the agent.
-    """
-    own_rendezvous = req.nodes == 1 and any(
-        tr.has(n) for n in ("standalone", "rdzv-endpoint", "rdzv-backend", "master-addr", "master-port")
-    )
-    flags = []
-    if not tr.has("nnodes"):
-        flags.append(f"--nnodes={req.nodes}")
-    if not own_rendezvous and not tr.has("node-rank"):
-        flags.append('--node-rank="$SLURM_NODEID"')
-    if req.gpus_per_node > 0 and not tr.has("nproc-per-node"):
-        flags.append(f"--nproc-per-node={req.gpus_per_node}")
-    if not own_rendezvous:
-        if not tr.has("rdzv-backend"):
-            flags.append("--rdzv-backend=c10d")
-        if not tr.has("rdzv-endpoint"):
-            flags.append('--rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT"')
-        if not tr.has("rdzv-id"):
-            flags.append('--rdzv-id="$SLURM_JOB_ID"')
-    return flags
-
-
-def program_line(req: JobRequest) -> str:
-    """The user's command as one shell line: a launcher's flags injected after it, and rv's rank
-    labeller in front of what runs without Python (``--each-node``, ``--no-python``)."""
-    la = req.launch
-    if la is None:
-        if req.each_node and req.labeled:
-            return f'{RANK_LABEL} --exec --label "$SLURM_NODEID" {shlex.join(req.command)}'
-        return shlex.join(req.command)
-    flags = torchrun_injected_flags(req, la) if la.kind == "torchrun" else accelerate_injected_flags(req, la)
-    words = [shlex.join(la.launcher), *flags]
-    if la.options:
-        words.append(shlex.join(la.options))
-    if la.program:
-        if req.labeled and la.has("no-python" if la.kind == "torchrun" else "no_python"):
-            words += [RANK_LABEL, "--exec"]
-        words.append(shlex.join(la.program))
-    return " ".join(words)
-
-
 def _rank_labels(req: JobRequest) -> list[str]:
-    """rv's rank labeller (rv/job/ranklabel.py), written into the job's folder for the tasks."""
+    """rv's rank labeller (rv/agent/ranklabel.py), written into the job's folder for the tasks."""
     if not req.labeled:
         return []
     source = _LABELLER.read_text(encoding="utf-8")
     # Without its docstring (the why, in rv's source): the job needs only the code.
     shebang, _, rest = source.partition("\n")
     code = rest.split('"""', 2)[2].lstrip("\n")
-    note = "# rv's rank labeller: rv/job/ranklabel.py in rv's source says how and why."
+    note = "# rv's rank labeller: rv/agent/ranklabel.py in rv's source says how and why."
     source = f"{shebang}\n{note}\n\n{code}"
     if _HEREDOC_END in source.splitlines():
         raise ValueError(f"{_LABELLER} holds the line {_HEREDOC_END!r} that ends the heredoc")
@@ -769,6 +694,7 @@ def _rank_labels(req: JobRequest) -> list[str]:
         _HEREDOC_END,
         'chmod 700 "$RV_JOB_DIR/rank-label.py.tmp"',
         'mv -f -- "$RV_JOB_DIR/rank-label.py.tmp" "$RV_JOB_DIR/rank-label.py"',
+        'export RV_RANK_LABEL="$RV_JOB_DIR/rank-label.py"',
     ]
 
 

@@ -325,7 +325,7 @@ echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT/$RV_MAX_SEGMENTS: job $SLURM_JOB
 # torchrun (and accelerate, which runs torchrun) starts each rank as $PYTHON_EXEC -u ...
 cat >"$RV_JOB_DIR/rank-label.py.tmp" <<'RV_RANK_LABEL_END'
 #!/usr/bin/env python3
-# rv's rank labeller: rv/job/ranklabel.py in rv's source says how and why.
+# rv's rank labeller: rv/agent/ranklabel.py in rv's source says how and why.
 
 import os
 import re
@@ -352,7 +352,7 @@ def write_all(fd, data):
         view = view[os.write(fd, view) :]
 
 
-class Labeller(object):
+class Labeller:
     """Turns a byte stream into whole labelled pieces written to ``fd``."""
 
     def __init__(self, fd, label):
@@ -506,6 +506,7 @@ if __name__ == "__main__":
 RV_RANK_LABEL_END
 chmod 700 "$RV_JOB_DIR/rank-label.py.tmp"
 mv -f -- "$RV_JOB_DIR/rank-label.py.tmp" "$RV_JOB_DIR/rank-label.py"
+export RV_RANK_LABEL="$RV_JOB_DIR/rank-label.py"
 
 # --- the program, on each node -----------------------------------------------------
 # Each srun task (one per node) runs rv_task: the program in the background and rv's stop
@@ -517,7 +518,7 @@ rv_task() {
     # The labeller appends to this node's log files (a one-node srun's stdout is a pipe).
     export RV_LOG_OUT="$RV_RUN_DIR/logs/$SLURM_JOB_ID-node$SLURM_NODEID.out" RV_LOG_ERR="$RV_RUN_DIR/logs/$SLURM_JOB_ID-node$SLURM_NODEID.err"
     # torchrun runs each rank as $PYTHON_EXEC -u ...: the labeller, then the real Python.
-    export RV_PYTHON_EXEC="${PYTHON_EXEC:-}" PYTHON_EXEC="$RV_JOB_DIR/rank-label.py"
+    export RV_PYTHON_EXEC="${PYTHON_EXEC:-}" PYTHON_EXEC="$RV_RANK_LABEL"
     # `trap -`: a background job of a script would otherwise ignore INT and QUIT.
     ( trap - INT QUIT; exec uv run --frozen accelerate launch --num_processes=4 --num_machines=2 --machine_rank="$SLURM_NODEID" --main_process_ip="$RV_HEAD_ADDR" --main_process_port="$MASTER_PORT" --multi_gpu train.py --epochs 3 ) &
     local program=$! watcher rc

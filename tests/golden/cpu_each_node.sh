@@ -314,7 +314,7 @@ echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT/$RV_MAX_SEGMENTS: job $SLURM_JOB
 # torchrun (and accelerate, which runs torchrun) starts each rank as $PYTHON_EXEC -u ...
 cat >"$RV_JOB_DIR/rank-label.py.tmp" <<'RV_RANK_LABEL_END'
 #!/usr/bin/env python3
-# rv's rank labeller: rv/job/ranklabel.py in rv's source says how and why.
+# rv's rank labeller: rv/agent/ranklabel.py in rv's source says how and why.
 
 import os
 import re
@@ -341,7 +341,7 @@ def write_all(fd, data):
         view = view[os.write(fd, view) :]
 
 
-class Labeller(object):
+class Labeller:
     """Turns a byte stream into whole labelled pieces written to ``fd``."""
 
     def __init__(self, fd, label):
@@ -495,6 +495,7 @@ if __name__ == "__main__":
 RV_RANK_LABEL_END
 chmod 700 "$RV_JOB_DIR/rank-label.py.tmp"
 mv -f -- "$RV_JOB_DIR/rank-label.py.tmp" "$RV_JOB_DIR/rank-label.py"
+export RV_RANK_LABEL="$RV_JOB_DIR/rank-label.py"
 
 # --- the program, on each node -----------------------------------------------------
 # Each srun task (one per node) runs rv_task: the program in the background and rv's stop
@@ -506,7 +507,7 @@ rv_task() {
     # The labeller appends to this node's log files (a one-node srun's stdout is a pipe).
     export RV_LOG_OUT="$RV_RUN_DIR/logs/$SLURM_JOB_ID-node$SLURM_NODEID.out" RV_LOG_ERR="$RV_RUN_DIR/logs/$SLURM_JOB_ID-node$SLURM_NODEID.err"
     # `trap -`: a background job of a script would otherwise ignore INT and QUIT.
-    ( trap - INT QUIT; exec "$RV_JOB_DIR/rank-label.py" --exec --label "$SLURM_NODEID" bash prep.sh ) &
+    ( trap - INT QUIT; exec "$RV_RANK_LABEL" --exec --label "$SLURM_NODEID" bash prep.sh ) &
     local program=$! watcher rc
     rv_stop_watch "$program" &
     watcher=$!

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
+from rv.agent.envs import python_satisfies
 from rv.errors import UsageError
-from rv.pyenv.remote import python_satisfies
 from rv.pyenv.spec import activation_lines, find_spec, import_paths
 
 PYPROJECT = b"""[project]

@@ -1,4 +1,4 @@
-"""rv's rank labeller (rv/job/ranklabel.py), run for real: processes, pipes, signals, a shared file.
+"""rv's rank labeller (rv/agent/ranklabel.py), run for real: processes, pipes, signals, a shared file.
 
 The integration tests run it under torchrun and accelerate on the loopback cluster; these check its
 own promises on this machine, where a failure is quicker to read.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rv.job import ranklabel
+from rv.agent import ranklabel
 
 LABELLER = Path(ranklabel.__file__)
 

@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 from rv.catalog import RIVANNA, GpuType
 from rv.errors import ConfigError, UsageError
 from rv.request import build_request
-from rv.slurm.script import ScriptContext, program_line, render_script
+from rv.slurm.launch import program_line
+from rv.slurm.script import ScriptContext, render_script
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -978,3 +979,10 @@ def test_the_stop_watcher_ends_with_the_program_however_soon_and_leaves_nothing_
         proc.kill()
         pytest.fail("a watcher, or a sleep of one, outlived its end, holding the output open")
     assert proc.returncode == 0 and out == b"" and err == b""
+
+
+def test_the_job_and_the_agent_agree_on_the_bound_of_a_chain_of_layers():
+    from rv.agent import store
+    from rv.slurm import script
+
+    assert script.CHAIN_BROKEN == store.CHAIN_BROKEN

@@ -5,8 +5,6 @@ Real git on temporary repositories (hermetic HOME); nothing touches a network.
 
 from __future__ import annotations
 
-import ast
-import importlib
 import os
 import subprocess
 from dataclasses import replace
@@ -15,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rv import agent_client, listing
-from rv import remote_store as agent
+from rv.agent import manifest
 from rv.errors import UsageError
 from rv.listing import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, LocalTree, blob_id, scan_tree, snapshot_id
 from rv.provenance import project_key, provenance
@@ -259,7 +257,7 @@ def test_manifest_payload_is_a_delta_against_a_snapshot_the_store_holds(tmp_path
     tree = LocalTree.of(tmp_path, [Entry(*r) for r in changed])
     texts = TreeCache()
     texts.put_text(old.id, old.manifest)
-    assert manifest_payload(tree, [], texts) == {"entries": agent.manifest_rows(tree.manifest)}
+    assert manifest_payload(tree, [], texts) == {"entries": manifest.manifest_rows(tree.manifest)}
     assert manifest_payload(tree, [tree.id], texts) == {"base": tree.id, "upsert": [], "remove": []}
     delta = manifest_payload(tree, ["gone", old.id], texts)  # no manifest kept for "gone"
     assert delta["base"] == old.id
@@ -275,20 +273,22 @@ def test_manifest_payload_is_a_delta_against_a_snapshot_the_store_holds(tmp_path
 
 def test_manifest_text_splices_like_a_rebuild():
     rows = [[f"d{i % 7}/f{i}", MODE_FILE, blob_id(str(i).encode()), i] for i in range(200)]
-    text = agent.manifest_text(rows)
+    text = manifest.manifest_text(rows)
     changes = {
         "d3/f3": None,
         "d0/new": ["d0/new", MODE_EXEC, blob_id(b"n"), 1],
         "d5/f5": ["d5/f5", MODE_LINK, blob_id(b"t"), 1],
     }
-    spliced, old = agent.splice(text, changes)
+    spliced, old = manifest.splice(text, changes)
     by_path = {r[0]: r for r in rows}
     for p, r in changes.items():
         by_path.pop(p, None) if r is None else by_path.__setitem__(p, r)
-    assert spliced == agent.manifest_text(list(by_path.values()))
+    assert spliced == manifest.manifest_text(list(by_path.values()))
     assert old == {"d3/f3": rows[3], "d0/new": None, "d5/f5": rows[5]}
-    assert agent.has_under(spliced, "d0") and not agent.has_under(spliced, "d")
-    assert agent.row_at(spliced, "d0/new") == changes["d0/new"] and agent.row_at(spliced, "d3/f3") is None
+    assert manifest.has_under(spliced, "d0") and not manifest.has_under(spliced, "d")
+    assert (
+        manifest.row_at(spliced, "d0/new") == changes["d0/new"] and manifest.row_at(spliced, "d3/f3") is None
+    )
 
 
 # -- guards, project, provenance ----------------------------------------------------------------
@@ -344,18 +344,6 @@ def test_provenance_of_a_dirty_tree(tmp_path):
 
 
 # -- the agent ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("module", agent_client.AGENT_MODULES)
-def test_agent_parses_as_python_3_6(module):
-    # Login nodes may only have RHEL 8's python3.6: no walrus, no positional-only parameters...
-    source = Path(importlib.import_module(module).__file__).read_text()
-    tree = ast.parse(source, feature_version=(3, 6))
-    assert "from __future__ import annotations" not in source
-    new_keywords = {k.arg for k in ast.walk(tree) if isinstance(k, ast.keyword)} & {"capture_output", "text"}
-    assert not new_keywords  # subprocess.run(capture_output=, text=) arrived in 3.7
-    imports = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
-    assert "dataclasses" not in imports
 
 
 def test_agent_command_quotes_its_arguments():

@@ -15,7 +15,7 @@ import pytest
 from test_snapshot import git, new_repo, write
 
 from rv import listing, provenance
-from rv import remote_store as agent
+from rv.agent import manifest
 from rv.listing import Git, scan_tree
 from rv.treecache import RACY_NS, TreeCache, stat_key
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("hermetic_home")
 
 def same_listing(cached, fresh) -> None:
     assert cached.manifest == fresh.manifest
-    assert cached.id == fresh.id == agent.text_id(fresh.manifest)
+    assert cached.id == fresh.id == manifest.text_id(fresh.manifest)
     assert (cached.files, cached.total_size, cached.large) == (fresh.files, fresh.total_size, fresh.large)
     assert cached.ignored == fresh.ignored
     assert sorted(cached.warnings) == sorted(fresh.warnings)
@@ -154,7 +154,7 @@ def test_a_cached_listing_equals_a_fresh_one_whatever_changes(tmp_path):
             same_listing(cached, fresh)
             if cached.previous is not None:
                 assert cached.previous[0] == previous.id
-                assert agent.splice(previous.manifest, cached.previous[1])[0] == cached.manifest
+                assert manifest.splice(previous.manifest, cached.previous[1])[0] == cached.manifest
         except AssertionError as exc:
             raise AssertionError(f"step {step}: after {op.__name__}") from exc
         previous = cached
@@ -343,7 +343,7 @@ def test_with_many_dirty_files_a_resubmit_rediffs_what_changed_and_parses_no_man
     tree = scan_tree(repo, cache=cache)
     diffed: list[list[str]] = []
     parsed: list[int] = []
-    real_out, real_rows = Git.out, agent.manifest_rows
+    real_out, real_rows = Git.out, manifest.manifest_rows
 
     def out(self, args, cwd, **kw):
         if "diff" in args and "HEAD" in args:
@@ -351,7 +351,7 @@ def test_with_many_dirty_files_a_resubmit_rediffs_what_changed_and_parses_no_man
         return real_out(self, args, cwd, **kw)
 
     monkeypatch.setattr(Git, "out", out)
-    monkeypatch.setattr(agent, "manifest_rows", lambda text: parsed.append(1) or real_rows(text))
+    monkeypatch.setattr(manifest, "manifest_rows", lambda text: parsed.append(1) or real_rows(text))
     want = git(repo, "-c", "diff.noprefix=false", *GIT_DIFF)
     assert provenance.diff_head(tree, Git(), cache).decode() == want
     assert diffed == [["f3.py", "f90.py"]] and parsed == []

@@ -1,6 +1,6 @@
 """The content-addressed store end to end through LocalTransport (the agent runs as a real subprocess).
 
-Each test's "cluster" is a temp folder: the agent (rv.remote_store) runs in python3 exactly as it
+Each test's "cluster" is a temp folder: the agent (rv.agent) runs in python3 exactly as it
 would over SSH, reading the same stdin stream.
 """
 
@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 from test_snapshot import git, new_repo, write
 
+from rv.agent.manifest import manifest_text as agent_text
+from rv.agent.manifest import text_id
+from rv.agent.store import LAYER_DEPTH
 from rv.agent_client import frame
 from rv.errors import RemoteError, UsageError
 from rv.job.cleanup import collect_garbage
 from rv.layout import RemoteLayout
 from rv.listing import blob_id
-from rv.remote_store import LAYER_DEPTH, text_id
-from rv.remote_store import manifest_text as agent_text
 from rv.slurm.script import work_dir_lines
 from rv.snapshot import make_snapshot, prepare_snapshot
 from rv.transport import LocalTransport
@@ -417,12 +418,12 @@ def test_file_systems_without_hard_links_get_copies(tmp_path, monkeypatch):
     # The agent's own functions, called in-process, with os.link failing as on a FS that refuses it.
     import errno
 
-    from rv import remote_store as agent
+    from rv.agent import manifest, store
 
     root = str(tmp_path / "store").encode()
     for data in (b"plain", b"#!/bin/sh\n"):
         oid = blob_id(data)
-        dest = agent.object_path(root, oid)
+        dest = store.object_path(root, oid)
         os.makedirs(os.path.dirname(dest))
         Path(os.fsdecode(dest)).write_bytes(data)
         os.chmod(dest, 0o444)
@@ -431,16 +432,16 @@ def test_file_systems_without_hard_links_get_copies(tmp_path, monkeypatch):
     def refuse(src, dst):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    monkeypatch.setattr(agent.os, "link", refuse)
-    text = agent.manifest_text(
+    monkeypatch.setattr(store.os, "link", refuse)
+    text = manifest.manifest_text(
         [
-            ["a.txt", agent.MODE_FILE, blob_id(b"plain"), 5],
-            ["bin/run", agent.MODE_EXEC, blob_id(b"#!/bin/sh\n"), 10],
+            ["a.txt", manifest.MODE_FILE, blob_id(b"plain"), 5],
+            ["bin/run", manifest.MODE_EXEC, blob_id(b"#!/bin/sh\n"), 10],
         ]
     )
-    sid = agent.text_id(text)
-    assert agent.build_snapshot(root, sid, text, {}) == "created"
-    snap = Path(os.fsdecode(agent.snapshot_dir(root, sid)))
+    sid = manifest.text_id(text)
+    assert store.build_snapshot(root, sid, text, {}) == "created"
+    snap = Path(os.fsdecode(store.snapshot_dir(root, sid)))
     assert (snap / "a.txt").read_bytes() == b"plain" and (snap / "a.txt").stat().st_nlink == 1
     # Private by default (the agent's umask is 077 unless the profile shares with the group).
     assert stat.S_IMODE((snap / "a.txt").stat().st_mode) == 0o400

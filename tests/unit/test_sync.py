@@ -268,10 +268,10 @@ def test_pull_single_file_into_a_folder_and_missing_path(tmp_path, transport, la
 def test_pull_stream_parser_handles_any_chunking(tmp_path):
     import struct
 
-    from rv import remote_store
+    from rv.agent import manifest
 
     def f_frame(idx: int, data: bytes) -> bytes:
-        h = remote_store.blob_hasher(len(data))
+        h = manifest.blob_hasher(len(data))
         h.update(data)
         return b"F" + struct.pack(">IQqI", idx, len(data), T0, 0o755) + data + h.digest() + b"\0"
 

@@ -55,7 +55,7 @@ def write_all(fd, data):
         view = view[os.write(fd, view) :]
 
 
-class Labeller(object):
+class Labeller:
     """Turns a byte stream into whole labelled pieces written to ``fd``."""
 
     def __init__(self, fd, label):

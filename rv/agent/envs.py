@@ -1,4 +1,4 @@
-"""The cluster-side half of environments: agent modes shipped with rv.remote_store on every call.
+"""Python environments on the cluster side: the agent's ``env``, ``venv-ls`` and ``venv-rm`` modes.
 
 ``env``       find the interpreter (after the setup lines), finish the key, and either answer with
               the environment that exists (one round trip) or build it under the key's lock: uv
@@ -18,7 +18,6 @@ them as installed and keeps them, as pip would; a requirement that needs another
 into the environment, where it shadows the base's. A base that is itself a venv is chained by a
 ``.pth`` file, so its packages import too.
 
-Python 3.6 like the store (no dataclasses, no ``capture_output``, no postponed annotations).
 """
 
 import contextlib
@@ -30,14 +29,17 @@ import subprocess
 import sys
 import time
 
-from rv import remote_store as store
-from rv.job import remote as runs
+from rv.agent import common, locks, manifest, runs
 
 META = b"rv-env.json"
+
 LAST_USED = b".last-used"
+
 BUILD_PREFIX = b".build-"
+
 INDEX_VARS = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_FIND_LINKS",
               "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")  # fmt: skip
+
 # What the interpreter says about itself: the key's half that only the cluster knows.
 PROBE = r"""
 import json, os, platform, site, sys, sysconfig
@@ -50,6 +52,7 @@ print(json.dumps({
     "environ": dict(os.environ),
 }))
 """
+
 # Distributions the base interpreter has, as metadata (see the module's docstring).
 LIST_DISTS = r"""
 import json, sys
@@ -70,7 +73,7 @@ print(json.dumps(out))
 
 
 def envs_dir(root):
-    return store.join(root, b"envs")
+    return common.join(root, b"envs")
 
 
 def _say(message):
@@ -120,7 +123,7 @@ def probe(setup, python_request, uv):
     out, err = proc.communicate(timeout=600)
     if proc.returncode != 0:
         lines = [line for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
-        raise store.AgentError(
+        raise common.AgentError(
             "finding the environment's Python failed: %s"
             % (" / ".join(lines[-3:]) or "exit %d" % proc.returncode),
             "usage",
@@ -152,19 +155,16 @@ def _touch(path):
 
 def read_meta(path):
     try:
-        with open(store.join(path, META), "rb") as fh:
+        with open(common.join(path, META), "rb") as fh:
             return json.loads(fh.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
 
 
-# -- uv ---------------------------------------------------------------------------------------------
-
-
 def find_uv(root, on_path):
-    own = store.join(root, b"tools", b"uv", b"bin", b"uv")
+    own = common.join(root, b"tools", b"uv", b"bin", b"uv")
     if os.access(own, os.X_OK):
-        return store.dec(own), False
+        return manifest.dec(own), False
     if on_path:
         return on_path, False
     return None, False
@@ -172,31 +172,31 @@ def find_uv(root, on_path):
 
 def install_uv(root, python):
     """uv into ``<root>/tools/uv`` once, from the index this node reaches; the path to its binary."""
-    tools = store.join(root, b"tools")
-    store.makedirs(tools, 0o700)
-    with store.lock(store.join(tools, b"uv.lock"), "installing uv", wait=600):
-        own = store.join(tools, b"uv", b"bin", b"uv")
+    tools = common.join(root, b"tools")
+    common.makedirs(tools, 0o700)
+    with locks.lock(common.join(tools, b"uv.lock"), "installing uv", wait=600):
+        own = common.join(tools, b"uv", b"bin", b"uv")
         if os.access(own, os.X_OK):
-            return store.dec(own)
+            return manifest.dec(own)
         _say("the cluster has no uv: installing it once into %s (from the package index)"
-             % store.dec(store.join(tools, b"uv")))  # fmt: skip
-        tmp = store.join(tools, b"uv.tmp-" + os.urandom(4).hex().encode())
+             % manifest.dec(common.join(tools, b"uv")))  # fmt: skip
+        tmp = common.join(tools, b"uv.tmp-" + os.urandom(4).hex().encode())
         env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
         tried = []
-        pip = ["-m", "pip", "install", "-q", "--target", store.dec(tmp), "uv"]
+        pip = ["-m", "pip", "install", "-q", "--target", manifest.dec(tmp), "uv"]
         for argv in ([python, *pip], ["/usr/bin/python3", *pip]):
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT)  # fmt: skip
             out = proc.communicate(timeout=900)[0].decode("utf-8", "replace")
-            if proc.returncode == 0 and os.access(store.join(tmp, b"bin", b"uv"), os.X_OK):
-                os.rename(tmp, store.join(tools, b"uv"))
-                return store.dec(own)
+            if proc.returncode == 0 and os.access(common.join(tmp, b"bin", b"uv"), os.X_OK):
+                os.rename(tmp, common.join(tools, b"uv"))
+                return manifest.dec(own)
             tried.append(
                 "%s: %s"
                 % (" ".join(argv[:3]), (out.strip().splitlines() or ["exit %d" % proc.returncode])[-1])
             )
             shutil.rmtree(tmp, ignore_errors=True)
-        raise store.AgentError(
+        raise common.AgentError(
             "could not install uv on the cluster (%s). Install it yourself on the login node: "
             "`python3 -m pip install --user uv` or `curl -LsSf https://astral.sh/uv/install.sh | sh`, "
             "and put it on PATH in the profile's setup" % "; ".join(tried),
@@ -204,13 +204,10 @@ def install_uv(root, python):
         )
 
 
-# -- building ---------------------------------------------------------------------------------------
-
-
 def _uv_env(root, environ):
     env = dict(environ)
-    env.update(UV_CACHE_DIR=store.dec(store.join(root, b"cache", b"uv")),
-               UV_PYTHON_INSTALL_DIR=store.dec(store.join(root, b"tools", b"python")),
+    env.update(UV_CACHE_DIR=manifest.dec(common.join(root, b"cache", b"uv")),
+               UV_PYTHON_INSTALL_DIR=manifest.dec(common.join(root, b"tools", b"python")),
                UV_NO_PROGRESS="1", NO_COLOR="1")  # fmt: skip
     if not any(env.get(k) for k in ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX")) and env.get(
         "PIP_INDEX_URL"
@@ -313,7 +310,7 @@ def _shim_base_scripts(env_bin, base_bin):
         with open(dst, "w") as fh:
             fh.write('#!/bin/sh\n# rv: %s run by this environment\'s python\n'
                      'exec "$(dirname -- "$0")/python" %s "$@"\n' % (name, _q(src)))  # fmt: skip
-        os.chmod(dst, 0o755 & ~store.UMASK)
+        os.chmod(dst, 0o755 & ~common.UMASK)
         made += 1
     return made
 
@@ -329,31 +326,31 @@ def _failure(spec, transcript, python_version):
             "\nthe interpreter is Python %s: load a newer one in setup (e.g. --setup 'module load "
             "python/3.11') or pass --python 3.11" % python_version
         )
-    return store.AgentError(message, "usage")
+    return common.AgentError(message, "usage")
 
 
 def build(root, key, spec, facts, uv, environ):
     """Build into a temporary folder and rename it to ``envs/<key>`` when complete."""
     base = envs_dir(root)
-    final = store.join(base, key.encode())
-    tmp = store.join(base, BUILD_PREFIX + key.encode() + b"-" + os.urandom(4).hex().encode())
+    final = common.join(base, key.encode())
+    tmp = common.join(base, BUILD_PREFIX + key.encode() + b"-" + os.urandom(4).hex().encode())
     src = tmp + b".src"
     env = _uv_env(root, environ)
     transcript = []
     started = time.time()
     try:
-        store.makedirs(src, 0o700)
+        common.makedirs(src, 0o700)
         for name, text in spec["files"]:
-            path = store.join(src, store.enc(name))
-            store.makedirs(os.path.dirname(path), 0o700)
+            path = common.join(src, manifest.enc(name))
+            common.makedirs(os.path.dirname(path), 0o700)
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(text)
-        venv = [uv, "venv", "--quiet", "--relocatable", "--python", facts["executable"], store.dec(tmp)]
+        venv = [uv, "venv", "--quiet", "--relocatable", "--python", facts["executable"], manifest.dec(tmp)]
         if spec["system_site_packages"]:
             venv.insert(2, "--system-site-packages")
-        if _run_uv(venv, env, store.dec(src), transcript) != 0:
+        if _run_uv(venv, env, manifest.dec(src), transcript) != 0:
             raise _failure(spec, transcript, facts["version"])
-        py = store.dec(store.join(tmp, b"bin", b"python"))
+        py = manifest.dec(common.join(tmp, b"bin", b"python"))
         if spec["system_site_packages"]:
             site_dir = subprocess.check_output(
                 [py, "-I", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"]
@@ -363,7 +360,7 @@ def build(root, key, spec, facts, uv, environ):
                 subprocess.check_output([facts["executable"], "-I", "-c", LIST_DISTS]).decode()
             )
             _stub_base(site_dir, dists)
-            _shim_base_scripts(store.dec(store.join(tmp, b"bin")), os.path.dirname(facts["executable"]))
+            _shim_base_scripts(manifest.dec(common.join(tmp, b"bin")), os.path.dirname(facts["executable"]))
             if facts["prefix"] != facts["base_prefix"]:
                 with open(os.path.join(site_dir, "_rv_base.pth"), "w") as fh:
                     fh.write("".join(p + "\n" for p in facts["site"]))
@@ -372,28 +369,28 @@ def build(root, key, spec, facts, uv, environ):
             export = [uv, "export", "--frozen", "--no-hashes", "--no-header", "--no-emit-project",
                       "--output-file", "rv-locked.txt"]  # fmt: skip
             export += ["--extra=%s" % e for e in spec["extras"]]
-            if _run_uv(export, env, store.dec(src), transcript) != 0:
+            if _run_uv(export, env, manifest.dec(src), transcript) != 0:
                 raise _failure(spec, transcript, facts["version"])
             main = "rv-locked.txt"
         install = [uv, "pip", "install", "--python", py, "-r", main]
         if spec["kind"] == "pyproject":
             install += ["--extra=%s" % e for e in spec["extras"]]
-        if _run_uv(install, env, store.dec(src), transcript) != 0:
+        if _run_uv(install, env, manifest.dec(src), transcript) != 0:
             raise _failure(spec, transcript, facts["version"])
         meta = {"key": key, "kind": spec["kind"], "files": spec["label"], "extras": spec["extras"],
                 "python": facts["executable"], "python_version": facts["version"],
                 "system_site_packages": spec["system_site_packages"], "built_at": time.time(),
                 "build_seconds": round(time.time() - started, 2), "uv": uv}  # fmt: skip
-        with open(store.join(tmp, META), "w") as fh:
+        with open(common.join(tmp, META), "w") as fh:
             json.dump(meta, fh)
         old = None
         if os.path.lexists(final):  # --force: the old one steps aside only now, when the new one is whole
-            old = store.join(base, BUILD_PREFIX + b"old-" + os.urandom(4).hex().encode())
+            old = common.join(base, BUILD_PREFIX + b"old-" + os.urandom(4).hex().encode())
             os.rename(final, old)
         os.rename(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        _touch(store.join(final, LAST_USED))
+        _touch(common.join(final, LAST_USED))
         return meta
     finally:
         shutil.rmtree(src, ignore_errors=True)
@@ -402,7 +399,7 @@ def build(root, key, spec, facts, uv, environ):
 
 def mode_env(args):
     """The run's environment: found by key (one round trip) or built now, once, under a lock."""
-    root = store.root_path(args["root"])
+    root = common.root_path(args["root"])
     if args.get("use"):
         return _use_existing(args["use"], args.get("setup") or [])
     spec = args["spec"]
@@ -413,27 +410,27 @@ def mode_env(args):
     facts = probe(args.get("setup") or [], request, uv)
     environ = facts.pop("environ")  # after the setup lines: a site's mirror is often set by a module
     key = finish_key(spec, facts, environ)
-    path = store.join(envs_dir(root), key.encode())
+    path = common.join(envs_dir(root), key.encode())
     meta = read_meta(path)
     if meta is not None and args.get("force"):
         meta = None  # rebuilt under the lock below; the old one goes only when the new one is complete
     if meta is not None:
-        _touch(store.join(path, LAST_USED))
-        return {"key": key, "path": store.dec(path), "built": False, "exists": True, "meta": meta}
-    store.makedirs(envs_dir(root), 0o700)
-    lock_path = store.join(envs_dir(root), key.encode() + b".lock")
+        _touch(common.join(path, LAST_USED))
+        return {"key": key, "path": manifest.dec(path), "built": False, "exists": True, "meta": meta}
+    common.makedirs(envs_dir(root), 0o700)
+    lock_path = common.join(envs_dir(root), key.encode() + b".lock")
     try:
-        held = store.lock(lock_path, "the build of environment %s" % key, wait=0)
+        held = locks.lock(lock_path, "the build of environment %s" % key, wait=0)
         held.__enter__()
-    except store.AgentError as exc:
+    except common.AgentError as exc:
         _say("waiting: %s" % str(exc).split("; try again")[0])
-        held = store.lock(lock_path, "the build of environment %s" % key, wait=3600)
+        held = locks.lock(lock_path, "the build of environment %s" % key, wait=3600)
         held.__enter__()
     try:
         meta = None if args.get("force") else read_meta(path)
         if meta is not None:
-            _touch(store.join(path, LAST_USED))
-            return {"key": key, "path": store.dec(path), "built": False, "exists": True, "meta": meta,
+            _touch(common.join(path, LAST_USED))
+            return {"key": key, "path": manifest.dec(path), "built": False, "exists": True, "meta": meta,
                     "waited": True}  # fmt: skip
         installed_uv = False
         uv, _ = find_uv(root, facts["uv_on_path"])
@@ -442,7 +439,7 @@ def mode_env(args):
             installed_uv = True
         requires = spec.get("requires_python")
         if requires and not python_satisfies(facts["version"], requires):
-            raise store.AgentError(
+            raise common.AgentError(
                 "%s needs Python %s, but the cluster's interpreter is %s (%s): load a newer one in the "
                 "setup (e.g. --setup 'module load python/3.11') or pass --python VERSION (uv fetches it)"
                 % (spec["label"].split(",")[0], requires, facts["version"], facts["executable"]),
@@ -450,7 +447,7 @@ def mode_env(args):
             )
         _say("building environment %s from %s (Python %s)" % (key, spec["label"], facts["version"]))
         meta = build(root, key, spec, facts, uv, environ)
-        return {"key": key, "path": store.dec(path), "built": True, "exists": True, "meta": meta,
+        return {"key": key, "path": manifest.dec(path), "built": True, "exists": True, "meta": meta,
                 "installed_uv": installed_uv}  # fmt: skip
     finally:
         held.__exit__(None, None, None)
@@ -463,14 +460,11 @@ def _use_existing(path, setup):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     out, _ = proc.communicate(timeout=120)
     if proc.returncode != 0:
-        raise store.AgentError(
+        raise common.AgentError(
             "--env %s: no bin/python there on the cluster (a venv or conda prefix is expected)" % path,
             "usage",
         )
     return {"key": None, "path": out.decode().strip().splitlines()[-1], "built": False, "exists": True}
-
-
-# -- listing and removing ---------------------------------------------------------------------------
 
 
 def _size(path):
@@ -487,17 +481,17 @@ def list_envs(root):
     base = envs_dir(root)
     out = []
     for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        path = store.join(base, name)
+        path = common.join(base, name)
         if name.startswith(b".") or not os.path.isdir(path):
             continue
         meta = read_meta(path)
         if meta is None:
             continue
         try:
-            last = os.stat(store.join(path, LAST_USED)).st_mtime
+            last = os.stat(common.join(path, LAST_USED)).st_mtime
         except OSError:
             last = meta.get("built_at", 0)
-        out.append({"key": store.dec(name), "path": store.dec(path), "meta": meta, "last_used": last})
+        out.append({"key": manifest.dec(name), "path": manifest.dec(path), "meta": meta, "last_used": last})
     out.sort(key=lambda e: -e["last_used"])
     return out
 
@@ -528,22 +522,22 @@ def gc_envs(root, older_than, in_use, freed, dry):
             kept.append({"key": env["key"], "why": "a live run uses it"})
             continue
         if now - env["last_used"] < older_than:
-            kept.append({"key": env["key"], "why": "used %s ago" % store.human_age(now - env["last_used"])})
+            kept.append({"key": env["key"], "why": "used %s ago" % common.human_age(now - env["last_used"])})
             continue
         before = freed.bytes
-        store.remove_counted(env["path"].encode(), freed, dry)
+        common.remove_counted(env["path"].encode(), freed, dry)
         removed.append({"key": env["key"], "bytes": freed.bytes - before, "files": env["meta"].get("files")})
     base = envs_dir(root)
     for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        path = store.join(base, name)
+        path = common.join(base, name)
         with contextlib.suppress(OSError):
             if name.startswith(BUILD_PREFIX) and now - os.lstat(path).st_mtime > 86400:
-                store.remove_counted(path, freed, dry)
+                common.remove_counted(path, freed, dry)
     return removed, kept
 
 
 def mode_venv_ls(args):
-    root = store.root_path(args["root"])
+    root = common.root_path(args["root"])
     envs = list_envs(root)
     in_use = envs_in_use(root, args["squeue"])
     for env in envs:
@@ -552,38 +546,24 @@ def mode_venv_ls(args):
     return {"envs": envs}
 
 
-def mode_gc(args):
-    """rv gc: what runs, snapshots and objects left (rv.job.remote), then unused environments."""
-    report = runs.mode_gc(args)
-    root = store.root_path(args["root"])
-    freed = runs.Freed()
-    in_use = envs_in_use(root, args["squeue"], float(args.get("grace", 900)))
-    removed, kept = gc_envs(root, float(args["older_than"]), in_use, freed, bool(args.get("dry_run")))
-    report.update(envs_removed=removed, envs_kept=kept, bytes_freed=report["bytes_freed"] + freed.bytes)
-    return report
-
-
 def mode_venv_rm(args):
-    root = store.root_path(args["root"])
+    root = common.root_path(args["root"])
     want = args["key"]
     matches = [e for e in list_envs(root) if e["key"].startswith(want)]
     if not matches:
-        raise store.AgentError("no environment %s (rv venv ls lists them)" % want, "not-found")
+        raise common.AgentError("no environment %s (rv venv ls lists them)" % want, "not-found")
     if len(matches) > 1:
-        raise store.AgentError(
+        raise common.AgentError(
             "%s matches %d environments: give more of the key" % (want, len(matches)), "usage"
         )
     env = matches[0]
     if not args.get("force") and env["key"] in envs_in_use(root, args["squeue"]):
-        raise store.AgentError(
+        raise common.AgentError(
             "environment %s is used by a live run (--force removes it anyway)" % env["key"], "live"
         )
     # Renamed away first: a job starting now finds it gone rather than half-deleted.
-    aside = store.join(envs_dir(root), BUILD_PREFIX + b"rm-" + env["key"].encode())
+    aside = common.join(envs_dir(root), BUILD_PREFIX + b"rm-" + env["key"].encode())
     os.rename(env["path"].encode(), aside)
     freed = _size(aside)
     shutil.rmtree(aside)
     return {"key": env["key"], "bytes_freed": freed}
-
-
-store.MODES.update({"env": mode_env, "venv-ls": mode_venv_ls, "venv-rm": mode_venv_rm, "gc": mode_gc})

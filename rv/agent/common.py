@@ -1,0 +1,181 @@
+"""The agent's plumbing: errors, replies on stdout, paths under the remote root, private writes.
+
+Private by default: every mode runs under the umask the client sends (077, or 027 when the profile
+shares with the group), explicit modes are masked by it too, and the remote root itself is kept at
+0700 (0750), so nothing under it is reachable by others even in a store written by an older rv.
+Temporary files a mode registers in ``_cleanup`` are removed however the mode ends.
+"""
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import stat
+import struct
+import sys
+import zlib
+
+from rv.agent import manifest
+
+CHUNK = 1 << 20
+
+TMP_STALE_S = 3600  # temp files untouched this long belong to a dead upload
+
+
+class AgentError(Exception):
+    """A failure the client maps to an rv error: ``code`` names the kind."""
+
+    def __init__(self, message, code="remote"):
+        Exception.__init__(self, message)
+        self.code = code
+
+
+class Truncated(Exception):
+    """stdin ended in the middle of a frame: the client went away."""
+
+
+def check_relpath(path):
+    """A manifest path: relative, no ``..``, no empty part, never inside ``.git``."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..", ".git") for p in parts):
+        raise AgentError("refusing unsafe path %r" % path, "usage")
+    return path
+
+
+_stdin = None
+
+_cleanup = set()
+
+UMASK = 0o077  # replaced by the client's (see main); private unless the profile shares with the group
+
+
+def private(mode):
+    """``mode`` without what the umask forbids: what a chmod must use (chmod ignores the umask)."""
+    return mode & ~UMASK & 0o7777
+
+
+def protect_root(root):
+    """Keep the remote root itself at 0700 (0750): the one gate in front of everything below it."""
+    want = 0o777 & ~UMASK
+    with contextlib.suppress(OSError):  # not there yet (makedirs creates it with the umask)
+        st = os.stat(root)
+        if stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) != want and st.st_uid == os.getuid():
+            os.chmod(root, want)
+
+
+def stdin():
+    global _stdin
+    if _stdin is None:
+        _stdin = sys.stdin.buffer
+    return _stdin
+
+
+def read_exact(n):
+    data = stdin().read(n)
+    if data is None or len(data) != n:
+        raise Truncated()
+    return data
+
+
+def read_header():
+    (n,) = struct.unpack(">I", read_exact(4))
+    return json.loads(zlib.decompress(read_exact(n)).decode("ascii"))
+
+
+def reply(obj):
+    out = sys.stdout.buffer
+    out.write(zlib.compress(json.dumps(obj, ensure_ascii=True).encode("ascii")))
+    out.flush()
+
+
+def root_path(root):
+    return manifest.enc(os.path.expanduser(root))
+
+
+def resolve(root, path):
+    """Relative paths are under the remote root; ``~/...`` is the remote home; absolute is as is."""
+    if path.startswith("~"):
+        return manifest.enc(os.path.expanduser(path))
+    if path.startswith("/"):
+        return manifest.enc(path)
+    return os.path.join(root_path(root), manifest.enc(path))
+
+
+def join(*parts):
+    return os.path.join(*parts)
+
+
+def makedirs(path, mode=0o755):
+    try:
+        os.makedirs(path, mode)
+    except OSError as exc:
+        if exc.errno != errno.EEXIST or not os.path.isdir(path):
+            raise
+
+
+def temp_name(directory, tag):
+    return join(
+        directory, b".rv-tmp-" + manifest.enc(tag) + b"-%d-" % os.getpid() + os.urandom(6).hex().encode()
+    )
+
+
+def force_rmtree(path):
+    """Remove a tree made read-only on purpose (snapshots): restore write bits, then delete."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+        return
+    for dirpath, dirnames, _files in os.walk(path):
+        os.chmod(dirpath, 0o700)
+        for d in dirnames:
+            p = join(dirpath, d)
+            if not os.path.islink(p):
+                os.chmod(p, 0o700)
+    shutil.rmtree(path)
+
+
+def write_atomic(path, data, mode):
+    directory = os.path.dirname(path)
+    tmp = temp_name(directory, "meta")
+    _cleanup.add(tmp)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, private(mode))
+        os.replace(tmp, path)
+    finally:
+        _cleanup.discard(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def receive_into(tmp, size, hasher, mode=0o600):
+    """Copy ``size`` bytes of stdin into a new file ``tmp`` (created with ``mode``), feeding ``hasher``."""
+    left = size
+    # Created with its final mode: the descriptor stays writable, and no chmod is needed after.
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, private(mode)), "wb") as fh:
+        while left:
+            data = stdin().read(min(CHUNK, left))
+            if not data:
+                raise Truncated()
+            hasher.update(data)
+            fh.write(data)
+            left -= len(data)
+
+
+def remove_counted(path, freed, dry):
+    freed.note(path)
+    if dry:
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        force_rmtree(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def human_age(seconds):
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return "%d%s" % (seconds // size, unit)
+    return "%ds" % seconds

@@ -1,0 +1,217 @@
+"""``follow``: a run's output, segment after segment, from given offsets, as frames on stdout.
+
+Frames carry state too; the stream ends when the run ends (following) or when the logs are read (not
+following). A heartbeat frame at least every ``Frames.BEAT_S`` seconds tells rv a quiet job from a
+dead connection.
+"""
+
+import json
+import os
+import re
+import select
+import struct
+import sys
+import time
+
+from rv.agent import common, manifest, runs
+
+POLL_S = 2.0  # how often a follower asks squeue
+
+
+class Frames:
+    """Framed output: 4-byte header length, 4-byte data length, a JSON header, then the data."""
+
+    BEAT_S = 10.0  # a frame at least this often, so rv can tell a silent connection from a quiet job
+
+    def __init__(self):
+        self.out = sys.stdout.buffer
+        self.last = time.time()
+
+    def send(self, header, data=b""):
+        head = json.dumps(header).encode("utf-8")
+        self.out.write(struct.pack(">II", len(head), len(data)) + head + data)
+        self.out.flush()
+        self.last = time.time()
+
+    def beat(self):
+        if time.time() - self.last > self.BEAT_S:
+            self.send({"t": "beat"})
+
+
+def _client_gone(timeout):
+    """Wait up to ``timeout`` s on stdin; True once it is closed (rv went away: stop at once)."""
+    ready, _, _ = select.select([0], [], [], timeout)
+    if not ready:
+        return False
+    try:
+        return os.read(0, 4096) == b""
+    except OSError:
+        return True
+
+
+def _segment_files(rdir, job, streams, node):
+    """Log files of one job: the batch log, and per-node logs of a multi-node job."""
+    logs = common.join(rdir, b"logs")
+    try:
+        names = os.listdir(logs)
+    except OSError:
+        names = []
+    files = []
+    for stream in streams:
+        batch = ("%s.%s" % (job, stream)).encode()
+        if node is None:
+            files.append((batch, stream))
+        per_node = sorted(n for n in names if re.match(("^%s-node(\\d+)\\.%s$" % (job, stream)).encode(), n))
+        for n in per_node:
+            index = int(re.match(rb"^\d+(?:_\d+)?-node(\d+)", n).group(1))
+            if node is None or index == node:
+                files.append((n, stream))
+    return [(common.join(logs, n), s) for n, s in files]
+
+
+def _tail_offset(path, lines):
+    """The offset where the last ``lines`` lines of ``path`` begin."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return 0
+    with open(path, "rb") as fh:
+        pos, seen = size, -1
+        while pos > 0:
+            step = min(65536, pos)
+            pos -= step
+            fh.seek(pos)
+            block = fh.read(step)
+            for i in range(len(block) - 1, -1, -1):
+                if block[i] == 10:
+                    seen += 1
+                    if seen == lines:
+                        return pos + i + 1
+        return 0
+
+
+def _pump(frames, files, offsets, segment):
+    """Send what is new in ``files`` from ``offsets``; True when anything was sent."""
+    sent = False
+    for path, stream in files:
+        key = manifest.dec(path)
+        offset = offsets.get(key, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(1 << 16)
+        except OSError:
+            continue
+        if data:
+            frames.send({"t": "data", "f": key, "o": offset, "s": stream, "seg": segment}, data)
+            offsets[key] = offset + len(data)
+            sent = True
+    return sent
+
+
+def _drain(frames, rdir, job, streams, node, offsets, segment, settle):
+    if settle:
+        time.sleep(1.0)  # shared filesystems show a job's last writes a moment late
+    files = _segment_files(rdir, job, streams, node)
+    while _pump(frames, files, offsets, segment):
+        pass
+
+
+def mode_follow(args):
+    """Stream a run's logs from ``offsets``, segment by segment; with ``follow``, until it ends.
+
+    Given ``find`` (``runs``' selectors) instead of ``run_id``, the follower first finds the run
+    (the newest that matches) and sends it in a ``run`` frame, with the ``sweep`` of the session:
+    `rv logs` is then one call to the cluster. With ``tail`` and no ``segment``, that is the last
+    segment only.
+    """
+    root = common.root_path(args["root"])
+    frames = Frames()
+    only = args.get("segment")
+    if args.get("find") is not None:
+        head = {"t": "run", "run": None}
+        if args.get("sweep"):
+            try:
+                head["sweep"] = runs.sweep_runs(root, args["sweep"], runs.live_jobs(args["squeue"]))
+            except common.AgentError as exc:
+                head["sweep"] = {"error": str(exc)}
+        found = runs.select_runs(root, args["find"])
+        if found:
+            head["run"] = max(found, key=lambda info: float(info["meta"].get("created") or 0))
+            segs = head["run"]["segments"]
+            if only is None and args.get("tail") is not None and segs:
+                only = segs[-1]["segment"]
+        head["segment"] = only  # which segment alone is shown (None: all), for a reconnect to ask again
+        frames.send(head)
+        if head["run"] is None:
+            return None
+        run_id = head["run"]["run_id"]
+    else:
+        run_id = args["run_id"]
+    rdir = runs.run_path(root, run_id)
+    streams = args.get("streams") or ["out", "err"]
+    node = args.get("node")
+    follow = bool(args.get("follow"))
+    offsets = dict(args.get("offsets") or {})
+    k = int(args.get("from_segment") or only or 1)
+    backoff, next_poll, last_state = POLL_S, 0.0, None
+    while True:
+        segs = {s["segment"]: s for s in runs.segments(rdir)}
+        seg = segs.get(k)
+        if seg is None or not seg["job_id"]:
+            ended = runs.read_json(common.join(rdir, runs.ENDED))
+            if ended is not None or not follow or only:
+                frames.send({"t": "end", "ended": ended, "segment": k - 1})
+                return None
+            frames.beat()
+            if _client_gone(1.0):
+                return None
+            continue
+        job = seg["job_id"]
+        if args.get("tail") is not None and not offsets:
+            for path, _ in _segment_files(rdir, job, streams, node):
+                offsets[manifest.dec(path)] = _tail_offset(path, int(args["tail"]))
+        frames.send({"t": "segment", "segment": k, "job_id": job, "record": seg["record"]})
+        while follow:
+            files = _segment_files(rdir, job, streams, node)
+            if _pump(frames, files, offsets, k):
+                continue
+            now = time.time()
+            if now >= next_poll:
+                try:
+                    line = runs.live_jobs(args["squeue"]).get(job)
+                    backoff = POLL_S
+                    next_poll = now + POLL_S
+                except common.AgentError as exc:
+                    # Never a reason to stop following: say so, ask again later.
+                    frames.send({"t": "warn", "msg": str(exc), "retry_in": backoff})
+                    next_poll = now + backoff
+                    backoff = min(backoff * 2, 30.0)
+                    line = "?"
+                if line is None:
+                    break  # the job is no longer queued or running: drain, then its record
+                if line != "?" and line != last_state:
+                    frames.send({"t": "state", "segment": k, "job_id": job, "squeue": line})
+                    last_state = line
+            frames.beat()
+            if _client_gone(0.2):
+                return None
+        _drain(frames, rdir, job, streams, node, offsets, k, settle=follow)
+        record = runs.read_json(common.join(rdir, b"seg", b"%d.json" % k))
+        frames.send({"t": "segment-end", "segment": k, "job_id": job, "record": record})
+        if only:
+            frames.send({"t": "end", "ended": runs.read_json(common.join(rdir, runs.ENDED)), "segment": k})
+            return None
+        k += 1
+        if follow:
+            # The job is gone from the queue; its EXIT trap wrote the next segment or ENDED just before.
+            deadline = time.time() + 30
+            while not os.path.exists(common.join(rdir, b"seg", b"%d.job" % k)):
+                if os.path.exists(common.join(rdir, runs.ENDED)) or time.time() > deadline:
+                    frames.send(
+                        {"t": "end", "ended": runs.read_json(common.join(rdir, runs.ENDED)), "segment": k - 1}
+                    )
+                    return None
+                frames.beat()
+                if _client_gone(0.5):
+                    return None

@@ -1,0 +1,220 @@
+"""``gc`` and ``usage``: what finished runs left, then snapshots, objects and environments nothing uses.
+
+The bytes freed are counted inode by inode as paths go (:class:`Freed`); ``usage`` reports what rv
+keeps under the root by kind and what ``gc`` would free.
+"""
+
+import contextlib
+import os
+import time
+
+from rv.agent import common, envs, manifest, runs, store
+
+
+class Freed:
+    """Bytes a removal frees, counted from the filesystem itself as paths go.
+
+    A file's blocks are freed when its last link goes: each inode is counted once all the links it
+    had were removed here (a snapshot's hard links into objects/ free nothing until the object goes).
+    Folders cannot be hard-linked: their blocks count when they go.
+    """
+
+    def __init__(self):
+        self.inodes = {}
+        self.dir_bytes = 0
+
+    def note(self, path):
+        for dirpath, dirs, files in os.walk(path) if os.path.isdir(path) and not os.path.islink(path) else []:
+            for name in files + [d for d in dirs if os.path.islink(common.join(dirpath, d))]:
+                self._file(common.join(dirpath, name))
+            for d in dirs:
+                p = common.join(dirpath, d)
+                if not os.path.islink(p):
+                    with contextlib.suppress(OSError):
+                        self.dir_bytes += os.lstat(p).st_blocks * 512
+        if os.path.isdir(path) and not os.path.islink(path):
+            with contextlib.suppress(OSError):
+                self.dir_bytes += os.lstat(path).st_blocks * 512
+        else:
+            self._file(path)
+
+    def _file(self, path):
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            entry = self.inodes.setdefault((st.st_dev, st.st_ino), [st.st_blocks * 512, st.st_nlink, 0])
+            entry[2] += 1
+
+    @property
+    def bytes(self):
+        return self.dir_bytes + sum(size for size, links, seen in self.inodes.values() if seen >= links)
+
+
+def _run_last_activity(rdir, info):
+    ended = info["ended"]
+    if ended and ended.get("end"):
+        return float(ended["end"])
+    return max(runs.tree_bytes(rdir)[1], float(info["meta"].get("created", 0)))
+
+
+def plan_gc(root, args, live):
+    """(runs to remove, runs kept with why, names whose checkpoints/outputs may go)."""
+    now = time.time()
+    older_than, grace = float(args["older_than"]), float(args.get("grace", 900))
+    remove_runs, kept = [], []
+    kept_names = set()
+    for run_id in runs.all_run_ids(root):
+        rdir = runs.run_path(root, run_id)
+        info = runs.run_info(root, run_id)
+        if info is None:
+            # A folder without run.json: a submission in progress, or one that died: by age only.
+            if now - runs.tree_bytes(rdir)[1] > max(older_than, grace):
+                remove_runs.append((run_id, None))
+            continue
+        meta = info["meta"]
+        key = (meta.get("project"), meta.get("name"))
+        alive = [s["job_id"] for s in info["segments"] if s["job_id"] in live]
+        age = now - _run_last_activity(rdir, info)
+        if alive:
+            kept.append(
+                {"run_id": run_id, "name": meta.get("name"), "why": "live (job %s)" % ", ".join(alive)}
+            )
+            kept_names.add(key)
+        elif info["ended"] is None and age < grace:
+            kept.append({"run_id": run_id, "name": meta.get("name"), "why": "being submitted"})
+            kept_names.add(key)
+        elif age < older_than:
+            kept.append(
+                {"run_id": run_id, "name": meta.get("name"), "why": "ended %s ago" % common.human_age(age)}
+            )
+            kept_names.add(key)
+        else:
+            remove_runs.append((run_id, info))
+    return remove_runs, kept, kept_names
+
+
+def runs_and_store_gc(args, live=None):
+    root = common.root_path(args["root"])
+    dry = bool(args.get("dry_run"))
+    older_than = float(args["older_than"])
+    if live is None:
+        live = runs.live_jobs(args["squeue"])  # if squeue fails, nothing is removed
+    freed = Freed()
+    report = {"dry_run": dry, "runs_removed": [], "runs_kept": [], "checkpoints_removed": [],
+              "outputs_removed": [], "warnings": []}  # fmt: skip
+    remove_runs, kept, kept_names = plan_gc(root, args, live)
+    report["runs_kept"] = kept
+    in_use = set()
+    for entry in kept:
+        meta = (runs.run_info(root, entry["run_id"]) or {}).get("meta") or {}
+        if meta.get("snapshot"):
+            in_use.add(meta["snapshot"])
+    for run_id, info in remove_runs:
+        meta = (info or {}).get("meta") or {}
+        before = freed.bytes
+        common.remove_counted(runs.run_path(root, run_id), freed, dry)
+        report["runs_removed"].append(
+            {"run_id": run_id, "name": meta.get("name"), "bytes": freed.bytes - before,
+             "reason": ((info or {}).get("ended") or {}).get("reason")}
+        )  # fmt: skip
+        index = runs.name_index(root, meta.get("project", ""), meta.get("name", "")) if meta else None
+        if index and runs.read_text(index) == run_id:
+            common.remove_counted(index, freed, dry)
+    if args.get("checkpoints"):
+        now = time.time()
+        for kind, report_key in ((b"checkpoints", "checkpoints_removed"), (b"outputs", "outputs_removed")):
+            base = common.join(root, kind)
+            for project in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+                for name in sorted(os.listdir(common.join(base, project))):
+                    key = (manifest.dec(project), manifest.dec(name))
+                    path = common.join(base, project, name)
+                    newest = runs.tree_bytes(path)[1]
+                    if key in kept_names or now - newest < older_than:
+                        continue
+                    before = freed.bytes
+                    common.remove_counted(path, freed, dry)
+                    report[report_key].append(
+                        {"project": key[0], "name": key[1], "bytes": freed.bytes - before}
+                    )
+    store_report = store.collect_garbage(root, in_use, args, freed, dry)
+    report.update(store_report)
+    report["bytes_freed"] = freed.bytes
+    return report
+
+
+# (kind, folder under the root, or under each run's folder). Objects first: a snapshot's files are
+# hard links to them, so snapshots count only their own folders and manifests.
+KINDS = (
+    ("objects", b"objects", False),
+    ("snapshots", b"snapshots", False),
+    ("work dirs", b"work", True),
+    ("logs", b"logs", True),
+    ("checkpoints", b"checkpoints", False),
+    ("outputs", b"outputs", False),
+    ("environments", b"envs", False),
+)
+
+
+def mode_usage(args):
+    """Bytes on disk by kind (each inode counted once, objects first), and what gc would free.
+
+    With ``sinfo`` (`rv status`), all the rest of what status shows, in this one call: the login
+    name, ``squeue`` (also gc's live jobs) and ``sinfo`` text, the ``sweep`` of the session, and
+    ``work_ms``, the time spent here (rv reports the rest of the call as the round trip).
+    """
+    started = time.time()
+    root = common.root_path(args["root"])
+    out = {}
+    live = None
+    if args.get("sinfo"):
+        out["user"] = runs.user_name()
+        code, text, err = runs.run_argv(args["squeue"])
+        out["squeue"] = {"text": text, "error": None if code == 0 else runs.squeue_failure(code, err)}
+        if code == 0:
+            live = runs.jobs_of(text)
+        out["sinfo"] = runs.answer(args["sinfo"])
+        if args.get("sweep"):
+            out["sweep"] = runs.sweep_runs(root, args["sweep"], live) if live is not None else {
+                "error": out["squeue"]["error"]}  # fmt: skip
+    seen = set()
+    sizes = {}
+
+    def count(path):
+        total = 0
+        for dirpath, dirs, files in os.walk(path):
+            for name in dirs + files:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(common.join(dirpath, name))
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+        return total
+
+    for kind, folder, per_run in KINDS:
+        if per_run:
+            sizes[kind] = sum(
+                count(common.join(runs.run_path(root, r), folder)) for r in runs.all_run_ids(root)
+            )
+        else:
+            sizes[kind] = count(common.join(root, folder))
+    sizes["other"] = count(root)  # run records, scripts, caches, workspaces: whatever is left
+    out.update(kinds=sizes, total=sum(sizes.values()))
+    try:
+        gc = runs_and_store_gc(dict(args, dry_run=True), live=live)
+        out["gc"] = {"bytes_freed": gc["bytes_freed"], "runs": len(gc["runs_removed"]),
+                     "snapshots": len(gc["removed"]), "objects": gc["objects_removed"]}  # fmt: skip
+    except common.AgentError as exc:
+        out["gc"] = {"error": str(exc)}
+    out["work_ms"] = (time.time() - started) * 1000
+    return out
+
+
+def mode_gc(args):
+    """``rv gc``: what runs, snapshots and objects left, then environments no live run uses."""
+    report = runs_and_store_gc(args)
+    root = common.root_path(args["root"])
+    freed = Freed()
+    in_use = envs.envs_in_use(root, args["squeue"], float(args.get("grace", 900)))
+    removed, kept = envs.gc_envs(root, float(args["older_than"]), in_use, freed, bool(args.get("dry_run")))
+    report.update(envs_removed=removed, envs_kept=kept, bytes_freed=report["bytes_freed"] + freed.bytes)
+    return report

@@ -1,0 +1,546 @@
+"""Runs on the cluster side: their records, ``run-check``, ``run-submit``, ``runs``, stop, sweep.
+
+Every Slurm command it runs comes from the laptop as an argv built by :mod:`rv.slurm.commands`
+(``{user}`` stands for the login name), so this file writes no Slurm command text of its own.
+
+``run-check``   before anything is sent: is a run of this name live, what do the checkpoint folders
+                hold (the run's own, and ``--from``'s)
+``run-submit``  under the name's lock: the run's folder, its records, secrets (from stdin, 0600),
+                the job's runtime files, the ``--from`` checkpoint, the name index, and ``sbatch``
+                of segment 1
+``runs``        run records and ``squeue`` (and ``sacct``) in one answer
+``run-stop``    ``STOP``, ``scancel``, the secrets gone, records for segments that never started
+``sweep``       secrets of runs no job is alive for (a job killed hard could not remove them)
+``ckpt-ls``     a checkpoint folder: rv_train's ``step_<N>`` steps, sizes, times, which one resumes
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import pwd
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+from rv.agent import common, locks, manifest
+
+RUN_FILE = b"run.json"
+
+ENDED = b"ENDED"
+
+STOP = b"STOP"
+
+SECRETS = b"secrets.env"
+
+SCRIPT = b"job.sbatch"
+
+PREEMPTED = b"PREEMPTED"
+
+JOB_ENV = b"env.sh"  # jobs/<id>/env.sh: the job's environment, secrets included (rv.slurm.script)
+
+_STEP = re.compile(r"^step_(\d+)$")
+
+_JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
+
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+
+
+def user_name():
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def run_argv(argv, env=None, timeout=60, stdin_data=None):
+    """(exit code, stdout, stderr) of ``argv``; 127 when the program is missing."""
+    argv = [user_name() if word == "{user}" else word for word in argv]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+    except OSError as exc:
+        return 127, "", "%s: %s" % (argv[0], exc.strerror)
+    try:
+        out, err = proc.communicate(stdin_data, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return 124, "", "%s did not answer within %d s" % (argv[0], timeout)
+    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def answer(argv):
+    """{"text": stdout, "error": None, or what went wrong} of ``argv``, for a reply."""
+    code, text, err = run_argv(argv)
+    return {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
+
+
+def read_json(path):
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_text(path):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def write_json(path, obj, mode=0o600):
+    common.write_atomic(path, (json.dumps(obj, indent=1) + "\n").encode("utf-8"), mode)
+
+
+def runs_dir(root):
+    return common.join(root, b"runs")
+
+
+def run_path(root, run_id):
+    if not re.match(r"^[A-Za-z0-9._-]+$", run_id) or run_id.startswith("."):
+        raise common.AgentError("bad run id %r" % run_id, "usage")
+    return common.join(runs_dir(root), manifest.enc(run_id))
+
+
+def name_index(root, project, name):
+    return common.join(root, b"names", manifest.enc(project), manifest.enc(name))
+
+
+def live_jobs(squeue_argv):
+    """{job id: squeue line} of the user's queued and running jobs; raises when squeue fails."""
+    code, out, err = run_argv(squeue_argv)
+    if code != 0:
+        raise common.AgentError(squeue_failure(code, err), "squeue")
+    return jobs_of(out)
+
+
+def squeue_failure(code, err):
+    return "squeue failed (%s)" % (err.strip()[-300:] or "exit %d" % code)
+
+
+def jobs_of(squeue_text):
+    """{job id: line} from squeue's ``|``-separated output."""
+    jobs = {}
+    for line in squeue_text.splitlines():
+        job = line.split("|", 1)[0].strip()
+        if job:
+            jobs[job] = line
+    return jobs
+
+
+def segments(rdir):
+    """[{segment, job_id, record}] in order: seg/<k>.job names the job, seg/<k>.json is its record."""
+    seg_dir = common.join(rdir, b"seg")
+    found = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(seg_dir):
+            stem, _, ext = name.partition(b".")
+            if stem.isdigit() and ext in (b"job", b"json"):
+                found.setdefault(int(stem), {})
+    out = []
+    for k in sorted(found):
+        job = read_text(common.join(seg_dir, b"%d.job" % k))
+        record = read_json(common.join(seg_dir, b"%d.json" % k))
+        if job is None and record:
+            job = record.get("job_id")
+        out.append({"segment": k, "job_id": job, "record": record})
+    return out
+
+
+def run_info(root, run_id):
+    rdir = run_path(root, run_id)
+    meta = read_json(common.join(rdir, RUN_FILE))
+    if meta is None:
+        return None
+    return {
+        "run_id": run_id,
+        "meta": meta,
+        "segments": segments(rdir),
+        "ended": read_json(common.join(rdir, ENDED)),
+        "stop": os.path.exists(common.join(rdir, STOP)),
+        "secrets": os.path.exists(common.join(rdir, SECRETS)),
+    }
+
+
+def current_job(info):
+    segs = info["segments"]
+    return segs[-1]["job_id"] if segs else None
+
+
+def all_run_ids(root):
+    try:
+        names = os.listdir(runs_dir(root))
+    except OSError:
+        return []
+    return sorted(manifest.dec(n) for n in names if not n.startswith(b"."))
+
+
+def checkpoint_listing(path):
+    """rv_train's layout (step_<N>/COMPLETE) or any files: what a checkpoint folder holds."""
+    out = {"exists": os.path.isdir(path), "steps": [], "files": 0, "bytes": 0, "marker": None}
+    if not out["exists"]:
+        return out
+    for name in sorted(os.listdir(path)):
+        full = common.join(path, name)
+        text = manifest.dec(name)
+        m = _STEP.match(text)
+        size, mtime = tree_bytes(full)
+        out["bytes"] += size
+        if m and os.path.isdir(full):
+            out["steps"].append(
+                {
+                    "step": int(m.group(1)),
+                    "name": text,
+                    "complete": os.path.isfile(common.join(full, b"COMPLETE")),
+                    "bytes": size,
+                    "mtime": mtime,
+                }
+            )
+        elif name == PREEMPTED:
+            out["marker"] = read_text(full)
+        else:
+            out["files"] += 1
+    out["steps"].sort(key=lambda s: s["step"])
+    complete = [s["step"] for s in out["steps"] if s["complete"]]
+    out["resume_step"] = complete[-1] if complete else None
+    return out
+
+
+def tree_bytes(path):
+    """(bytes on disk, newest mtime) of a file or folder."""
+    total, newest = 0, 0.0
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0, 0.0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_blocks * 512, st.st_mtime
+    for dirpath, dirs, files in os.walk(path):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(common.join(dirpath, name))
+                total += st.st_blocks * 512
+                newest = max(newest, st.st_mtime)
+    return total, newest
+
+
+def _live_run_of_name(root, project, name, squeue_argv):
+    """(run id, live job id) of the newest run of this name, the job None when nothing of it is live."""
+    run_id = read_text(name_index(root, project, name))
+    if not run_id:
+        return None, None
+    info = run_info(root, run_id)
+    if info is None or info["ended"] is not None:
+        return run_id, None
+    job = current_job(info)
+    if job and job in live_jobs(squeue_argv):
+        return run_id, job
+    return run_id, None
+
+
+def _resolve_from(root, project, ref):
+    """The checkpoint folder of RUN in ``--from RUN``: a run name of this project, a run id, a job id."""
+    if re.match(r"^[A-Za-z0-9._-]+$", ref) and os.path.isdir(
+        common.join(root, b"checkpoints", manifest.enc(project), manifest.enc(ref))
+    ):
+        return {"project": project, "name": ref}
+    for run_id in all_run_ids(root):
+        info = run_info(root, run_id)
+        if info is None:
+            continue
+        jobs = [s["job_id"] for s in info["segments"]]
+        if run_id == ref or ref in jobs:
+            return {"project": info["meta"]["project"], "name": info["meta"]["name"]}
+    raise common.AgentError(
+        "no run %r with checkpoints here (by name in this project, run id or job id)" % ref, "not-found"
+    )
+
+
+def mode_run_check(args):
+    root = common.root_path(args["root"])
+    project, name = args["project"], args["name"]
+    run_id, live = _live_run_of_name(root, project, name, args["squeue"])
+    out = {
+        "name_run_id": run_id,
+        "live": live,
+        "checkpoint": checkpoint_listing(
+            common.join(root, b"checkpoints", manifest.enc(project), manifest.enc(name))
+        ),
+    }
+    if args.get("from"):
+        src = _resolve_from(root, project, args["from"])
+        path = common.join(root, b"checkpoints", manifest.enc(src["project"]), manifest.enc(src["name"]))
+        out["from"] = dict(src, checkpoint=checkpoint_listing(path))
+    return out
+
+
+def _clone_file(src, dst):
+    """Copy without copying bytes where the filesystem allows: reflink, else hard link, else copy."""
+    with open(src, "rb") as fin:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.ioctl(fd, FICLONE, fin.fileno())
+            os.close(fd)
+            shutil.copystat(src, dst)
+            return "reflink"
+        except OSError:
+            os.close(fd)
+            os.unlink(dst)
+    try:
+        os.link(src, dst)
+        return "hardlink"
+    except OSError:
+        shutil.copy2(src, dst)
+        return "copy"
+
+
+def _clone_tree(src, dst, skip=()):
+    """``src`` into ``dst`` (made here), file by file with :func:`_clone_file`; returns kinds used."""
+    kinds = set()
+    common.makedirs(dst, 0o700)
+    for name in os.listdir(src):
+        if name in skip:
+            continue
+        s, d = common.join(src, name), common.join(dst, name)
+        if os.path.islink(s):
+            os.symlink(os.readlink(s), d)
+        elif os.path.isdir(s):
+            kinds |= _clone_tree(s, d)
+        else:
+            kinds.add(_clone_file(s, d))
+    return kinds
+
+
+def _start_from(root, spec, dest):
+    """Fill the new run's empty checkpoint folder ``dest`` from ``spec`` (--from RUN[@STEP])."""
+    src = common.join(root, b"checkpoints", manifest.enc(spec["project"]), manifest.enc(spec["name"]))
+    listing = checkpoint_listing(src)
+    if os.path.isdir(dest) and os.listdir(dest):
+        raise common.AgentError(
+            "the new run's checkpoint folder %s is not empty: --from needs a run name of its own"
+            % manifest.dec(dest),
+            "usage",
+        )
+    step = spec.get("step")
+    if listing["steps"]:
+        complete = [s for s in listing["steps"] if s["complete"] and (step is None or s["step"] <= step)]
+        if not complete:
+            raise common.AgentError(
+                "run %s has no complete checkpoint%s"
+                % (spec["name"], "" if step is None else " at or before step %d" % step),
+                "not-found",
+            )
+        chosen = complete[-1]
+        kinds = _clone_tree(
+            common.join(src, manifest.enc(chosen["name"])), common.join(dest, manifest.enc(chosen["name"]))
+        )
+        return {"step": chosen["step"], "how": sorted(kinds)}
+    if step is not None:
+        raise common.AgentError(
+            "run %s's checkpoints are not in rv_train's step_<N> layout: use --from %s without @STEP"
+            % (spec["name"], spec["name"]),
+            "usage",
+        )
+    kinds = _clone_tree(src, dest, skip=(PREEMPTED,))
+    return {"step": None, "how": sorted(kinds)}
+
+
+def mode_run_submit(args):
+    secrets = sys.stdin.buffer.read() if args.get("has_secrets") else None
+    return _submit(args, secrets)
+
+
+def _submit(args, secrets):
+    root = common.root_path(args["root"])
+    run_id, project, name = args["run_id"], args["project"], args["name"]
+    rdir = run_path(root, run_id)
+    lock_path = name_index(root, project, name) + b".lock"
+    with locks.lock(lock_path, "rv run %s" % name, wait=30):
+        previous, live = _live_run_of_name(root, project, name, args["squeue"])
+        if live:
+            raise common.AgentError("run %s is still live (job %s)" % (name, live), "live")
+        ckpt = common.join(root, b"checkpoints", manifest.enc(project), manifest.enc(name))
+        made_ckpt = not os.path.exists(ckpt)
+        common.makedirs(common.join(rdir, b"seg"), 0o700)
+        common.makedirs(common.join(rdir, b"logs"), 0o700)
+        try:
+            result = {}
+            if secrets is not None:
+                # Created 0600 before a byte is written: never readable by others, even for a moment.
+                common.write_atomic(common.join(rdir, SECRETS), secrets, 0o600)
+            common.write_atomic(common.join(rdir, SCRIPT), args["script"].encode("utf-8"), 0o700)
+            write_json(common.join(rdir, RUN_FILE), dict(args["meta"], run_id=run_id, created=time.time()))
+            if args.get("from"):
+                result["from"] = _start_from(root, args["from"], ckpt)
+            env = dict(os.environ, RV_SEGMENT="1")
+            code, out, err = run_argv(args["sbatch"], env=env)
+            if code != 0:
+                lines = [line for line in err.strip().splitlines() if line.strip()]
+                raise common.AgentError(
+                    "sbatch rejected the job: %s" % (" / ".join(lines[-3:]) or "exit %d" % code), "sbatch"
+                )
+            job = out.strip().splitlines()[-1].split(";")[0].strip()
+            common.write_atomic(common.join(rdir, b"seg", b"1.job"), (job + "\n").encode(), 0o600)
+            index = name_index(root, project, name)
+            common.makedirs(os.path.dirname(index), 0o700)
+            common.write_atomic(index, (run_id + "\n").encode(), 0o600)
+        except BaseException:
+            # Nothing half-made stays behind: the run's folder, and a checkpoint folder made for it.
+            shutil.rmtree(rdir, ignore_errors=True)
+            if made_ckpt:
+                shutil.rmtree(ckpt, ignore_errors=True)
+            raise
+    result.update(job_id=job, previous_run_id=previous)
+    return result
+
+
+def mode_runs(args):
+    """Run records, chosen by id, name, job id, recency or liveness; with squeue (and sacct) text."""
+    root = common.root_path(args["root"])
+    out = {"runs": [], "now": time.time()}
+    code, text, err = run_argv(args["squeue"])
+    out["squeue"] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
+    if args.get("sacct"):
+        out["sacct"] = answer(args["sacct"])
+    if args.get("sweep"):
+        # The session's secrets sweep rides along on this call: no second round trip.
+        out["sweep"] = sweep_runs(root, args["sweep"], jobs_of(text)) if code == 0 else {
+            "error": squeue_failure(code, err)}  # fmt: skip
+    out["runs"] = select_runs(root, args)
+    return out
+
+
+def select_runs(root, args):
+    """The runs ``args`` asks for (``ids``, ``names``, ``any_names``, ``job_ids``, ``live``,
+    ``since``), as :func:`run_info` dicts in run id order."""
+    ids = set(args.get("ids") or [])
+    names = set(tuple(n) for n in args.get("names") or [])
+    any_names = set(args.get("any_names") or [])  # a run name, whatever its project
+    job_ids = set(args.get("job_ids") or [])
+    since = args.get("since")
+    found = []
+    for run_id in all_run_ids(root):
+        # Two reads decide for most runs (an ended run rv ps does not show): the segments, one or
+        # two files each, are read only for the runs that are sent, or asked for by job id.
+        rdir = run_path(root, run_id)
+        meta = read_json(common.join(rdir, RUN_FILE))
+        if meta is None:
+            continue
+        ended = read_json(common.join(rdir, ENDED))
+        wanted = (
+            run_id in ids
+            or (meta.get("project"), meta.get("name")) in names
+            or meta.get("name") in any_names
+            or (args.get("live") and ended is None)
+            or (
+                since is not None
+                and (meta.get("created", 0) >= since or (ended or {}).get("end", 0) >= since)
+            )
+        )
+        if not wanted and not job_ids:
+            continue
+        info = run_info(root, run_id)
+        if info is None:
+            continue
+        if wanted or job_ids & set(seg["job_id"] for seg in info["segments"]):
+            found.append(info)
+    return found
+
+
+def _end_run(rdir, reason, segment):
+    """ENDED for a run whose jobs could not write it; records for segments that never started."""
+    for seg in segments(rdir):
+        if seg["record"] is None:
+            write_json(
+                common.join(rdir, b"seg", b"%d.json" % seg["segment"]),
+                {"segment": seg["segment"], "job_id": seg["job_id"], "state": "ended", "reason": reason,
+                 "exit_code": None, "start": None, "end": time.time()},
+            )  # fmt: skip
+    if not os.path.exists(common.join(rdir, ENDED)):
+        write_json(common.join(rdir, ENDED), {"reason": reason, "exit_code": None, "segment": segment,
+                                             "end": time.time()})  # fmt: skip
+
+
+def _remove_job_envs(rdir):
+    """The jobs' environment files (they hold the secrets) of a run no job of which is alive, or that
+    is being stopped; each job removes its own as it ends, unless it was killed too hard to."""
+    jobs = common.join(rdir, b"jobs")
+    for job in os.listdir(jobs) if os.path.isdir(jobs) else []:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(common.join(jobs, job, JOB_ENV))
+
+
+def mode_run_stop(args):
+    root = common.root_path(args["root"])
+    out = []
+    for run_id in args["ids"]:
+        rdir = run_path(root, run_id)
+        info = run_info(root, run_id)
+        if info is None:
+            out.append({"run_id": run_id, "error": "no such run"})
+            continue
+        common.write_atomic(common.join(rdir, STOP), ("%f\n" % time.time()).encode(), 0o600)
+        # After STOP: a segment submitting its successor now sees STOP and cancels it itself.
+        info = run_info(root, run_id)
+        pending = [s for s in info["segments"] if (s["record"] or {}).get("state") != "ended" and s["job_id"]]
+        ids = [s["job_id"] for s in pending]
+        error = None
+        if ids:
+            code, _, err = run_argv(list(args["scancel"]) + ids)
+            if code != 0 and "Invalid job id" not in err:
+                error = err.strip()[-300:] or "scancel exit %d" % code
+        secrets = common.join(rdir, SECRETS)
+        removed = os.path.exists(secrets)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(secrets)
+        _remove_job_envs(rdir)
+        never_started = [s for s in pending if s["record"] is None]
+        if never_started and len(never_started) == len(pending):
+            _end_run(rdir, "cancelled by rv stop before it started", never_started[-1]["segment"])
+        out.append({"run_id": run_id, "cancelled": ids, "secrets_removed": removed, "error": error})
+    return {"stopped": out}
+
+
+def mode_sweep(args):
+    """Secrets of runs no job is alive for: removed, and ENDED written where the job could not."""
+    return sweep_runs(common.root_path(args["root"]), args["ids"], live_jobs(args["squeue"]))
+
+
+def sweep_runs(root, ids, live):
+    """``sweep`` for ``ids`` given the live jobs; also done inside ``runs`` and ``usage`` calls."""
+    out = {"removed": [], "ended": [], "live": []}
+    for run_id in ids:
+        info = run_info(root, run_id)
+        if info is None:
+            continue
+        if any(s["job_id"] in live for s in info["segments"]):
+            out["live"].append(run_id)
+            continue
+        rdir = run_path(root, run_id)
+        if info["secrets"]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(common.join(rdir, SECRETS))
+            out["removed"].append(run_id)
+        _remove_job_envs(rdir)
+        if info["ended"] is None:
+            segs = info["segments"]
+            _end_run(rdir, "ended without a record (cancelled or killed before it could write one)",
+                     segs[-1]["segment"] if segs else 0)  # fmt: skip
+            out["ended"].append(run_id)
+    return out
+
+
+def mode_ckpt_ls(args):
+    root = common.root_path(args["root"])
+    return checkpoint_listing(
+        common.join(root, b"checkpoints", manifest.enc(args["project"]), manifest.enc(args["name"]))
+    )

@@ -1,0 +1,93 @@
+"""The program's line in the job: the user's command, with the flags a launcher needs to span the
+allocation, and rv's rank labeller where ranks' lines would otherwise mix.
+
+Pure: a validated :class:`~rv.request.JobRequest` in, one shell line out. Words such as
+``$SLURM_NODEID`` are left for each ``srun`` task's own shell to expand.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from rv.request import ACCELERATE_MODES, JobRequest, LaunchArgs, TorchrunArgs, launch_ranks
+
+# rv's rank labeller, shipped beside the job's runtime; the job exports its path as RV_RANK_LABEL.
+RANK_LABEL = '"$RV_RANK_LABEL"'
+
+
+def accelerate_injected_flags(req: JobRequest, la: LaunchArgs) -> list[str]:
+    """The flags rv adds after ``accelerate launch``, as shell words for the task's shell.
+
+    Only flags the user did not give: the processes of all nodes together, the machines, this node's
+    rank and the first node as the main process (``$SLURM_NODEID`` and friends expand in each task),
+    the port from the job id (also on one node: two jobs sharing a node must not both take 29500).
+    ``--multi_gpu`` for two or more processes when nothing else says how to start them: without it
+    accelerate counts CUDA devices on the node to decide, and starts a single process where it finds
+    one (or none). DeepSpeed on several nodes is started the "standard" way, by every node's task,
+    not over pdsh.
+    """
+    total = launch_ranks(la, nodes=req.nodes, gpus_per_node=req.gpus_per_node) or req.nodes
+    flags = []
+    if not la.has("num_processes"):
+        flags.append(f"--num_processes={total}")
+    if not la.has("num_machines"):
+        flags.append(f"--num_machines={req.nodes}")
+    if req.nodes > 1:
+        if not la.has("machine_rank"):
+            flags.append('--machine_rank="$SLURM_NODEID"')
+        if not la.has("main_process_ip"):
+            flags.append('--main_process_ip="$RV_HEAD_ADDR"')
+    if not la.has("main_process_port"):
+        flags.append('--main_process_port="$MASTER_PORT"')
+    if total > 1 and not any(la.has(mode) for mode in ACCELERATE_MODES):
+        flags.append("--multi_gpu")
+    if req.nodes > 1 and la.has("use_deepspeed") and not la.has("deepspeed_multinode_launcher"):
+        flags.append("--deepspeed_multinode_launcher=standard")
+    return flags
+
+
+def torchrun_injected_flags(req: JobRequest, tr: TorchrunArgs) -> list[str]:
+    """The flags rv adds after the torchrun launcher, as shell words for the task's shell.
+
+    Only flags the user did not give. ``$SLURM_NODEID`` and friends are left for the task's own
+    shell to expand. On one node, a user's own rendezvous (``--standalone``, ``--master-port``,
+    ...) is respected; on several, ``build_request`` already refused one. No
+    ``--signals-to-handle``: the stop signal goes to the workers directly, never to the agent.
+    """
+    own_rendezvous = req.nodes == 1 and any(
+        tr.has(n) for n in ("standalone", "rdzv-endpoint", "rdzv-backend", "master-addr", "master-port")
+    )
+    flags = []
+    if not tr.has("nnodes"):
+        flags.append(f"--nnodes={req.nodes}")
+    if not own_rendezvous and not tr.has("node-rank"):
+        flags.append('--node-rank="$SLURM_NODEID"')
+    if req.gpus_per_node > 0 and not tr.has("nproc-per-node"):
+        flags.append(f"--nproc-per-node={req.gpus_per_node}")
+    if not own_rendezvous:
+        if not tr.has("rdzv-backend"):
+            flags.append("--rdzv-backend=c10d")
+        if not tr.has("rdzv-endpoint"):
+            flags.append('--rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT"')
+        if not tr.has("rdzv-id"):
+            flags.append('--rdzv-id="$SLURM_JOB_ID"')
+    return flags
+
+
+def program_line(req: JobRequest) -> str:
+    """The user's command as one shell line: a launcher's flags injected after it, and rv's rank
+    labeller in front of what runs without Python (``--each-node``, ``--no-python``)."""
+    la = req.launch
+    if la is None:
+        if req.each_node and req.labeled:
+            return f'{RANK_LABEL} --exec --label "$SLURM_NODEID" {shlex.join(req.command)}'
+        return shlex.join(req.command)
+    flags = torchrun_injected_flags(req, la) if la.kind == "torchrun" else accelerate_injected_flags(req, la)
+    words = [shlex.join(la.launcher), *flags]
+    if la.options:
+        words.append(shlex.join(la.options))
+    if la.program:
+        if req.labeled and la.has("no-python" if la.kind == "torchrun" else "no_python"):
+            words += [RANK_LABEL, "--exec"]
+        words.append(shlex.join(la.program))
+    return " ".join(words)
