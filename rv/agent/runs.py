@@ -27,6 +27,7 @@ import sys
 import time
 
 from rv.agent import common, locks, manifest
+from rv.agent import segment as records
 
 RUN_FILE = b"run.json"
 
@@ -37,6 +38,7 @@ STOP = b"STOP"
 SECRETS = b"secrets.env"
 
 SCRIPT = b"job.sbatch"
+RUNTIME = b"runtime"  # <root>/runtime/: the job runtime and rank labeller (rv.slurm.script.runtime_files)
 
 PREEMPTED = b"PREEMPTED"
 
@@ -87,6 +89,14 @@ def read_json(path):
             return json.loads(fh.read().decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
+
+
+def read_bytes(path):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
 
 
 def read_text(path):
@@ -354,6 +364,25 @@ def _start_from(root, spec, dest):
     return {"step": None, "how": sorted(kinds)}
 
 
+_RUNTIME_NAME = re.compile(r"^(job|rank-label)-[0-9a-f]{16}\.(sh|py)$")
+
+
+def place_runtime(root, files):
+    """The job's runtime files under ``<root>/runtime/``: written once, named by content, read-only.
+
+    A file already there is never rewritten (a queued job may be reading it). The labeller is run
+    as a program (torchrun's PYTHON_EXEC): executable; the shell file is only sourced.
+    """
+    folder = common.join(root, RUNTIME)
+    common.makedirs(folder, 0o700)
+    for name, text in sorted(files.items()):
+        if not _RUNTIME_NAME.match(name):
+            raise common.AgentError("bad runtime file name %r" % name, "usage")
+        path = common.join(folder, manifest.enc(name))
+        if not os.path.exists(path):
+            common.write_atomic(path, text.encode("utf-8"), 0o500 if name.endswith(".py") else 0o400)
+
+
 def mode_run_submit(args):
     secrets = sys.stdin.buffer.read() if args.get("has_secrets") else None
     return _submit(args, secrets)
@@ -377,6 +406,7 @@ def _submit(args, secrets):
             if secrets is not None:
                 # Created 0600 before a byte is written: never readable by others, even for a moment.
                 common.write_atomic(common.join(rdir, SECRETS), secrets, 0o600)
+            place_runtime(root, args.get("runtime") or {})
             common.write_atomic(common.join(rdir, SCRIPT), args["script"].encode("utf-8"), 0o700)
             write_json(common.join(rdir, RUN_FILE), dict(args["meta"], run_id=run_id, created=time.time()))
             if args.get("from"):
@@ -458,16 +488,15 @@ def select_runs(root, args):
 
 def _end_run(rdir, reason, segment):
     """ENDED for a run whose jobs could not write it; records for segments that never started."""
+    now = time.time()
     for seg in segments(rdir):
         if seg["record"] is None:
             write_json(
                 common.join(rdir, b"seg", b"%d.json" % seg["segment"]),
-                {"segment": seg["segment"], "job_id": seg["job_id"], "state": "ended", "reason": reason,
-                 "exit_code": None, "start": None, "end": time.time()},
-            )  # fmt: skip
+                records.segment_record(seg["segment"], seg["job_id"], "ended", reason, now),
+            )
     if not os.path.exists(common.join(rdir, ENDED)):
-        write_json(common.join(rdir, ENDED), {"reason": reason, "exit_code": None, "segment": segment,
-                                             "end": time.time()})  # fmt: skip
+        write_json(common.join(rdir, ENDED), records.ended_record(reason, None, segment, now))
 
 
 def _remove_job_envs(rdir):

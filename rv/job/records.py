@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from rv.agent.segment import end_state
 from rv.errors import NotFound, UsageError
 from rv.slurm.parse import AccountedJob, QueuedJob
 
@@ -242,26 +243,6 @@ def parse_runs(rows: Iterable[Mapping[str, Any]]) -> list[ClusterRun]:
 
 
 # --- what `rv ps` shows ----------------------------------------------------------------------------
-
-# Why a run ended (the start of ENDED's reason, as the job script words it) -> the state word shown.
-_END_STATES = (
-    ("finished", "COMPLETED"),
-    ("crashed", "FAILED"),
-    ("failed before", "FAILED"),
-    ("time limit", "TIMEOUT"),
-    ("stopped", "STOPPED"),
-    ("preempted", "PREEMPTED"),
-    ("cancelled", "CANCELLED"),
-    ("requeued", "REQUEUED"),
-    ("ended without a record", "LOST"),
-)
-
-
-def end_state(reason: str) -> str:
-    for prefix, word in _END_STATES:
-        if reason.startswith(prefix):
-            return word
-    return "ENDED"
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from rv.layout import RemoteLayout
 from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
-from rv.slurm.script import ScriptContext, render_script
+from rv.slurm.script import ScriptContext, render_script, runtime_files
 
 
 def new_run_id() -> str:
@@ -200,6 +200,8 @@ def submit_args(
         "name": req.name,
         "meta": meta,
         "script": script,
+        # The job's runtime files, written under <root>/runtime/ once per content (the script sources them).
+        "runtime": runtime_files(),
         "has_secrets": has_secrets,
         "squeue": commands.squeue_user(),
         "sbatch": commands.sbatch(f"{ctx.run_dir}/job.sbatch"),

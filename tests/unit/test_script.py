@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -34,7 +35,7 @@ from rv.catalog import RIVANNA, GpuType
 from rv.errors import ConfigError, UsageError
 from rv.request import build_request
 from rv.slurm.launch import program_line
-from rv.slurm.script import ScriptContext, render_script
+from rv.slurm.script import JOB_RUNTIME, ScriptContext, render_script, runtime_files
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -111,8 +112,9 @@ GOLDEN_CASES = {
 
 @pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
 def test_golden(case):
-    req, context = GOLDEN_CASES[case]()
-    text = render_script(req, context)
+    req, ctx_ = GOLDEN_CASES[case]()
+    # The runtime's name holds a hash of job.sh: a change there is not a change of every golden file.
+    text = re.sub(r"/runtime/(job|rank-label)-[0-9a-f]{16}\.", r"/runtime/\1-HASH.", render_script(req, ctx_))
     path = GOLDEN / f"{case}.sh"
     if os.environ.get("RV_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,6 +127,23 @@ def test_golden(case):
 def test_golden_is_valid_bash(case):
     result = subprocess.run([BASH, "-n", str(GOLDEN / f"{case}.sh")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_golden_and_runtime_pass_shellcheck():
+    # scripts/test installs shellcheck and also runs it over every shell file of the project.
+    assert shutil.which("shellcheck"), (
+        "shellcheck is missing: scripts/test installs it (apt-get install shellcheck)"
+    )
+    result = subprocess.run(
+        ["shellcheck", "-s", "bash", str(JOB_RUNTIME), *map(str, sorted(GOLDEN.glob("*.sh")))],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout
+
+
+def test_a_two_node_torchrun_script_is_short():
+    req, context = GOLDEN_CASES["a6000_torchrun_2node"]()
+    assert len(render_script(req, context).splitlines()) <= 120
 
 
 # --- directives ---------------------------------------------------------------------------------
@@ -331,6 +350,11 @@ class Sandbox:
             path.chmod(0o555)
         self.snapshot = snap
         self.run_dir = self.root / "runs" / RUN
+        # The job's runtime where the batch script sources it, as rv run-submit places it.
+        (self.root / "runtime").mkdir()
+        for name, text in runtime_files().items():
+            (self.root / "runtime" / name).write_text(text)
+            (self.root / "runtime" / name).chmod(0o500)
         for name, text in STUBS.items():
             (self.stubs / name).write_text(text)
             (self.stubs / name).chmod(0o755)
@@ -467,7 +491,7 @@ def test_srun_one_task_per_node_with_per_node_logs(box):
     )
     logs = box.run_dir / "logs"
     assert f"--output={logs}/%j-node%n.out --error={logs}/%j-node%n.err" in line
-    assert line.endswith("bash -c rv_task")
+    assert line.endswith('bash -c rv_task "$@" rv-task 1 1')  # labelled ranks under a launcher
 
 
 def program(code: str) -> list[str]:
@@ -961,11 +985,13 @@ def test_the_stop_watcher_ends_with_the_program_however_soon_and_leaves_nothing_
     # for a minute (a flaky hang of the property tests above), and under load bash 5.2 lost the trap
     # itself, so the watcher lived on and rv_task waited for it. The watcher and rv_task's lines
     # that end it, thousands of times, run into neither.
-    script = render_script(build_request(CATALOG, command=["python", "t.py"], gpu_type="a6000"), box.ctx())
-    lines = script.splitlines()
+    lines = JOB_RUNTIME.read_text().splitlines()
     start = lines.index(next(line for line in lines if line.startswith("rv_stop_watch() {")))
     watcher = "\n".join(lines[start : lines.index("}", start) + 1])
-    (end_it,) = [line.strip() for line in lines if 'wait "$watcher"' in line]
+    end_it = "; ".join(
+        line.strip() for line in lines if '"$watcher"' in line and line.strip().startswith(("kill", "wait"))
+    )
+    assert end_it.count("$watcher") == 2, end_it
     loop = f"for i in $(seq 3000); do rv_stop_watch 1 & watcher=$!; {end_it}; done"
     bindir = tmp_path / "bin"  # no squeue: the watcher waits its full minute between questions
     bindir.mkdir()
@@ -983,6 +1009,16 @@ def test_the_stop_watcher_ends_with_the_program_however_soon_and_leaves_nothing_
 
 def test_the_job_and_the_agent_agree_on_the_bound_of_a_chain_of_layers():
     from rv.agent import store
-    from rv.slurm import script
 
-    assert script.CHAIN_BROKEN == store.CHAIN_BROKEN
+    assert f"RV_CHAIN_BROKEN={store.CHAIN_BROKEN}\n" in JOB_RUNTIME.read_text()
+
+
+def test_the_job_writes_its_records_in_the_one_format(box):
+    from rv.agent.segment import ENDED_FIELDS, SEGMENT_FIELDS, segment_record
+
+    result, _ = box.run(render_script(build_request(CATALOG, command=["true"], gpus=0), box.ctx()))
+    assert result.returncode == 0, result.stderr
+    record = json.loads((box.run_dir / "seg" / "1.json").read_text())
+    assert tuple(record) == SEGMENT_FIELDS  # the job's writer: the same keys, in the same order
+    assert tuple(json.loads((box.run_dir / "ENDED").read_text())) == ENDED_FIELDS
+    assert tuple(segment_record(2, "7", "ended", "cancelled by rv stop", 1.0)) == SEGMENT_FIELDS
