@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from rv.catalog import RIVANNA, GpuType
 from rv.errors import ConfigError, UsageError
 from rv.request import build_request
+from rv.secrets import render_env_file
 from rv.slurm.launch import program_line
 from rv.slurm.script import JOB_RUNTIME, ScriptContext, render_script, runtime_files
 
@@ -575,6 +576,38 @@ def test_secrets_are_loaded_and_removed_when_the_run_ends(box):
     assert "s3cr3t" not in (box.run_dir / "submit.env").read_text()
 
 
+def test_a_secret_never_overrides_what_rv_or_the_jobs_shell_own(box):
+    # rv env refuses such names; a secrets file that has them anyway (written by an older rv) must not
+    # break the job: they are ignored with a warning, rv's values and PATH stay, the others arrive.
+    secrets = box.run_dir / "secrets.env"
+    secrets.write_text(
+        render_env_file({"PATH": "/nonexistent", "RV_RUN_NAME": "hijacked", "MY_TOKEN": "t0k"})
+    )
+    secrets.chmod(0o600)
+    code = "import os, json; print(json.dumps([os.environ['RV_RUN_NAME'], os.environ['MY_TOKEN']]))"
+    req = build_request(CATALOG, command=program(code), gpus=0, name="mine")
+    result, _ = box.run(render_script(req, box.ctx(has_secrets=True)))
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    assert '["mine", "t0k"]' in result.stdout.decode()
+    assert "rv: warning: secret PATH ignored" in err and "secret RV_RUN_NAME ignored" in err
+    assert "MY_TOKEN ignored" not in err
+
+
+def test_a_step_before_the_program_that_fails_is_recorded_with_its_error(box):
+    # The checkpoint folder cannot be made (a file is in the way): the record names the step and
+    # the error, and the run ends as failed, not as lost.
+    (box.root / "checkpoints").write_text("a file where a folder should be\n")
+    req = build_request(CATALOG, command=["true"], gpus=0, name="mine")
+    result, _ = box.run(render_script(req, box.ctx()))
+    assert result.returncode == 1
+    reason = box.ended()["reason"]
+    assert reason.startswith(
+        "failed before the program started: making the checkpoint and output folders: mkdir"
+    )
+    assert box.record()["state"] == "ended" and box.record()["reason"] == reason
+
+
 def test_the_programs_environment_is_saved_for_rv_ssh_and_gone_with_the_job(box):
     write_secrets(box)
     # The program copies the file as it finds it (the job removes it as it ends: it holds secrets).
@@ -1022,3 +1055,9 @@ def test_the_job_writes_its_records_in_the_one_format(box):
     assert tuple(record) == SEGMENT_FIELDS  # the job's writer: the same keys, in the same order
     assert tuple(json.loads((box.run_dir / "ENDED").read_text())) == ENDED_FIELDS
     assert tuple(segment_record(2, "7", "ended", "cancelled by rv stop", 1.0)) == SEGMENT_FIELDS
+
+
+def test_the_job_and_the_contract_agree_on_the_precision_rule():
+    from rv.contract import BF16_MIN_MAJOR
+
+    assert f'"${{RV_GPU_CC%%.*}}" -ge {BF16_MIN_MAJOR} ]' in JOB_RUNTIME.read_text()
