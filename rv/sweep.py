@@ -479,12 +479,27 @@ def check_limits(count: int, *, max_jobs: int | None, queued: int = 0, limit: st
 
 @dataclass(frozen=True)
 class ArrayPart:
-    """One ``sbatch --array``: task ``t`` runs point ``offset + t``."""
+    """One ``sbatch --array``: task ``t`` (``SLURM_ARRAY_TASK_ID``) runs point ``points[t]``.
 
-    offset: int
-    count: int
+    A first submission's parts hold consecutive points (task ``t`` is point ``offset + t``); a retry's
+    part holds whichever points failed. Either way the task ids are ``0..len(points)-1``.
+    """
+
+    points: tuple[int, ...]
     parallel: int | None
     after_previous: bool  # submitted with --dependency=afterany:<the previous part's array job>
+
+    @property
+    def count(self) -> int:
+        return len(self.points)
+
+    @property
+    def offset(self) -> int:
+        return self.points[0]
+
+    @property
+    def consecutive(self) -> bool:
+        return self.points == tuple(range(self.offset, self.offset + self.count))
 
     @property
     def spec(self) -> str:
@@ -493,19 +508,29 @@ class ArrayPart:
         return f"{ids}%{self.parallel}" if self.parallel is not None and self.parallel < self.count else ids
 
     def point(self, task_id: int) -> int:
-        return self.offset + task_id
+        return self.points[task_id]
+
+    def describe(self) -> str:
+        if self.consecutive:
+            return f"points {self.offset}-{self.points[-1]}" if self.count > 1 else f"point {self.offset}"
+        return "points " + ",".join(str(p) for p in self.points)
 
 
 def plan_arrays(
-    count: int, *, parallel: int | None, max_array_size: int, max_array_tasks: int | None = None
+    points: int | Sequence[int],
+    *,
+    parallel: int | None,
+    max_array_size: int,
+    max_array_tasks: int | None = None,
 ) -> tuple[ArrayPart, ...]:
-    """The arrays that run ``count`` points, in order.
+    """The arrays that run ``points`` (a count: points 0..count-1; or the indexes, e.g. a retry's), in
+    order.
 
     slurm.conf(5), MaxArraySize: "The maximum job array task index value will be one less than
     MaxArraySize to allow for an index value of zero. Configure MaxArraySize to 0 in order to disable
     job array use." The bound is on the index, not the count: a second array cannot go on at index
-    MaxArraySize, so every array's task ids start at 0 and the part's offset says which point a task
-    is. SchedulerParameters=max_array_tasks may cap the tasks of one array lower still (its default is
+    MaxArraySize, so every array's task ids start at 0 and the part says which point a task is.
+    SchedulerParameters=max_array_tasks may cap the tasks of one array lower still (its default is
     MaxArraySize), hence ``max_array_tasks``.
     https://slurm.schedmd.com/job_array.html: "the minimum index value is zero and the maximum value
     is a Slurm configuration parameter (MaxArraySize minus one)"; "%" caps the tasks running at once.
@@ -514,7 +539,8 @@ def plan_arrays(
     after the first waits for the previous one to end (``afterany``), so at most K points ever run at
     once (a point's later segments are single jobs, outside any array, as for a plain run).
     """
-    if count < 1:
+    indexes = tuple(range(points)) if isinstance(points, int) else tuple(points)
+    if not indexes:
         raise UsageError("a sweep needs at least one point")
     if max_array_size <= 0:
         raise UsageError(
@@ -523,9 +549,9 @@ def plan_arrays(
         )
     per_array = max_array_size if max_array_tasks is None else max(1, min(max_array_size, max_array_tasks))
     parts: list[ArrayPart] = []
-    for offset in range(0, count, per_array):
-        size = min(per_array, count - offset)
-        parts.append(ArrayPart(offset, size, parallel, after_previous=bool(parts) and parallel is not None))
+    for start in range(0, len(indexes), per_array):
+        chunk = indexes[start : start + per_array]
+        parts.append(ArrayPart(chunk, parallel, after_previous=bool(parts) and parallel is not None))
     return tuple(parts)
 
 
@@ -563,7 +589,7 @@ def dry_run_text(sweep: Sweep, command: Sequence[str], parts: Sequence[ArrayPart
     )
     arrays = "; ".join(
         f"--array={p.spec}"
-        + (f" (points {p.offset}-{p.offset + p.count - 1})" if len(parts) > 1 else "")
+        + (f" ({p.describe()})" if len(parts) > 1 or not p.consecutive else "")
         + (" after the previous array ends" if p.after_previous else "")
         for p in parts
     )
