@@ -74,7 +74,10 @@ INDEX_ENV = "RV_SWEEP_INDEX"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _INT_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
-_ANY_RANGE = re.compile(r"[^.]*[^.\s]\.\.[^.\s].*")
+# Two numbers around "..": meant as a range, but not of integers. Other values holding ".." (a path
+# like data/../x) are plain values.
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_ANY_RANGE = re.compile(_NUMBER + r"\.\." + _NUMBER)
 # Left to right, the first that matches: shell parameter syntax (kept), an escaped placeholder, a
 # placeholder. So `${HOME}` and `${{x}}` stay as typed and `{{x}}` is a literal `{x}`.
 _TOKEN = re.compile(r"\$\{[^}]*\}|\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")

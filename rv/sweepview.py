@@ -130,6 +130,7 @@ class RunMetrics:
     bad_lines: int = 0
     first_bad_line: int | None = None
     rewinds: int = 0
+    joined_lines: int = 0  # lines split where a killed segment's half line met the next one's
     error: str | None = None
 
     def notes(self) -> list[str]:
@@ -177,6 +178,7 @@ def parse_metrics_reply(rows: Iterable[Mapping[str, Any]]) -> dict[str, RunMetri
             run_id=row["run_id"], path=row.get("path"), exists=bool(row.get("exists")), metrics=metrics,
             x=row.get("x"), partial=bool(row.get("partial")), bad_lines=int(row.get("bad_lines") or 0),
             first_bad_line=_opt_int(row.get("first_bad_line")), rewinds=int(row.get("rewinds") or 0),
+            joined_lines=int(row.get("joined_lines") or 0),
             error=row.get("error"),
         )  # fmt: skip
     return out
@@ -530,6 +532,11 @@ def metrics_notes(run: RunMetrics) -> list[str]:
         out.append(
             f"{run.run_id}: {run.rewinds} line(s) left out: a later segment went back to an earlier step "
             "and wrote those steps again"
+        )
+    if run.joined_lines:
+        out.append(
+            f"{run.run_id}: {run.joined_lines} line(s) began with a half line a killed segment left; "
+            "their complete part was read"
         )
     if run.partial:
         out.append(f"{run.run_id}: the last line is being written; it is left out")

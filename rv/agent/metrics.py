@@ -13,8 +13,10 @@ segment of a run, and a later run of the same name that resumes it, appends to o
 
 Reading it, for ``rv sweep results`` and ``rv metrics`` (one call for every run of the table):
 
-* A last line with no newline that does not parse is a write in progress: skipped, ``partial``. Any
-  other line that does not parse is counted (``bad_lines``, the first one's number) and skipped.
+* A last line with no newline that does not parse is a write in progress: skipped, ``partial``. A
+  line that a killed segment left half-written and the next segment appended to is split: the
+  object that ends it counts (``joined_lines``). Any other line that does not parse is counted
+  (``bad_lines``, the first one's number) and skipped.
 * A step below one already seen means the program started again from an earlier checkpoint (a
   resumed segment repeats the steps after it): the lines before it at that step or above are
   superseded, as if the file had been cut back there (``rewinds`` counts the lines left out). Lines
@@ -155,12 +157,34 @@ def _lines(path):
             yield number, raw.rstrip(b"\r\n") if ended else raw, ended
 
 
-def _parse(raw):
+_DECODER = json.JSONDecoder()
+
+
+def _parse(raw, ended):
+    """(object or None, whether it was recovered from behind a half-written line). A last line with
+    no newline is never split: it may be a write in progress whose inner object is already closed."""
     try:
         obj = json.loads(raw.decode("utf-8"))
     except ValueError:  # UnicodeDecodeError is one
-        return None
-    return obj if isinstance(obj, dict) else None
+        return (_recover(raw) if ended else None), True
+    return (obj if isinstance(obj, dict) else None), False
+
+
+def _recover(raw):
+    """A segment killed mid-write leaves a line without its newline, and the next segment's first
+    line is appended to it: ``{"step": 51, "lo{"step": 41, ...}``. The object that ends the line is
+    the new segment's: find it (the first ``{`` from which one object runs to the line's end)."""
+    text = raw.decode("utf-8", "replace").rstrip()
+    start = text.find("{", 1)
+    while start != -1:
+        try:
+            obj, end = _DECODER.raw_decode(text, start)
+        except ValueError:
+            obj, end = None, -1
+        if end == len(text) and isinstance(obj, dict):
+            return obj
+        start = text.find("{", start + 1)
+    return None
 
 
 def _superseded(steps):
@@ -188,7 +212,7 @@ def _summarise(path, wanted, limit, skip):
     went back."""
     metrics = {}
     steps = []
-    out = {"lines": 0, "bad_lines": 0, "first_bad_line": None, "partial": False, "x": None}
+    out = {"lines": 0, "bad_lines": 0, "first_bad_line": None, "partial": False, "joined_lines": 0, "x": None}
     high = None
     rewound = False
     last_step = None
@@ -196,7 +220,9 @@ def _summarise(path, wanted, limit, skip):
         out["lines"] = number
         if not raw.strip():
             continue
-        obj = _parse(raw)
+        obj, recovered = _parse(raw, ended)
+        if recovered and obj is not None:
+            out["joined_lines"] += 1
         if obj is None:
             if not ended:
                 out["partial"] = True  # a write in progress
