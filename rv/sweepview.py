@@ -443,6 +443,31 @@ def retry_points(rows: Sequence[PointRow]) -> list[int]:
     return sorted(r.index for r in rows if r.run_id is None or r.state in RETRY_STATES)
 
 
+# How `rv ps` sums up a sweep on one line (points running, pending, finished, failed): the states
+# rv ps shows, by bucket; anything else (REQUEUED, UNKNOWN, STOPPED...) is "other".
+_BUCKETS = (
+    ("running", frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SIGNALING"})),
+    ("pending", frozenset({"PENDING", "SUSPENDED"})),
+    ("finished", frozenset({"COMPLETED"})),
+    ("failed", RETRY_STATES),
+)
+
+
+def sweep_counts(states: Iterable[str]) -> dict[str, int]:
+    """``{"running", "pending", "finished", "failed", "other"}`` counts of the points' states."""
+    out = dict.fromkeys([*(name for name, _ in _BUCKETS), "other"], 0)
+    for state in states:
+        bucket = next((name for name, members in _BUCKETS if state in members), "other")
+        out[bucket] += 1
+    return out
+
+
+def sweep_summary(states: Iterable[str]) -> str:
+    """``3 running, 2 pending, 5 finished, 1 failed`` (buckets with none left out)."""
+    counts = sweep_counts(states)
+    return ", ".join(f"{n} {name}" for name, n in counts.items() if n) or "no points"
+
+
 # --- rv metrics RUN -----------------------------------------------------------------------------
 
 

@@ -37,6 +37,8 @@ from rv.sweepview import (
     results_table,
     retry_points,
     sparkline,
+    sweep_counts,
+    sweep_summary,
 )
 
 NOW = 1_800_000_000.0
@@ -208,6 +210,14 @@ def test_retry_takes_the_failed_and_the_never_submitted():
             row(4, "UNKNOWN"), row(5, "TIMEOUT"), row(6, "UNKNOWN", None), row(7, "STOPPED"),
             row(8, "OUT_OF_MEMORY")]  # fmt: skip
     assert retry_points(rows) == [1, 2, 5, 6, 8]
+
+
+def test_rv_ps_one_line_per_sweep_counts():
+    states = ["RUNNING", "PENDING", "PENDING", "COMPLETED", "FAILED", "CANCELLED", "STOPPED", "REQUEUED"]
+    assert sweep_counts(states) == {"running": 2, "pending": 2, "finished": 1, "failed": 2, "other": 1}
+    assert sweep_summary(states) == "2 running, 2 pending, 1 finished, 2 failed, 1 other"
+    assert sweep_summary(["COMPLETED"] * 3) == "3 finished"
+    assert sweep_summary([]) == "no points"
 
 
 def test_point_runs_take_the_newest_run_of_each_index():
