@@ -41,7 +41,6 @@ DEFAULT_POINTS = 100
 MAX_POINTS = 1000
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9._-]+$")
-_INF = float("inf")
 _FLATTEN_DEPTH = 4
 
 
@@ -56,35 +55,29 @@ def metrics_path(root, run_id, meta):
     )  # fmt: skip
 
 
-def _number(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if value != value or value in (_INF, -_INF):  # NaN, inf: not a value to compare or plot
-        return None
-    return value
-
-
 def _step(obj):
     step = obj.get("step")
     if isinstance(step, bool):
         return None
     if isinstance(step, int):
         return step
-    if isinstance(step, float) and step == step and step not in (_INF, -_INF) and step == int(step):
+    if isinstance(step, float) and step - step == 0.0 and step == int(step):
         return int(step)
     return None
 
 
 def _flatten(obj, prefix, out, depth):
+    """The finite numbers of ``obj`` by name (nested objects as ``a/b``). JSON gives exact types, so
+    ``type() is int`` leaves booleans out; ``v - v == 0`` is false for NaN and the infinities."""
     for key, value in obj.items():
-        name = prefix + key
-        if isinstance(value, dict):
-            if depth < _FLATTEN_DEPTH:
-                _flatten(value, name + "/", out, depth + 1)
-            continue
-        number = _number(value)
-        if number is not None:
-            out[name] = number
+        kind = type(value)
+        if kind is float:
+            if value - value == 0.0:
+                out[prefix + key] = value
+        elif kind is int:
+            out[prefix + key] = value
+        elif kind is dict and depth < _FLATTEN_DEPTH:
+            _flatten(value, prefix + key + "/", out, depth + 1)
     return out
 
 
@@ -278,7 +271,7 @@ def read_runs(root, run_ids, series=True, limit=DEFAULT_POINTS):
     round trip)."""
     out = []
     for run_id in run_ids:
-        if not _RUN_ID.match(run_id) or run_id.startswith("."):
+        if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id.startswith("."):
             out.append({"run_id": run_id, "error": "bad run id"})
             continue
         meta = _read_json(common.join(root, b"runs", manifest.enc(run_id), b"run.json"))
