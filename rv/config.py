@@ -173,6 +173,10 @@ class Profile:
     share_with_group: bool = False  # remote files group-readable (0750/0640) instead of private
     system_site_packages: bool = False  # environments built on top of the interpreter's packages
     python: str | None = None  # interpreter environments are built on (a version or a path)
+    # Slurm's placement options every job of this profile gets unless `rv run` says otherwise (a site
+    # that requires --qos, a reservation, nodes to avoid), and extra #SBATCH options (rv.placement).
+    placement: dict[str, str] = field(default_factory=dict)
+    sbatch: tuple[str, ...] = ()
 
     def gpu_catalog(self) -> dict[str, GpuType]:
         """The built-in catalog (if any) with this profile's own types laid over it."""
@@ -204,7 +208,16 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "share_with_group": bool,
     "system_site_packages": bool,
     "python": str,
+    "partition": str,
+    "qos": str,
+    "constraint": str,
+    "exclude": str,
+    "nodelist": str,
+    "reservation": str,
+    "sbatch": list,
 }
+# The profile keys that are Slurm placement options (account is one too, and older than these).
+PLACEMENT_KEYS = ("partition", "qos", "constraint", "exclude", "nodelist", "reservation")
 _TYPE_NAMES = {
     str: "a string",
     int: "an integer",
@@ -339,6 +352,9 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
     setup = table.get("setup", [])
     if not all(isinstance(line, str) for line in setup):
         raise ConfigError(f"{where}: setup must be a list of strings")
+    sbatch = table.get("sbatch", [])
+    if not all(isinstance(text, str) for text in sbatch):
+        raise ConfigError(f"{where}: sbatch must be a list of strings (sbatch options)")
     builtin = BUILTIN_CATALOGS.get(catalog, {})
     gpus = {
         gname: _parse_gpu(where, gname, gtable, builtin.get(gname))
@@ -358,6 +374,8 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         gpus=gpus,
         share_with_group=table.get("share_with_group", False),
         system_site_packages=table.get("system_site_packages", False),
+        placement={k: table[k] for k in PLACEMENT_KEYS if k in table},
+        sbatch=tuple(sbatch),
         python=table.get("python"),
     )
 
@@ -411,6 +429,9 @@ def _profile_values(p: Profile) -> dict[str, Any]:
         values["system_site_packages"] = True
     if p.python:
         values["python"] = p.python
+    values.update(p.placement)  # rv init keeps what the user wrote there
+    if p.sbatch:
+        values["sbatch"] = list(p.sbatch)
     return values
 
 

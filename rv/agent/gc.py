@@ -157,8 +157,11 @@ def runtime_gc(root, going, freed, dry, grace):
     for run_id in os.listdir(runs.runs_dir(root)) if os.path.isdir(runs.runs_dir(root)) else []:
         if run_id in skip:
             continue
-        text = runs.read_bytes(common.join(runs.runs_dir(root), run_id, runs.SCRIPT))
-        named.update(n for n in names if n in text)
+        rdir = common.join(runs.runs_dir(root), run_id)
+        for script in os.listdir(rdir) if os.path.isdir(rdir) else []:
+            if script.endswith(b".sbatch"):  # job.sbatch, or a run over several types' job.<i>.sbatch
+                text = runs.read_bytes(common.join(rdir, script))
+                named.update(n for n in names if n in text)
     removed = []
     now = time.time()
     for name in sorted(set(names) - named):

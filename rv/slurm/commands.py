@@ -100,6 +100,11 @@ def sbatch(script: str, *, after: str | None = None) -> list[str]:
     return [*argv, script]
 
 
+def sbatch_test_only() -> list[str]:
+    """Judge the script on stdin without submitting it: when and where it would start, or why not."""
+    return ["sbatch", "--test-only"]
+
+
 def squeue_end_time(job_id: str) -> list[str]:
     """When the job's time runs out, as Slurm now thinks (``2026-11-23T12:27:33``, or N/A)."""
     return [*_STANDARD_TIME, "squeue", "-h", "-j", job_id, "-o", "%e"]
