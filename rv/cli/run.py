@@ -145,10 +145,9 @@ def run(
     )  # fmt: skip
     for message in req.warnings:
         warn(message)
-    from rv.config import state_dir
-    from rv.secrets import SecretStore
+    from rv.secrets import job_secrets
 
-    secrets = SecretStore(state_dir() / "secrets.json").load()
+    secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
     from rv.config import cache_dir
     from rv.snapshot import upload_snapshot
     from rv.treecache import StoreCache

@@ -102,12 +102,12 @@ def up(
     """
 
     from rv.cli.common import load_profile
-    from rv.config import cache_dir, state_dir
+    from rv.config import cache_dir
     from rv.errors import UsageError
     from rv.job import submit as job
     from rv.job import up as session_up
     from rv.request import build_request
-    from rv.secrets import SecretStore
+    from rv.secrets import job_secrets
     from rv.snapshot import upload_snapshot
     from rv.treecache import StoreCache
 
@@ -127,7 +127,7 @@ def up(
     )  # fmt: skip
     for message in req.warnings:
         warn(message)
-    secrets = SecretStore(state_dir() / "secrets.json").load()
+    secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
     from rv.cli.run import ensure_environment, job_umask, prepare_local
 
     # The shell starts in the folder rv up was typed in, as a run's program would.
