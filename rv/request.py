@@ -15,7 +15,9 @@ Rules that came from other tools' bug trackers (see the project's lessons notes)
   it is refused unless ``--each-node`` / ``--allow-single-process`` say that is what is meant.
 * CPUs and memory per GPU come from the catalog unless ``--cpus`` / ``--mem`` say otherwise.
 * MIG slices take exactly one GPU, one CPU and modest memory, or the QOS rejects the job.
-* The job name goes into paths and ``#SBATCH`` lines, so it is sanitised to ``[A-Za-z0-9._-]``.
+* The run name goes into paths and ``#SBATCH`` lines: a ``--name`` outside ``[A-Za-z0-9._-]{1,64}``
+  is refused, never changed (two names must not become one run); a default name from the command
+  maps what it cannot use, and the run id it ends with keeps it apart.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ import math
 import posixpath
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rv.catalog import GpuType
 from rv.contract import DEFAULT_STOP_LEAD_SECONDS, DEFAULT_STOP_SIGNAL, STOP_SIGNALS
 from rv.errors import UsageError
+from rv.names import check_run_name, derive
 from rv.timespec import (
     DEFAULT_TIME,
     format_slurm_time,
@@ -40,7 +45,6 @@ from rv.timespec import (
     scale_mem,
 )
 
-MAX_NAME_LEN = 64
 # The stop signal and its lead time (long enough to write a checkpoint of a large model): see the
 # stop protocol in rv.contract. rv's own watcher sends it, to the second, only to processes that
 # handle it.
@@ -570,7 +574,7 @@ class JobRequest:
     """Everything the script renderer needs from the user, checked. Sizes are per node where Slurm's are."""
 
     command: tuple[str, ...]
-    name: str  # sanitised: [A-Za-z0-9._-]{1,64}, not starting with '-' or '.'
+    name: str  # as typed (checked: [A-Za-z0-9._-]{1,64}, not starting with '-' or '.'), or derived
     type: GpuType | None  # None: CPU-only job
     gpus: int  # total over all nodes; 0 for CPU-only
     nodes: int
@@ -699,17 +703,13 @@ def _split_nodes(gpus: int, gpu: GpuType, nodes: int | None) -> tuple[int, int]:
     )
 
 
-_NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
-
-
 def sanitise_name(name: str) -> str:
     """``[A-Za-z0-9._-]``, at most 64 characters, not starting with ``-`` or ``.``; '' if nothing is left.
 
-    The name lands in ``#SBATCH --job-name``, log file names and the checkpoint path: a space or a
-    slash there breaks a path, a leading dash reads as an option, a leading dot hides the file.
+    For the names rv derives from a command only (made unique with the run id afterwards): a name
+    the user gives is used as typed or refused (:func:`rv.names.check_run_name`).
     """
-    cleaned = _NAME_BAD.sub("-", name).lstrip("-.")
-    return cleaned[:MAX_NAME_LEN].rstrip("-.")
+    return derive(name)
 
 
 def default_name(command: Sequence[str]) -> str:
@@ -789,6 +789,47 @@ def _check_outputs(outputs: Sequence[str], start_dir: str = "") -> tuple[str, ..
             )
         result.append(norm)
     return tuple(dict.fromkeys(result))
+
+
+def _setup_block(line: str) -> str:
+    # As the job script runs each setup line: in a group of its own, so one with a stray `}` or an
+    # unclosed `if` is an error here too, not a line that swallows the next one.
+    return "{\n" + line + "\n}\n"
+
+
+def check_setup_syntax(setup: Sequence[str], bash: str | None = None) -> None:
+    """Refuse a setup line bash cannot parse (``bash -n``), before anything is sent.
+
+    Without it a stray ``}`` failed only once the job had queued and started. Checked with the bash on
+    this machine: where there is none, or only bash 3 (macOS's /bin/bash, which does not know bash 4
+    syntax such as ``|&`` that the cluster's bash runs), the check is skipped and the job's own run of
+    the line is the check.
+    """
+    lines = [line for line in setup if line.strip()]
+    bash = bash or shutil.which("bash")
+    if not lines or bash is None:
+        return
+
+    def parses(text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([bash, "-n"], input=text, capture_output=True, text=True, timeout=30)
+
+    if parses("".join(_setup_block(line) for line in lines)).returncode == 0:
+        return
+    version = subprocess.run(
+        [bash, "-c", 'printf %s "${BASH_VERSINFO[0]}"'], capture_output=True, text=True, timeout=30
+    ).stdout
+    if not version.isdigit() or int(version) < 4:
+        return
+    for line in lines:
+        result = parses(_setup_block(line))
+        if result.returncode != 0:
+            said = result.stderr.strip().splitlines()
+            # "/usr/bin/bash: line 2: syntax error ...": the line number is of rv's wrapping, not theirs.
+            why = re.sub(r"^\S*bash: (line \d+: )?", "", said[0]) if said else f"exit code {result.returncode}"
+            raise UsageError(
+                f"setup line {line!r} is not valid bash: {why}",
+                hint="fix the line (rv checks each with bash before sending anything); nothing was sent",
+            )
 
 
 def _positive(value: int | None, flag: str, minimum: int = 1) -> None:
@@ -953,22 +994,15 @@ def build_request(
         )  # fmt: skip
         ranks = node_count if each_node else 1
 
-    if name is not None:
-        job_name = sanitise_name(name)
-        if not job_name:
-            raise UsageError(
-                f"--name {name!r} has no usable characters", hint="use letters, digits, '.', '_', '-'"
-            )
-        if job_name != name:
-            warnings.append(f"job name {name!r} became {job_name!r} (only letters, digits, '.', '_', '-')")
-    else:
-        job_name = default_name(command)
+    # A name is used exactly as typed or refused: two names must never become one run.
+    job_name = check_run_name(name) if name is not None else default_name(command)
 
     sig, lead = _parse_signal(signal, time_seconds)
 
     for line in setup:
         if "\0" in line:
             raise UsageError("a --setup line contains a NUL byte")
+    check_setup_syntax(setup)
 
     return JobRequest(
         command=command,

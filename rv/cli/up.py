@@ -67,7 +67,11 @@ class _View:
     help="Keep the allocation when rv exits: attach with rv ssh, end it with rv stop.",
 )
 @env_options
-@click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
+@click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
+@click.option(
+    "--max-file-size", default="100MB", show_default=True, metavar="SIZE",
+    help="The size guard: refuse files bigger than this (e.g. 500MB, 2GB).",
+)  # fmt: skip
 @click.pass_context
 def up(
     ctx: click.Context,
@@ -87,6 +91,7 @@ def up(
     system_site_packages: bool | None,
     python_: str | None,
     allow_large: bool,
+    max_file_size: str,
 ) -> None:
     """A shell on a new allocation, in the job's environment, in a snapshot of this repo.
 
@@ -132,8 +137,8 @@ def up(
 
     # The shell starts in the folder rv up was typed in, as a run's program would.
     req, snap, env_plan = prepare_local(
-        req, profile, allow_large=allow_large, env_choice=env_choice, requirements=requirements,
-        extras=extras, python=python_, system_site_packages=system_site_packages,
+        req, profile, allow_large=allow_large, max_file_size=max_file_size, env_choice=env_choice,
+        requirements=requirements, extras=extras, python=python_, system_site_packages=system_site_packages,
     )  # fmt: skip
 
     # The watchdog and the shell share one connection of this command's own (the warm connection

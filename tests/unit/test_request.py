@@ -257,22 +257,40 @@ def test_default_name(command, name):
     assert default_name(command) == name
 
 
-def test_name_sanitised_with_warning():
-    r = req(gpu_type="a6000", name="my run/1 ü")
-    assert r.name == "my-run-1"
-    assert r.warnings and "'my run/1 ü'" in r.warnings[0]
+@pytest.mark.parametrize(
+    ("typed", "problem"),
+    [
+        ("lr 0.1", "characters a run name cannot have (' ')"),
+        ("lr/0.1", "characters a run name cannot have ('/')"),
+        ("lr?0.1", "characters a run name cannot have ('?')"),
+        ("ünï", "characters a run name cannot have ('ü', 'ï')"),
+        ("my run/1 ü", "(' ', '/', 'ü')"),
+        ("///", "('/')"),
+        ("-rf", "starts with '-'"),
+        (".hidden", "starts with '.'"),
+        ("x" * 65, "is 65 characters long, over the 64"),
+        ("", "is empty"),
+    ],
+)
+def test_a_name_that_cannot_be_used_as_typed_is_refused_saying_what_is_allowed(typed, problem):
+    err = usage_error(gpu_type="a6000", name=typed)
+    assert err.message.startswith(f"--name {typed!r} ") and problem in err.message
+    assert "ASCII letters, digits, '.', '_' and '-', at most 64" in err.hint
+
+
+def test_names_are_taken_exactly_as_typed_so_different_names_stay_different_runs():
+    typed = ["lr-0.1", "lr_0.1", "lr.0.1", "LR-0.1", "a" * 64, "a" * 63 + "b", "_x", "0"]
+    names = [req(gpu_type="a6000", name=n).name for n in typed]
+    assert names == typed and len(set(names)) == len(typed)
+    assert not req(gpu_type="a6000", name="lr-0.1").warnings
 
 
 @pytest.mark.parametrize(
     ("raw", "clean"),
     [("-rf", "rf"), ("..", ""), (".hidden", "hidden"), ("a" * 100, "a" * 64), ("ok.name_1-2", "ok.name_1-2")],
 )
-def test_sanitise_name(raw, clean):
+def test_sanitise_name_only_derives_default_names(raw, clean):
     assert sanitise_name(raw) == clean
-
-
-def test_name_with_nothing_usable():
-    assert "no usable characters" in usage_error(gpu_type="a6000", name="///").message
 
 
 # --- misplaced flags ----------------------------------------------------------------------------
@@ -628,3 +646,49 @@ def test_torchrun_ranks_follow_nproc():
 def test_run_path_warns_that_lines_are_not_labelled():
     r = req(gpus=2, gpu_type="v100", command=["torchrun", "--run-path", "t.py"])
     assert any("--run-path" in w and "cannot label" in w for w in r.warnings)
+
+
+# --- --setup lines are checked with bash -n (issue 28, item 8) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("}", "syntax error near unexpected token `}'"),
+        ("if true; then echo x", "syntax error"),
+        ("echo 'unterminated", "unexpected EOF"),
+        ("module load cuda }", None),  # a word, as bash reads it: valid
+    ],
+)
+def test_a_setup_line_bash_cannot_parse_is_refused_before_anything_is_sent(line, said):
+    setup = ("source ~/venv/bin/activate", line)
+    if said is None:
+        assert req(gpu_type="a6000", setup=setup).setup == setup
+        return
+    err = usage_error(gpu_type="a6000", setup=setup)
+    assert err.message.startswith(f"setup line {line!r} is not valid bash: ") and said in err.message
+
+
+def test_valid_bash_4_setup_lines_pass_the_check():
+    setup = ("cmd |& tee log", 'x="${HOSTNAME,,}"', "cat <<EOF >f\nhi\nEOF", "for i in 1 2; do :; done")
+    assert req(gpu_type="a6000", setup=setup).setup == setup
+
+
+def test_without_bash_or_with_bash_3_the_check_is_skipped(tmp_path, monkeypatch):
+    from rv.request import check_setup_syntax
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bash on this machine
+    assert req(gpu_type="a6000", setup=("}",)).setup == ("}",)
+    # macOS's /bin/bash 3.2 does not parse bash 4 syntax the cluster runs: its "no" is not final.
+    bash3 = tmp_path / "bash3"
+    bash3.write_text('#!/bin/sh\n[ "$1" = -c ] && { printf 3; exit 0; }\nexit 2\n')
+    bash3.chmod(0o755)
+    check_setup_syntax(["cmd |& tee log"], bash=str(bash3))
+
+
+def test_a_lookup_by_a_name_no_run_can_have_says_so():
+    from rv.names import lookup_hint
+
+    hint = lookup_hint("lr 0.1")
+    assert hint is not None and "no run can be named 'lr 0.1'" in hint and "'lr-0.1'" in hint
+    assert lookup_hint("lr-0.1") is None and lookup_hint("") is None
