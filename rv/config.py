@@ -256,13 +256,13 @@ class Config:
                 return next(iter(self.profiles.values()))
             raise ConfigError(
                 f"no default profile in {self.path}; profiles: {', '.join(sorted(self.profiles))}",
-                hint='choose one with `rv --profile NAME COMMAND ...` (or $RV_PROFILE), or set default = "NAME" '
-                "in the config",
+                hint="choose one with `rv --profile NAME COMMAND ...` (or $RV_PROFILE), or set "
+                'default = "NAME" in the config',
             )
         if chosen not in self.profiles:
             raise ConfigError(
                 f"unknown profile {chosen!r}; valid profiles: {', '.join(sorted(self.profiles))}",
-                hint="use one of those (`rv --profile NAME COMMAND ...`), or run `rv init --profile " + chosen + "`",
+                hint=f"use one of those (`rv --profile NAME COMMAND ...`) or `rv init --profile {chosen}`",
             )
         return self.profiles[chosen]
 

@@ -825,7 +825,9 @@ def check_setup_syntax(setup: Sequence[str], bash: str | None = None) -> None:
         if result.returncode != 0:
             said = result.stderr.strip().splitlines()
             # "/usr/bin/bash: line 2: syntax error ...": the line number is of rv's wrapping, not theirs.
-            why = re.sub(r"^\S*bash: (line \d+: )?", "", said[0]) if said else f"exit code {result.returncode}"
+            why = (
+                re.sub(r"^\S*bash: (line \d+: )?", "", said[0]) if said else f"exit code {result.returncode}"
+            )
             raise UsageError(
                 f"setup line {line!r} is not valid bash: {why}",
                 hint="fix the line (rv checks each with bash before sending anything); nothing was sent",

@@ -97,12 +97,16 @@ def rv(env, cwd, *args) -> subprocess.CompletedProcess:
 def test_the_size_guard_names_options_the_command_has_and_its_advice_works(env, repo, command):
     with open(repo / "weights.bin", "wb") as f:
         f.truncate(150 * 1000 * 1000)  # sparse: 150 MB on paper, nothing on disk
-    args = ["up", "--detach", "-g", "0"] if command == "up" else ["run", "-g", "0", "--", "python", "train.py"]
+    args = (
+        ["up", "--detach", "-g", "0"] if command == "up" else ["run", "-g", "0", "--", "python", "train.py"]
+    )
     r = rv(env, repo, *args)
     assert r.returncode == 2 and "over the 100.0 MB limit" in r.stderr, r.stderr
     assert {"--allow-large", "--max-file-size"} <= assert_options_exist(r, command)
     if command == "run":  # the advice, followed: the limit raised, the file goes
-        ok = rv(env, repo, "run", "--max-file-size", "200MB", "--dry-run", "-g", "0", "--", "python", "train.py")
+        ok = rv(
+            env, repo, "run", "--max-file-size", "200MB", "--dry-run", "-g", "0", "--", "python", "train.py"
+        )
         assert ok.returncode == 0, ok.stderr
 
 
