@@ -30,8 +30,9 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from rv.catalog import GpuType
+from rv.catalog import GpuType, Partition
 from rv.contract import DEFAULT_STOP_LEAD_SECONDS, DEFAULT_STOP_SIGNAL, STOP_SIGNALS
 from rv.errors import UsageError
 from rv.names import check_run_name, derive
@@ -51,6 +52,8 @@ from rv.timespec import (
 DEFAULT_SIGNAL = DEFAULT_STOP_SIGNAL
 DEFAULT_SIGNAL_LEAD = DEFAULT_STOP_LEAD_SECONDS
 SIGNALS = STOP_SIGNALS
+# The longest time limit Slurm can hold: minutes in 32 bits, less INFINITE and NO_VAL.
+SLURM_MAX_MINUTES = 0xFFFFFFFF - 2
 # How many jobs one run may chain through before it stops continuing (`--max-segments`).
 DEFAULT_MAX_SEGMENTS = 10
 
@@ -616,6 +619,46 @@ class JobRequest:
         return format_slurm_time(self.time_seconds)
 
 
+class RequestError(UsageError):
+    """A request rv refuses, with what it proposes instead: each proposal (``suggestions``, the
+    options to change, as :func:`build_request` keywords) is a request rv accepts."""
+
+    def __init__(
+        self, message: str, hint: str | None = None, suggestions: tuple[Mapping[str, Any], ...] = ()
+    ) -> None:
+        super().__init__(message, hint)
+        self.suggestions = suggestions
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One proposal: its text in the hint, and the change to the request it stands for."""
+
+    text: str
+    change: Mapping[str, Any]
+
+
+class _Unfit(Exception):
+    """A refusal whose hint proposes changes; :func:`build_request` keeps those it would accept.
+
+    Each of ``choices`` is one proposal, or a list of them tried in order of which the first accepted
+    one is offered (``-g 8``, else ``-g 7``, ...). ``fallback`` is the hint when none is accepted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *choices: _Option | Sequence[_Option],
+        lead: str = "use ",
+        tail: str = "",
+        fallback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.choices = choices
+        self.lead, self.tail, self.fallback = lead, tail, fallback
+
+
 def _valid_types(catalog: Mapping[str, GpuType]) -> str:
     return ", ".join(sorted(catalog)) or "(none configured)"
 
@@ -664,22 +707,50 @@ def _choose_type(
     return catalog[gpu_type]
 
 
+def _gpus_option(g: int, gpn: int, nodes: int | None = None) -> _Option:
+    """``-g G`` as a proposal, with where it would land: "(1 node)", "(2 nodes of 3)"."""
+    if nodes is not None:
+        return _Option(f"-g {g}", {"gpus": g})
+    need = math.ceil(g / gpn)
+    where = "1 node" if need == 1 else f"{need} nodes of {g // need}"
+    return _Option(f"-g {g} ({where})", {"gpus": g})
+
+
+def _fewer_gpus(start: int, gpn: int, nodes: int | None = None) -> list[_Option]:
+    """``-g`` proposals from ``start`` down to 1: the first that rv accepts is offered."""
+    return [_gpus_option(g, gpn, nodes) for g in range(start, 0, -1)]
+
+
+def _more_gpus(start: int, gpn: int, nodes: int | None = None) -> list[_Option]:
+    """``-g`` proposals from ``start`` up (a bounded search): the first that rv accepts is offered."""
+    return [_gpus_option(g, gpn, nodes) for g in range(start, start + 64)]
+
+
 def _split_nodes(gpus: int, gpu: GpuType, nodes: int | None) -> tuple[int, int]:
-    """(nodes, gpus per node) for ``gpus`` GPUs of type ``gpu``; raises when they do not split evenly."""
+    """(nodes, gpus per node) for ``gpus`` GPUs of type ``gpu``; raises when they do not split evenly.
+
+    Each refusal proposes the nearest requests that would split, and only those that pass every other
+    check too (see :class:`_Unfit`): a proposal the next run refuses is no help.
+    """
     gpn = gpu.gpus_per_node
     if nodes is not None:
         if gpus % nodes:
-            raise UsageError(
+            divisors = sorted((k for k in range(1, gpus + 1) if gpus % k == 0), key=lambda k: abs(k - nodes))
+            raise _Unfit(
                 f"-g {gpus} does not split evenly over --nodes {nodes}",
-                hint=f"use -g {nodes * max(1, gpus // nodes)} or -g {nodes * math.ceil(gpus / nodes)}, "
-                f"or a node count that divides {gpus}",
+                _fewer_gpus(gpus - 1, gpn, nodes),
+                _more_gpus(gpus + 1, gpn, nodes),
+                [_Option(f"--nodes {k}", {"nodes": k}) for k in divisors],
+                fallback=f"ask for a multiple of --nodes {nodes} with -g",
             )
         per = gpus // nodes
         if per > gpn:
             need = math.ceil(gpus / gpn)
-            raise UsageError(
+            raise _Unfit(
                 f"-g {gpus} over --nodes {nodes} is {per} per node, but {gpu.name} nodes have {gpn}",
-                hint=f"use --nodes {need} or more",
+                [_Option(f"--nodes {k}", {"nodes": k}) for k in range(need, gpus + 1) if gpus % k == 0],
+                _fewer_gpus(nodes * gpn, gpn, nodes),
+                fallback=f"ask for at most {gpn} GPU(s) per node",
             )
         return nodes, per
     if gpus <= gpn:
@@ -688,18 +759,13 @@ def _split_nodes(gpus: int, gpu: GpuType, nodes: int | None) -> tuple[int, int]:
     if gpus % need == 0:
         return need, gpus // need
     # Not even over the fewest nodes: say how to get there instead of picking a spread silently.
-    options = []
-    lower = (gpus // need) * need
-    for g in (lower, lower + need):
-        if 0 < g <= need * gpn:
-            where = "1 node" if g <= gpn else f"{need} nodes of {g // need}"
-            options.append(f"-g {g} ({where})")
-    spread = next((k for k in range(need + 1, gpus + 1) if gpus % k == 0 and gpus // k <= gpn), None)
-    if spread is not None:
-        options.append(f"--nodes {spread} for {gpus // spread} per node")
-    raise UsageError(
+    spreads = [k for k in range(need + 1, gpus + 1) if gpus % k == 0 and gpus // k <= gpn]
+    raise _Unfit(
         f"-g {gpus} on {gpu.name} ({gpn} per node) does not split evenly over {need} nodes",
-        hint="use " + " or ".join(options) if options else None,
+        _fewer_gpus(gpus - 1, gpn),
+        _more_gpus(gpus + 1, gpn),
+        [_Option(f"--nodes {k} for {gpus // k} per node", {"nodes": k}) for k in spreads],
+        fallback=f"{gpu.name} nodes have {gpn} GPUs: ask for a number that splits evenly over its nodes",
     )
 
 
@@ -859,6 +925,7 @@ def build_request(
     in_flight_gpus_by_type: Mapping[str, int] | None = None,
     each_node: bool = False,
     allow_single_process: bool = False,
+    partitions: Mapping[str, Partition] | None = None,
 ) -> JobRequest:
     """Validate a run request; raise UsageError with the limit or the valid choices when it cannot run.
 
@@ -868,7 +935,64 @@ def build_request(
     *running* per catalog type: going over the per-user limit with them is a warning (the job waits
     in the queue), going over it alone is an error (it never starts). ``outputs`` (``-o``) are
     relative to ``start_dir``, the folder the program starts in relative to the repo top.
+    ``partitions`` (the profile's, as `rv init` found them) hold the time and node limits of the
+    partition each job goes to: a CPU-only job's is the cluster's default partition.
+
+    A refusal that proposes other values (``-g``, ``--nodes``, ``--time``) raises
+    :class:`RequestError` whose proposals have each been run through this same validation and
+    accepted: a hint never proposes what the next run would refuse.
     """
+    asked = {k: v for k, v in locals().items() if k != "catalog"}
+    try:
+        return _build(catalog, **asked)
+    except _Unfit as unfit:
+        kept: list[_Option] = []
+        for choice in unfit.choices:
+            for option in [choice] if isinstance(choice, _Option) else choice:
+                if option.text in {k.text for k in kept}:
+                    continue
+                if _accepted(catalog, asked, option.change):
+                    kept.append(option)
+                    break
+        hint = unfit.lead + " or ".join(o.text for o in kept) + unfit.tail if kept else unfit.fallback
+        raise RequestError(
+            unfit.message, hint=hint, suggestions=tuple(dict(o.change) for o in kept)
+        ) from None
+
+
+def _accepted(catalog: Mapping[str, GpuType], asked: Mapping[str, Any], change: Mapping[str, Any]) -> bool:
+    """Whether the request with ``change`` made passes every check (the setup lines' bash aside)."""
+    try:
+        _build(catalog, **{**asked, **change}, probe=True)
+    except (_Unfit, UsageError):
+        return False
+    return True
+
+
+def _build(
+    catalog: Mapping[str, GpuType],
+    *,
+    command: Sequence[str],
+    gpus: int | None,
+    gpu_type: str | None,
+    mig: bool,
+    time: str | None,
+    mem: str | None,
+    cpus: int | None,
+    name: str | None,
+    nodes: int | None,
+    setup: Sequence[str],
+    outputs: Sequence[str],
+    start_dir: str,
+    signal: str | None,
+    max_segments: int | None,
+    in_flight_gpus_by_type: Mapping[str, int] | None,
+    each_node: bool,
+    allow_single_process: bool,
+    partitions: Mapping[str, Partition] | None,
+    probe: bool = False,
+) -> JobRequest:
+    """:func:`build_request`'s checks; ``probe`` (a proposal being tried) skips the bash check."""
     command = tuple(command)
     if not command or not command[0].strip():
         raise UsageError("no command to run", hint="rv run [OPTIONS] -- COMMAND [ARGS...]")
@@ -889,28 +1013,55 @@ def build_request(
             f"a MIG slice is one GPU; -g {wanted} cannot use --mig", hint="drop -g, or pick a full GPU type"
         )
 
-    # Time first: every later message can then quote it.
-    time_seconds = parse_duration(time if time is not None else DEFAULT_TIME)
-    if gpu is not None and gpu.max_time:
-        limit = parse_slurm_time(gpu.max_time)
-        if limit is not None and time_seconds > limit:
-            raise UsageError(
-                f"--time {time or DEFAULT_TIME} is over the {gpu.name} limit of {gpu.max_time}",
-                hint=f"use --time {gpu.max_time} or less",
+    # The partition the job goes to: its type's, or for a CPU-only job the cluster's default one.
+    known = partitions or {}
+    if gpu is not None:
+        partition = known.get(gpu.partition)
+        where = f"partition {gpu.partition}"
+    else:
+        partition = next((p for p in known.values() if p.default), None)
+        where = f"partition {partition.name} (the default, where CPU-only jobs go)" if partition else ""
+
+    # Time first: every later message can then quote it. The tightest known limit applies: the
+    # type's (policy, QOS) and its partition's; over either the job pends forever.
+    asked_time = time or DEFAULT_TIME
+    time_seconds = parse_duration(asked_time)
+    if time_seconds // 60 > SLURM_MAX_MINUTES:
+        # Slurm keeps minutes in 32 bits and wraps a larger --time silently (99999999d: 8,000 years).
+        raise UsageError(
+            f"--time {asked_time} is more than Slurm can hold ({format_slurm_time(SLURM_MAX_MINUTES * 60)})",
+            hint="ask for the time the job needs",
+        )
+    limits = []
+    if gpu is not None and gpu.max_time and parse_slurm_time(gpu.max_time) is not None:
+        limits.append((parse_slurm_time(gpu.max_time) or 0, f"the {gpu.name} limit of {gpu.max_time}"))
+    if partition is not None and partition.max_time and parse_slurm_time(partition.max_time) is not None:
+        limits.append(
+            (parse_slurm_time(partition.max_time) or 0, f"the limit of {where}, {partition.max_time}")
+        )
+    if limits:
+        limit, which = min(limits)
+        if time_seconds > limit:
+            longest = format_slurm_time(limit)
+            raise _Unfit(
+                f"--time {asked_time} is over {which}: the job would wait in the queue forever",
+                _Option(f"--time {longest}", {"time": longest}),
+                tail=" or less",
+                fallback=f"the most it allows is {longest}",
             )
 
     # Limits before the node split: "at most 8 per job" is the more useful thing to hear.
     if gpu is not None:
         if gpu.max_gpus_per_job is not None and wanted > gpu.max_gpus_per_job:
-            raise UsageError(
+            raise _Unfit(
                 f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_job} GPU(s) per job",
-                hint=f"use -g {gpu.max_gpus_per_job} or less",
+                _fewer_gpus(gpu.max_gpus_per_job, gpu.gpus_per_node),
             )
         if gpu.max_gpus_per_user is not None:
             if wanted > gpu.max_gpus_per_user:
-                raise UsageError(
+                raise _Unfit(
                     f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_user} GPU(s) per user",
-                    hint=f"use -g {gpu.max_gpus_per_user} or less",
+                    _fewer_gpus(gpu.max_gpus_per_user, gpu.gpus_per_node),
                 )
             running = (in_flight_gpus_by_type or {}).get(gpu.name, 0)
             if running + wanted > gpu.max_gpus_per_user:
@@ -923,16 +1074,42 @@ def build_request(
     if gpu is None:
         node_count, per_node = (nodes or 1), 0
     else:
+        if gpu.nodes is not None and wanted > gpu.nodes * gpu.gpus_per_node:
+            # More than all of them: say that, not how the number fails to split.
+            most = gpu.nodes * gpu.gpus_per_node
+            raise _Unfit(
+                f"-g {wanted}: the cluster has {gpu.nodes} {gpu.name} node(s) of {gpu.gpus_per_node}, "
+                f"{most} GPUs in all",
+                _fewer_gpus(most, gpu.gpus_per_node, nodes),
+                fallback=f"at most {most} GPUs of this type",
+            )
         node_count, per_node = _split_nodes(wanted, gpu, nodes)
         # Slurm accepts a job that asks for more nodes than the partition has and leaves it pending
         # forever; say so now instead.
         if gpu.nodes is not None and node_count > gpu.nodes:
             most = gpu.nodes * gpu.gpus_per_node
-            raise UsageError(
+            raise _Unfit(
                 f"-g {wanted} on {gpu.name} needs {node_count} nodes of {per_node} GPU(s), but the "
                 f"cluster has {gpu.nodes} {gpu.name} node(s) ({most} GPUs)",
-                hint=f"use -g {most} or less",
+                _fewer_gpus(most, gpu.gpus_per_node, nodes),
+                [_Option(f"--nodes {k}", {"nodes": k}) for k in range(gpu.nodes, 0, -1)] if nodes else [],
+                fallback=f"the cluster has {gpu.nodes} {gpu.name} node(s)",
             )
+    # The partition's own node counts: all of its nodes, and the most one job may have.
+    if partition is not None:
+        asking = f"--nodes {node_count}" if gpu is None else f"-g {wanted} needs {node_count} node(s), but"
+        for cap, what in (
+            (partition.nodes, "has {} node(s)"),
+            (partition.max_nodes, "allows {} node(s) per job"),
+        ):
+            if cap is not None and node_count > cap:
+                raise _Unfit(
+                    f"{asking}: {where} {what.format(cap)}: the job would wait in the queue forever",
+                    [_Option(f"--nodes {k}", {"nodes": k}) for k in range(cap, 0, -1)]
+                    if gpu is None
+                    else _fewer_gpus(cap * gpu.gpus_per_node, gpu.gpus_per_node),
+                    fallback=f"at most {cap} node(s) there",
+                )
 
     # CPUs and memory: MIG (and any type with fixed_cpus) forces its own; QOS rejects anything else.
     cpus_source = mem_source = "default"
@@ -1004,7 +1181,8 @@ def build_request(
     for line in setup:
         if "\0" in line:
             raise UsageError("a --setup line contains a NUL byte")
-    check_setup_syntax(setup)
+    if not probe:
+        check_setup_syntax(setup)
 
     return JobRequest(
         command=command,

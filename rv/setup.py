@@ -6,7 +6,7 @@ import posixpath
 import shlex
 from dataclasses import dataclass, field, replace
 
-from rv.catalog import BUILTIN_CATALOGS, GpuType
+from rv.catalog import BUILTIN_CATALOGS, GpuType, Partition
 from rv.config import Profile, remote_root_problem
 from rv.errors import RemoteCommandMissing, UsageError
 from rv.slurm.parse import (
@@ -15,10 +15,15 @@ from rv.slurm.parse import (
     discover_catalog,
     parse_allocations,
     parse_sacctmgr_accounts,
+    parse_sinfo_nodes,
 )
+from rv.timespec import format_slurm_time, parse_slurm_time
 from rv.transport import Transport
 
 REQUIRED_COMMANDS = ("sbatch", "squeue", "sacct")
+# Per partition (one row per partition and node state): name ('*' marks the default), time limit,
+# and the job size in nodes as MIN-MAX ("1-infinite").
+SINFO_PARTITION_FORMAT = "%P|%l|%s"
 _OPTIONAL_COMMANDS = ("sinfo", "scontrol", "sacctmgr", "allocations", "python3")
 
 # One shell script, one round trip. Sections are introduced by marker lines so a command that prints
@@ -35,6 +40,8 @@ echo @@allocations; command -v allocations >/dev/null 2>&1 && allocations 2>/dev
 echo @@assoc
 command -v sacctmgr >/dev/null 2>&1 && sacctmgr -nP show assoc user="$(id -un)" format=account 2>/dev/null
 echo @@sinfo; command -v sinfo >/dev/null 2>&1 && sinfo -h -N -O {shlex.quote(SINFO_NODE_FORMAT)} 2>/dev/null
+echo @@partitions
+command -v sinfo >/dev/null 2>&1 && sinfo -h -o {shlex.quote(SINFO_PARTITION_FORMAT)} 2>/dev/null
 echo @@end
 """
 
@@ -60,6 +67,7 @@ class ClusterFacts:
     account: str | None
     accounts: tuple[str, ...]
     catalog: dict[str, GpuType] = field(default_factory=dict)
+    partitions: dict[str, Partition] = field(default_factory=dict)
 
     @property
     def default_remote_root(self) -> str:
@@ -99,7 +107,42 @@ def facts_from_probe(text: str) -> ClusterFacts:
         account=best,
         accounts=tuple(accounts),
         catalog=discover_catalog("\n".join(s.get("sinfo", []))),
+        partitions=parse_partitions("\n".join(s.get("partitions", [])), "\n".join(s.get("sinfo", []))),
     )
+
+
+def parse_partitions(partition_text: str, node_text: str = "") -> dict[str, Partition]:
+    """Partitions and their limits from ``sinfo -h -o SINFO_PARTITION_FORMAT``; the node counts from
+    the per-node listing (SINFO_NODE_FORMAT), since sinfo splits a partition's row by node state.
+
+    A limit sinfo prints as ``infinite``/``UNLIMITED`` (or that cannot be read) is no limit: rv then
+    refuses nothing on its account.
+    """
+    found: dict[str, Partition] = {}
+    for line in partition_text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 3 or not fields[0].strip():
+            continue
+        raw, time_text, size = (f.strip() for f in fields)
+        name = raw.rstrip("*")
+        try:
+            seconds = parse_slurm_time(time_text)
+        except ValueError:
+            seconds = None
+        most = size.rpartition("-")[2]
+        found[name] = Partition(
+            name=name,
+            max_time=format_slurm_time(seconds) if seconds is not None else None,
+            max_nodes=int(most) if most.isdigit() else None,
+            default=raw.endswith("*") or (name in found and found[name].default),
+        )
+    members: dict[str, set[str]] = {}
+    for node in parse_sinfo_nodes(node_text):
+        members.setdefault(node.partition, set()).add(node.name)
+    return {
+        name: replace(p, nodes=len(members[name]) if name in members else None)
+        for name, p in sorted(found.items())
+    }
 
 
 def probe(transport: Transport) -> ClusterFacts:
@@ -192,6 +235,7 @@ def build_profile(
         catalog=catalog,
         setup=setup,
         gpus=gpus,
+        partitions=facts.partitions,
         share_with_group=share_with_group,
         system_site_packages=system_site_packages,
     )

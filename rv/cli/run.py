@@ -146,7 +146,7 @@ def run(
         catalog, command=command, gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus,
         name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, start_dir=start_dir,
         signal=signal, max_segments=max_segments, each_node=each_node,
-        allow_single_process=allow_single_process,
+        allow_single_process=allow_single_process, partitions=profile.partitions,
     )  # fmt: skip
     for message in req.warnings:
         warn(message)

@@ -128,7 +128,7 @@ def up(
     req = build_request(
         profile.gpu_catalog(), command=session_up.holder_command(), gpus=gpus, gpu_type=gpu_type, mig=mig,
         time=time_, mem=mem, cpus=cpus, name=name or job.default_run_name("up", run_id), nodes=nodes,
-        setup=(*profile.setup, *setup), max_segments=1, each_node=True,
+        setup=(*profile.setup, *setup), max_segments=1, each_node=True, partitions=profile.partitions,
     )  # fmt: skip
     for message in req.warnings:
         warn(message)
