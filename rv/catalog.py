@@ -56,6 +56,10 @@ class Partition:
     nodes: int | None = None  # nodes in the partition
     max_nodes: int | None = None  # most nodes one job may have (MaxNodes); None: no limit
     default: bool = False  # where a job that names no partition goes: rv's CPU-only jobs
+    # The QOS a job of the profile's account gets there without --qos (the association's default),
+    # and its MaxWall: a second limit, known only where sacctmgr says (None: none or not known).
+    qos: str | None = None
+    qos_max_time: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Plain dict without the name and the unset fields, for TOML and JSON."""

@@ -300,7 +300,14 @@ def _is(value: Any, expected: type | tuple[type, ...]) -> bool:
     return isinstance(value, exp) and not (isinstance(value, bool) and bool not in exp)
 
 
-_PARTITION_KEYS: dict[str, type] = {"max_time": str, "nodes": int, "max_nodes": int, "default": bool}
+_PARTITION_KEYS: dict[str, type] = {
+    "max_time": str,
+    "nodes": int,
+    "max_nodes": int,
+    "default": bool,
+    "qos": str,
+    "qos_max_time": str,
+}
 
 
 def _parse_partition(where: str, name: str, table: Any) -> Partition:
@@ -315,14 +322,16 @@ def _parse_partition(where: str, name: str, table: Any) -> Partition:
     for key, value in table.items():
         if not _is(value, _PARTITION_KEYS[key]):
             raise _type_error(f"{where}.partitions.{name}", key, _PARTITION_KEYS[key], value)
-    if "max_time" in table:
+    for key in ("max_time", "qos_max_time"):
+        if key not in table:
+            continue
         from rv.timespec import parse_slurm_time
 
         try:
-            parse_slurm_time(table["max_time"])
+            parse_slurm_time(table[key])
         except ValueError:
             raise ConfigError(
-                f"{where}.partitions.{name}: max_time {table['max_time']!r} is not a Slurm time",
+                f"{where}.partitions.{name}: {key} {table[key]!r} is not a Slurm time",
                 hint='e.g. "3-00:00:00" or "12:00:00"; leave it out for no limit',
             ) from None
     return Partition(name=name, **table)

@@ -1039,6 +1039,13 @@ def _build(
         limits.append(
             (parse_slurm_time(partition.max_time) or 0, f"the limit of {where}, {partition.max_time}")
         )
+    if partition is not None and partition.qos_max_time and parse_slurm_time(partition.qos_max_time):
+        limits.append(
+            (
+                parse_slurm_time(partition.qos_max_time) or 0,
+                f"the limit of QOS {partition.qos} (your account's there), {partition.qos_max_time}",
+            )
+        )
     if limits:
         limit, which = min(limits)
         if time_seconds > limit:

@@ -198,6 +198,7 @@ def init(
             f"{p.name}{' (default, CPU jobs)' if p.default else ''}: "
             f"{p.max_time or 'no time limit'}, {p.nodes if p.nodes is not None else '?'} node(s)"
             + (f", at most {p.max_nodes} per job" if p.max_nodes is not None else "")
+            + (f", QOS {p.qos} {p.qos_max_time}" if p.qos_max_time else "")
             for p in profile.partitions.values()
         ]
         click.echo(f"  partitions   {'; '.join(parts)}")

@@ -12,7 +12,8 @@ import pytest
 
 from rv.catalog import Partition
 from rv.config import load_config, parse_config, render_config, save_config
-from rv.errors import ConfigError
+from rv.errors import ConfigError, UsageError
+from rv.request import build_request
 from rv.setup import build_profile, facts_from_probe, parse_partitions
 
 # sinfo as a site with a 3-day CPU partition prints it: one row per partition and node state (so
@@ -48,7 +49,15 @@ sinfo
 @@assoc
 @@sinfo
 {NODES}@@partitions
-{PARTITIONS}@@end
+{PARTITIONS}@@qos
+mylab||normal|long,normal
+mylab|gpu-a6000|gpu|gpu
+other||||
+@@qoswall
+normal|2-00:00:00
+gpu|1-00:00:00
+long|
+@@end
 """
 
 
@@ -60,12 +69,38 @@ def test_init_learns_each_partitions_limits_and_the_default_from_sinfo():
     assert parts["debug"].max_time is None and parts["gpu-a6000"].max_nodes is None
     facts = facts_from_probe(PROBE)
     assert facts.partitions == parts
+    assert facts.qos_max_wall == {"normal": "2-00:00:00", "gpu": "1-00:00:00"}
     profile = build_profile(
         name="site", host="login.site.edu", port=None, user=None, identity_file=None, known_hosts=None,
         account=None, remote_root=None, setup=(), catalog="discovered", facts=facts,
     )  # fmt: skip
     assert profile.partitions == parts and profile.default_partition == parts["standard"]
     assert profile.gpu_catalog()["a6000"].max_time == "3-00:00:00"
+
+
+def test_init_learns_the_qos_a_job_of_the_account_gets_and_its_max_wall():
+    profile = build_profile(
+        name="site", host="login.site.edu", port=None, user=None, identity_file=None, known_hosts=None,
+        account="mylab", remote_root=None, setup=(), catalog="discovered", facts=facts_from_probe(PROBE),
+    )  # fmt: skip
+    parts = profile.partitions
+    assert (parts["standard"].qos, parts["standard"].qos_max_time) == ("normal", "2-00:00:00")
+    assert (parts["gpu-a6000"].qos, parts["gpu-a6000"].qos_max_time) == ("gpu", "1-00:00:00")
+    # The tightest limit wins, and the refusal says whose it is.
+    with pytest.raises(UsageError) as err:
+        build_request(
+            profile.gpu_catalog(), command=["python", "x.py"], gpus=0, time="2d12h", partitions=parts
+        )
+    assert "over the limit of QOS normal (your account's there), 2-00:00:00" in err.value.message
+    assert err.value.hint == "use --time 2-00:00:00 or less"
+    with pytest.raises(UsageError, match="QOS gpu"):
+        build_request(profile.gpu_catalog(), command=["python", "x.py"], gpus=1, time="2d", partitions=parts)
+    # Another account's jobs: its association names no QOS, so rv knows no QOS limit for them.
+    other = build_profile(
+        name="site", host="login.site.edu", port=None, user=None, identity_file=None, known_hosts=None,
+        account="other", remote_root=None, setup=(), catalog="discovered", facts=facts_from_probe(PROBE),
+    )  # fmt: skip
+    assert all(p.qos_max_time is None for p in other.partitions.values())
 
 
 def test_the_profile_keeps_its_partitions_through_save_and_load(tmp_path):
