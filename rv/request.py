@@ -1062,13 +1062,13 @@ def _build(
         if gpu.max_gpus_per_job is not None and wanted > gpu.max_gpus_per_job:
             raise _Unfit(
                 f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_job} GPU(s) per job",
-                _fewer_gpus(gpu.max_gpus_per_job, gpu.gpus_per_node),
+                _fewer_gpus(gpu.max_gpus_per_job, gpu.gpus_per_node, nodes),
             )
         if gpu.max_gpus_per_user is not None:
             if wanted > gpu.max_gpus_per_user:
                 raise _Unfit(
                     f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_user} GPU(s) per user",
-                    _fewer_gpus(gpu.max_gpus_per_user, gpu.gpus_per_node),
+                    _fewer_gpus(gpu.max_gpus_per_user, gpu.gpus_per_node, nodes),
                 )
             running = (in_flight_gpus_by_type or {}).get(gpu.name, 0)
             if running + wanted > gpu.max_gpus_per_user:
@@ -1114,7 +1114,7 @@ def _build(
                     f"{asking}: {where} {what.format(cap)}: the job would wait in the queue forever",
                     [_Option(f"--nodes {k}", {"nodes": k}) for k in range(cap, 0, -1)]
                     if gpu is None
-                    else _fewer_gpus(cap * gpu.gpus_per_node, gpu.gpus_per_node),
+                    else _fewer_gpus(cap * gpu.gpus_per_node, gpu.gpus_per_node, nodes),
                     fallback=f"at most {cap} node(s) there",
                 )
 

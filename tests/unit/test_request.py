@@ -791,19 +791,15 @@ def test_every_proposal_rv_makes_is_a_request_rv_accepts(asked):
             assert str(value) in err.hint
 
 
-def test_every_proposal_on_the_builtin_catalog_is_accepted_too():
-    for gpu_type, gpus in [
-        ("a6000", 9),
-        ("a6000", 16),
-        ("h200", 5),
-        ("v100", 5),
-        ("rtx3090", 3),
-        ("a100", 12),
-    ]:
-        with pytest.raises(RequestError) as err:
-            build_request(RIVANNA, command=["torchrun", "x.py"], gpu_type=gpu_type, gpus=gpus)
-        assert err.value.suggestions, err.value.message
-        for change in err.value.suggestions:
-            build_request(
-                RIVANNA, command=["torchrun", "x.py"], gpu_type=gpu_type, **{"gpus": gpus, **change}
-            )
+@pytest.mark.parametrize(
+    ("gpu_type", "gpus", "nodes"),
+    [("a6000", 9, None), ("a6000", 16, None), ("h200", 5, None), ("v100", 5, None), ("rtx3090", 3, None),
+     ("a100", 12, None), ("a6000", 63, 5), ("a6000", 6, 4), ("v100", 6, 1), ("a40", 7, 2)],
+)  # fmt: skip
+def test_every_proposal_on_the_builtin_catalog_is_accepted_too(gpu_type, gpus, nodes):
+    asked = {"command": ["torchrun", "x.py"], "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes}
+    with pytest.raises(RequestError) as err:
+        build_request(RIVANNA, **asked)
+    assert err.value.suggestions, err.value.message
+    for change in err.value.suggestions:
+        build_request(RIVANNA, **{**asked, **change})

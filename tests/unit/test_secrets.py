@@ -255,3 +255,35 @@ def test_import_of_a_non_utf8_file_reads_the_rest_and_names_the_line(env, tmp_pa
     assert stored(env)["profiles"]["alpha"] == {"HF_TOKEN": "abc", "WANDB_API_KEY": "w"}
     with pytest.raises(UsageError, match="line 2 is not UTF-8"):
         parse_dotenv(b"A=1\nB=\xff\n")
+
+
+def test_a_value_typed_in_a_terminal_is_still_hidden(env):
+    import select
+
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rv", "env", "set", "TYPED"], stdin=slave, stdout=slave, stderr=slave,
+        env=env, cwd=env["HOME"], start_new_session=True,
+    )  # fmt: skip
+    os.close(slave)
+    seen = b""
+
+    def read_until(marker: bytes) -> None:
+        nonlocal seen
+        while marker not in seen:
+            ready, _, _ = select.select([master], [], [], 30)
+            assert ready, seen
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the command has exited
+                chunk = b""
+            assert chunk, seen
+            seen += chunk
+
+    read_until(b"Value for TYPED")
+    os.write(master, b"typed-s3cret\r")
+    read_until(b"set TYPED")
+    assert proc.wait(30) == 0
+    os.close(master)
+    assert b"typed-s3cret" not in seen  # no echo
+    assert stored(env)["profiles"]["alpha"]["TYPED"] == "typed-s3cret"
