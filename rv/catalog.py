@@ -45,6 +45,27 @@ class GpuType:
         return [f.name for f in fields(cls)]
 
 
+@dataclass(frozen=True)
+class Partition:
+    """What a partition lets one job have, as `rv init` read it from sinfo: a job asking for more is
+    refused by rv before anything is sent, instead of pending forever (``PartitionTimeLimit``,
+    ``PartitionNodeLimit``)."""
+
+    name: str
+    max_time: str | None = None  # Slurm time string, e.g. "3-00:00:00"; None: no limit
+    nodes: int | None = None  # nodes in the partition
+    max_nodes: int | None = None  # most nodes one job may have (MaxNodes); None: no limit
+    default: bool = False  # where a job that names no partition goes: rv's CPU-only jobs
+    # The QOS a job of the profile's account gets there without --qos (the association's default),
+    # and its MaxWall: a second limit, known only where sacctmgr says (None: none or not known).
+    qos: str | None = None
+    qos_max_time: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict without the name and the unset fields, for TOML and JSON."""
+        return {k: v for k, v in asdict(self).items() if v not in (None, False) and k != "name"}
+
+
 # Facts about Rivanna's GPU partitions (UVA Research Computing, 2025-2026). SU rates are per GPU-hour.
 # `a100` means the 80 GB card; the 40 GB one is `a100-40`. MIG slices are free and take 1 CPU.
 RIVANNA: dict[str, GpuType] = {

@@ -176,15 +176,17 @@ rv_load_secrets() {
     eval "$saved"
 }
 
-# rv_reserved_name NAME: true for names rv or Slurm own and the ones that run the job (rv.secrets
-# holds the same list; a unit test keeps the two equal).
+# rv_reserved_name NAME: true for names rv or Slurm own and the ones that run the job: rv.secrets's
+# RESERVED (a unit test keeps the two equal), and rv_* (this file's own).
 rv_reserved_name() {
     case "$1" in
-        RV_* | SLURM_* | SLURMD_* | SRUN_* | SBATCH_* | SALLOC_* | PMI_* | PMIX_* | OMPI_* | \
-            MASTER_ADDR | MASTER_PORT | WORLD_SIZE | RANK | LOCAL_RANK | CUDA_VISIBLE_DEVICES | \
-            PATH | HOME | USER | LOGNAME | SHELL | PWD | OLDPWD | IFS | ENV | BASH_ENV | BASHOPTS | \
-            SHELLOPTS | PS4 | TMPDIR | LD_* | PYTHONPATH | PYTHONHOME | PYTHONSTARTUP | \
-            PYTHONUNBUFFERED | LANG | LC_* | TZ | rv_* | BASH_* | FUNCNAME | HOSTNAME | UID | EUID)
+        RV_* | SLURM_* | SLURMD_* | SRUN_* | SBATCH_* | SALLOC_* | SQUEUE_* | SACCT_* | SINFO_* | \
+            PMI_* | PMIX_* | MASTER_ADDR | MASTER_PORT | WORLD_SIZE | RANK | LOCAL_RANK | \
+            LOCAL_WORLD_SIZE | NODE_RANK | GROUP_RANK | ROLE_RANK | TORCHELASTIC_* | \
+            ACCELERATE_MIXED_PRECISION | CUDA_VISIBLE_DEVICES | ROCR_VISIBLE_DEVICES | \
+            HIP_VISIBLE_DEVICES | GPU_DEVICE_ORDINAL | PATH | HOME | USER | LOGNAME | SHELL | PWD | \
+            OLDPWD | TMPDIR | IFS | ENV | BASH_ENV | BASHOPTS | SHELLOPTS | CDPATH | GLOBIGNORE | \
+            PS4 | _ | LD_* | PYTHON* | VIRTUAL_ENV | rv_*)
             return 0 ;;
     esac
     return 1
@@ -194,17 +196,25 @@ rv_reserved_name() {
 rv_reserved_state() {
     local v
     for v in $(compgen -v); do
-        rv_reserved_name "$v" || continue
-        case "$v" in BASH_* | FUNCNAME | UID | EUID | SHELLOPTS | BASHOPTS | PPID) continue ;; esac
+        if ! rv_reserved_name "$v" || rv_shell_own "$v"; then continue; fi
         declare -p "$v" 2>/dev/null | sed '1s/^declare /declare -g /'
     done
+}
+
+# Variables bash itself keeps (read-only, or rewritten by every command): never saved or unset.
+rv_shell_own() {
+    case "$1" in
+        BASH_ENV) return 1 ;;
+        BASH | BASH_* | BASHOPTS | SHELLOPTS | UID | EUID | PPID | FUNCNAME | _) return 0 ;;
+    esac
+    return 1
 }
 
 rv_unset_reserved() {
     local v
     for v in $(compgen -v); do
-        rv_reserved_name "$v" || continue
-        case "$v" in BASH_* | FUNCNAME | UID | EUID | SHELLOPTS | BASHOPTS | PPID | rv_*) continue ;; esac
+        if ! rv_reserved_name "$v" || rv_shell_own "$v"; then continue; fi
+        case "$v" in rv_*) continue ;; esac
         unset "$v" 2>/dev/null || :
     done
 }

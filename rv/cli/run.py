@@ -138,7 +138,11 @@ def placement_options(f):  # type: ignore[no-untyped-def]
 )
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
-@click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
+@click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
+@click.option(
+    "--max-file-size", default="100MB", show_default=True, metavar="SIZE",
+    help="The size guard: refuse files bigger than this (e.g. 500MB, 2GB).",
+)  # fmt: skip
 @click.option(
     "--json",
     "as_json",
@@ -184,6 +188,7 @@ def run(
     follow: bool,
     dry_run: bool,
     allow_large: bool,
+    max_file_size: str,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -230,7 +235,7 @@ def run(
             catalog, command=command, gpus=gpus, gpu_type=type_name, mig=mig, time=time_, mem=mem, cpus=cpus,
             name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, start_dir=start_dir,
             signal=signal, max_segments=max_segments, each_node=each_node,
-            allow_single_process=allow_single_process,
+            allow_single_process=allow_single_process, partitions=profile.partitions,
         )  # fmt: skip
 
     # One request per GPU type the run may take (one, unless -t names several, any, or none on a
@@ -250,18 +255,17 @@ def run(
             f"{time_min}; the program must follow the stop protocol (save on ${{RV_STOP_SIGNAL}} and write "
             "PREEMPTED), or a short segment ends it"
         )
-    from rv.config import state_dir
-    from rv.secrets import SecretStore
+    from rv.secrets import job_secrets
 
-    secrets = SecretStore(state_dir() / "secrets.json").load()
+    secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
     from rv.config import cache_dir
     from rv.snapshot import upload_snapshot
     from rv.treecache import StoreCache
 
     # The file list, hashes and size guard are local: a refused file fails before we connect.
     req, snap, env_plan = prepare_local(
-        req, profile, allow_large=allow_large, env_choice=env_choice, requirements=requirements,
-        extras=extras, python=python_, system_site_packages=system_site_packages,
+        req, profile, allow_large=allow_large, max_file_size=max_file_size, env_choice=env_choice,
+        requirements=requirements, extras=extras, python=python_, system_site_packages=system_site_packages,
     )  # fmt: skip
     alternatives = [dataclasses.replace(r, setup=req.setup) for r in alternatives]
     sources = ctx.meta.get("rv.sources", {})
@@ -464,8 +468,9 @@ def option_words(command: click.Command) -> dict[str, bool]:
 
 
 def prepare_local(  # type: ignore[no-untyped-def]
-    req, profile, *, allow_large: bool, env_choice: str, requirements, extras, python, system_site_packages
-):
+    req, profile, *, allow_large: bool, env_choice: str, requirements, extras, python, system_site_packages,
+    max_file_size: str = "100MB",
+):  # fmt: skip
     """The local half `rv run` and `rv up` share, before any network call: the snapshot (listed with
     the cache, size-checked, its warnings shown), the folder the program starts in, and the
     environment plan. Returns ``(request, snapshot, environment plan)``."""
@@ -477,7 +482,11 @@ def prepare_local(  # type: ignore[no-untyped-def]
     from rv.snapshot import prepare_snapshot, snapshot_warnings
 
     # The last listing of this repo is reused: a resubmit lists and hashes only what changed.
-    snap = prepare_snapshot(Path.cwd(), allow_large=allow_large, cache_dir=cache_dir())
+    from rv.units import parse_size
+
+    snap = prepare_snapshot(
+        Path.cwd(), max_file_size=parse_size(max_file_size), allow_large=allow_large, cache_dir=cache_dir()
+    )
     for message in snapshot_warnings(snap):
         warn(message)
     if snap.subdir:

@@ -1061,3 +1061,13 @@ def test_the_job_and_the_contract_agree_on_the_precision_rule():
     from rv.contract import BF16_MIN_MAJOR
 
     assert f'"${{RV_GPU_CC%%.*}}" -ge {BF16_MIN_MAJOR} ]' in JOB_RUNTIME.read_text()
+
+
+def test_the_job_refuses_the_secret_names_rv_env_refuses():
+    from rv.secrets import RESERVED_GLOBS
+
+    text = JOB_RUNTIME.read_text()
+    body = text[text.index("rv_reserved_name() {") :]
+    pattern = body[body.index('case "$1" in') + len('case "$1" in') : body.index(")\n")]
+    globs = {g.strip() for g in pattern.replace("\\\n", " ").split("|")}
+    assert globs == {*RESERVED_GLOBS, "rv_*"}
