@@ -254,12 +254,15 @@ def plan_requests(
                                                  or (words is None and len(catalog) <= 1))):  # fmt: skip
         return [build(single)], []
     types, notes = candidate_types(catalog, words, vram_gb=vram_gb)
-    built, refused = [], []
+    built, refused, errors = [], [], []
     for gpu in types:
         try:
             built.append(build(gpu.name))
         except UsageError as exc:
             refused.append(f"{gpu.name}: {exc.message}")
+            errors.append((gpu.name, exc))
+    if not built and len({exc.message.replace(name, "") for name, exc in errors}) == 1:
+        raise errors[0][1]  # the same reason whatever the type: say it once, as for one type
     if not built:
         raise UsageError(
             "no GPU type can serve this request: " + "; ".join(refused),

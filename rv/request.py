@@ -922,7 +922,6 @@ def build_request(
     start_dir: str = "",
     signal: str | None = None,
     max_segments: int | None = None,
-    in_flight_gpus_by_type: Mapping[str, int] | None = None,
     each_node: bool = False,
     allow_single_process: bool = False,
     partitions: Mapping[str, Partition] | None = None,
@@ -931,9 +930,8 @@ def build_request(
 
     ``gpus`` None means 1 (or the MIG slice); 0 is a CPU-only job. ``time`` None means
     :data:`~rv.timespec.DEFAULT_TIME`. ``signal`` is ``NAME[@SECONDS]`` (default USR1, 300 s before
-    the end, or half the job when shorter). ``in_flight_gpus_by_type`` is the user's GPUs already
-    *running* per catalog type: going over the per-user limit with them is a warning (the job waits
-    in the queue), going over it alone is an error (it never starts). ``outputs`` (``-o``) are
+    the end, or half the job when shorter). Going over a type's per-user limit alone is an error (the
+    job would never start). ``outputs`` (``-o``) are
     relative to ``start_dir``, the folder the program starts in relative to the repo top.
     ``partitions`` (the profile's, as `rv init` found them) hold the time and node limits of the
     partition each job goes to: a CPU-only job's is the cluster's default partition.
@@ -986,7 +984,6 @@ def _build(
     start_dir: str,
     signal: str | None,
     max_segments: int | None,
-    in_flight_gpus_by_type: Mapping[str, int] | None,
     each_node: bool,
     allow_single_process: bool,
     partitions: Mapping[str, Partition] | None,
@@ -1064,19 +1061,11 @@ def _build(
                 f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_job} GPU(s) per job",
                 _fewer_gpus(gpu.max_gpus_per_job, gpu.gpus_per_node, nodes),
             )
-        if gpu.max_gpus_per_user is not None:
-            if wanted > gpu.max_gpus_per_user:
-                raise _Unfit(
-                    f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_user} GPU(s) per user",
-                    _fewer_gpus(gpu.max_gpus_per_user, gpu.gpus_per_node, nodes),
-                )
-            running = (in_flight_gpus_by_type or {}).get(gpu.name, 0)
-            if running + wanted > gpu.max_gpus_per_user:
-                warnings.append(
-                    f"you already have {running} {gpu.name} GPU(s) running; with -g {wanted} that is "
-                    f"{running + wanted}, over the per-user limit of {gpu.max_gpus_per_user}: "
-                    "the job will wait in the queue until some finish"
-                )
+        if gpu.max_gpus_per_user is not None and wanted > gpu.max_gpus_per_user:
+            raise _Unfit(
+                f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_user} GPU(s) per user",
+                _fewer_gpus(gpu.max_gpus_per_user, gpu.gpus_per_node, nodes),
+            )
 
     if gpu is None:
         node_count, per_node = (nodes or 1), 0

@@ -356,7 +356,11 @@ rv_fault() {
     for f in "$RV_RUN_DIR/logs/$SLURM_JOB_ID".out "$RV_RUN_DIR/logs/$SLURM_JOB_ID".err \
         "$RV_RUN_DIR/logs/$SLURM_JOB_ID"-node*.out "$RV_RUN_DIR/logs/$SLURM_JOB_ID"-node*.err; do
         [ -f "$f" ] || continue
-        line="$(tail -n 50 -- "$f" 2>/dev/null | grep -E -i -m 1 -- "$RV_FAULT_PATTERNS")" || continue
+        # The message itself, with what precedes it on its line ("RuntimeError: "), never what follows:
+        # another process's output may share the line (Python writes a line and its end apart).
+        line="$(tail -n 50 -- "$f" 2>/dev/null | grep -E -i -o -m 1 -- ".{0,60}($RV_FAULT_PATTERNS)" |
+            sed -n 1p)" || continue
+        [ -n "$line" ] || continue
         node="${SLURMD_NODENAME:-${nodes[0]:-$(hostname)}}"
         case "$f" in
             *-node*)

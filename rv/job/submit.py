@@ -38,8 +38,11 @@ def new_run_id() -> str:
 
 
 def default_run_name(base: str, run_id: str) -> str:
-    """Two runs of one command must not share a checkpoint folder: the name gets the id's start."""
-    return f"{base[:59]}-{run_id[:4]}"
+    """Two runs of one command must not share a checkpoint folder: the name gets the id's start.
+
+    Six hex digits: with four, 100 default-named runs of one command collided with odds of 7% (a
+    collision resumes the other run's checkpoint); with six, 0.03%."""
+    return f"{base[:57]}-{run_id[:6]}"
 
 
 _FROM = re.compile(r"^(?P<run>[A-Za-z0-9._-]+)(?:@(?P<step>\d+))?$")

@@ -195,13 +195,6 @@ def test_per_user_limit_alone_is_an_error():
     assert "at most 4 GPU(s) per user" in err.value.message
 
 
-def test_per_user_limit_with_running_jobs_is_a_warning():
-    r = req(gpus=4, gpu_type="h200", in_flight_gpus_by_type={"h200": 2})
-    assert len(r.warnings) == 1
-    assert "per-user limit of 4" in r.warnings[0] and "2" in r.warnings[0]
-    assert req(gpus=2, gpu_type="h200", in_flight_gpus_by_type={"h200": 2}).warnings == ()
-
-
 def test_time_over_type_max_names_the_max():
     e = usage_error(gpu_type="rtx3090", time="1d")
     assert "12:00:00" in e.message and "--time 1d" in e.message
