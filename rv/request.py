@@ -925,6 +925,7 @@ def build_request(
     each_node: bool = False,
     allow_single_process: bool = False,
     partitions: Mapping[str, Partition] | None = None,
+    partition: str | None = None,
 ) -> JobRequest:
     """Validate a run request; raise UsageError with the limit or the valid choices when it cannot run.
 
@@ -934,7 +935,8 @@ def build_request(
     job would never start). ``outputs`` (``-o``) are
     relative to ``start_dir``, the folder the program starts in relative to the repo top.
     ``partitions`` (the profile's, as `rv init` found them) hold the time and node limits of the
-    partition each job goes to: a CPU-only job's is the cluster's default partition.
+    partition each job goes to: ``partition`` (--partition), else its type's; a CPU-only job's is the
+    cluster's default partition.
 
     A refusal that proposes other values (``-g``, ``--nodes``, ``--time``) raises
     :class:`RequestError` whose proposals have each been run through this same validation and
@@ -987,6 +989,7 @@ def _build(
     each_node: bool,
     allow_single_process: bool,
     partitions: Mapping[str, Partition] | None,
+    partition: str | None = None,
     probe: bool = False,
 ) -> JobRequest:
     """:func:`build_request`'s checks; ``probe`` (a proposal being tried) skips the bash check."""
@@ -1010,14 +1013,19 @@ def _build(
             f"a MIG slice is one GPU; -g {wanted} cannot use --mig", hint="drop -g, or pick a full GPU type"
         )
 
-    # The partition the job goes to: its type's, or for a CPU-only job the cluster's default one.
+    # The partition the job goes to: the one --partition names, its type's, or for a CPU-only job the
+    # cluster's default one. (One rv does not know is left to sbatch --test-only to judge.)
     known = partitions or {}
-    if gpu is not None:
-        partition = known.get(gpu.partition)
+    named, target = partition, None
+    if named is not None:
+        target = known.get(named)
+        where = f"partition {named}"
+    elif gpu is not None:
+        target = known.get(gpu.partition)
         where = f"partition {gpu.partition}"
     else:
-        partition = next((p for p in known.values() if p.default), None)
-        where = f"partition {partition.name} (the default, where CPU-only jobs go)" if partition else ""
+        target = next((p for p in known.values() if p.default), None)
+        where = f"partition {target.name} (the default, where CPU-only jobs go)" if target else ""
 
     # Time first: every later message can then quote it. The tightest known limit applies: the
     # type's (policy, QOS) and its partition's; over either the job pends forever.
@@ -1032,15 +1040,15 @@ def _build(
     limits = []
     if gpu is not None and gpu.max_time and parse_slurm_time(gpu.max_time) is not None:
         limits.append((parse_slurm_time(gpu.max_time) or 0, f"the {gpu.name} limit of {gpu.max_time}"))
-    if partition is not None and partition.max_time and parse_slurm_time(partition.max_time) is not None:
+    if target is not None and target.max_time and parse_slurm_time(target.max_time) is not None:
         limits.append(
-            (parse_slurm_time(partition.max_time) or 0, f"the limit of {where}, {partition.max_time}")
+            (parse_slurm_time(target.max_time) or 0, f"the limit of {where}, {target.max_time}")
         )
-    if partition is not None and partition.qos_max_time and parse_slurm_time(partition.qos_max_time):
+    if target is not None and target.qos_max_time and parse_slurm_time(target.qos_max_time):
         limits.append(
             (
-                parse_slurm_time(partition.qos_max_time) or 0,
-                f"the limit of QOS {partition.qos} (your account's there), {partition.qos_max_time}",
+                parse_slurm_time(target.qos_max_time) or 0,
+                f"the limit of QOS {target.qos} (your account's there), {target.qos_max_time}",
             )
         )
     if limits:
@@ -1092,11 +1100,11 @@ def _build(
                 fallback=f"the cluster has {gpu.nodes} {gpu.name} node(s)",
             )
     # The partition's own node counts: all of its nodes, and the most one job may have.
-    if partition is not None:
+    if target is not None:
         asking = f"--nodes {node_count}" if gpu is None else f"-g {wanted} needs {node_count} node(s), but"
         for cap, what in (
-            (partition.nodes, "has {} node(s)"),
-            (partition.max_nodes, "allows {} node(s) per job"),
+            (target.nodes, "has {} node(s)"),
+            (target.max_nodes, "allows {} node(s) per job"),
         ):
             if cap is not None and node_count > cap:
                 raise _Unfit(

@@ -235,7 +235,7 @@ def run(
             catalog, command=command, gpus=gpus, gpu_type=type_name, mig=mig, time=time_, mem=mem, cpus=cpus,
             name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, start_dir=start_dir,
             signal=signal, max_segments=max_segments, each_node=each_node,
-            allow_single_process=allow_single_process, partitions=profile.partitions,
+            allow_single_process=allow_single_process, partitions=profile.partitions, partition=partition,
         )  # fmt: skip
 
     # One request per GPU type the run may take (one, unless -t names several, any, or none on a
