@@ -1041,9 +1041,7 @@ def _build(
     if gpu is not None and gpu.max_time and parse_slurm_time(gpu.max_time) is not None:
         limits.append((parse_slurm_time(gpu.max_time) or 0, f"the {gpu.name} limit of {gpu.max_time}"))
     if target is not None and target.max_time and parse_slurm_time(target.max_time) is not None:
-        limits.append(
-            (parse_slurm_time(target.max_time) or 0, f"the limit of {where}, {target.max_time}")
-        )
+        limits.append((parse_slurm_time(target.max_time) or 0, f"the limit of {where}, {target.max_time}"))
     if target is not None and target.qos_max_time and parse_slurm_time(target.qos_max_time):
         limits.append(
             (

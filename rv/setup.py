@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from rv.catalog import BUILTIN_CATALOGS, GpuType, Partition
 from rv.config import Profile, remote_root_problem
 from rv.errors import RemoteCommandMissing, UsageError
+from rv.slurm.commands import SINFO_PARTITION_FORMAT
 from rv.slurm.parse import (
     SINFO_NODE_FORMAT,
     account_from_allocations,
@@ -21,9 +22,6 @@ from rv.timespec import format_slurm_time, parse_slurm_time
 from rv.transport import Transport
 
 REQUIRED_COMMANDS = ("sbatch", "squeue", "sacct")
-# Per partition (one row per partition and node state): name ('*' marks the default), time limit,
-# and the job size in nodes as MIN-MAX ("1-infinite").
-SINFO_PARTITION_FORMAT = "%P|%l|%s"
 _OPTIONAL_COMMANDS = ("sinfo", "scontrol", "sacctmgr", "allocations", "python3")
 
 # One shell script, one round trip. Sections are introduced by marker lines so a command that prints
@@ -120,6 +118,29 @@ def facts_from_probe(text: str) -> ClusterFacts:
         associations=parse_associations("\n".join(s.get("qos", []))),
         qos_max_wall=parse_qos_walls("\n".join(s.get("qoswall", []))),
     )
+
+
+def usable_lines(
+    accounts: tuple[str, ...] | list[str],
+    associations: tuple[tuple[str, str, str, tuple[str, ...]], ...],
+    partitions: dict[str, Partition],
+) -> list[tuple[str, str]]:
+    """What the user may ask Slurm for, where Slurm can say (`rv init`, `rv status`): (label, text)
+    for accounts, QoS and partitions; nothing that is not known."""
+    lines = []
+    if accounts:
+        lines.append(("accounts", f"{', '.join(accounts)} (rv run --account)"))
+    qos = list(dict.fromkeys(q for *_, allowed in associations for q in allowed))
+    defaults = list(dict.fromkeys(d for _, _, d, _ in associations if d))
+    if qos:
+        default = f"; default {', '.join(defaults)}" if defaults else ""
+        lines.append(("qos", f"{', '.join(qos)} (rv run --qos{default})"))
+    restricted = sorted({p for _, p, _, _ in associations if p})
+    if partitions:
+        names = [f"{p.name}{' (default)' if p.default else ''}" for p in partitions.values()]
+        only = f"; your associations name {', '.join(restricted)}" if restricted else ""
+        lines.append(("partitions", f"{', '.join(names)} (rv run --partition{only})"))
+    return lines
 
 
 def parse_associations(text: str) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:

@@ -205,6 +205,9 @@ def mode_usage(args):
         if code == 0:
             live = runs.jobs_of(text)
         out["sinfo"] = runs.answer(args["sinfo"])
+        for key in ("partitions", "associations"):  # what the user may ask Slurm for
+            if args.get(key):
+                out[key] = runs.answer(args[key])
         if args.get("sweep"):
             out["sweep"] = runs.sweep_runs(root, args["sweep"], live) if live is not None else {
                 "error": out["squeue"]["error"]}  # fmt: skip

@@ -58,7 +58,8 @@ def user_name():
 
 def run_argv(argv, env=None, timeout=60, stdin_data=None):
     """(exit code, stdout, stderr) of ``argv``; 127 when the program is missing."""
-    argv = [user_name() if word == "{user}" else word for word in argv]
+    # "{user}" stands for the login name, alone or in a word ("user={user}").
+    argv = [word.replace("{user}", user_name()) if "{user}" in word else word for word in argv]
     try:
         proc = subprocess.Popen(
             argv,

@@ -188,6 +188,10 @@ def init(
         f"  host         {facts.user}@{target.hostname}:{target.port} ({latency_ms:.0f} ms to connect)"
     )
     click.echo(f"  account      {profile.account or '(none found: pass --account)'}")
+    from rv.setup import usable_lines
+
+    for label, text in usable_lines(facts.accounts, facts.associations, {}):  # partitions: below
+        click.echo(f"  {label:<12} {text}")
     expanded = f" (from {remote_root})" if remote_root and remote_root != profile.remote_root else ""
     access = "you and your group can read it" if profile.share_with_group else "only you can read it"
     click.echo(f"  remote root  {profile.remote_root}{expanded}; {access}")

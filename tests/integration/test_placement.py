@@ -237,3 +237,15 @@ def test_a_gpu_fault_after_saving_finishes_the_run_on_another_node(layout, tmp_p
     assert resumed and resumed.group(1) != m.group(1), r.stdout
     (row,) = [row for row in runs_json(layout) if row["name"] == "faulty"]
     assert row["state"] == "COMPLETED" and row["segment"] == 2
+
+
+def test_rv_status_lists_the_accounts_qos_and_partitions_one_may_ask_for(layout):
+    r = layout.run_rv("status", "--json")
+    assert r.returncode == 0, r.stderr
+    may = json.loads(r.stdout)["may_use"]
+    if layout.name == "default":
+        assert may == {"accounts": ["rv"], "qos": ["high", "normal"], "partitions": ["gpu-a6000", "gpu-v100"]}
+    else:  # no accounting: only sinfo can say
+        assert may == {"accounts": [], "qos": [], "partitions": ["gpu"]}
+    text = layout.run_rv("status").stdout
+    assert "(rv run --partition)" in text

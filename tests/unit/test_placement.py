@@ -283,3 +283,17 @@ def test_one_reason_for_every_type_is_said_once():
     with pytest.raises(UsageError) as err:
         plan_requests(RIVANNA, ["a6000", "a40"], gpus=8, mig=False, vram_gb=None, build=build)
     assert err.value.message.startswith("`python t.py` is one process")
+
+
+def test_what_one_may_ask_for_in_one_line_each():
+    from rv.catalog import Partition
+    from rv.setup import usable_lines
+
+    assoc = (("rv", "", "normal", ("normal", "high")), ("rv", "gpu-v100", "", ("normal",)))
+    parts = {"a": Partition("a", default=True), "b": Partition("b")}
+    assert usable_lines(["rv"], assoc, parts) == [
+        ("accounts", "rv (rv run --account)"),
+        ("qos", "normal, high (rv run --qos; default normal)"),
+        ("partitions", "a (default), b (rv run --partition; your associations name gpu-v100)"),
+    ]
+    assert usable_lines([], (), {}) == []
