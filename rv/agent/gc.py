@@ -157,8 +157,11 @@ def runtime_gc(root, going, freed, dry, grace):
     for run_id in os.listdir(runs.runs_dir(root)) if os.path.isdir(runs.runs_dir(root)) else []:
         if run_id in skip:
             continue
-        text = runs.read_bytes(common.join(runs.runs_dir(root), run_id, runs.SCRIPT))
-        named.update(n for n in names if n in text)
+        rdir = common.join(runs.runs_dir(root), run_id)
+        for script in os.listdir(rdir) if os.path.isdir(rdir) else []:
+            if script.endswith(b".sbatch"):  # job.sbatch, or a run over several types' job.<i>.sbatch
+                text = runs.read_bytes(common.join(rdir, script))
+                named.update(n for n in names if n in text)
     removed = []
     now = time.time()
     for name in sorted(set(names) - named):
@@ -202,6 +205,9 @@ def mode_usage(args):
         if code == 0:
             live = runs.jobs_of(text)
         out["sinfo"] = runs.answer(args["sinfo"])
+        for key in ("partitions", "associations"):  # what the user may ask Slurm for
+            if args.get(key):
+                out[key] = runs.answer(args[key])
         if args.get("sweep"):
             out["sweep"] = runs.sweep_runs(root, args["sweep"], live) if live is not None else {
                 "error": out["squeue"]["error"]}  # fmt: skip

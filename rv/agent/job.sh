@@ -31,8 +31,13 @@
 # and rv_cache (the cache root), rv_snapshots (the store's snapshots), rv_gpu_type and rv_gpu_cc
 # (the catalog's compute capability: the fallback when nvidia-smi says nothing; both empty for a
 # CPU job), rv_secrets (1: the run has a secrets file), rv_labeled (1: ranks' lines are labelled),
-# rv_launcher (1: a launcher starts ranks as $PYTHON_EXEC), rv_outputs (array: -o paths) and
-# RV_RANK_LABEL (the labeller, with rv_labeled). The program is the function rv_program.
+# rv_launcher (1: a launcher starts ranks as $PYTHON_EXEC), rv_outputs (array: -o paths),
+# RV_RANK_LABEL (the labeller, with rv_labeled), rv_exclude (the user's --exclude, kept when a fault
+# excludes more) and rv_max_fault_retries. The program is the function rv_program.
+#
+# A run over several GPU types: the submitter sends one job per type and lists them in
+# seg/<k>.candidates ("JOB TYPE" lines); the run folder's `candidates` file names each type's batch
+# script. The first of them to start takes the segment (rv_claim) and cancels the others.
 #
 # Style: no `set -x` anywhere (secrets are in this environment); every variable of rv's own starts
 # with rv_ or RV_; every command that can fail before the program runs goes through rv_try, so the
@@ -51,6 +56,7 @@ RV_JOB_ENV_FILE=env.sh
 
 rv_begin() {
     export RV_SEGMENT="${RV_SEGMENT:-1}"
+    rv_claim
     RV_JOB_DIR="$RV_RUN_DIR/jobs/$SLURM_JOB_ID"
     rv_attempt="${SLURM_RESTART_COUNT:-0}"
     rv_started=$(date +%s)
@@ -74,6 +80,29 @@ rv_begin() {
     rv_try "making the checkpoint and output folders" mkdir -p -- "$RV_CHECKPOINT_DIR" "$RV_OUTPUT_DIR"
     rv_work_dir
     cd -- "$RV_WORK_DIR" || rv_fail "cannot enter the work dir $RV_WORK_DIR"
+}
+
+# A segment submitted once per GPU type is taken by the first of its jobs to start: one atomic symlink,
+# seg/<k>.claim -> its job id. The taker cancels the others; a job that starts and finds the segment
+# taken ends at once, before anything of the run is touched: the program never runs twice. Slurm may
+# requeue the taker: the claim is then its own.
+rv_claim() {
+    local seg="$RV_RUN_DIR/seg/$RV_SEGMENT" owner others
+    [ -e "$seg.candidates" ] || return 0
+    if ln -s -- "$SLURM_JOB_ID" "$seg.claim" 2>/dev/null; then
+        printf '%s\n' "$SLURM_JOB_ID" >"$seg.job"
+        others="$(awk -v me="$SLURM_JOB_ID" '$1 != me { print $1 }' "$seg.candidates")"
+        # shellcheck disable=SC2086  # job ids, one word each
+        [ -z "$others" ] || scancel $others 2>/dev/null || :
+        echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT: job $SLURM_JOB_ID (${rv_gpu_type:-CPU}) started first;" \
+            "cancelled the others: ${others//$'\n'/ }"
+        return 0
+    fi
+    owner="$(readlink -- "$seg.claim")" || owner=""
+    [ "$owner" != "$SLURM_JOB_ID" ] || return 0
+    echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT runs as job ${owner:-?}: this copy" \
+        "(job $SLURM_JOB_ID, ${rv_gpu_type:-CPU}) ends without running the program"
+    exit 0
 }
 
 # Variables Slurm sets per job: the saved submit environment leaves them out, or the next segment
@@ -147,15 +176,17 @@ rv_load_secrets() {
     eval "$saved"
 }
 
-# rv_reserved_name NAME: true for names rv or Slurm own and the ones that run the job (rv.secrets
-# holds the same list; a unit test keeps the two equal).
+# rv_reserved_name NAME: true for names rv or Slurm own and the ones that run the job: rv.secrets's
+# RESERVED (a unit test keeps the two equal), and rv_* (this file's own).
 rv_reserved_name() {
     case "$1" in
-        RV_* | SLURM_* | SLURMD_* | SRUN_* | SBATCH_* | SALLOC_* | PMI_* | PMIX_* | OMPI_* | \
-            MASTER_ADDR | MASTER_PORT | WORLD_SIZE | RANK | LOCAL_RANK | CUDA_VISIBLE_DEVICES | \
-            PATH | HOME | USER | LOGNAME | SHELL | PWD | OLDPWD | IFS | ENV | BASH_ENV | BASHOPTS | \
-            SHELLOPTS | PS4 | TMPDIR | LD_* | PYTHONPATH | PYTHONHOME | PYTHONSTARTUP | \
-            PYTHONUNBUFFERED | LANG | LC_* | TZ | rv_* | BASH_* | FUNCNAME | HOSTNAME | UID | EUID)
+        RV_* | SLURM_* | SLURMD_* | SRUN_* | SBATCH_* | SALLOC_* | SQUEUE_* | SACCT_* | SINFO_* | \
+            PMI_* | PMIX_* | MASTER_ADDR | MASTER_PORT | WORLD_SIZE | RANK | LOCAL_RANK | \
+            LOCAL_WORLD_SIZE | NODE_RANK | GROUP_RANK | ROLE_RANK | TORCHELASTIC_* | \
+            ACCELERATE_MIXED_PRECISION | CUDA_VISIBLE_DEVICES | ROCR_VISIBLE_DEVICES | \
+            HIP_VISIBLE_DEVICES | GPU_DEVICE_ORDINAL | PATH | HOME | USER | LOGNAME | SHELL | PWD | \
+            OLDPWD | TMPDIR | IFS | ENV | BASH_ENV | BASHOPTS | SHELLOPTS | CDPATH | GLOBIGNORE | \
+            PS4 | _ | LD_* | PYTHON* | VIRTUAL_ENV | rv_*)
             return 0 ;;
     esac
     return 1
@@ -165,17 +196,25 @@ rv_reserved_name() {
 rv_reserved_state() {
     local v
     for v in $(compgen -v); do
-        rv_reserved_name "$v" || continue
-        case "$v" in BASH_* | FUNCNAME | UID | EUID | SHELLOPTS | BASHOPTS | PPID) continue ;; esac
+        if ! rv_reserved_name "$v" || rv_shell_own "$v"; then continue; fi
         declare -p "$v" 2>/dev/null | sed '1s/^declare /declare -g /'
     done
+}
+
+# Variables bash itself keeps (read-only, or rewritten by every command): never saved or unset.
+rv_shell_own() {
+    case "$1" in
+        BASH_ENV) return 1 ;;
+        BASH | BASH_* | BASHOPTS | SHELLOPTS | UID | EUID | PPID | FUNCNAME | _) return 0 ;;
+    esac
+    return 1
 }
 
 rv_unset_reserved() {
     local v
     for v in $(compgen -v); do
-        rv_reserved_name "$v" || continue
-        case "$v" in BASH_* | FUNCNAME | UID | EUID | SHELLOPTS | BASHOPTS | PPID | rv_*) continue ;; esac
+        if ! rv_reserved_name "$v" || rv_shell_own "$v"; then continue; fi
+        case "$v" in rv_*) continue ;; esac
         unset "$v" 2>/dev/null || :
     done
 }
@@ -223,8 +262,9 @@ rv_record() {  # rv_record STATE REASON EXIT_CODE CHECKPOINT_STEP NEXT_JOB_ID
             "$RV_SEGMENT" "$(rv_jstr "$SLURM_JOB_ID")" "$rv_attempt" "$(rv_jstr "${SLURM_JOB_NODELIST:-}")"
         printf '"start": %s, "end": %s, "state": %s, "reason": %s, "exit_code": %s, ' \
             "$rv_started" "$(rv_jnum "${rv_ended:-}")" "$(rv_jstr "$1")" "$(rv_jstr "$2")" "$(rv_jnum "$3")"
-        printf '"start_step": %s, "checkpoint_step": %s, "stop_sent": %s, "next_job_id": %s}\n' \
+        printf '"start_step": %s, "checkpoint_step": %s, "stop_sent": %s, "next_job_id": %s, ' \
             "$(rv_jnum "${rv_start_step:-}")" "$(rv_jnum "$4")" "${rv_stop_sent:-false}" "$(rv_jopt "$5")"
+        printf '"gpu_type": %s}\n' "$(rv_jstr "${rv_gpu_type:-}")"
     } >"$f.tmp" && mv -f -- "$f.tmp" "$f"
 }
 
@@ -263,30 +303,97 @@ rv_on_exit() {
     exit "$rv_exit_code"
 }
 
-# The next segment: same script, same run, submitted with the environment segment 1 had.
+# The next segment: same scripts, same run, submitted with the environment segment 1 had, after this
+# job (afterany). A run over several GPU types submits one job per type again. $1: nodes to exclude
+# (a fault's, with the user's own), or nothing. Prints the first job's id, or why it failed.
 rv_submit_next() {
-    local out
-    # shellcheck disable=SC2016  # expanded by the inner shell
-    out="$(env -i "$BASH" -c 'set -a; . "$1" || exit 1; set +a; export RV_SEGMENT="$2"; '\
-'exec sbatch --parsable --dependency=afterany:"$3" --kill-on-invalid-dep=yes "$4"' \
-        rv "$RV_RUN_DIR/submit.env" "$((RV_SEGMENT + 1))" "$SLURM_JOB_ID" "$RV_RUN_DIR/job.sbatch" 2>&1)" || {
-        printf '%s' "$out" | tail -n 2 | tr '\n' ' '
-        return 1
-    }
-    out="${out##*$'\n'}"
-    out="${out%%;*}"
-    printf '%s\n' "$out" >"$RV_RUN_DIR/seg/$((RV_SEGMENT + 1)).job"
-    # rv stop writes STOP before it cancels what it finds: look again now that this job exists.
+    local exclude="${1:-}" scripts=() types=() ids=() script type out next=$((RV_SEGMENT + 1)) i
+    if [ -e "$RV_RUN_DIR/candidates" ]; then
+        while read -r script type; do
+            scripts+=("$script")
+            types+=("$type")
+        done <"$RV_RUN_DIR/candidates"
+    else
+        scripts=(job.sbatch)
+        types=("${rv_gpu_type:-}")
+    fi
+    for script in "${scripts[@]}"; do
+        # shellcheck disable=SC2016  # expanded by the inner shell
+        out="$(env -i "$BASH" -c 'set -a; . "$1" || exit 1; set +a; export RV_SEGMENT="$2"; '\
+'exec sbatch --parsable --dependency=afterany:"$3" --kill-on-invalid-dep=yes ${5:+"--exclude=$5"} "$4"' \
+            rv "$RV_RUN_DIR/submit.env" "$next" "$SLURM_JOB_ID" "$RV_RUN_DIR/$script" "$exclude" 2>&1)" || {
+            # One type refused: the ones already queued go too, or they would run without a record.
+            [ "${#ids[@]}" = 0 ] || scancel "${ids[@]}" 2>/dev/null
+            printf '%s' "$out" | tail -n 2 | tr '\n' ' '
+            return 1
+        }
+        out="${out##*$'\n'}"
+        ids+=("${out%%;*}")
+    done
+    if [ "${#ids[@]}" -gt 1 ]; then
+        for i in "${!ids[@]}"; do printf '%s %s\n' "${ids[i]}" "${types[i]}"; done >"$RV_RUN_DIR/seg/$next.candidates"
+    fi
+    printf '%s\n' "${ids[0]}" >"$RV_RUN_DIR/seg/$next.job"
+    # rv stop writes STOP before it cancels what it finds: look again now that these jobs exist.
     if [ -e "$RV_RUN_DIR/STOP" ]; then
-        scancel "$out" 2>/dev/null
+        scancel "${ids[@]}" 2>/dev/null
         printf 'cancelled by rv stop'
         return 1
     fi
-    printf '%s' "$out"
+    printf '%s' "${ids[0]}"
+}
+
+# Known last words of a GPU or node that failed under the program (not of a program's own bug):
+# extended regular expressions, matched without case in the last lines of the segment's logs.
+RV_FAULT_PATTERNS='GPU has fallen off the bus|CUDA error: unknown error|uncorrectable ECC error|'\
+'NCCL.*unhandled system error|CUDA-capable device\(s\) is/are busy or unavailable'
+
+# rv_fault: when this segment ended on a GPU or node fault, prints "NODE<tab>WHAT" (the node's Slurm
+# name; WHAT: the line that says so, or Slurm's word) and succeeds.
+rv_fault() {
+    local f line node nodes=() i
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null)
+    for f in "$RV_RUN_DIR/logs/$SLURM_JOB_ID".out "$RV_RUN_DIR/logs/$SLURM_JOB_ID".err \
+        "$RV_RUN_DIR/logs/$SLURM_JOB_ID"-node*.out "$RV_RUN_DIR/logs/$SLURM_JOB_ID"-node*.err; do
+        [ -f "$f" ] || continue
+        # The message itself, with what precedes it on its line ("RuntimeError: "), never what follows:
+        # another process's output may share the line (Python writes a line and its end apart).
+        line="$(tail -n 50 -- "$f" 2>/dev/null | grep -E -i -o -m 1 -- ".{0,60}($RV_FAULT_PATTERNS)" |
+            sed -n 1p)" || continue
+        [ -n "$line" ] || continue
+        node="${SLURMD_NODENAME:-${nodes[0]:-$(hostname)}}"
+        case "$f" in
+            *-node*)
+                i="${f##*-node}"
+                i="${i%.*}"
+                node="${nodes[i]:-$node}"
+                ;;
+        esac
+        line="${line#\[*\] }"  # a rank's label
+        printf '%s\t%s\n' "$node" "${line:0:200}"
+        return 0
+    done
+    # A node of the job that Slurm itself now says is down or failing.
+    node="$(sinfo -h -N -n "$SLURM_JOB_NODELIST" -t down,drain,fail,failing,no_respond -o %N 2>/dev/null |
+        sed -n 1p)"
+    if [ -n "$node" ]; then
+        printf '%s\t%s\n' "$node" "Slurm marks the node down or failing"
+        return 0
+    fi
+    return 1
+}
+
+# The nodes to exclude after a fault on $1: the user's own --exclude, every earlier fault's, and $1.
+rv_excluded_with() {
+    {
+        [ -z "${rv_exclude:-}" ] || printf '%s\n' "${rv_exclude//,/$'\n'}"
+        [ ! -e "$RV_RUN_DIR/faults" ] || cut -f 2 "$RV_RUN_DIR/faults"
+        printf '%s\n' "$1"
+    } | sort -u | paste -s -d, -
 }
 
 rv_end_segment() {
-    local rc="$1" slurm restarts why step="" next="" over=1 f
+    local rc="$1" slurm restarts why step="" next="" over=1 f fault
     rv_ended=$(date +%s)
     slurm=" $(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null) "
     restarts="$(printf '%s' "$slurm" | sed -n 's/.* Restarts=\([0-9]*\) .*/\1/p')"
@@ -344,6 +451,24 @@ rv_end_segment() {
         why="failed before the program started: ${rv_failed_at:-exit code $rc}"
     elif [ "$rc" = 0 ]; then
         why="finished"
+    elif fault="$(rv_fault)"; then
+        # A GPU or node gave out under the program: another node will do, from the newest checkpoint
+        # (the program resumes as it would after a stop), a bounded number of times per run.
+        local node="${fault%%$'\t'*}" what="${fault#*$'\t'}" faults=0
+        [ ! -e "$RV_RUN_DIR/faults" ] || faults="$(wc -l <"$RV_RUN_DIR/faults")"
+        why="gpu fault on $node ($what)"
+        if [ "$faults" -ge "${rv_max_fault_retries:-0}" ]; then
+            why="crashed: $why; no fault retries left (--max-fault-retries ${rv_max_fault_retries:-0})"
+        elif [ "$RV_SEGMENT" -ge "$RV_MAX_SEGMENTS" ]; then
+            why="crashed: $why; all $RV_MAX_SEGMENTS segments used (--max-segments)"
+        elif next="$(rv_submit_next "$(rv_excluded_with "$node")")"; then
+            printf '%s\t%s\t%s\n' "$RV_SEGMENT" "$node" "$what" >>"$RV_RUN_DIR/faults"
+            why="$why: continued without $node (fault retry $((faults + 1))/$rv_max_fault_retries)"
+            over=0
+        else
+            why="crashed: $why; the next segment could not be submitted: $next"
+            next=""
+        fi
     else
         why="crashed"
     fi
@@ -360,7 +485,7 @@ rv_end_segment() {
         rm -f -- "$RV_RUN_DIR/secrets.env"
         echo "rv: run $RV_RUN_NAME ended after segment $RV_SEGMENT: $why (exit code $code)"
     else
-        echo "rv: run $RV_RUN_NAME $why at step ${step:-?}; segment $((RV_SEGMENT + 1)) is job $next"
+        echo "rv: run $RV_RUN_NAME $why${step:+ at step $step}; segment $((RV_SEGMENT + 1)) is job $next"
     fi
 }
 

@@ -5,7 +5,8 @@ in ``rv/agent/job.sh``, with exactly these keys, in this order: a unit test hold
 agent writes it for segments that never started (``rv stop``), and the laptop reads it
 (:func:`rv.job.records.parse_segment`). Values: numbers are integers or null; ``state`` is
 ``running``, ``requeued`` or ``ended``; ``reason`` is why the segment (or run) ended, worded as
-:data:`END_REASONS` begin.
+:data:`END_REASONS` begin; ``gpu_type`` is the type the segment got (a run over several types
+lands on one; "" for a CPU job).
 
 Imports nothing of the agent: laptop modules import this one (and :mod:`rv.agent.manifest`) only.
 """
@@ -13,7 +14,7 @@ Imports nothing of the agent: laptop modules import this one (and :mod:`rv.agent
 # seg/<k>.json, in the order the job writes them.
 SEGMENT_FIELDS = (
     "segment", "job_id", "attempt", "nodes", "start", "end", "state", "reason", "exit_code", "start_step",
-    "checkpoint_step", "stop_sent", "next_job_id",
+    "checkpoint_step", "stop_sent", "next_job_id", "gpu_type",
 )  # fmt: skip
 
 # ENDED, in the order the job writes them.
@@ -29,6 +30,7 @@ END_REASONS = (
     ("preempted", "PREEMPTED"),
     ("cancelled", "CANCELLED"),
     ("requeued", "REQUEUED"),
+    ("gpu fault", "FAULT"),
     ("ended without a record", "LOST"),
 )
 

@@ -121,10 +121,12 @@ def selectors(ref: str) -> dict[str, list[str]]:
 
 
 def not_on_cluster(ref: str | None) -> NotFound:
+    from rv.names import lookup_hint
+
     what = f"run {ref!r}" if ref else "the latest run"
     return NotFound(
         f"{what} is not on the cluster (by name, run id or job id of any segment)",
-        hint="`rv ps -a` lists runs; `rv gc` may have removed an old one",
+        hint=lookup_hint(ref or "") or "`rv ps -a` lists runs; `rv gc` may have removed an old one",
     )
 
 

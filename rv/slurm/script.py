@@ -31,13 +31,15 @@ import hashlib
 import posixpath
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rv.errors import ConfigError, UsageError
 from rv.layout import RemoteLayout
+from rv.placement import Placement
 from rv.request import JobRequest
 from rv.slurm.launch import program_line
+from rv.timespec import format_slurm_time
 
 _AGENT = Path(__file__).resolve().parent.parent / "agent"
 # The job's runtime and the rank labeller: shipped beside each other into <root>/runtime/.
@@ -93,6 +95,7 @@ class ScriptContext:
     partition: str | None = None  # overrides the type's partition; the only partition of a CPU job
     env_build: tuple[str, ...] = ()  # lines for the environment-build hook (run after setup)
     umask: str = "077"  # what the job creates is the user's alone; "027" shares it with the group
+    placement: Placement = field(default_factory=Placement)  # Slurm's placement options (rv.placement)
 
     @property
     def layout(self) -> RemoteLayout:
@@ -151,18 +154,32 @@ def _check_context(ctx: ScriptContext) -> None:
 
 
 def _directives(req: JobRequest, ctx: ScriptContext) -> list[str]:
+    place = ctx.placement
     lines = ["#!/bin/bash", _directive("job-name", req.name, "job name")]
-    partition = ctx.partition or (req.type.partition if req.type else None)
+    partition = place.partition or ctx.partition or (req.type.partition if req.type else None)
     if partition:
         lines.append(_directive("partition", partition, "partition"))
     if req.type is not None and req.gpus_per_node > 0:
         gres = f"gpu:{req.type.gres}:{req.gpus_per_node}" if req.type.gres else f"gpu:{req.gpus_per_node}"
         lines.append(_directive("gres", gres, "gres"))
-        if req.type.constraint:
-            lines.append(_directive("constraint", req.type.constraint, "constraint"))
+    # The type's own feature (how some clusters tell models apart) and the user's, both required.
+    features = [f for f in (req.type.constraint if req.type else None, place.constraint) if f]
+    if features:
+        lines.append(_directive("constraint", "&".join(features), "constraint"))
     lines.append(_directive("time", req.time_slurm, "time"))
-    if ctx.account:
-        lines.append(_directive("account", ctx.account, "account", ConfigError))
+    if place.time_min_seconds is not None:
+        lines.append(_directive("time-min", format_slurm_time(place.time_min_seconds), "time-min"))
+    account = place.account or ctx.account
+    if account:
+        lines.append(_directive("account", account, "account", ConfigError))
+    for flag, value in (
+        ("qos", place.qos),
+        ("exclude", place.exclude),
+        ("nodelist", place.nodelist),
+        ("reservation", place.reservation),
+    ):
+        if value:
+            lines.append(_directive(flag, value, flag))
     lines.append(f"#SBATCH --nodes={req.nodes}")
     lines.append("#SBATCH --ntasks-per-node=1")
     if req.cpus_per_task is not None:
@@ -174,7 +191,13 @@ def _directives(req: JobRequest, ctx: ScriptContext) -> list[str]:
     lines.append(f"#SBATCH --error={logs}/%j.err")
     lines.append("#SBATCH --open-mode=append")
     lines.append("#SBATCH --requeue")
+    lines += [f"#SBATCH {text}" for text in place.sbatch]  # checked by rv.placement
     return lines
+
+
+def probe_directives(req: JobRequest, ctx: ScriptContext) -> list[str]:
+    """The ``#SBATCH`` lines ``sbatch --test-only`` judges before anything is sent."""
+    return _directives(req, ctx)[1:]
 
 
 def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
@@ -186,6 +209,7 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
         if ctx.compute_capability is not None
         else (req.type.compute_capability if req.type is not None else None)
     )
+    place = ctx.placement
     gpu_type = _q(req.type.name) if req.type is not None else "''"
     gpu_cc = f"{cc:.1f}" if req.type is not None and cc is not None else "''"
     lines = [
@@ -202,6 +226,7 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
         f"rv_secrets={int(ctx.has_secrets)} rv_labeled={int(req.labeled)} "
         f"rv_launcher={int(req.labeled and req.launch is not None)}",
         f"rv_outputs=({' '.join(_q(p) for p in req.outputs)})",
+        f"rv_exclude={_q(place.exclude or '')} rv_max_fault_retries={place.max_fault_retries}",
     ]
     if req.labeled:
         lines.append(f"export RV_RANK_LABEL={_q(runtime_path(layout, 'rank-label'))}")

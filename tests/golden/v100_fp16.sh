@@ -30,6 +30,7 @@ rv_cache=/scratch/u/rv/cache rv_snapshots=/scratch/u/rv/snapshots
 rv_gpu_type=v100 rv_gpu_cc=7.0
 rv_secrets=0 rv_labeled=0 rv_launcher=0
 rv_outputs=()
+rv_exclude='' rv_max_fault_retries=2
 
 rv_runtime=/scratch/u/rv/runtime/job-HASH.sh
 [ -r "$rv_runtime" ] || { echo "rv: the job runtime $rv_runtime is missing" >&2; exit 1; }

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from rv.catalog import RIVANNA, GpuType
 from rv.errors import ConfigError, UsageError
+from rv.placement import build_placement
 from rv.request import build_request
 from rv.secrets import render_env_file
 from rv.slurm.launch import program_line
@@ -304,7 +305,7 @@ python3 -c 'import json, os, sys
 json.dump({"argv": sys.argv[2:], "env": dict(os.environ)}, open(sys.argv[1], "w"))' \
     "$RV_TEST_OUT/sbatch-$n.json" "$@"
 [ -n "${FAKE_SBATCH_FAIL:-}" ] && { echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1; }
-echo "${FAKE_NEXT_JOB:-5001};cluster"
+echo "$((${FAKE_NEXT_JOB:-5001} + n));cluster"
 """,
     "scancel": r"""#!/bin/bash
 printf '%s\n' "$*" >> "$RV_TEST_OUT/scancel.log"
@@ -1061,3 +1062,98 @@ def test_the_job_and_the_contract_agree_on_the_precision_rule():
     from rv.contract import BF16_MIN_MAJOR
 
     assert f'"${{RV_GPU_CC%%.*}}" -ge {BF16_MIN_MAJOR} ]' in JOB_RUNTIME.read_text()
+
+
+def test_the_job_refuses_the_secret_names_rv_env_refuses():
+    from rv.secrets import RESERVED_GLOBS
+
+    text = JOB_RUNTIME.read_text()
+    body = text[text.index("rv_reserved_name() {") :]
+    pattern = body[body.index('case "$1" in') + len('case "$1" in') : body.index(")\n")]
+    globs = {g.strip() for g in pattern.replace("\\\n", " ").split("|")}
+    assert globs == {*RESERVED_GLOBS, "rv_*"}
+
+
+# --- a run sent once per GPU type -----------------------------------------------------------------
+
+RAN = """
+import os
+with open(os.path.join(os.environ["RV_TEST_OUT"], "ran.txt"), "a") as f:
+    f.write(os.environ["SLURM_JOB_ID"] + "\\n")
+"""
+
+
+def test_the_first_job_of_a_segment_sent_per_type_takes_it_and_the_other_never_runs_the_program(box):
+    req = build_request(CATALOG, command=program(RAN), gpu_type="a6000", name="r")
+    (box.run_dir / "seg" / "1.candidates").write_text("7001 a6000\n7002 v100\n")
+    script = render_script(req, box.ctx())
+    first, _ = box.run(script, JOB_ID="7002")  # the v100 job starts first
+    assert first.returncode == 0, first.stderr.decode()
+    assert (box.out / "ran.txt").read_text() == "7002\n"
+    assert (box.out / "scancel.log").read_text() == "7001\n"  # the other one, cancelled
+    assert (box.run_dir / "seg" / "1.job").read_text() == "7002\n" and box.record()["job_id"] == "7002"
+    second, _ = box.run(script, JOB_ID="7001")  # the a6000 job starts anyway (scancel came late)
+    assert second.returncode == 0 and "ends without running the program" in second.stdout.decode()
+    assert (box.out / "ran.txt").read_text() == "7002\n"  # once
+    assert box.record()["job_id"] == "7002" and not (box.run_dir / "jobs" / "7001").exists()
+    # Slurm requeues the job that took it: the claim is its own, the program runs again as a requeue.
+    again, _ = box.run(script, JOB_ID="7002", SLURM_RESTART_COUNT="1")
+    assert again.returncode == 0 and (box.out / "ran.txt").read_text() == "7002\n7002\n"
+
+
+def test_the_next_segment_of_a_run_sent_per_type_is_sent_per_type_again(box):
+    script = stopper(box)
+    for name in ("job.1.sbatch", "job.2.sbatch"):
+        (box.run_dir / name).write_text(script)
+    (box.run_dir / "candidates").write_text("job.1.sbatch a6000\njob.2.sbatch v100\n")
+    result, job_id = box.run(script, FAKE_END_IN="30")
+    assert result.returncode == 0, result.stderr.decode()
+    calls = [c["argv"] for c in box.sbatch_calls()]
+    assert [c[-1] for c in calls] == [str(box.run_dir / "job.1.sbatch"), str(box.run_dir / "job.2.sbatch")]
+    assert all(f"--dependency=afterany:{job_id}" in c for c in calls)
+    assert (box.run_dir / "seg" / "2.candidates").read_text() == "5001 a6000\n5002 v100\n"
+    assert (box.run_dir / "seg" / "2.job").read_text() == "5001\n"
+
+
+# --- a GPU that fails under the program ------------------------------------------------------------
+
+# Saves, then dies of a GPU fault. Slurm would write its stderr into the job's log; the sandbox has
+# no Slurm, so the program appends the line there itself.
+FAULTY = """
+import os, sys
+d = os.environ["RV_CHECKPOINT_DIR"]
+os.makedirs(os.path.join(d, "step_10"), exist_ok=True)
+open(os.path.join(d, "step_10", "COMPLETE"), "w").close()
+log = os.path.join(os.environ["RV_RUN_DIR"], "logs", os.environ["SLURM_JOB_ID"] + ".err")
+with open(log, "a") as f:
+    f.write("Traceback (most recent call last):\\nRuntimeError: CUDA error: unknown error\\n")
+sys.exit(1)
+"""
+
+
+def test_a_gpu_fault_continues_the_run_without_that_node_a_bounded_number_of_times(box):
+    req = build_request(CATALOG, command=program(FAULTY), gpu_type="a6000", name="r")
+    place = build_placement(exclude="node9", max_fault_retries=1)
+    script = render_script(req, box.ctx(placement=place))
+    first, _ = box.run(script, SLURMD_NODENAME="node1")
+    assert first.returncode == 1
+    reason = box.record()["reason"]
+    assert reason == (
+        "gpu fault on node1 (RuntimeError: CUDA error: unknown error): continued without node1 "
+        "(fault retry 1/1)"
+    )
+    (call,) = box.sbatch_calls()
+    assert "--exclude=node1,node9" in call["argv"]  # the fault's node and the user's own
+    assert box.ended() is None and (box.run_dir / "faults").read_text().startswith("1\tnode1\t")
+    # The same fault again: no retries left, the run ends as crashed.
+    second, _ = box.run(script, RV_SEGMENT="2", JOB_ID="5001", SLURMD_NODENAME="node2")
+    assert second.returncode == 1
+    assert box.ended()["reason"].startswith("crashed: gpu fault on node2") and len(box.sbatch_calls()) == 1
+    assert "no fault retries left (--max-fault-retries 1)" in box.ended()["reason"]
+
+
+def test_a_plain_crash_never_continues(box):
+    req = build_request(CATALOG, command=program("import sys; print('ValueError: bad'); sys.exit(3)"),
+                        gpu_type="a6000", name="r")  # fmt: skip
+    result, _ = box.run(render_script(req, box.ctx()))
+    assert result.returncode == 3 and box.ended()["reason"] == "crashed" and box.sbatch_calls() == []
