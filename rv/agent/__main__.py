@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from rv.agent import common, envs, follow, gc, runs, store, transfer, up
+from rv.agent import common, envs, follow, gc, metrics, runs, store, transfer, up
 
 # The one table: every mode the agent answers, and the function that answers it.
 MODES = {
@@ -29,8 +29,10 @@ MODES = {
     "runs": runs.mode_runs,
     "follow": follow.mode_follow,
     "run-stop": runs.mode_run_stop,
-    "sweep": runs.mode_sweep,
+    "secrets-sweep": runs.mode_secrets_sweep,
     "ckpt-ls": runs.mode_ckpt_ls,
+    # rv sweep results, rv metrics: what programs wrote to $RV_METRICS
+    "metrics": metrics.mode_metrics,
     "up": up.mode_up,
     # rv gc, rv status
     "gc": gc.mode_gc,

@@ -153,7 +153,7 @@ def mode_follow(args):
     """Stream a run's logs from ``offsets``, segment by segment; with ``follow``, until it ends.
 
     Given ``find`` (``runs``' selectors) instead of ``run_id``, the follower first finds the run
-    (the newest that matches) and sends it in a ``run`` frame, with the ``sweep`` of the session:
+    (the newest that matches) and sends it in a ``run`` frame, with the ``secrets_sweep`` of the session:
     `rv logs` is then one call to the cluster. With ``tail`` and no ``segment``, that is the last
     segment only.
     """
@@ -162,11 +162,13 @@ def mode_follow(args):
     only = args.get("segment")
     if args.get("find") is not None:
         head = {"t": "run", "run": None}
-        if args.get("sweep"):
+        if args.get("secrets_sweep"):
             try:
-                head["sweep"] = runs.sweep_runs(root, args["sweep"], runs.live_jobs(args["squeue"]))
+                head["secrets_sweep"] = runs.sweep_secrets(
+                    root, args["secrets_sweep"], runs.live_jobs(args["squeue"])
+                )
             except common.AgentError as exc:
-                head["sweep"] = {"error": str(exc)}
+                head["secrets_sweep"] = {"error": str(exc)}
         found = runs.select_runs(root, args["find"])
         if found:
             head["run"] = max(found, key=lambda info: float(info["meta"].get("created") or 0))

@@ -191,7 +191,7 @@ def mode_usage(args):
     """Bytes on disk by kind (each inode counted once, objects first), and what gc would free.
 
     With ``sinfo`` (`rv status`), all the rest of what status shows, in this one call: the login
-    name, ``squeue`` (also gc's live jobs) and ``sinfo`` text, the ``sweep`` of the session, and
+    name, ``squeue`` (also gc's live jobs) and ``sinfo`` text, the ``secrets_sweep`` of the session, and
     ``work_ms``, the time spent here (rv reports the rest of the call as the round trip).
     """
     started = time.time()
@@ -208,9 +208,11 @@ def mode_usage(args):
         for key in ("partitions", "associations"):  # what the user may ask Slurm for
             if args.get(key):
                 out[key] = runs.answer(args[key])
-        if args.get("sweep"):
-            out["sweep"] = runs.sweep_runs(root, args["sweep"], live) if live is not None else {
-                "error": out["squeue"]["error"]}  # fmt: skip
+        if args.get("secrets_sweep"):
+            if live is not None:
+                out["secrets_sweep"] = runs.sweep_secrets(root, args["secrets_sweep"], live)
+            else:
+                out["secrets_sweep"] = {"error": out["squeue"]["error"]}
     seen = set()
     sizes = {}
 

@@ -1,4 +1,4 @@
-"""Runs on the cluster side: their records, ``run-check``, ``run-submit``, ``runs``, stop, sweep.
+"""Runs on the cluster side: their records, ``run-check``, ``run-submit``, ``runs``, stop, secrets-sweep.
 
 Every Slurm command it runs comes from the laptop as an argv built by :mod:`rv.slurm.commands`
 (``{user}`` stands for the login name), so this file writes no Slurm command text of its own.
@@ -10,7 +10,7 @@ Every Slurm command it runs comes from the laptop as an argv built by :mod:`rv.s
                 of segment 1
 ``runs``        run records and ``squeue`` (and ``sacct``) in one answer
 ``run-stop``    ``STOP``, ``scancel``, the secrets gone, records for segments that never started
-``sweep``       secrets of runs no job is alive for (a job killed hard could not remove them)
+``secrets-sweep`` secrets of runs no job is alive for (a job killed hard could not remove them)
 ``ckpt-ls``     a checkpoint folder: rv_train's ``step_<N>`` steps, sizes, times, which one resumes
 """
 
@@ -489,9 +489,9 @@ def mode_runs(args):
     out["squeue"] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
     if args.get("sacct"):
         out["sacct"] = answer(args["sacct"])
-    if args.get("sweep"):
+    if args.get("secrets_sweep"):
         # The session's secrets sweep rides along on this call: no second round trip.
-        out["sweep"] = sweep_runs(root, args["sweep"], jobs_of(text)) if code == 0 else {
+        out["secrets_sweep"] = sweep_secrets(root, args["secrets_sweep"], jobs_of(text)) if code == 0 else {
             "error": squeue_failure(code, err)}  # fmt: skip
     out["runs"] = select_runs(root, args)
     return out
@@ -591,13 +591,13 @@ def mode_run_stop(args):
     return {"stopped": out}
 
 
-def mode_sweep(args):
+def mode_secrets_sweep(args):
     """Secrets of runs no job is alive for: removed, and ENDED written where the job could not."""
-    return sweep_runs(common.root_path(args["root"]), args["ids"], live_jobs(args["squeue"]))
+    return sweep_secrets(common.root_path(args["root"]), args["ids"], live_jobs(args["squeue"]))
 
 
-def sweep_runs(root, ids, live):
-    """``sweep`` for ``ids`` given the live jobs; also done inside ``runs`` and ``usage`` calls."""
+def sweep_secrets(root, ids, live):
+    """``secrets-sweep`` for ``ids`` given the live jobs; also done inside ``runs`` and ``usage`` calls."""
     out = {"removed": [], "ended": [], "live": []}
     for run_id in ids:
         info = run_info(root, run_id)

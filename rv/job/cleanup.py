@@ -62,7 +62,7 @@ def sweep_secrets(
         return
     reply = call_agent(
         transport,
-        "sweep",
+        "secrets-sweep",
         {"root": root, "ids": [r.run_id for r in pending], "squeue": commands.squeue_user()},
     )
     apply_sweep(store, profile, pending, reply, note)

@@ -57,7 +57,7 @@ def fetch(
     if sacct_days is not None:
         args["sacct"] = commands.sacct_user(sacct_days)
     if sweep:
-        args["sweep"] = list(sweep)
+        args["secrets_sweep"] = list(sweep)
     reply = call_agent(transport, "runs", args, timeout=120)
     squeue, sacct = reply.get("squeue") or {}, reply.get("sacct") or {}
     return RunsListing(
@@ -67,7 +67,7 @@ def fetch(
         squeue_error=squeue.get("error"),
         sacct_error=sacct.get("error") if sacct else None,
         now=float(reply.get("now") or time.time()),
-        sweep=reply.get("sweep") if sweep else None,
+        sweep=reply.get("secrets_sweep") if sweep else None,
     )
 
 

@@ -108,7 +108,7 @@ def follower_args(
     else:
         args["find"] = find or {}
         if sweep:
-            args["sweep"] = list(sweep)
+            args["secrets_sweep"] = list(sweep)
     if tail is not None and not pos.offsets:
         args["tail"] = tail
     return args
@@ -228,7 +228,7 @@ def _handle(
     if kind == "run":
         run = head.get("run")
         if on_run is not None:
-            on_run(run, head.get("sweep"))
+            on_run(run, head.get("secrets_sweep"))
         if run is None:
             raise NotFound("no such run on the cluster", hint="`rv ps -a` lists runs")
         pos.run_id = str(run["run_id"])

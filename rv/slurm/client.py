@@ -46,7 +46,7 @@ def cluster_status(
         "associations": commands.sacctmgr_associations(),
     }
     if sweep:
-        args["sweep"] = list(sweep)
+        args["secrets_sweep"] = list(sweep)
     started = time.monotonic()
     reply = call_agent(transport, "usage", args, timeout=300)
     elapsed = (time.monotonic() - started) * 1000
@@ -59,7 +59,7 @@ def cluster_status(
         usage={key: reply[key] for key in ("kinds", "total", "gc")},
         squeue_error=squeue.get("error"),
         sinfo_error=sinfo.get("error"),
-        sweep=reply.get("sweep") if sweep else None,
+        sweep=reply.get("secrets_sweep") if sweep else None,
         partitions_text=_text(reply.get("partitions")),
         associations_text=_text(reply.get("associations")),
     )

@@ -1,5 +1,5 @@
 """rv.agent.metrics: each run's RV_METRICS file summed up in one call, run for real on temp folders
-(in-process, and as the agent program in a python3 subprocess, reply and all)."""
+(in-process, and as the agent program the laptop sends, in a subprocess, reply and all)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,14 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
 
 import pytest
 
-import rv
 from rv.agent import metrics
-
-RV_PARENT = Path(rv.__file__).resolve().parent.parent
+from rv.agent_client import agent_command
 
 
 def write_lines(path: Path, objects, tail: str = "") -> Path:
@@ -222,45 +219,26 @@ def test_read_runs_finds_each_runs_file_in_its_output_folder(tmp_path):
 
 
 def test_the_mode_as_the_agent_program_runs_it(tmp_path):
-    """The real agent entry point (rv.agent.__main__.main: reply encoding, errors) in a python3 -I -S
-    subprocess, with this mode added to its table as phase 2 will add it."""
+    """The agent program exactly as the laptop sends it (rv.agent_client.agent_command: every module
+    of AGENT_MODULES, the one mode table) answers ``metrics``, reply encoding and errors included."""
     root = tmp_path / "remote"
     make_run(root, "r1", "proj", "grid/0")
     write_lines(
         root / "outputs" / "proj" / "grid" / "0" / "metrics.jsonl",
         [{"step": s, "loss": 1 / s} for s in (1, 2, 4)],
     )
-    program = (
-        "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from rv.agent import __main__ as agent, metrics\n"
-        "agent.MODES['metrics'] = metrics.mode_metrics\n"
-        "sys.exit(agent.main(['agent', 'metrics', sys.argv[2]]))\n"
-    )
-    args = {"root": str(root), "runs": ["r1"], "series": True, "points": 2}
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", program, str(RV_PARENT), json.dumps(args)],
-        capture_output=True,
-        check=True,
-        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
-    )
-    reply = json.loads(zlib.decompress(done.stdout))
-    (row,) = reply["runs"]
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+
+    def agent(args: dict) -> dict:
+        done = subprocess.run(
+            ["bash", "-c", agent_command("metrics", args)], capture_output=True, check=True, env=env
+        )
+        return json.loads(zlib.decompress(done.stdout))
+
+    (row,) = agent({"root": str(root), "runs": ["r1"], "series": True, "points": 2})["runs"]
     assert row["metrics"]["loss"]["series"] == [[1, 1.0], [4, 0.25]]
     assert row["metrics"]["loss"]["min"] == 0.25
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            program,
-            str(RV_PARENT),
-            json.dumps({"root": str(root), "runs": "r1"}),
-        ],
-        capture_output=True,
-        check=True,
-    )
-    assert json.loads(zlib.decompress(bad.stdout)) == {
+    assert agent({"root": str(root), "runs": "r1"}) == {
         "error": "runs must be a list of run ids",
         "code": "usage",
     }
