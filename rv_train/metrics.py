@@ -3,12 +3,15 @@ Weights & Biases when it is installed and ``--wandb`` asks for it. Other ranks l
 
 Files in the output folder: ``metrics.jsonl`` (one object per step), ``samples.jsonl`` (a few prompts,
 completions and rewards every ``--log-samples-every`` steps), ``summary.json`` (how the run ended).
+Under rv the metrics go to ``$RV_METRICS`` (rv sets it in every job; by default it is that same
+``metrics.jsonl`` of the run's output folder), where ``rv sweep results`` and ``rv metrics`` read them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -35,10 +38,12 @@ class MetricsLog:
     def __init__(self, output_dir: Path, is_main: bool, resume_step: int, wandb_run=None) -> None:
         self.is_main = is_main
         self.wandb_run = wandb_run
-        self.metrics_path = output_dir / "metrics.jsonl"
+        named = os.environ.get("RV_METRICS")
+        self.metrics_path = Path(named) if named else output_dir / "metrics.jsonl"
         self.samples_path = output_dir / "samples.jsonl"
         if is_main:
             output_dir.mkdir(parents=True, exist_ok=True)
+            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             # A resumed run repeats the steps after its checkpoint: drop their old lines.
             _truncate_after(self.metrics_path, resume_step)
             _truncate_after(self.samples_path, resume_step)
@@ -85,9 +90,19 @@ def start_wandb(project: str, config: dict, is_main: bool):
 
 
 def _truncate_after(path: Path, step: int) -> None:
+    """Drop the lines of steps after ``step``. A line that is not a JSON object (half written when a
+    segment was killed) is dropped too; one without a step is kept."""
     if not path.is_file():
         return
-    kept = [
-        line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["step"] <= step
-    ]
+    kept = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict):
+            continue
+        at = row.get("step")
+        if not isinstance(at, int) or at <= step:
+            kept.append(line)
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")

@@ -27,8 +27,8 @@
 #
 # The batch script sets, before sourcing (plain variables; rv_begin exports the RV_* ones once the
 # submit environment is saved): RV_RUN_DIR RV_RUN_ID RV_RUN_NAME RV_MAX_SEGMENTS RV_CHECKPOINT_DIR
-# RV_OUTPUT_DIR RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL RV_STOP_LEAD,
-# and rv_cache (the cache root), rv_snapshots (the store's snapshots), rv_gpu_type and rv_gpu_cc
+# RV_OUTPUT_DIR RV_METRICS RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL
+# RV_STOP_LEAD, and rv_cache (the cache root), rv_snapshots (the store's snapshots), rv_gpu_type and rv_gpu_cc
 # (the catalog's compute capability: the fallback when nvidia-smi says nothing; both empty for a
 # CPU job), rv_secrets (1: the run has a secrets file), rv_labeled (1: ranks' lines are labelled),
 # rv_launcher (1: a launcher starts ranks as $PYTHON_EXEC), rv_outputs (array: -o paths),
@@ -65,8 +65,11 @@ rv_begin() {
     mkdir -p -- "$RV_JOB_DIR" "$RV_RUN_DIR/seg"
     printf '%s\n' "$SLURM_JOB_ID" >"$RV_RUN_DIR/seg/$RV_SEGMENT.job"
     rv_save_submit_env
+    # The program's metrics file (JSON lines; rv sweep results and rv metrics read it). A batch
+    # script of an older rv names none: the same default.
+    RV_METRICS="${RV_METRICS:-$RV_OUTPUT_DIR/metrics.jsonl}"
     export RV_RUN_DIR RV_RUN_ID RV_RUN_NAME RV_MAX_SEGMENTS RV_JOB_DIR RV_CHECKPOINT_DIR RV_OUTPUT_DIR \
-        RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL RV_STOP_LEAD
+        RV_METRICS RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL RV_STOP_LEAD
     export RV_WORK_DIR="$RV_RUN_DIR/work"
     # The exit handler is in place before any step that can fail: every end is recorded.
     trap rv_on_exit EXIT
@@ -78,8 +81,17 @@ rv_begin() {
     rv_load_secrets
     rv_environment
     rv_try "making the checkpoint and output folders" mkdir -p -- "$RV_CHECKPOINT_DIR" "$RV_OUTPUT_DIR"
+    rv_metrics_newline
     rv_work_dir
     cd -- "$RV_WORK_DIR" || rv_fail "cannot enter the work dir $RV_WORK_DIR"
+}
+
+# A segment killed while its program wrote a metrics line leaves that line without its newline; the
+# next segment's first line would be glued to it, and both lost to a reader. End it first.
+rv_metrics_newline() {
+    [ -s "$RV_METRICS" ] || return 0
+    # $(...) drops a trailing newline: empty means the file already ends with one.
+    if [ -n "$(tail -c 1 -- "$RV_METRICS" 2>/dev/null)" ]; then printf '\n' >>"$RV_METRICS" || :; fi
 }
 
 # A segment submitted once per GPU type is taken by the first of its jobs to start: one atomic symlink,

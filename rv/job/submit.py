@@ -30,7 +30,7 @@ from rv.placement import Estimate, Placement, parse_test_only
 from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
-from rv.slurm.script import ScriptContext, render_script, runtime_files
+from rv.slurm.script import ScriptContext, render_script, run_paths, runtime_files
 
 
 def new_run_id() -> str:
@@ -219,6 +219,8 @@ def submit_args(
         "env": provenance.get("env"),  # the environment's key: rv gc keeps it while this run lives
         "submitted_from": socket.gethostname(),
         "has_secrets": has_secrets,
+        # $RV_METRICS: where rv sweep results and rv metrics read what the program wrote.
+        "metrics": run_paths(req, ctx).metrics,
     }
     candidates = None
     if alternatives:

@@ -200,10 +200,33 @@ def probe_directives(req: JobRequest, ctx: ScriptContext) -> list[str]:
     return _directives(req, ctx)[1:]
 
 
+# The JSON-lines file a program writes its metrics to ($RV_METRICS), in the run's output folder: it
+# outlives the run's records (rv gc), each run name has its own, and later segments append to it.
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run's program keeps what outlives its jobs: shared by every run of the name."""
+
+    checkpoint_dir: str
+    output_dir: str
+    metrics: str  # RV_METRICS
+
+
+def run_paths(req: JobRequest, ctx: ScriptContext) -> RunPaths:
+    layout = ctx.layout
+    output = ctx.output_dir or layout.output_dir(ctx.project, req.name)
+    return RunPaths(
+        checkpoint_dir=ctx.checkpoint_dir or layout.checkpoint_dir(ctx.project, req.name),
+        output_dir=output,
+        metrics=posixpath.join(output, METRICS_FILE),
+    )
+
+
 def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
     layout = ctx.layout
-    checkpoint = ctx.checkpoint_dir or layout.checkpoint_dir(ctx.project, req.name)
-    output = ctx.output_dir or layout.output_dir(ctx.project, req.name)
+    paths = run_paths(req, ctx)
     cc = (
         ctx.compute_capability
         if ctx.compute_capability is not None
@@ -217,8 +240,8 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
         f"RV_RUN_DIR={_q(ctx.run_dir)} RV_RUN_ID={_q(ctx.run_id)} RV_RUN_NAME={_q(req.name)}",
         f"RV_PROJECT={_q(ctx.project)} RV_SNAPSHOT={_q(ctx.snapshot_id)} RV_MAX_SEGMENTS={req.max_segments}",
         "# Shared by every run of this name in this project: a run named again resumes from here.",
-        f"RV_CHECKPOINT_DIR={_q(checkpoint)}",
-        f"RV_OUTPUT_DIR={_q(output)}",
+        f"RV_CHECKPOINT_DIR={_q(paths.checkpoint_dir)}",
+        f"RV_OUTPUT_DIR={_q(paths.output_dir)} RV_METRICS={_q(paths.metrics)}",
         f"RV_NODES={req.nodes} RV_GPUS={req.gpus} RV_GPUS_PER_NODE={req.gpus_per_node}",
         f"RV_STOP_SIGNAL={req.signal} RV_STOP_LEAD={req.signal_lead_seconds}",
         f"rv_cache={_q(layout.cache)} rv_snapshots={_q(layout.snapshots)}",

@@ -26,7 +26,7 @@ RV_RUN_DIR=/scratch/u/rv/runs/run0a1b2 RV_RUN_ID=run0a1b2 RV_RUN_NAME=grpo-2node
 RV_PROJECT=proj-1a2b3c RV_SNAPSHOT=snap01 RV_MAX_SEGMENTS=10
 # Shared by every run of this name in this project: a run named again resumes from here.
 RV_CHECKPOINT_DIR=/scratch/u/rv/checkpoints/proj-1a2b3c/grpo-2node
-RV_OUTPUT_DIR=/scratch/u/rv/outputs/proj-1a2b3c/grpo-2node
+RV_OUTPUT_DIR=/scratch/u/rv/outputs/proj-1a2b3c/grpo-2node RV_METRICS=/scratch/u/rv/outputs/proj-1a2b3c/grpo-2node/metrics.jsonl
 RV_NODES=2 RV_GPUS=4 RV_GPUS_PER_NODE=2
 RV_STOP_SIGNAL=USR1 RV_STOP_LEAD=300
 rv_cache=/scratch/u/rv/cache rv_snapshots=/scratch/u/rv/snapshots

@@ -893,12 +893,36 @@ def test_cpu_only_job_has_no_mixed_precision(box):
     )
 
 
+def test_a_half_metrics_line_a_killed_segment_left_is_ended_before_the_program_writes(box):
+    # A segment killed mid-write leaves `{"step": 7, "lo` without a newline: the next segment's first
+    # line must start a line of its own, or a reader loses both.
+    code = """
+        import json, os
+        with open(os.environ["RV_METRICS"], "a") as fh:
+            fh.write(json.dumps({"step": 8, "loss": 0.5}) + "\\n")
+    """
+    req = build_request(CATALOG, command=program(code), gpu_type="a6000", name="exp")
+    metrics = box.root / "outputs" / "proj" / "exp" / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text('{"step": 6, "loss": 0.7}\n{"step": 7, "lo')
+    result, _ = box.run(render_script(req, box.ctx()))
+    assert result.returncode == 0, result.stderr.decode()
+    assert metrics.read_text().splitlines() == [
+        '{"step": 6, "loss": 0.7}',
+        '{"step": 7, "lo',
+        '{"step": 8, "loss": 0.5}',
+    ]
+    # A file that ends with its newline is left as it is.
+    result, _ = box.run(render_script(req, box.ctx()))
+    assert metrics.read_text().count("\n") == 4 and "\n\n" not in metrics.read_text()
+
+
 def test_environment_paths_and_master_port(box):
     code = """
         import os
         for k in ["RV_JOB_DIR", "RV_WORK_DIR", "RV_OUTPUT_DIR", "RV_CHECKPOINT_DIR", "HF_HOME", "WANDB_DIR",
                   "MASTER_PORT", "MASTER_ADDR", "RV_SNAPSHOT", "PYTHONUNBUFFERED", "RV_RUN_ID", "RV_RUN_NAME",
-                  "RV_SEGMENT", "RV_MAX_SEGMENTS", "RV_STOP_SIGNAL"]:
+                  "RV_SEGMENT", "RV_MAX_SEGMENTS", "RV_STOP_SIGNAL", "RV_METRICS"]:
             print(k, os.environ[k])
         print("cwd", os.getcwd())
         print("exported_functions", [k for k in os.environ if k.startswith("BASH_FUNC")])
@@ -911,6 +935,7 @@ def test_environment_paths_and_master_port(box):
     assert lines["RV_WORK_DIR"] == f"{run_dir}/work"
     assert lines["RV_OUTPUT_DIR"] == f"{box.root}/outputs/proj/exp"
     assert lines["RV_CHECKPOINT_DIR"] == f"{box.root}/checkpoints/proj/exp"
+    assert lines["RV_METRICS"] == f"{box.root}/outputs/proj/exp/metrics.jsonl"
     assert lines["HF_HOME"] == f"{box.root}/cache/hf"
     assert lines["WANDB_DIR"] == f"{box.root}/cache/wandb"
     assert lines["MASTER_PORT"] == str(15000 + job_id % 15000)
