@@ -6,6 +6,11 @@ what it could not use with ``-`` and cut names at 64 characters, so ``lr 0.1``, 
 ``lr?0.1`` all became ``lr-0.1`` (the second resumed the first's checkpoint), and ``rv logs 'lr 0.1'``
 found nothing afterwards. Now a name either is usable as typed, or is refused before anything is sent.
 
+A sweep's points are runs named ``SWEEP/INDEX`` (``lr-grid/3``): the one ``/`` a run name can hold,
+made by rv from a sweep name that passed the same check. On the cluster a point's folders are then
+``<SWEEP>/<INDEX>`` under the project's (checkpoints, outputs, the name index): a sweep's points
+sit together, and no run name typed as ``--name`` (which has no ``/``) can reach them.
+
 Only names rv makes up itself (the default ``train-3f9a``, from the command) map characters: they
 end with the run's own id, which keeps them apart.
 """
@@ -65,8 +70,25 @@ def derive(text: str) -> str:
     return cleaned[:MAX_NAME_LEN].rstrip("-.")
 
 
+def point_name(sweep: str, index: int) -> str:
+    """``SWEEP/INDEX``: the run name of a sweep's point (``sweep`` already checked)."""
+    return f"{sweep}/{index}"
+
+
+def split_point_name(name: str) -> tuple[str, int] | None:
+    """``SWEEP/INDEX`` -> (sweep, index); None for any other text (a plain run name included)."""
+    sweep, slash, index = name.rpartition("/")
+    if not slash or name_problem(sweep) is not None:
+        return None
+    if not index.isdigit() or not index.isascii() or (len(index) > 1 and index[0] == "0"):
+        return None
+    return sweep, int(index)
+
+
 def lookup_hint(ref: str) -> str | None:
     """For a run looked up by ``ref`` and not found: why no run can have that name, or None."""
+    if split_point_name(ref) is not None:
+        return None
     problem = name_problem(ref) if ref else None
     if problem is None:
         return None

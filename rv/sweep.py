@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rv.errors import UsageError
+from rv.names import point_name as point_name  # SWEEP/INDEX, how every view names a point
 
 # A sweep this large is far more likely a typo (seed=0..1000000) than a plan: refused before the
 # points are made. The user's queue limit (MaxSubmitJobs) is usually far lower and checked as well.
@@ -559,11 +560,6 @@ def plan_arrays(
 
 
 # --- names of points ----------------------------------------------------------------------------
-
-
-def point_name(sweep_name: str, index: int) -> str:
-    """``SWEEP/INDEX``: how a point is named in every view (``rv logs SWEEP/3``)."""
-    return f"{sweep_name}/{index}"
 
 
 def parse_point_ref(ref: str) -> tuple[str, int | None]:

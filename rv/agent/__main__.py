@@ -26,6 +26,7 @@ MODES = {
     # runs
     "run-check": runs.mode_run_check,
     "run-submit": runs.mode_run_submit,
+    "sweep-submit": runs.mode_sweep_submit,
     "runs": runs.mode_runs,
     "follow": follow.mode_follow,
     "run-stop": runs.mode_run_stop,

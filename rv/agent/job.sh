@@ -56,14 +56,15 @@ RV_JOB_ENV_FILE=env.sh
 
 rv_begin() {
     export RV_SEGMENT="${RV_SEGMENT:-1}"
+    rv_job_name
     rv_claim
-    RV_JOB_DIR="$RV_RUN_DIR/jobs/$SLURM_JOB_ID"
+    RV_JOB_DIR="$RV_RUN_DIR/jobs/$rv_job"
     rv_attempt="${SLURM_RESTART_COUNT:-0}"
     rv_started=$(date +%s)
     rv_program_ran=0 rv_got_term=0 rv_failed_at='' rv_exit_code=0 rv_stop_sent=false
     # Without these two folders there is nowhere to write a record: the one step before the handler.
     mkdir -p -- "$RV_JOB_DIR" "$RV_RUN_DIR/seg"
-    printf '%s\n' "$SLURM_JOB_ID" >"$RV_RUN_DIR/seg/$RV_SEGMENT.job"
+    printf '%s\n' "$rv_job" >"$RV_RUN_DIR/seg/$RV_SEGMENT.job"
     rv_save_submit_env
     # The program's metrics file (JSON lines; rv sweep results and rv metrics read it). A batch
     # script of an older rv names none: the same default.
@@ -94,6 +95,18 @@ rv_metrics_newline() {
     if [ -n "$(tail -c 1 -- "$RV_METRICS" 2>/dev/null)" ]; then printf '\n' >>"$RV_METRICS" || :; fi
 }
 
+# rv_job: the id rv knows this job by, in seg/<k>.job, records, log and folder names. A task of a job
+# array (a sweep's point, its first segment) is ARRAY_TASK, as squeue -r, sacct and scancel name it
+# and as the array's #SBATCH --output (%A_%a) names its logs; any other job is its own id. (Slurm's
+# numeric id of a task, SLURM_JOB_ID, stays right for squeue -j, scontrol and dependencies.)
+rv_job_name() {
+    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
+        rv_job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+    else
+        rv_job="$SLURM_JOB_ID"
+    fi
+}
+
 # A segment submitted once per GPU type is taken by the first of its jobs to start: one atomic symlink,
 # seg/<k>.claim -> its job id. The taker cancels the others; a job that starts and finds the segment
 # taken ends at once, before anything of the run is touched: the program never runs twice. Slurm may
@@ -101,19 +114,19 @@ rv_metrics_newline() {
 rv_claim() {
     local seg="$RV_RUN_DIR/seg/$RV_SEGMENT" owner others
     [ -e "$seg.candidates" ] || return 0
-    if ln -s -- "$SLURM_JOB_ID" "$seg.claim" 2>/dev/null; then
-        printf '%s\n' "$SLURM_JOB_ID" >"$seg.job"
-        others="$(awk -v me="$SLURM_JOB_ID" '$1 != me { print $1 }' "$seg.candidates")"
+    if ln -s -- "$rv_job" "$seg.claim" 2>/dev/null; then
+        printf '%s\n' "$rv_job" >"$seg.job"
+        others="$(awk -v me="$rv_job" '$1 != me { print $1 }' "$seg.candidates")"
         # shellcheck disable=SC2086  # job ids, one word each
         [ -z "$others" ] || scancel $others 2>/dev/null || :
-        echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT: job $SLURM_JOB_ID (${rv_gpu_type:-CPU}) started first;" \
+        echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT: job $rv_job (${rv_gpu_type:-CPU}) started first;" \
             "cancelled the others: ${others//$'\n'/ }"
         return 0
     fi
     owner="$(readlink -- "$seg.claim")" || owner=""
-    [ "$owner" != "$SLURM_JOB_ID" ] || return 0
+    [ "$owner" != "$rv_job" ] || return 0
     echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT runs as job ${owner:-?}: this copy" \
-        "(job $SLURM_JOB_ID, ${rv_gpu_type:-CPU}) ends without running the program"
+        "(job $rv_job, ${rv_gpu_type:-CPU}) ends without running the program"
     exit 0
 }
 
@@ -271,7 +284,7 @@ rv_record() {  # rv_record STATE REASON EXIT_CODE CHECKPOINT_STEP NEXT_JOB_ID
     local f="$RV_RUN_DIR/seg/$RV_SEGMENT.json"
     {
         printf '{"segment": %s, "job_id": %s, "attempt": %s, "nodes": %s, ' \
-            "$RV_SEGMENT" "$(rv_jstr "$SLURM_JOB_ID")" "$rv_attempt" "$(rv_jstr "${SLURM_JOB_NODELIST:-}")"
+            "$RV_SEGMENT" "$(rv_jstr "$rv_job")" "$rv_attempt" "$(rv_jstr "${SLURM_JOB_NODELIST:-}")"
         printf '"start": %s, "end": %s, "state": %s, "reason": %s, "exit_code": %s, ' \
             "$rv_started" "$(rv_jnum "${rv_ended:-}")" "$(rv_jstr "$1")" "$(rv_jstr "$2")" "$(rv_jnum "$3")"
         printf '"start_step": %s, "checkpoint_step": %s, "stop_sent": %s, "next_job_id": %s, ' \
@@ -365,8 +378,8 @@ RV_FAULT_PATTERNS='GPU has fallen off the bus|CUDA error: unknown error|uncorrec
 rv_fault() {
     local f line node nodes=() i
     mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null)
-    for f in "$RV_RUN_DIR/logs/$SLURM_JOB_ID".out "$RV_RUN_DIR/logs/$SLURM_JOB_ID".err \
-        "$RV_RUN_DIR/logs/$SLURM_JOB_ID"-node*.out "$RV_RUN_DIR/logs/$SLURM_JOB_ID"-node*.err; do
+    for f in "$RV_RUN_DIR/logs/$rv_job".out "$RV_RUN_DIR/logs/$rv_job".err \
+        "$RV_RUN_DIR/logs/$rv_job"-node*.out "$RV_RUN_DIR/logs/$rv_job"-node*.err; do
         [ -f "$f" ] || continue
         # The message itself, with what precedes it on its line ("RuntimeError: "), never what follows:
         # another process's output may share the line (Python writes a line and its end apart).
@@ -588,7 +601,7 @@ rv_start() {
     else
         what="$RV_NODES node(s), CPU only"
     fi
-    echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT/$RV_MAX_SEGMENTS: job $SLURM_JOB_ID on" \
+    echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT/$RV_MAX_SEGMENTS: job $rv_job on" \
         "$SLURM_JOB_NODELIST, $what$gpu, snapshot $RV_SNAPSHOT${rv_start_step:+, from step $rv_start_step}"
 }
 
@@ -666,14 +679,14 @@ rv_is_launcher() {
     return 1
 }
 
-# Each srun task (one per node) runs rv_task LABELED LAUNCHER: the program in the background and rv's
+# Each srun task (one per node) runs rv_task LABELED LAUNCHER JOB: the program in the background and rv's
 # stop watcher beside it. (A task is a new shell: it sees exported variables and functions only.)
 rv_task() {
     export -n -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send rv_is_launcher rv_program  # not the program's
-    local rv_labeled="$1" rv_launcher="$2"
+    local rv_labeled="$1" rv_launcher="$2" rv_job="$3"
     if [ "$rv_labeled" = 1 ]; then
         # The labeller appends to this node's log files (a one-node srun's stdout is a pipe).
-        local log="$RV_RUN_DIR/logs/$SLURM_JOB_ID"
+        local log="$RV_RUN_DIR/logs/$rv_job"
         [ "$RV_NODES" -le 1 ] || log="$log-node$SLURM_NODEID"
         export RV_LOG_OUT="$log.out" RV_LOG_ERR="$log.err"
         if [ "$rv_launcher" = 1 ]; then
@@ -766,14 +779,15 @@ rv_launch() {
     local per_node=()
     if [ "$RV_NODES" -gt 1 ]; then
         rm -f -- "$RV_JOB_DIR"/node*.exit
-        per_node=(--open-mode=append --output="$RV_RUN_DIR/logs/%j-node%n.out"
-            --error="$RV_RUN_DIR/logs/%j-node%n.err")
+        # Named by rv_job, not srun's %j: an array task's logs carry the array's name for it.
+        per_node=(--open-mode=append --output="$RV_RUN_DIR/logs/$rv_job-node%n.out"
+            --error="$RV_RUN_DIR/logs/$rv_job-node%n.err")
     fi
     rv_program_ran=1 rv_rc=0
     # ${a[@]+...}: an empty array under `set -u` is an error in bash before 4.4 (RHEL 7).
     srun --nodes="$RV_NODES" --ntasks="$RV_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-        ${per_node[@]+"${per_node[@]}"} bash -c 'rv_task "$@"' rv-task "${rv_labeled:-0}" "${rv_launcher:-0}" \
-        || rv_rc=$?
+        ${per_node[@]+"${per_node[@]}"} \
+        bash -c 'rv_task "$@"' rv-task "${rv_labeled:-0}" "${rv_launcher:-0}" "$rv_job" || rv_rc=$?
     if [ "$RV_NODES" -gt 1 ] && [ "$rv_rc" -ne 0 ]; then
         # srun exits with the highest code of all tasks, so the nodes --kill-on-bad-exit stopped (143)
         # would hide the one that failed: report the lowest code below 128 a node recorded.

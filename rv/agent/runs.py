@@ -8,7 +8,9 @@ Every Slurm command it runs comes from the laptop as an argv built by :mod:`rv.s
 ``run-submit``  under the name's lock: the run's folder, its records, secrets (from stdin, 0600),
                 the job's runtime files, the ``--from`` checkpoint, the name index, and ``sbatch``
                 of segment 1
-``runs``        run records and ``squeue`` (and ``sacct``) in one answer
+``sweep-submit`` a sweep's points, each a run of its own, and the job arrays that run them (and a
+                retry's: only the points asked for, as new runs of the same names)
+``runs``        run records and ``squeue`` (and ``sacct``, the runs' metrics) in one answer
 ``run-stop``    ``STOP``, ``scancel``, the secrets gone, records for segments that never started
 ``secrets-sweep`` secrets of runs no job is alive for (a job killed hard could not remove them)
 ``ckpt-ls``     a checkpoint folder: rv_train's ``step_<N>`` steps, sizes, times, which one resumes
@@ -25,8 +27,9 @@ import stat
 import subprocess
 import sys
 import time
+import zlib
 
-from rv.agent import common, locks, manifest
+from rv.agent import common, locks, manifest, metrics
 from rv.agent import segment as records
 
 RUN_FILE = b"run.json"
@@ -124,7 +127,28 @@ def run_path(root, run_id):
 
 
 def name_index(root, project, name):
+    """The file holding the id of the newest run of ``name``. A sweep's points (``SWEEP/INDEX``)
+    have theirs in a folder ``SWEEP``: a sweep's name index is a folder, a plain run's a file."""
     return common.join(root, b"names", manifest.enc(project), manifest.enc(name))
+
+
+def is_sweep(root, project, name):
+    return os.path.isdir(name_index(root, project, name))
+
+
+def sweep_in_the_way(root, project, name):
+    """A plain run may not take a sweep's name (its points' checkpoints are folders in its own)."""
+    if is_sweep(root, project, name):
+        raise common.AgentError(
+            "%s is the name of a sweep (its points are runs %s/0, %s/1, ...): pick another --name"
+            % (name, name, name),
+            "usage",
+        )
+
+
+def slurm_answers(asks):
+    """{key: answer(argv)} for each Slurm command a call carries along (``slurm``: {key: argv})."""
+    return dict((key, answer(argv)) for key, argv in sorted((asks or {}).items()))
 
 
 def live_jobs(squeue_argv):
@@ -250,24 +274,28 @@ def tree_bytes(path):
     return total, newest
 
 
-def _live_run_of_name(root, project, name, squeue_argv):
-    """(run id, live job id) of the newest run of this name, the job None when nothing of it is live."""
-    run_id = read_text(name_index(root, project, name))
+def _live_run_of_name(root, project, name, squeue_argv, live=None):
+    """(run id, live job id) of the newest run of this name, the job None when nothing of it is live.
+    ``live``: the live jobs when the caller has them (squeue is then not asked again)."""
+    index = name_index(root, project, name)
+    run_id = read_text(index) if os.path.isfile(index) else None
     if not run_id:
         return None, None
     info = run_info(root, run_id)
     if info is None or info["ended"] is not None:
         return run_id, None
     job = current_job(info)
-    if job and job in live_jobs(squeue_argv):
+    if job and job in (live if live is not None else live_jobs(squeue_argv)):
         return run_id, job
     return run_id, None
 
 
 def _resolve_from(root, project, ref):
     """The checkpoint folder of RUN in ``--from RUN``: a run name of this project, a run id, a job id."""
-    if re.match(r"^[A-Za-z0-9._-]+$", ref) and os.path.isdir(
-        common.join(root, b"checkpoints", manifest.enc(project), manifest.enc(ref))
+    if (
+        re.match(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[0-9]+)?$", ref)
+        and not is_sweep(root, project, ref)
+        and os.path.isdir(common.join(root, b"checkpoints", manifest.enc(project), manifest.enc(ref)))
     ):
         return {"project": project, "name": ref}
     for run_id in all_run_ids(root):
@@ -285,6 +313,9 @@ def _resolve_from(root, project, ref):
 def mode_run_check(args):
     root = common.root_path(args["root"])
     project, name = args["project"], args["name"]
+    if args.get("sweep"):
+        return _sweep_check(root, args)
+    sweep_in_the_way(root, project, name)
     run_id, live = _live_run_of_name(root, project, name, args["squeue"])
     out = {
         "name_run_id": run_id,
@@ -298,12 +329,17 @@ def mode_run_check(args):
         path = common.join(root, b"checkpoints", manifest.enc(src["project"]), manifest.enc(src["name"]))
         out["from"] = dict(src, checkpoint=checkpoint_listing(path))
     if args.get("probes"):
-        # When each candidate would start, and whether sbatch takes it at all (sbatch --test-only
-        # submits nothing): the script's directives only, on stdin.
-        out["probes"] = []
-        for probe in args["probes"]:
-            code, text, err = run_argv(args["test_only"], stdin_data=probe["script"].encode("utf-8"))
-            out["probes"].append({"type": probe["type"], "code": code, "text": (text + err)[-2000:]})
+        out["probes"] = _probes(args)
+    return out
+
+
+def _probes(args):
+    """When each candidate would start, and whether sbatch takes it at all (sbatch --test-only
+    submits nothing): the script's directives only, on stdin."""
+    out = []
+    for probe in args["probes"]:
+        code, text, err = run_argv(args["test_only"], stdin_data=probe["script"].encode("utf-8"))
+        out.append({"type": probe["type"], "code": code, "text": (text + err)[-2000:]})
     return out
 
 
@@ -408,6 +444,7 @@ def _submit(args, secrets):
     rdir = run_path(root, run_id)
     lock_path = name_index(root, project, name) + b".lock"
     with locks.lock(lock_path, "rv run %s" % name, wait=30):
+        sweep_in_the_way(root, project, name)
         previous, live = _live_run_of_name(root, project, name, args["squeue"])
         if live:
             raise common.AgentError("run %s is still live (job %s)" % (name, live), "live")
@@ -481,6 +518,222 @@ def _sbatch_all(argv, rdir, scripts):
     return jobs
 
 
+# --- sweeps: points as runs, run by job arrays ------------------------------------------------------
+
+
+def _plain_run_in_the_way(root, project, name):
+    if os.path.isfile(name_index(root, project, name)):
+        raise common.AgentError(
+            "a run named %s exists: a sweep needs a name no run has (its points are %s/0, %s/1, ...): "
+            "pick another --name" % (name, name, name),
+            "usage",
+        )
+
+
+def _sweep_points(root, project, name, live):
+    """{index: what is known of the newest run of point SWEEP/index}: its run id, values, live job,
+    and what its checkpoint folder holds (a point named again resumes from it, as a plain run does)."""
+    folder = name_index(root, project, name)
+    out = {}
+    for entry in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not entry.isdigit():
+            continue
+        point = "%s/%s" % (name, manifest.dec(entry))
+        run_id, job = _live_run_of_name(root, project, point, None, live)
+        info = run_info(root, run_id) if run_id else None
+        ckpt = checkpoint_listing(
+            common.join(root, b"checkpoints", manifest.enc(project), manifest.enc(point))
+        )
+        out[manifest.dec(entry)] = {
+            "run_id": run_id,
+            "params": ((info or {}).get("meta") or {}).get("sweep", {}).get("params"),
+            "live": job,
+            "resume_step": ckpt.get("resume_step"),
+            "resume_files": bool(ckpt["steps"] or ckpt["files"]),
+        }
+    return out
+
+
+def _sweep_check(root, args):
+    """``run-check`` of a sweep: a plain run of the name refuses it; its points that exist already
+    (a sweep named again), the user's queued jobs (queue limits) and the Slurm answers asked for."""
+    project, name = args["project"], args["name"]
+    _plain_run_in_the_way(root, project, name)
+    live = live_jobs(args["squeue"])
+    out = {
+        "points": _sweep_points(root, project, name, live),
+        "queued": len(live),
+        "slurm": slurm_answers(args.get("slurm")),
+    }
+    if args.get("probes"):
+        out["probes"] = _probes(args)
+    return out
+
+
+_NOT_ID_CHAR = r"[A-Za-z0-9._-]"
+
+
+def _retry_script(root, old_run_id, run_id):
+    """A retry's point: the batch script and run.json of the run ``old_run_id`` (the point as it was
+    sent), made the run ``run_id``'s. The run id is random, so in the script it is only ever the
+    run's own (its folder, its records); replaced where it stands as a whole word."""
+    old_dir = run_path(root, old_run_id)
+    script = read_bytes(common.join(old_dir, SCRIPT)).decode("utf-8")
+    meta = read_json(common.join(old_dir, RUN_FILE))
+    if not script or not isinstance(meta, dict):
+        raise common.AgentError(
+            "run %s (point %s) has no batch script left to retry: rv gc removed it?"
+            % (old_run_id, (meta or {}).get("name", "?")),
+            "not-found",
+        )
+    snap = manifest.enc(meta.get("snapshot") or "")
+    store = common.join(root, b"snapshots")
+    if not (os.path.isdir(common.join(store, snap)) or os.path.isdir(common.join(store, snap + b".layer"))):
+        raise common.AgentError(
+            "snapshot %s of point %s is gone (rv gc removed it): run the sweep again with rv run --sweep"
+            % (meta.get("snapshot"), meta.get("name")),
+            "not-found",
+        )
+    pattern = re.compile("(?<!%s)%s(?!%s)" % (_NOT_ID_CHAR, re.escape(old_run_id), _NOT_ID_CHAR))
+    script, n = pattern.subn(run_id, script)
+    if n == 0:
+        raise common.AgentError("run %s's batch script does not name the run" % old_run_id, "usage")
+    meta = dict(meta, sweep=dict(meta.get("sweep") or {}, retry_of=old_run_id))
+    return script, meta
+
+
+def _array_script(point_script, sweep, runs_folder, prefix, spec):
+    """The batch script of one job array: task T runs the run ``<prefix>-T``, a point of its own, by
+    that run's own batch script (the one its later segments are submitted with, like a plain run's).
+    The #SBATCH lines are the point's (every point asks for the same), but for the job name (the
+    sweep's), the logs (%A_%a in the task's run folder: the name job.sh's rv_job gives the task) and
+    --array."""
+    logs = "%s/%s-%%a/logs/%%A_%%a" % (runs_folder, prefix)
+    lines = ["#!/bin/bash"]
+    for line in point_script.splitlines()[1:]:
+        if not line.startswith("#SBATCH "):
+            break
+        key = line.split("=", 1)[0]
+        if key == "#SBATCH --job-name":
+            line = "#SBATCH --job-name=%s" % sweep
+        elif key == "#SBATCH --output":
+            line = "#SBATCH --output=%s.out" % logs
+        elif key == "#SBATCH --error":
+            line = "#SBATCH --error=%s.err" % logs
+        lines.append(line)
+    lines += [
+        "#SBATCH --array=%s" % spec,
+        "# Written by rv for sweep %s: task T of this array is the run %s-T, a point of its own."
+        % (sweep, prefix),
+        "set -eu",
+        'rv_point="%s/%s-$SLURM_ARRAY_TASK_ID/job.sbatch"' % (runs_folder, prefix),
+        '[ -r "$rv_point" ] || { echo "rv: the point\'s batch script $rv_point is missing" >&2; exit 1; }',
+        'exec "$BASH" -- "$rv_point"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def mode_sweep_submit(args):
+    """The points of a sweep (or a retry's), each a run of its own, and one job array per part.
+
+    ``args``: root, project, name (the sweep's), squeue, sbatch and sbatch_after (``{after}`` stands
+    for the previous part's array), scancel, runtime. Stdin: zlib-compressed JSON (it holds every
+    point's batch script and the secrets: never on a command line) ``{"secrets": text or null,
+    "parts": [{"prefix", "spec", "after_previous", "points": [{"name", "script", "meta"} or
+    {"name", "like": run id}]}]}``. Task T of a part is the run ``<prefix>-T``. All or nothing: an
+    array sbatch refuses cancels the arrays already queued and removes every run folder made."""
+    payload = json.loads(zlib.decompress(sys.stdin.buffer.read()).decode("utf-8"))
+    return _sweep_submit(args, payload)
+
+
+def _sweep_submit(args, payload):
+    root = common.root_path(args["root"])
+    project, name = args["project"], args["name"]
+    secrets = payload.get("secrets")
+    made, arrays, result, named = [], [], [], []
+    env = dict(os.environ, RV_SEGMENT="1")
+    with locks.lock(name_index(root, project, name) + b".lock", "rv run --sweep %s" % name, wait=30):
+        _plain_run_in_the_way(root, project, name)
+        live = live_jobs(args["squeue"])
+        for part in payload["parts"]:
+            for point in part["points"]:
+                _, job = _live_run_of_name(root, project, point["name"], None, live)
+                if job:
+                    raise common.AgentError(
+                        "point %s is still live (job %s): nothing was sent" % (point["name"], job), "live"
+                    )
+        try:
+            place_runtime(root, args.get("runtime") or {})
+            previous = None
+            for part in payload["parts"]:
+                runs_here, first = [], None
+                for task, point in enumerate(part["points"]):
+                    run_id = "%s-%d" % (part["prefix"], task)
+                    rdir = run_path(root, run_id)
+                    if os.path.exists(rdir):
+                        raise common.AgentError("run %s exists already" % run_id, "usage")
+                    if "like" in point:
+                        script, meta = _retry_script(root, point["like"], run_id)
+                    else:
+                        script, meta = point["script"], point["meta"]
+                    meta = dict(meta, **(point.get("meta_update") or {}))
+                    made.append(rdir)
+                    common.makedirs(common.join(rdir, b"seg"), 0o700)
+                    common.makedirs(common.join(rdir, b"logs"), 0o700)
+                    if meta.get("has_secrets"):
+                        # 0600 before a byte is written; an empty file when a retry has none now.
+                        common.write_atomic(
+                            common.join(rdir, SECRETS), (secrets or "").encode("utf-8"), 0o600
+                        )
+                    common.write_atomic(common.join(rdir, SCRIPT), script.encode("utf-8"), 0o700)
+                    write_json(common.join(rdir, RUN_FILE), dict(meta, run_id=run_id, created=time.time()))
+                    runs_here.append((run_id, point["name"]))
+                    first = first or script
+                runs_folder = manifest.dec(runs_dir(root))
+                array_path = common.join(run_path(root, runs_here[0][0]), b"array.sbatch")
+                wrapper = _array_script(first, name, runs_folder, part["prefix"], part["spec"])
+                common.write_atomic(array_path, wrapper.encode("utf-8"), 0o700)
+                after = previous if part.get("after_previous") else None
+                argv = (
+                    [w.replace("{after}", after) for w in args["sbatch_after"]] if after else args["sbatch"]
+                )
+                code, out, err = run_argv(argv[:-1] + [manifest.dec(array_path)], env=env)
+                if code != 0:
+                    lines = [line for line in err.strip().splitlines() if line.strip()]
+                    raise common.AgentError(
+                        "sbatch rejected the array of points %s: %s"
+                        % (_point_span(runs_here), " / ".join(lines[-3:]) or "exit %d" % code),
+                        "sbatch",
+                    )
+                array = out.strip().splitlines()[-1].split(";")[0].strip()
+                arrays.append(array)
+                previous = array
+                for task, (run_id, _) in enumerate(runs_here):
+                    job = "%s_%d" % (array, task)
+                    common.write_atomic(
+                        common.join(run_path(root, run_id), b"seg", b"1.job"), (job + "\n").encode(), 0o600
+                    )
+                result.append({"array": array, "runs": [run_id for run_id, _ in runs_here]})
+                named += runs_here
+            for run_id, point in named:  # each point is now the newest run of its name
+                index = name_index(root, project, point)
+                common.makedirs(os.path.dirname(index), 0o700)
+                common.write_atomic(index, (run_id + "\n").encode(), 0o600)
+        except BaseException:
+            # Nothing half-made stays behind: what was queued is cancelled, every run folder goes.
+            if arrays:
+                run_argv(list(args["scancel"]) + arrays)
+            for rdir in made:
+                shutil.rmtree(rdir, ignore_errors=True)
+            raise
+    return {"parts": result}
+
+
+def _point_span(runs_here):
+    names = [n for _, n in runs_here]
+    return names[0] if len(names) == 1 else "%s .. %s" % (names[0], names[-1])
+
+
 def mode_runs(args):
     """Run records, chosen by id, name, job id, recency or liveness; with squeue (and sacct) text."""
     root = common.root_path(args["root"])
@@ -489,17 +742,37 @@ def mode_runs(args):
     out["squeue"] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
     if args.get("sacct"):
         out["sacct"] = answer(args["sacct"])
+    if args.get("slurm"):
+        out["slurm"] = slurm_answers(args["slurm"])
     if args.get("secrets_sweep"):
         # The session's secrets sweep rides along on this call: no second round trip.
         out["secrets_sweep"] = sweep_secrets(root, args["secrets_sweep"], jobs_of(text)) if code == 0 else {
             "error": squeue_failure(code, err)}  # fmt: skip
     out["runs"] = select_runs(root, args)
+    if args.get("metrics") is not None:
+        # rv sweep results: each run's metrics summed up in the same call (rv.agent.metrics).
+        asked = args["metrics"]
+        out["metrics"] = {"runs": metrics.read_runs(
+            root, [r["run_id"] for r in out["runs"]], asked.get("series", False),
+            asked.get("points") or metrics.DEFAULT_POINTS)}  # fmt: skip
     return out
+
+
+def _sweep_of(meta):
+    """(project, sweep name) of a sweep's point, or None."""
+    sweep = meta.get("sweep")
+    return (meta.get("project"), sweep.get("name")) if isinstance(sweep, dict) else None
 
 
 def select_runs(root, args):
     """The runs ``args`` asks for (``ids``, ``names``, ``any_names``, ``job_ids``, ``live``,
-    ``since``), as :func:`run_info` dicts in run id order."""
+    ``since``, ``sweeps``: every point of the sweeps of these names), as :func:`run_info` dicts in run
+    id order. ``whole_sweeps``: a point chosen brings every other point of its sweep (rv ps counts a
+    sweep's points by state)."""
+    sweeps = set(args.get("sweeps") or [])
+    whole = bool(args.get("whole_sweeps"))
+    siblings = {}  # (project, sweep) -> run ids of its points not chosen (yet)
+    chosen_sweeps = set()
     ids = set(args.get("ids") or [])
     names = set(tuple(n) for n in args.get("names") or [])
     any_names = set(args.get("any_names") or [])  # a run name, whatever its project
@@ -514,8 +787,10 @@ def select_runs(root, args):
         if meta is None:
             continue
         ended = read_json(common.join(rdir, ENDED))
+        sweep = _sweep_of(meta)
         wanted = (
-            run_id in ids
+            (sweep is not None and sweep[1] in sweeps)
+            or run_id in ids
             or (meta.get("project"), meta.get("name")) in names
             or meta.get("name") in any_names
             or (args.get("live") and ended is None)
@@ -525,12 +800,21 @@ def select_runs(root, args):
             )
         )
         if not wanted and not job_ids:
+            if whole and sweep is not None:
+                siblings.setdefault(sweep, []).append(run_id)
             continue
         info = run_info(root, run_id)
         if info is None:
             continue
         if wanted or job_ids & set(seg["job_id"] for seg in info["segments"]):
             found.append(info)
+            if sweep is not None:
+                chosen_sweeps.add(sweep)
+        elif whole and sweep is not None:
+            siblings.setdefault(sweep, []).append(run_id)
+    if whole:
+        more = [run_info(root, r) for key in chosen_sweeps for r in siblings.get(key, ())]
+        found = sorted(found + [info for info in more if info is not None], key=lambda info: info["run_id"])
     return found
 
 

@@ -21,8 +21,9 @@ class _LayeredCommand(click.Command):
         return super().invoke(ctx)
 
 
-# Options that say what this one command does, never defaults of a project.
-NOT_DEFAULTS = ("name", "from_", "dry_run", "as_json")
+# Options that say what this one command does, never defaults of a project. A sweep's values belong
+# to one command; how many of its points run at once (--parallel) may be a project's habit.
+NOT_DEFAULTS = ("name", "from_", "dry_run", "as_json", "sweep_options", "sweep_file")
 
 
 def apply_run_defaults(ctx: click.Context) -> dict[str, str]:
@@ -136,6 +137,28 @@ def placement_options(f):  # type: ignore[no-untyped-def]
     is_flag=True,
     help="Run a command without a launcher as one process on several GPUs (default: refused).",
 )
+@click.option(
+    "--sweep",
+    "sweep_options",
+    multiple=True,
+    metavar="NAME=V1,V2",
+    help="Run COMMAND at every combination of these values (repeatable; A..B: the integers from A to B), "
+    "as one job array: each point a run of its own, named SWEEP/INDEX; {NAME} in COMMAND is the point's "
+    "value, $RV_SWEEP_NAME too.",
+)
+@click.option(
+    "--sweep-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help='A sweep\'s points, one per line: JSON lines ({"lr": 1e-4}) or CSV with a header.',
+)
+@click.option(
+    "--parallel",
+    type=click.IntRange(min=1),
+    metavar="K",
+    help="A sweep: at most K of its points running at once (a point's later segments, after a time "
+    "limit, run beside them).",
+)
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
@@ -185,6 +208,9 @@ def run(
     max_fault_retries: int | None,
     each_node: bool,
     allow_single_process: bool,
+    sweep_options: tuple[str, ...],
+    sweep_file: Path | None,
+    parallel: int | None,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -200,6 +226,7 @@ def run(
     \b
       rv run -g 2 -t a6000 -- torchrun train.py --lr 3e-4
       rv run --mig -f -- python eval.py
+      rv run --sweep lr=1e-4,3e-4 --sweep seed=0..2 --parallel 2 -- python train.py --lr {lr}
     """
     from rv.cli.common import load_profile
     from rv.job import submit as job
@@ -228,11 +255,18 @@ def run(
     start_dir = _start_dir(Path.cwd())
     if name is None and command:
         run_name = job.default_run_name(default_name(command), run_id)
+    from rv.defaults import COMMAND_LINE
+
+    sources = ctx.meta.get("rv.sources", {})
+    sweep = read_sweep(
+        sweep_options, sweep_file, parallel, command, name=run_name or "", follow=follow, from_=from_,
+        parallel_typed=sources.get("parallel") == COMMAND_LINE,
+    )  # fmt: skip
     from rv.placement import build_placement, plan_requests, type_words
 
-    def build(type_name: str | None):  # type: ignore[no-untyped-def]
+    def build(type_name: str | None, cmd: tuple[str, ...] = command):  # type: ignore[no-untyped-def]
         return build_request(
-            catalog, command=command, gpus=gpus, gpu_type=type_name, mig=mig, time=time_, mem=mem, cpus=cpus,
+            catalog, command=cmd, gpus=gpus, gpu_type=type_name, mig=mig, time=time_, mem=mem, cpus=cpus,
             name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, start_dir=start_dir,
             signal=signal, max_segments=max_segments, each_node=each_node,
             allow_single_process=allow_single_process, partitions=profile.partitions, partition=partition,
@@ -241,6 +275,15 @@ def run(
     # One request per GPU type the run may take (one, unless -t names several, any, or none on a
     # cluster of several types), each validated against its type's limits.
     reqs, notes = plan_requests(catalog, type_words(gpu_type), gpus=gpus, mig=mig, vram_gb=vram, build=build)
+    if sweep is not None and len(reqs) > 1:
+        from rv.errors import UsageError
+
+        raise UsageError(
+            f"a sweep runs on one GPU type, and this one could take {', '.join(map(_type_name, reqs))}: "
+            "a point claimed on one type would still hold an array task of the others, so --parallel could "
+            "not hold",
+            hint=f"name one with -t, e.g. -t {_type_name(reqs[0])}",
+        )
     req, alternatives = reqs[0], reqs[1:]
     place = build_placement(
         partition=partition, qos=qos, constraint=constraint, exclude=exclude, nodelist=nodelist,
@@ -268,7 +311,14 @@ def run(
         requirements=requirements, extras=extras, python=python_, system_site_packages=system_site_packages,
     )  # fmt: skip
     alternatives = [dataclasses.replace(r, setup=req.setup) for r in alternatives]
-    sources = ctx.meta.get("rv.sources", {})
+    if sweep is not None:
+        ctx.exit(
+            run_sweep(
+                ctx, profile, sweep, command, req, build, snap=snap, env_plan=env_plan, place=place,
+                secrets=secrets, setup=setup, dry_run=dry_run, as_json=as_json, sources=sources,
+                probes_for=lambda context: placement_probes(reqs, context, place),
+            )
+        )  # fmt: skip
     if dry_run:
         from rv.layout import RemoteLayout
         from rv.slurm.script import render_script
@@ -371,6 +421,190 @@ def run(
             )
         if follow:
             ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments, output_to_stderr=as_json))
+
+
+def read_sweep(  # type: ignore[no-untyped-def]
+    options: tuple[str, ...], file: Path | None, parallel: int | None, command: tuple[str, ...], *,
+    name: str, follow: bool, from_: str | None, parallel_typed: bool,
+):  # fmt: skip
+    """The sweep the options describe (None: not a sweep), checked against the command, before
+    anything else: a bad value, a {NAME} no --sweep gives, options a sweep cannot take."""
+    from rv.errors import UsageError
+
+    if not options and file is None:
+        if parallel is not None and parallel_typed:
+            raise UsageError(
+                "--parallel caps how many points of a sweep run at once: it needs --sweep or --sweep-file",
+                hint="rv run --sweep lr=1e-4,3e-4 --parallel 2 -- python train.py --lr {lr}",
+            )
+        return None
+    from rv.sweep import build_sweep, check_command, read_sweep_file
+
+    text, file_name = read_sweep_file(file) if file is not None else (None, None)
+    sweep = build_sweep(options, file_text=text, file_name=file_name, parallel=parallel)
+    for message in check_command(sweep, command):
+        warn(message)
+    if follow:
+        raise UsageError(
+            "-f follows one run, and each point of a sweep is a run of its own",
+            hint=f"drop -f; then rv ps {name}   rv logs -f {name}/0   rv sweep results {name}",
+        )
+    if from_ is not None:
+        raise UsageError(
+            "--from cannot start a sweep: every point would start from the same checkpoint",
+            hint="run the sweep from scratch, or give each point its start with a --sweep value the "
+            "program reads",
+        )
+    return sweep
+
+
+def run_sweep(  # type: ignore[no-untyped-def]
+    ctx: click.Context, profile, sweep, command: tuple[str, ...], req, build, *, snap, env_plan, place,
+    secrets, setup: tuple[str, ...], dry_run: bool, as_json: bool, sources: dict[str, str], probes_for,
+) -> int:  # fmt: skip
+    """`rv run --sweep`: every point a run of its own (SWEEP/INDEX), one snapshot, one environment,
+    one job array (or several, where MaxArraySize splits them), sent in one round trip."""
+    from rv.job import submit as job
+    from rv.names import point_name
+    from rv.request import resources_line
+    from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, check_limits, dry_run_text, plan_arrays
+
+    name = req.name
+    points = {p.index: p for p in sweep.points}
+    type_name = req.type.name if req.type is not None else None
+    # Each point's request: the command with its values, validated like any run's.
+    point_reqs = {
+        p.index: dataclasses.replace(
+            build(type_name, p.command(command)), name=point_name(name, p.index), setup=req.setup
+        )
+        for p in sweep.points
+    }
+    if dry_run:
+        from rv.layout import RemoteLayout
+        from rv.slurm.script import render_script
+
+        parts = plan_arrays(len(sweep), parallel=sweep.parallel, max_array_size=SLURM_DEFAULT_MAX_ARRAY_SIZE)
+        layout = RemoteLayout(profile.require_remote_root())
+        first = sweep.points[0]
+        context = job.script_context(
+            layout, run_id=job.new_run_id() + "-0", snapshot_id=snap.id, project=snap.project,
+            account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
+            env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"), placement=place,
+            sweep_env=first.env(),
+        )  # fmt: skip
+        script = render_script(point_reqs[first.index], context)
+        if as_json:
+            print_json(
+                {"dry_run": True, "sweep": name, "snapshot": snap.id, "files": snap.tree.files,
+                 "points": [{"index": p.index, "name": point_name(name, p.index), "params": p.values,
+                             "command": list(p.command(command))} for p in sweep.points],
+                 "arrays": [{"array": part.spec, "points": list(part.points),
+                             "after_previous": part.after_previous} for part in parts],
+                 "script": script, "settings": settings_of(ctx, sources)}
+            )  # fmt: skip
+        else:
+            sys.stdout.write(dry_run_text(sweep, command, parts))
+        for line in settings_lines(ctx, sources):
+            note(line)
+        note(resources_line(req) + " (each point)")
+        note(
+            f"dry run: nothing was sent (sweep {name}, {len(sweep)} point(s), snapshot {snap.id[:12]}; "
+            f"arrays split at MaxArraySize {SLURM_DEFAULT_MAX_ARRAY_SIZE}, Slurm's default: the cluster's "
+            "own is asked at submission)"
+        )
+        return 0
+
+    with session(ctx) as s:
+        probe_ctx = job.script_context(
+            s.layout, run_id="probe", snapshot_id=snap.id, project=snap.project, account=profile.account,
+            has_secrets=bool(secrets), umask=job_umask(profile), placement=place,
+        )  # fmt: skip
+        # One round trip before anything is sent: the name, points of a sweep of this name that exist
+        # (resumed, if they are the same points), MaxArraySize, the user's queue and its limit.
+        check = job.check_sweep(
+            s.transport, s.layout, project=snap.project, name=name, probes=probes_for(probe_ctx),
+            account=place.account or profile.account, qos=place.qos,
+        )  # fmt: skip
+        choose_candidates([req], check.estimates)
+        resumed = job.check_existing_points(name, check, sweep.points)
+        limit = check.limit
+        check_limits(
+            len(sweep), max_jobs=limit.jobs if limit else None, queued=check.queued,
+            limit=limit.what if limit else "MaxSubmitJobs",
+        )  # fmt: skip
+        parts = plan_arrays(
+            len(sweep), parallel=sweep.parallel, max_array_size=check.arrays.max_array_size,
+            max_array_tasks=check.arrays.max_array_tasks,
+        )  # fmt: skip
+        if resumed:
+            note(f"sweep {name} exists: point(s) {_indexes(resumed)} resume from their checkpoints")
+        env = ensure_environment(s, env_plan, (*profile.setup, *setup))
+        from rv.config import cache_dir
+        from rv.snapshot import upload_snapshot
+        from rv.treecache import StoreCache
+
+        cache = StoreCache(cache_dir(), f"{profile.name}:{s.layout.root}")
+        with progress_renderer("uploading") as bar:
+            uploaded = upload_snapshot(
+                s.transport, s.layout, snap, cache=cache, on_summary=note, on_progress=bar
+            )
+        sweep_id = job.new_run_id()
+        provenance = {"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty,
+                      "env": env.key if env else None}  # fmt: skip
+
+        def make(index: int, run_id: str) -> job.PointRun:
+            point = points[index]
+            context = job.script_context(
+                s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
+                account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
+                env_build=env_plan.lines(env.path) if env else (), placement=place, sweep_env=point.env(),
+            )  # fmt: skip
+            args = job.submit_args(
+                s.layout, point_reqs[index], context, provenance=provenance, has_secrets=bool(secrets)
+            )
+            args["meta"]["sweep"] = job.sweep_meta(sweep, name, point, sweep_id)
+            return job.PointRun(index, point_reqs[index], context, args)
+
+        payload, runs = job.sweep_payload(s.layout, parts, make)
+        sent = job.submit_sweep(
+            s.transport, s.layout, project=uploaded.project, name=name, parts=payload, secrets=secrets or None
+        )
+        records = [
+            job.run_record(
+                s.layout, pr.req, pr.ctx, pr.args, profile=profile.name, job_id=f"{part['array']}_{task}"
+            )
+            for part, made in zip(sent, runs, strict=True)
+            for task, pr in enumerate(made)
+        ]
+        run_store().add_many(records)
+    arrays = [str(part["array"]) for part in sent]
+    if as_json:
+        print_json(
+            {"sweep": name, "arrays": arrays,
+             "points": [{"index": pr.index, "name": pr.req.name, "params": points[pr.index].values,
+                         "run_id": r.run_id, "job_id": r.job_id}
+                        for pr, r in zip([pr for made in runs for pr in made], records, strict=True)]}
+        )  # fmt: skip
+    else:
+        for array in arrays:
+            click.echo(array)
+    at_once = f", at most {sweep.parallel} at once" if sweep.parallel else ""
+    how = (
+        f"job array {arrays[0]}"
+        if len(arrays) == 1
+        else f"{len(arrays)} job arrays ({', '.join(arrays)}; MaxArraySize {check.arrays.max_array_size})"
+    )
+    note(
+        f"submitted sweep {name}: {len(sweep)} point(s) over {', '.join(sweep.names)} as {how}{at_once}, "
+        f"from {records[0].short_commit}\n  {resources_line(req)} (each point)\n"
+        f"  rv ps {name}    rv sweep results {name}    rv logs -f {name}/0    rv stop {name}"
+    )
+    return 0
+
+
+def _indexes(indexes: list[int]) -> str:
+    shown = ", ".join(str(i) for i in indexes[:10])
+    return shown + (f" and {len(indexes) - 10} more" if len(indexes) > 10 else "")
 
 
 def _type_name(req) -> str:  # type: ignore[no-untyped-def]

@@ -102,6 +102,13 @@ class RunStore:
             runs = [r for r in self._read() if (r.run_id, r.profile) != (record.run_id, record.profile)]
             self._write([*runs, record])
 
+    def add_many(self, records: Sequence[RunRecord]) -> None:
+        """:meth:`add` for many (a sweep's points), in one read and one write of the file."""
+        keys = {(r.run_id, r.profile) for r in records}
+        with self._locked():
+            runs = [r for r in self._read() if (r.run_id, r.profile) not in keys]
+            self._write([*runs, *records])
+
     def update(self, profile: str, run_id: str, **changes: Any) -> None:
         """Change one record's fields; a run not recorded here is left alone."""
         self.update_many(profile, {run_id: changes})

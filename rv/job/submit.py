@@ -14,11 +14,13 @@ Then, over the session's one connection:
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,11 +28,14 @@ from rv.agent_client import call_agent
 from rv.errors import RemoteError, UsageError
 from rv.job.records import RunRecord
 from rv.layout import RemoteLayout
+from rv.names import point_name
 from rv.placement import Estimate, Placement, parse_test_only
 from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
+from rv.slurm.parse import ArrayLimits, SubmitLimit, parse_array_limits, parse_submit_limit
 from rv.slurm.script import ScriptContext, render_script, run_paths, runtime_files
+from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, ArrayPart, Point, Sweep
 
 
 def new_run_id() -> str:
@@ -45,7 +50,8 @@ def default_run_name(base: str, run_id: str) -> str:
     return f"{base[:57]}-{run_id[:6]}"
 
 
-_FROM = re.compile(r"^(?P<run>[A-Za-z0-9._-]+)(?:@(?P<step>\d+))?$")
+# RUN: a run name (a sweep's point SWEEP/INDEX too), a run id or a job id.
+_FROM = re.compile(r"^(?P<run>[A-Za-z0-9._-]+(?:/\d+)?)(?:@(?P<step>\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,7 @@ def script_context(
     umask: str = "077",
     env_build: tuple[str, ...] = (),
     placement: Placement | None = None,
+    sweep_env: Mapping[str, str] | None = None,
 ) -> ScriptContext:
     return ScriptContext(
         remote_root=layout.root,
@@ -153,6 +160,7 @@ def script_context(
         umask=umask,
         env_build=env_build,
         placement=placement or Placement(),
+        sweep_env=tuple((sweep_env or {}).items()),
     )
 
 
@@ -302,3 +310,199 @@ def submit(
     started = reply.get("from") or {}
     candidates = tuple((str(j), str(t)) for j, t in reply.get("candidates") or () if alternatives)
     return Submitted(record, started.get("step"), tuple(started.get("how") or ()), candidates)
+
+
+# --- sweeps: one array job per part, each point a run of its own ------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepCheck:
+    """What the cluster said before a sweep is sent."""
+
+    existing: Mapping[int, Mapping[str, Any]]  # index -> the newest run of point SWEEP/index, if any
+    queued: int  # the user's jobs in the queue now (each array task counts)
+    arrays: ArrayLimits
+    limit: SubmitLimit | None  # the user's queue limit, where Slurm says
+    estimates: tuple[Estimate, ...] = ()
+
+
+def check_sweep(
+    transport: Any,
+    layout: RemoteLayout,
+    *,
+    project: str,
+    name: str,
+    probes: Sequence[tuple[str, str]] = (),
+    account: str | None = None,
+    qos: str | None = None,
+) -> SweepCheck:
+    """One round trip before anything of a sweep is sent: a plain run of its name refuses it; the
+    points of a sweep of this name that exist already; MaxArraySize; the user's queue and its limit."""
+    args: dict[str, Any] = {
+        "root": layout.root,
+        "project": project,
+        "name": name,
+        "sweep": True,
+        "squeue": commands.squeue_user(),
+        "slurm": {
+            "config": commands.scontrol_show_config(),
+            "assoc": commands.sacctmgr_submit_limits(),
+            "qos": commands.sacctmgr_qos_submit_limits(),
+        },
+    }
+    if probes:
+        args["probes"] = [{"type": t, "script": text} for t, text in probes]
+        args["test_only"] = commands.sbatch_test_only()
+    reply = call_agent(transport, "run-check", args)
+    slurm = reply.get("slurm") or {}
+    config = slurm.get("config") or {}
+    arrays = (
+        parse_array_limits(config.get("text") or "")
+        if not config.get("error")
+        else ArrayLimits(SLURM_DEFAULT_MAX_ARRAY_SIZE, None)
+    )
+    assoc, qos_rows = slurm.get("assoc") or {}, slurm.get("qos") or {}
+    limit = None
+    if not assoc.get("error"):  # no accounting (sacctmgr fails): no limit rv can know of
+        limit = parse_submit_limit(
+            assoc.get("text") or "", qos_rows.get("text") or "" if not qos_rows.get("error") else "",
+            account=account, qos=qos,
+        )  # fmt: skip
+    return SweepCheck(
+        existing={int(k): v for k, v in (reply.get("points") or {}).items()},
+        queued=int(reply.get("queued") or 0),
+        arrays=arrays,
+        limit=limit,
+        estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
+    )
+
+
+def check_existing_points(name: str, check: SweepCheck, points: Sequence[Point]) -> list[int]:
+    """A sweep named again resumes its points from their checkpoints, as a run named again does: only
+    when each point it sends is the point of that index it had, and none is live. The indexes that
+    resume (a checkpoint of theirs exists)."""
+    resumed = []
+    for point in points:
+        known = check.existing.get(point.index)
+        if not known:
+            continue
+        if known.get("live"):
+            raise UsageError(
+                f"point {point_name(name, point.index)} of sweep {name!r} is still live "
+                f"(job {known['live']}); nothing was sent",
+                hint=f"rv ps {name}   rv stop {name}   or pick another --name",
+            )
+        had = known.get("params")
+        if had is not None and dict(had) != point.values:
+            was = ", ".join(f"{k}={v}" for k, v in dict(had).items())
+            now = ", ".join(f"{k}={v}" for k, v in point.params)
+            raise UsageError(
+                f"sweep {name!r} exists, and its point {point.index} was {was}, not {now}: it would resume "
+                "that point's checkpoint; nothing was sent",
+                hint=f"give this sweep a name of its own with --name, or rv sweep retry {name}",
+            )
+        if known.get("resume_step") is not None or known.get("resume_files"):
+            resumed.append(point.index)
+    return resumed
+
+
+@dataclass(frozen=True)
+class PointRun:
+    """One point as sent: its run (id, script, records) and the array task that runs it."""
+
+    index: int
+    req: JobRequest
+    ctx: ScriptContext
+    args: dict[str, Any]  # what submit_args made of it (meta, script)
+
+
+def sweep_meta(sweep: Sweep, name: str, point: Point, sweep_id: str) -> dict[str, Any]:
+    """``run.json``'s ``sweep`` for a point: rv ps, rv sweep results and rv sweep retry read it."""
+    return {
+        "name": name,
+        "id": sweep_id,
+        "index": point.index,
+        "params": point.values,
+        "points": len(sweep),
+        "parallel": sweep.parallel,
+    }
+
+
+def sweep_payload(
+    layout: RemoteLayout,
+    parts: Sequence[ArrayPart],
+    make: Callable[[int, str], PointRun],
+) -> tuple[list[dict[str, Any]], list[list[PointRun]]]:
+    """The ``parts`` of a sweep-submit payload: each array part with a prefix of its own, task T of
+    it the run ``<prefix>-T`` (``make(index, run_id)`` renders that point). Also the points by part."""
+    out, runs = [], []
+    for part in parts:
+        prefix = new_run_id()
+        made = [make(index, f"{prefix}-{task}") for task, index in enumerate(part.points)]
+        out.append(
+            {
+                "prefix": prefix,
+                "spec": part.spec,
+                "after_previous": part.after_previous,
+                "points": [
+                    {"name": p.req.name, "script": p.args["script"], "meta": p.args["meta"]} for p in made
+                ],
+            }
+        )
+        runs.append(made)
+    return out, runs
+
+
+def retry_payload(
+    parts: Sequence[ArrayPart], old_runs: Mapping[int, tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """The ``parts`` of a retry: each point as the run ``old_runs[index]`` (run id, point name) was
+    sent (its batch script and records, made the new run's on the cluster)."""
+    out = []
+    for part in parts:
+        points = []
+        for index in part.points:
+            run_id, pname = old_runs[index]
+            points.append(
+                {"name": pname, "like": run_id, "meta_update": {"submitted_from": socket.gethostname()}}
+            )
+        out.append(
+            {
+                "prefix": new_run_id(),
+                "spec": part.spec,
+                "after_previous": part.after_previous,
+                "points": points,
+            }
+        )
+    return out
+
+
+def submit_sweep(
+    transport: Any,
+    layout: RemoteLayout,
+    *,
+    project: str,
+    name: str,
+    parts: Sequence[Mapping[str, Any]],
+    secrets: Mapping[str, str] | None,
+) -> list[dict[str, Any]]:
+    """One round trip: every point's run and the arrays that run them ([{"array", "runs"}] by part).
+    The scripts and secrets travel on stdin, compressed: a hundred points' scripts would pass the
+    kernel's limit for one command-line argument (128 KiB)."""
+    args = {
+        "root": layout.root,
+        "project": project,
+        "name": name,
+        "runtime": runtime_files(),
+        "squeue": commands.squeue_user(),
+        "sbatch": commands.sbatch("SCRIPT"),
+        "sbatch_after": commands.sbatch("SCRIPT", after="{after}"),
+        "scancel": commands.scancel([]),
+    }
+    payload = {
+        "secrets": render_env_file(dict(secrets)) if secrets is not None else None,
+        "parts": list(parts),
+    }
+    stdin = zlib.compress(json.dumps(payload).encode("utf-8"), 6)
+    reply = call_agent(transport, "sweep-submit", args, stdin=stdin, timeout=300)
+    return list(reply.get("parts") or [])

@@ -51,8 +51,12 @@ def shell(argv: Sequence[str]) -> str:
 
 
 def squeue_user() -> list[str]:
-    """All of the user's queued and running jobs, one ``SQUEUE_FORMAT`` line each."""
-    return [*_STANDARD_TIME, "squeue", "-h", "-u", USER, "-o", SQUEUE_FORMAT]
+    """All of the user's queued and running jobs, one ``SQUEUE_FORMAT`` line each.
+
+    ``-r``: one line per task of a job array, pending ones too (``123_4``, as a sweep's point's
+    seg/1.job names it), never one ``123_[4-9%2]`` line for the tasks still to run.
+    """
+    return [*_STANDARD_TIME, "squeue", "-h", "-r", "-u", USER, "-o", SQUEUE_FORMAT]
 
 
 def sacct_user(days: int) -> list[str]:
@@ -79,6 +83,28 @@ def sinfo_partitions() -> list[str]:
 def sacctmgr_associations() -> list[str]:
     """The user's associations: account, partition ("" for all), default QoS, the QoS allowed."""
     return ["sacctmgr", "-nP", "show", "assoc", f"user={USER}", "format=account,partition,defaultqos,qos"]
+
+
+def scontrol_show_config() -> list[str]:
+    """The controller's settings, ``Key = Value`` lines (MaxArraySize, SchedulerParameters, ...)."""
+    return ["scontrol", "show", "config"]
+
+
+def sacctmgr_submit_limits() -> list[str]:
+    """The user's associations with their job limit: account, partition, MaxSubmitJobs, default QOS."""
+    return [
+        "sacctmgr",
+        "-nP",
+        "show",
+        "assoc",
+        f"user={USER}",
+        "format=account,partition,maxsubmitjobs,defaultqos",
+    ]
+
+
+def sacctmgr_qos_submit_limits() -> list[str]:
+    """Every QOS with its per-user job limit (MaxSubmitJobsPerUser)."""
+    return ["sacctmgr", "-nP", "show", "qos", "format=name,maxsubmitjobsperuser"]
 
 
 def scancel(job_ids: Iterable[str], signal: str | None = None) -> list[str]:

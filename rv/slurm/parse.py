@@ -773,3 +773,66 @@ def parse_node_addresses(text: str) -> dict[str, NodeAddress]:
         addr = _blank(keys.get("NodeAddr", "")) or ""
         out[name] = NodeAddress(name=name, addr=addr, hostname=_blank(keys.get("NodeHostName", "")))
     return out
+
+
+# --- job arrays and queue limits (rv run --sweep) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArrayLimits:
+    """What bounds a job array on this cluster (``scontrol show config``)."""
+
+    max_array_size: int  # MaxArraySize: task ids 0..max-1; 0 disables arrays
+    max_array_tasks: int | None  # SchedulerParameters=max_array_tasks: tasks per array, when set
+
+
+def parse_array_limits(config_text: str, default: int = 1001) -> ArrayLimits:
+    """``scontrol show config`` -> :class:`ArrayLimits` (``default``: Slurm's, when it says nothing)."""
+    size, tasks = default, None
+    for line in config_text.splitlines():
+        key, eq, value = line.partition("=")
+        if not eq:
+            continue
+        key, value = key.strip(), value.strip()
+        if key == "MaxArraySize" and value.isdigit():
+            size = int(value)
+        elif key == "SchedulerParameters":
+            for item in value.split(","):
+                name, _, number = item.strip().partition("=")
+                if name == "max_array_tasks" and number.isdigit():
+                    tasks = int(number)
+    return ArrayLimits(size, tasks)
+
+
+@dataclass(frozen=True)
+class SubmitLimit:
+    """The tightest limit on how many jobs the user may have queued, and which one it is."""
+
+    jobs: int
+    what: str  # "MaxSubmitJobs of account rv", "MaxSubmitJobsPerUser of QOS normal"
+
+
+def parse_submit_limit(
+    assoc_text: str, qos_text: str, *, account: str | None, qos: str | None
+) -> SubmitLimit | None:
+    """The user's queue limit from ``sacctmgr -nP show assoc ... format=account,partition,
+    maxsubmitjobs,defaultqos`` and ``sacctmgr -nP show qos format=name,maxsubmitjobsperuser``: the
+    association's MaxSubmitJobs (of ``account``, or of every account when none is named: the
+    lowest), and the MaxSubmitJobsPerUser of ``qos`` (or of the association's default QOS); the
+    lower of the two. None: no limit set, or nothing readable."""
+    found: list[SubmitLimit] = []
+    default_qos = set()
+    for line in assoc_text.splitlines():
+        cells = line.split("|")
+        if len(cells) < 4 or (account and cells[0] != account):
+            continue
+        if cells[2].strip().isdigit():
+            found.append(SubmitLimit(int(cells[2]), f"MaxSubmitJobs of account {cells[0]}"))
+        if cells[3].strip():
+            default_qos.add(cells[3].strip())
+    wanted = {qos} if qos else default_qos or {"normal"}
+    for line in qos_text.splitlines():
+        cells = line.split("|")
+        if len(cells) >= 2 and cells[0] in wanted and cells[1].strip().isdigit():
+            found.append(SubmitLimit(int(cells[1]), f"MaxSubmitJobsPerUser of QOS {cells[0]}"))
+    return min(found, key=lambda limit: limit.jobs) if found else None

@@ -96,6 +96,8 @@ class ScriptContext:
     env_build: tuple[str, ...] = ()  # lines for the environment-build hook (run after setup)
     umask: str = "077"  # what the job creates is the user's alone; "027" shares it with the group
     placement: Placement = field(default_factory=Placement)  # Slurm's placement options (rv.placement)
+    # A sweep's point: RV_SWEEP_INDEX and RV_SWEEP_<NAME> (rv.sweep.Point.env), its program's values.
+    sweep_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def layout(self) -> RemoteLayout:
@@ -146,7 +148,7 @@ def _check_context(ctx: ScriptContext) -> None:
             raise ValueError(f"{label} {value!r} must match [A-Za-z0-9._-]+ and not start with '.' or '-'")
     if not _UMASK.fullmatch(ctx.umask):
         raise ValueError(f"umask {ctx.umask!r} must be three octal digits")
-    for name, _ in ctx.extra_env:
+    for name, _ in (*ctx.extra_env, *ctx.sweep_env):
         if not _ENV_NAME.fullmatch(name):
             raise UsageError(
                 f"environment variable name {name!r} is not valid", hint="use [A-Za-z_][A-Za-z0-9_]*"
@@ -253,6 +255,9 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
     ]
     if req.labeled:
         lines.append(f"export RV_RANK_LABEL={_q(runtime_path(layout, 'rank-label'))}")
+    if ctx.sweep_env:
+        lines.append("# This point of the sweep: its program reads its values here too.")
+        lines.append("export " + " ".join(f"{name}={_q(value)}" for name, value in ctx.sweep_env))
     return lines
 
 
