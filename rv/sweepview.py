@@ -575,3 +575,95 @@ def render_text(renderable: RenderableType, *, width: int = 120) -> str:
     buf = io.StringIO()
     Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False).print(renderable)
     return buf.getvalue()
+
+
+# --- rv ps: one line per sweep, or one per point of one sweep -------------------------------------------
+
+
+def _latest_points(views: Iterable[RunView]) -> list[RunView]:
+    """The newest run of each point (a retried point has two), by index. ``views``: newest first."""
+    latest: dict[int, RunView] = {}
+    for v in views:
+        if v.sweep_index is not None:
+            latest.setdefault(v.sweep_index, v)
+    return [latest[i] for i in sorted(latest)]
+
+
+def _sweep_state(states: Sequence[str]) -> str:
+    counts = sweep_counts(states)
+    if counts["running"]:
+        return "RUNNING"
+    if counts["pending"]:
+        return "PENDING"
+    if counts["finished"] == len(states):
+        return "COMPLETED"
+    if counts["failed"]:
+        return "FAILED"
+    return max(set(states), key=states.count) if states else "UNKNOWN"
+
+
+def _array_of(job_id: str | None) -> str | None:
+    return job_id.split("_", 1)[0] if job_id else None
+
+
+def fold_sweeps(views: Sequence[RunView], *, live_only: bool) -> list[RunView]:
+    """`rv ps`'s rows: each sweep's points as one row (where its newest point stood; ``points`` says
+    how many, ``reason`` counts them by state), every other row as it is. ``views`` come newest first
+    and whole (``run_views(live_only=False)``): with ``live_only``, a row stays when it is live, and a
+    sweep when any of its points is (its line counts them all)."""
+    from rv.job.records import RunView
+
+    groups: dict[str, list[RunView]] = {}
+    order: list[RunView | str] = []
+    for v in views:
+        if v.sweep is None or v.sweep_index is None:
+            if v.live or not live_only:
+                order.append(v)
+            continue
+        if v.sweep not in groups:
+            groups[v.sweep] = []
+            order.append(v.sweep)
+        groups[v.sweep].append(v)
+    out = []
+    for item in order:
+        if not isinstance(item, str):
+            out.append(item)
+            continue
+        points = _latest_points(groups[item])
+        if live_only and not any(p.live for p in points):
+            continue
+        states = [p.state for p in points]
+        first = points[0]
+        elapsed = [p.elapsed_seconds for p in points if p.elapsed_seconds is not None]
+        out.append(
+            RunView(
+                name=item, run_id=None, segment=0, max_segments=0, state=_sweep_state(states),
+                job_id=_array_of(first.job_id), live=any(p.live for p in points),
+                reason=sweep_summary(states), exit_code=None, gpus=first.gpus, gpu_type=first.gpu_type,
+                nodes=first.nodes, elapsed_seconds=max(elapsed) if elapsed else None, source=first.source,
+                created=max((p.created or 0) for p in points) or None,
+                jobs=tuple(j for p in points for j in p.jobs), sweep=item, points=len(points),
+            )
+        )  # fmt: skip
+    return out
+
+
+def point_lines(points: Sequence[PointRun], views: Mapping[str, RunView]) -> list[str]:
+    """`rv ps SWEEP`: one line per point, its values beside rv ps's columns."""
+    params = _param_names([PointRow(p.index, p.params, p.run_id, "", 0, None, {}) for p in points])
+    rows = [["POINT", *params, "SEG", "STATE", "EXIT", "JOB", "ELAPSED", ""]]
+    for p in points:
+        v = views.get(p.run_id or "")
+        if v is None:
+            rows.append(
+                [str(p.index), *(p.params.get(n, "") for n in params), "-", "UNKNOWN", "-", "-", "-", ""]
+            )
+            continue
+        why = v.reason if v.reason and v.state not in ("RUNNING", "COMPLETED") else ""
+        rows.append(
+            [str(p.index), *(p.params.get(n, "") for n in params), f"{v.segment}/{v.max_segments}", v.state,
+             "-" if v.exit_code is None else str(v.exit_code), v.job_id or "-", duration(v.elapsed_seconds),
+             f"({why})" if why else ""]
+        )  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip() for r in rows]

@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ps": ("rv.cli.ps", "ps", "List your runs and jobs."),
     "logs": ("rv.cli.logs", "logs", "Show or follow a run's output, every segment."),
     "stop": ("rv.cli.stop", "stop", "Stop runs."),
+    "sweep": ("rv.cli.sweep", "sweep", "A sweep's results table, and a retry of its failed points."),
+    "metrics": ("rv.cli.sweep", "metrics", "A run's metrics ($RV_METRICS): last, best and trend."),
     "up": ("rv.cli.up", "up", "A shell on a new allocation, released when the shell exits."),
     "ssh": ("rv.cli.ssh", "ssh", "A shell, or a command, on a node of a running job."),
     "gpu": ("rv.cli.gpu", "gpu", "What the GPUs of a running job are doing."),

@@ -1,4 +1,5 @@
-"""`rv ps [-a] [--json]` (alias `ls`): one line per run, with its segment and the current job's state."""
+"""`rv ps [-a] [--json] [SWEEP]` (alias `ls`): one line per run, with its segment and the current job's
+state, and one per sweep (its points counted by state); with SWEEP, one line per point of it."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows
     ]
     for v in views:
         gpus = f"{v.gpus}x{v.gpu_type}" if v.gpus and v.gpu_type else str(v.gpus or "-")
-        seg = f"{v.segment}/{v.max_segments}" if v.run_id else "-"
+        seg = f"{v.segment}/{v.max_segments}" if v.run_id else f"{v.points}pt" if v.points else "-"
         code = "-" if v.exit_code is None else str(v.exit_code)
-        why = f"  ({v.reason})" if v.reason and v.state not in ("RUNNING", "COMPLETED") else ""
+        # A sweep's line (its points) always says how many points are in which state.
+        shown = v.reason and (v.points or v.state not in ("RUNNING", "COMPLETED"))
+        why = f"  ({v.reason})" if shown else ""
         lines.append(
             f"{v.name[:22]:<22} {seg:>5} {v.state[:11]:<11} {code:>4} {(v.job_id or '-'):<9} {gpus:<10} "
             f"{v.nodes:>5} {duration(v.elapsed_seconds):>10}  {v.source}{why}"
@@ -36,18 +39,23 @@ def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows
 
 
 @click.command()
+@click.argument("sweep", metavar="[SWEEP]", required=False)
 @click.option("-a", "--all", "all_", is_flag=True, help="Include runs that ended in the last 7 days.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def ps(ctx: click.Context, all_: bool, as_json: bool) -> None:
-    """List your runs (one line each: segment, state, exit code, why it ended) and other jobs."""
+def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None:
+    """List your runs (one line each: segment, state, exit code, why it ended), sweeps (one line each:
+    how many points are in which state) and other jobs; with SWEEP, each point of that sweep."""
     from rv.job import query
     from rv.job.records import run_views
+    from rv.sweepview import fold_sweeps
 
     store = run_store()
     with session(ctx) as s:
         # One round trip whatever the queue holds: runs, squeue (sacct with -a) and the secrets sweep.
-        snap = query.listing(s.transport, s.layout.root, finished=all_, sweep=s.sweep_along())
+        snap = query.listing(
+            s.transport, s.layout.root, finished=all_, sweep=s.sweep_along(), sweeps=[sweep] if sweep else []
+        )
         s.swept(snap.sweep)
         mine = {r.run_id: r for r in store.all(s.profile.name)}
         query.cache_learned_many(
@@ -58,9 +66,30 @@ def ps(ctx: click.Context, all_: bool, as_json: bool) -> None:
     if all_ and snap.sacct_error:
         # Expected on clusters without accounting: rv's own records still give every run's end.
         note(f"no sacct here ({snap.sacct_error.splitlines()[0]}): finished runs come from rv's records")
-    views = run_views(snap.runs, snap.queued, snap.accounted, now=snap.now, live_only=not all_)
-    if as_json:
-        print_json([v.to_json() for v in views])
+    if sweep:
+        _points(snap, sweep, as_json)
         return
-    for line in render_table(views):
+    views = run_views(snap.runs, snap.queued, snap.accounted, now=snap.now)
+    if as_json:
+        # Data: a sweep's points stay runs of their own (each names its sweep and index).
+        print_json([v.to_json() for v in views if v.live or all_])
+        return
+    for line in render_table(fold_sweeps(views, live_only=not all_)):
+        click.echo(line)
+
+
+def _points(snap, sweep: str, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+    """`rv ps SWEEP`: one line per point (the newest run of each)."""
+    from rv.errors import NotFound
+    from rv.job.records import run_views
+    from rv.sweepview import point_lines, point_runs
+
+    points = point_runs(snap.runs, sweep)
+    if not points:
+        raise NotFound(f"no sweep named {sweep!r} on this cluster", hint="rv ps lists runs and sweeps")
+    views = {v.run_id: v for v in run_views(snap.runs, snap.queued, snap.accounted, now=snap.now) if v.run_id}
+    if as_json:
+        print_json([views[p.run_id].to_json() for p in points if p.run_id in views])
+        return
+    for line in point_lines(points, views):
         click.echo(line)

@@ -1,4 +1,5 @@
-"""`rv stop RUN... | --all`: end runs: the current segment is cancelled and the chain goes no further."""
+"""`rv stop RUN... | --all`: end runs: the current segment is cancelled and the chain goes no further.
+A sweep's name stops every point of it that has not ended; SWEEP/INDEX one point."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rv.cli.common import note, run_store, session, warn
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stopping with --all.")
 @click.pass_context
 def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool) -> None:
-    """Stop RUNs (names, run ids or job ids of any segment), or --all of yours."""
+    """Stop RUNs (names, run ids or job ids of any segment; a sweep's name: all its points), or --all."""
     from rv.errors import UsageError
     from rv.job import query
     from rv.job.cleanup import stop_runs
@@ -23,6 +24,7 @@ def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool) -> No
     if runs and all_:
         raise UsageError("give runs or --all, not both")
     store = run_store()
+    sweeps: dict[str, tuple[int, set[str]]] = {}  # a sweep named: (its points, the ones stopped now)
     with session(ctx) as s:
         if all_:
             snap = query.fetch(s.transport, s.layout.root, live=True)
@@ -37,10 +39,32 @@ def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool) -> No
         else:
             targets = []
             for ref in runs:
-                found = query.resolve(s.transport, store, s.profile.name, s.layout.root, ref)
-                targets.append((found.run.run_id, found.run.name))
+                found, is_sweep = query.resolve_or_sweep(
+                    s.transport, store, s.profile.name, s.layout.root, ref
+                )
+                if is_sweep:
+                    going = [r for r in found if r.ended is None]
+                    sweeps[ref] = (len(found), {r.run_id for r in going})
+                    found = going
+                targets += [(r.run_id, r.name) for r in found]
+            if not targets:
+                note(f"every point of {', '.join(sweeps)} has ended already: nothing to stop")
+                return
         stopped = stop_runs(s.transport, s.layout.root, targets)
+    in_sweeps = {run_id for _, ids in sweeps.values() for run_id in ids}
+    for name, (total, ids) in sweeps.items():
+        rows = [row for row in stopped if row.run_id in ids]
+        cancelled = [job for row in rows for job in row.cancelled]
+        for row in rows:
+            if row.error:
+                warn(f"point {row.name}: {row.error}")
+        note(
+            f"stopped sweep {name}: {len(rows)} of its {total} point(s) had not ended; "
+            f"cancelled {len(cancelled)} job(s); they will not continue"
+        )
     for row in stopped:
+        if row.run_id in in_sweeps:
+            continue
         if row.error:
             warn(f"run {row.name}: {row.error}")
         jobs = (

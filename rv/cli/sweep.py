@@ -1,9 +1,9 @@
-"""`rv sweep results SWEEP [--sort METRIC[:min|max]] [--json|--csv]` and `rv metrics RUN`.
+"""`rv sweep results SWEEP [--sort METRIC[:min|max]] [--json|--csv]`, `rv sweep retry SWEEP` and
+`rv metrics RUN [-f]`.
 
-Not registered in rv.cli.main yet (phase 2 of the sweeps issue wires it): the options, the checks made
-before anything is sent, and the output are final; the one call to the cluster assumes the agent's
-``runs`` mode answers ``sweeps`` (the runs whose run.json names that sweep) and carries ``metrics``
-(:func:`rv.agent.metrics.read_runs` for those runs), so the whole table is one round trip.
+Each is one call to the cluster: the agent's ``runs`` mode answers ``sweeps`` (the runs whose run.json
+names that sweep) with squeue and, for the results table, every point's metrics
+(:func:`rv.agent.metrics.read_runs`); a retry then sends its points in one ``sweep-submit``.
 """
 
 from __future__ import annotations
@@ -84,43 +84,111 @@ def results(ctx: click.Context, name: str, sort_: str | None, as_json: bool, as_
 
 def _fetch_results(s: Any, name: str, sort: SortKey | None) -> list[PointRow]:
     """One round trip: the sweep's runs, squeue and each point's metrics."""
-    from rv.agent_client import call_agent
-    from rv.errors import NotFound
-    from rv.job.records import parse_runs, run_views
-    from rv.slurm import commands
-    from rv.slurm.parse import parse_squeue
-    from rv.sweepview import parse_metrics_reply, point_runs
+    from rv.job import query
+    from rv.sweepview import parse_metrics_reply
 
-    args = {
-        "root": s.layout.root,
-        "sweeps": [name],
-        "squeue": commands.squeue_user(),
-        "metrics": {"series": [sort.metric] if sort else False, "points": DEFAULT_SERIES_POINTS},
-    }
-    reply = call_agent(s.transport, "runs", args, timeout=120)
-    runs = parse_runs(reply.get("runs") or [])
-    points = point_runs(runs, name)
-    if not points:
-        raise NotFound(f"no sweep named {name!r} on this cluster", hint="rv ps lists sweeps")
-    squeue = reply.get("squeue") or {}
-    if squeue.get("error"):
-        warn(f"squeue failed, so which points are queued or running is unknown: {squeue['error']}")
-    views = {
-        v.run_id: v
-        for v in run_views(runs, parse_squeue(squeue.get("text") or ""), now=float(reply.get("now") or 0))
-        if v.run_id
-    }
-    found = parse_metrics_reply((reply.get("metrics") or {}).get("runs") or [])
+    metrics = {"series": [sort.metric] if sort else False, "points": DEFAULT_SERIES_POINTS}
+    snap = query.fetch(s.transport, s.layout.root, sweeps=[name], metrics=metrics)
+    points, views = _points_and_views(snap, name)
+    found = parse_metrics_reply(snap.metrics)
     for m in found.values():
         for line in m.notes():
             warn(line)
     return result_rows(points, views, found, sort)
 
 
+def _points_and_views(snap: Any, name: str) -> tuple[list[Any], dict[str, Any]]:
+    """The sweep's points (the newest run of each) and each run's row as rv ps has it."""
+    from rv.errors import NotFound
+    from rv.job.records import run_views
+    from rv.sweepview import point_runs
+
+    points = point_runs(snap.runs, name)
+    if not points:
+        raise NotFound(f"no sweep named {name!r} on this cluster", hint="rv ps lists runs and sweeps")
+    if snap.squeue_error:
+        warn(f"squeue failed, so which points are queued or running is unknown: {snap.squeue_error}")
+    views = {v.run_id: v for v in run_views(snap.runs, snap.queued, now=snap.now) if v.run_id}
+    return points, views
+
+
+@sweep.command("retry")
+@click.argument("name", metavar="SWEEP")
+@click.option(
+    "--parallel",
+    type=click.IntRange(min=1),
+    metavar="K",
+    help="At most K of the points running at once (default: the sweep's own --parallel).",
+)
+@click.option("--dry-run", is_flag=True, help="List the points a retry would run; send nothing.")
+@click.pass_context
+def retry(ctx: click.Context, name: str, parallel: int | None, dry_run: bool) -> None:
+    """Run again the points of SWEEP that failed or were cancelled (one job array), each as a new run of
+    its name (so from its checkpoint, if it saved one), with the same snapshot, environment and command."""
+    from rv.cli.common import run_store
+    from rv.job import query
+    from rv.job import submit as job
+    from rv.secrets import job_secrets
+    from rv.sweep import check_limits, plan_arrays
+    from rv.sweepview import retry_points
+
+    with session(ctx) as s:
+        # One round trip for what to retry and how: the sweep's runs, squeue, MaxArraySize, limits.
+        snap = query.fetch(s.transport, s.layout.root, sweeps=[name], slurm=job.sweep_asks())
+        points, views = _points_and_views(snap, name)
+        rows = result_rows(points, views, {})
+        indexes = retry_points(rows)
+        if not indexes:
+            note(f"nothing to retry: no point of sweep {name} failed or was cancelled")
+            return
+        runs = {r.run_id: r for r in snap.runs}
+        old = {p.index: (p.run_id, runs[p.run_id].name) for p in points if p.index in indexes and p.run_id}
+        states = {r.index: r.state for r in rows}
+        first = runs[old[indexes[0]][0]]
+        if parallel is None:
+            parallel = (first.meta.get("sweep") or {}).get("parallel")
+        profile = s.profile
+        arrays, limit = job.sweep_limits(snap.slurm, account=profile.account, qos=None)
+        check_limits(
+            len(indexes), max_jobs=limit.jobs if limit else None, queued=len(snap.queued),
+            limit=limit.what if limit else "MaxSubmitJobs",
+        )  # fmt: skip
+        parts = plan_arrays(
+            indexes, parallel=parallel, max_array_size=arrays.max_array_size,
+            max_array_tasks=arrays.max_array_tasks,
+        )  # fmt: skip
+        listing = ", ".join(f"{i} ({states[i].lower()})" for i in indexes)
+        if dry_run:
+            for part in parts:
+                click.echo(f"--array={part.spec}: {part.describe()}")
+            note(f"dry run: would retry {len(indexes)} point(s) of sweep {name}: {listing}; nothing was sent")
+            return
+        secrets = job_secrets(profile.name, notice=warn)
+        if secrets and not first.meta.get("has_secrets"):
+            warn(f"sweep {name} was sent without secrets: its points run again as they were, without them")
+        sent = job.submit_sweep(
+            s.transport, s.layout, project=str(first.meta.get("project")), name=name,
+            parts=job.retry_payload(parts, old), secrets=secrets or None,
+        )  # fmt: skip
+        records = [
+            job.retry_record(
+                runs[old[index][0]], run_id, f"{part['array']}_{task}", s.layout.root, profile.name
+            )
+            for part, planned in zip(sent, parts, strict=True)
+            for task, (index, run_id) in enumerate(zip(planned.points, part["runs"], strict=True))
+        ]
+        run_store().add_many(records)
+    for array in sent:
+        click.echo(array["array"])
+    note(
+        f"retrying {len(indexes)} point(s) of sweep {name}: {listing}, as job array(s) "
+        f"{', '.join(str(p['array']) for p in sent)}\n  rv ps {name}    rv sweep results {name}"
+    )
+
+
 def emit_metrics(run: RunMetrics, plot: str | None, out: IO[str], *, width: int) -> None:
-    """`rv metrics`: the table, then a plot of one metric (``plot``, else loss-like, else the first)."""
-    for line in metrics_notes(run):
-        note(line)
+    """`rv metrics`: the table, then a plot of one metric (``plot``, else loss-like, else the first).
+    What was odd in the file (:func:`metrics_notes`) is the caller's to say, on stderr."""
     if not run.metrics:
         return
     text = render_text(metrics_table(run), width=width)
@@ -138,26 +206,83 @@ def emit_metrics(run: RunMetrics, plot: str | None, out: IO[str], *, width: int)
 @click.option(
     "--plot", "plot", metavar="METRIC", help="The metric to plot (default: a loss, else the first)."
 )
+@click.option("-f", "--follow", is_flag=True, help="Refresh while the run goes on; stop when it ends.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True, metavar="SECONDS",
+    help="With -f: how often to ask the cluster.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="The summary as the cluster sent it.")
 @click.pass_context
-def metrics(ctx: click.Context, run: str | None, plot: str | None, as_json: bool) -> None:
+def metrics(
+    ctx: click.Context, run: str | None, plot: str | None, follow: bool, interval: float, as_json: bool
+) -> None:
     """Each metric RUN's program wrote to $RV_METRICS: its last and best value and its trend over
-    every segment, and a plot of one of them."""
-    from rv.agent_client import call_agent
+    every segment, and a plot of one of them. RUN: a run name (SWEEP/INDEX for a sweep's point), a
+    run id, a job id, or nothing (the latest run)."""
+    import time
+
     from rv.cli.common import run_store
+    from rv.errors import NotFound
     from rv.job import query
     from rv.sweepview import parse_metrics_reply
 
+    if follow and as_json:
+        raise click.UsageError("-f redraws a table; --json prints one summary: pick one")
+    store = run_store()
+    asked = {"series": True, "points": DEFAULT_SERIES_POINTS}
     with session(ctx) as s:
-        found = query.resolve(s.transport, run_store(), s.profile.name, s.layout.root, run)
-        root = found.record.remote_root if found.record else s.layout.root
-        reply = call_agent(
-            s.transport,
-            "metrics",
-            {"root": root, "runs": [found.run.run_id], "points": DEFAULT_SERIES_POINTS},
-        )
-    if as_json:
-        print_json(reply)
-        return
-    summary = parse_metrics_reply(reply.get("runs") or [])[found.run.run_id]
-    emit_metrics(summary, plot, sys.stdout, width=120)
+        # One round trip each time: the run's records (has it ended?) and its metrics.
+        local = store.resolve(run, s.profile.name)
+        root = local.remote_root if local is not None else s.layout.root
+        if local is not None:
+            snap = query.fetch(s.transport, root, ids=[local.run_id], metrics=asked)
+        elif run is not None:
+            where = query.selectors(run)
+            snap = query.fetch(
+                s.transport, root, ids=where["ids"], job_ids=where["job_ids"], any_names=where["any_names"],
+                metrics=asked,
+            )  # fmt: skip
+        else:
+            raise NotFound("no runs submitted with this profile yet", hint="rv run -- python train.py")
+        runs = [r for r in snap.runs if local is None or r.run_id == local.run_id]
+        if not runs:
+            raise query.not_on_cluster(run)
+        target = runs[-1]
+        tty = sys.stdout.isatty()
+        shown = None
+        try:
+            while True:
+                found = parse_metrics_reply(snap.metrics)
+                if target.run_id not in found:
+                    raise NotFound(f"the cluster sent no metrics for run {target.name}")
+                if as_json:
+                    print_json({"runs": [row for row in snap.metrics if row.get("run_id") == target.run_id]})
+                    return
+                summary = found[target.run_id]
+                text = _metrics_text(summary, plot, width=120)
+                if text != shown:
+                    if follow and tty:
+                        sys.stdout.write("\x1b[H\x1b[2J")  # redraw in place
+                    for line in metrics_notes(summary):
+                        note(line)
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                    shown = text
+                ended = next((r for r in snap.runs if r.run_id == target.run_id), target).ended
+                if not follow or ended is not None:
+                    if follow:
+                        note(f"run {target.name} ended: {(ended or {}).get('reason', '?')}")
+                    return
+                time.sleep(interval)
+                snap = query.fetch(s.transport, root, ids=[target.run_id], metrics=asked)
+        except KeyboardInterrupt:
+            note(f"\nstopped watching; run {target.name} is not affected")
+            ctx.exit(130)
+
+
+def _metrics_text(run: RunMetrics, plot: str | None, *, width: int) -> str:
+    import io
+
+    buf = io.StringIO()
+    emit_metrics(run, plot, buf, width=width)
+    return buf.getvalue()

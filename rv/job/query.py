@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,8 @@ class RunsListing:
     sacct_error: str | None = None
     now: float = 0.0
     sweep: dict[str, Any] | None = None  # the reply of a secrets sweep that rode along, if one did
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # rv.agent.metrics rows, when asked
+    slurm: dict[str, dict[str, Any]] = field(default_factory=dict)  # {key: {"text", "error"}}, when asked
 
 
 def fetch(
@@ -43,8 +45,16 @@ def fetch(
     since: float | None = None,
     sacct_days: int | None = None,
     sweep: Sequence[str] = (),
+    sweeps: Sequence[str] = (),
+    whole_sweeps: bool = False,
+    metrics: Mapping[str, Any] | None = None,
+    slurm: Mapping[str, list[str]] | None = None,
 ) -> RunsListing:
-    """One round trip: the runs asked for, squeue (and sacct), and a secrets ``sweep`` of those ids."""
+    """One round trip: the runs asked for, squeue (and sacct), and a secrets ``sweep`` of those ids.
+
+    ``sweeps``: every point of the sweeps of these names; ``whole_sweeps``: a point chosen brings
+    its sweep's other points; ``metrics``: each run's metrics summed up too (``{"series", "points"}``,
+    see rv.agent.metrics); ``slurm``: Slurm commands whose answers come back by key."""
     args: dict[str, Any] = {
         "root": root,
         "ids": list(ids),
@@ -53,7 +63,13 @@ def fetch(
         "live": live,
         "since": since,
         "squeue": commands.squeue_user(),
+        "sweeps": list(sweeps),
+        "whole_sweeps": whole_sweeps,
     }
+    if metrics is not None:
+        args["metrics"] = dict(metrics)
+    if slurm:
+        args["slurm"] = dict(slurm)
     if sacct_days is not None:
         args["sacct"] = commands.sacct_user(sacct_days)
     if sweep:
@@ -68,15 +84,21 @@ def fetch(
         sacct_error=sacct.get("error") if sacct else None,
         now=float(reply.get("now") or time.time()),
         sweep=reply.get("secrets_sweep") if sweep else None,
+        metrics=(reply.get("metrics") or {}).get("runs") or [],
+        slurm=reply.get("slurm") or {},
     )
 
 
-def listing(transport: Any, root: str, *, finished: bool, sweep: Sequence[str] = ()) -> RunsListing:
-    """What `rv ps` shows: live runs (and, with ``finished``, those of the last week, and sacct)."""
+def listing(
+    transport: Any, root: str, *, finished: bool, sweep: Sequence[str] = (), sweeps: Sequence[str] = ()
+) -> RunsListing:
+    """What `rv ps` shows: live runs (and, with ``finished``, those of the last week, and sacct), each
+    sweep with all its points (one line sums them up); with ``sweeps``, every point of those."""
     since = time.time() - FINISHED_DAYS * 86400 if finished else None
     return fetch(
-        transport, root, live=True, since=since, sacct_days=FINISHED_DAYS if finished else None, sweep=sweep
-    )
+        transport, root, live=not sweeps, since=since if not sweeps else None,
+        sacct_days=FINISHED_DAYS if finished else None, sweep=sweep, sweeps=sweeps, whole_sweeps=True,
+    )  # fmt: skip
 
 
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
@@ -113,6 +135,27 @@ def resolve(
     if local is not None:
         cache_learned(store, local, run)
     return Resolved(run, local, snap)
+
+
+def resolve_or_sweep(
+    transport: Any, store: RunStore, profile: str, root: str, ref: str
+) -> tuple[list[ClusterRun], bool]:
+    """RUN as :func:`resolve` finds it, or else the sweep of that name: (the runs, whether they are a
+    sweep's points: the newest run of each point). One round trip either way."""
+    local = store.resolve(ref, profile)
+    if local is not None:
+        return [resolve(transport, store, profile, root, ref).run], False
+    snap = fetch(transport, root, **selectors(ref), sweeps=[ref])
+    sweep = [r for r in snap.runs if (r.meta.get("sweep") or {}).get("name") == ref]
+    direct = [r for r in snap.runs if r not in sweep or r.name == ref or r.run_id == ref or ref in r.jobs]
+    if direct:
+        return [direct[-1]], False
+    if not sweep:
+        raise not_on_cluster(ref)
+    newest: dict[int, ClusterRun] = {}
+    for run in sweep:  # oldest first: the newest of each point wins
+        newest[int(run.meta["sweep"].get("index") or 0)] = run
+    return [newest[i] for i in sorted(newest)], True
 
 
 def selectors(ref: str) -> dict[str, list[str]]:

@@ -295,6 +295,9 @@ class RunView:
     created: float | None
     jobs: tuple[str, ...] = ()
     checkpoint_step: int | None = None
+    sweep: str | None = None  # a sweep's point: the sweep's name (its own is SWEEP/INDEX)
+    sweep_index: int | None = None
+    points: int = 0  # `rv ps`'s one line for a whole sweep: how many points it sums up
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -367,6 +370,7 @@ def run_views(
         if live_only and live_job is None:
             continue
         steps = [s.checkpoint_step for s in run.segments if s.checkpoint_step is not None]
+        sweep = meta.get("sweep") if isinstance(meta.get("sweep"), Mapping) else {}
         views.append(
             RunView(
                 name=run.name,
@@ -386,6 +390,8 @@ def run_views(
                 created=_float(meta.get("created")),
                 jobs=tuple(run.jobs),
                 checkpoint_step=steps[-1] if steps else None,
+                sweep=str(sweep["name"]) if sweep.get("name") else None,
+                sweep_index=_int(sweep.get("index")),
             )
         )
     views.sort(key=lambda v: v.created or 0, reverse=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 from rv.agent_client import call_agent
 from rv.errors import RemoteError, UsageError
-from rv.job.records import RunRecord
+from rv.job.records import ClusterRun, RunRecord
 from rv.layout import RemoteLayout
 from rv.names import point_name
 from rv.placement import Estimate, Placement, parse_test_only
@@ -344,30 +344,13 @@ def check_sweep(
         "name": name,
         "sweep": True,
         "squeue": commands.squeue_user(),
-        "slurm": {
-            "config": commands.scontrol_show_config(),
-            "assoc": commands.sacctmgr_submit_limits(),
-            "qos": commands.sacctmgr_qos_submit_limits(),
-        },
+        "slurm": sweep_asks(),
     }
     if probes:
         args["probes"] = [{"type": t, "script": text} for t, text in probes]
         args["test_only"] = commands.sbatch_test_only()
     reply = call_agent(transport, "run-check", args)
-    slurm = reply.get("slurm") or {}
-    config = slurm.get("config") or {}
-    arrays = (
-        parse_array_limits(config.get("text") or "")
-        if not config.get("error")
-        else ArrayLimits(SLURM_DEFAULT_MAX_ARRAY_SIZE, None)
-    )
-    assoc, qos_rows = slurm.get("assoc") or {}, slurm.get("qos") or {}
-    limit = None
-    if not assoc.get("error"):  # no accounting (sacctmgr fails): no limit rv can know of
-        limit = parse_submit_limit(
-            assoc.get("text") or "", qos_rows.get("text") or "" if not qos_rows.get("error") else "",
-            account=account, qos=qos,
-        )  # fmt: skip
+    arrays, limit = sweep_limits(reply.get("slurm") or {}, account=account, qos=qos)
     return SweepCheck(
         existing={int(k): v for k, v in (reply.get("points") or {}).items()},
         queued=int(reply.get("queued") or 0),
@@ -375,6 +358,32 @@ def check_sweep(
         limit=limit,
         estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
     )
+
+
+def sweep_asks() -> dict[str, list[str]]:
+    """The Slurm answers a sweep is planned by (:func:`sweep_limits` reads them)."""
+    return {
+        "config": commands.scontrol_show_config(),
+        "assoc": commands.sacctmgr_submit_limits(),
+        "qos": commands.sacctmgr_qos_submit_limits(),
+    }
+
+
+def sweep_limits(
+    answers: Mapping[str, Mapping[str, Any]], *, account: str | None, qos: str | None
+) -> tuple[ArrayLimits, SubmitLimit | None]:
+    """MaxArraySize (Slurm's default when scontrol did not answer) and the user's queue limit (None
+    where there is no accounting: sacctmgr fails, and no limit is rv's to know)."""
+    config = answers.get("config") or {}
+    if config.get("error"):
+        arrays = ArrayLimits(SLURM_DEFAULT_MAX_ARRAY_SIZE, None)
+    else:
+        arrays = parse_array_limits(config.get("text") or "", SLURM_DEFAULT_MAX_ARRAY_SIZE)
+    assoc, qos_rows = answers.get("assoc") or {}, answers.get("qos") or {}
+    if assoc.get("error"):
+        return arrays, None
+    qos_text = "" if qos_rows.get("error") else qos_rows.get("text") or ""
+    return arrays, parse_submit_limit(assoc.get("text") or "", qos_text, account=account, qos=qos)
 
 
 def check_existing_points(name: str, check: SweepCheck, points: Sequence[Point]) -> list[int]:
@@ -506,3 +515,24 @@ def submit_sweep(
     stdin = zlib.compress(json.dumps(payload).encode("utf-8"), 6)
     reply = call_agent(transport, "sweep-submit", args, stdin=stdin, timeout=300)
     return list(reply.get("parts") or [])
+
+
+def retry_record(old: ClusterRun, run_id: str, job_id: str, root: str, profile: str) -> RunRecord:
+    """This machine's record of a retried point: the run ``old`` was, as the new run ``run_id``."""
+    meta = old.meta
+    return RunRecord(
+        run_id=run_id,
+        name=old.name,
+        profile=profile,
+        remote_root=root,
+        project=str(meta.get("project") or ""),
+        snapshot=str(meta.get("snapshot") or ""),
+        branch=meta.get("branch"),
+        commit=meta.get("commit"),
+        dirty=bool(meta.get("dirty")),
+        command=list(meta.get("command") or []),
+        request=dict(meta.get("request") or {}),
+        submitted_at=time.time(),
+        job_id=job_id,
+        has_secrets=bool(meta.get("has_secrets")),
+    )
