@@ -79,6 +79,8 @@ rv_begin() {
     trap 'rv_got_term=1; [ "$rv_program_ran" = 1 ] || exit 143' TERM
     trap 'rv_got_term=1; [ "$rv_program_ran" = 1 ] || exit 130' INT
     trap 'rv_got_term=1; [ "$rv_program_ran" = 1 ] || exit 129' HUP
+    # rv stop marks the run, then cancels its jobs: one that started in between ends here.
+    [ ! -e "$RV_RUN_DIR/STOP" ] || exit 0
     rv_load_secrets
     rv_environment
     rv_try "making the checkpoint and output folders" mkdir -p -- "$RV_CHECKPOINT_DIR" "$RV_OUTPUT_DIR"

@@ -486,14 +486,15 @@ def test_torchrun_command_reaches_each_node_byte_for_byte(args):
 
 def test_srun_one_task_per_node_with_per_node_logs(box):
     req = build_request(CATALOG, command=["torchrun", "t.py"], gpus=4, gpu_type="a6000", nodes=2, name="r")
-    box.run(render_script(req, box.ctx()))
+    _, job_id = box.run(render_script(req, box.ctx()))
     line = (box.out / "srun.log").read_text().splitlines()[0]
     assert line.startswith(
         "--nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append "
     )
     logs = box.run_dir / "logs"
-    assert f"--output={logs}/%j-node%n.out --error={logs}/%j-node%n.err" in line
-    assert line.endswith('bash -c rv_task "$@" rv-task 1 1')  # labelled ranks under a launcher
+    # Named by the job as rv knows it (an array task's is ARRAY_TASK, which srun's %j is not).
+    assert f"--output={logs}/{job_id}-node%n.out --error={logs}/{job_id}-node%n.err" in line
+    assert line.endswith(f'bash -c rv_task "$@" rv-task 1 1 {job_id}')  # labelled ranks under a launcher
 
 
 def program(code: str) -> list[str]:
@@ -786,6 +787,32 @@ def test_rv_stop_ends_the_run_and_a_late_successor_is_cancelled(box):
     box.run(stopper(box, secrets=True), FAKE_END_IN="30")
     assert box.record()["reason"] == "cancelled by rv stop" and not box.sbatch_calls()
     assert box.ended()["reason"] == "cancelled by rv stop"
+
+
+def test_a_job_that_starts_after_rv_stop_marked_the_run_ends_without_the_program(box):
+    # rv stop writes STOP in every run, then cancels their jobs: a job starting in between (a sweep's
+    # array task whose slot another point freed) must not run the program.
+    touched = box.base / "ran"
+    req = build_request(CATALOG, command=["touch", str(touched)], gpu_type="a6000", name="r")
+    (box.run_dir / "STOP").write_text("now\n")
+    result, _ = box.run(render_script(req, box.ctx()))
+    assert not touched.exists(), result.stdout.decode()
+    assert (
+        box.ended()["reason"] == "cancelled by rv stop" and box.record()["reason"] == "cancelled by rv stop"
+    )
+
+
+def test_an_array_task_is_known_by_its_array_name(box):
+    # A sweep's point runs first as task 4 of array 7000: squeue -r, sacct and scancel call it
+    # 7000_4, and so do its records, job folder and (the array's --output) its logs.
+    req = replace(
+        build_request(CATALOG, command=program("print('hi')"), gpu_type="a6000", name="sw"), name="sw/4"
+    )
+    result, _ = box.run(render_script(req, box.ctx()), SLURM_ARRAY_JOB_ID="7000", SLURM_ARRAY_TASK_ID="4")
+    assert result.returncode == 0, result.stderr.decode()
+    assert (box.run_dir / "seg" / "1.job").read_text() == "7000_4\n"
+    assert box.record()["job_id"] == "7000_4" and (box.run_dir / "jobs" / "7000_4").is_dir()
+    assert "rv: run sw/4, segment 1/10: job 7000_4 on" in result.stdout.decode()
 
 
 def test_stop_written_while_submitting_cancels_the_new_segment(box):
