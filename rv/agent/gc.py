@@ -119,6 +119,11 @@ def runs_and_store_gc(args, live=None):
         index = runs.name_index(root, meta.get("project", ""), meta.get("name", "")) if meta else None
         if index and runs.read_text(index) == run_id:
             common.remove_counted(index, freed, dry)
+            if "/" in meta.get("name", "") and not dry:
+                # A sweep's point: the sweep's folder of name indexes goes with its last point, so
+                # the name is free again for a plain run.
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(index))
     if args.get("checkpoints"):
         now = time.time()
         for kind, report_key in ((b"checkpoints", "checkpoints_removed"), (b"outputs", "outputs_removed")):
@@ -128,7 +133,9 @@ def runs_and_store_gc(args, live=None):
                     key = (manifest.dec(project), manifest.dec(name))
                     path = common.join(base, project, name)
                     newest = runs.tree_bytes(path)[1]
-                    if key in kept_names or now - newest < older_than:
+                    # A sweep's folder holds its points' (SWEEP/INDEX): kept while one of them is.
+                    point = [k for k in kept_names if k[0] == key[0] and str(k[1]).startswith(key[1] + "/")]
+                    if key in kept_names or point or now - newest < older_than:
                         continue
                     before = freed.bytes
                     common.remove_counted(path, freed, dry)
