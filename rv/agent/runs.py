@@ -588,7 +588,9 @@ def _retry_script(root, old_run_id, run_id):
         )
     snap = manifest.enc(meta.get("snapshot") or "")
     store = common.join(root, b"snapshots")
-    if not (os.path.isdir(common.join(store, snap)) or os.path.isdir(common.join(store, snap + b".layer"))):
+    if not snap or not (
+        os.path.isdir(common.join(store, snap)) or os.path.isdir(common.join(store, snap + b".layer"))
+    ):
         raise common.AgentError(
             "snapshot %s of point %s is gone (rv gc removed it): run the sweep again with rv run --sweep"
             % (meta.get("snapshot"), meta.get("name")),
