@@ -176,6 +176,10 @@ def test_a_point_stopped_at_its_time_limit_continues_from_its_checkpoint_while_t
         )
     )  # fmt: skip
     (array,) = sent["arrays"]
+    # rv metrics -f follows the point across its segments and returns when its run ends.
+    follow = run_rv("metrics", "long/1", "-f", "--interval", "2", timeout=300)
+    assert follow.returncode == 0 and "run long/1 ended: finished" in follow.stderr, follow.stderr
+    assert re.search(r"^loss\s+0\.01667\s+60\s", follow.stdout.rsplit("METRIC", 1)[-1], re.M), follow.stdout
     rows = wait_for(all_ended(run_rv, "long", 3), 300, "every point to end", step=3)
     assert all(p["state"] == "COMPLETED" for p in rows.values()), rows
     assert [rows[i]["segments"] for i in range(3)] == [1, 2, 1]
