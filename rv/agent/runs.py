@@ -61,24 +61,34 @@ def user_name():
 
 def run_argv(argv, env=None, timeout=60, stdin_data=None):
     """(exit code, stdout, stderr) of ``argv``; 127 when the program is missing."""
+    return _finish(_start(argv, env, stdin_data is not None), stdin_data, timeout)
+
+
+def _start(argv, env=None, stdin=False):
+    """The process running ``argv``, or (127, "", why) when it cannot start."""
     # "{user}" stands for the login name, alone or in a word ("user={user}").
     argv = [word.replace("{user}", user_name()) if "{user}" in word else word for word in argv]
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             argv,
-            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
         )
     except OSError as exc:
         return 127, "", "%s: %s" % (argv[0], exc.strerror)
+
+
+def _finish(proc, stdin_data=None, timeout=60):
+    if isinstance(proc, tuple):
+        return proc
     try:
         out, err = proc.communicate(stdin_data, timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return 124, "", "%s did not answer within %d s" % (argv[0], timeout)
+        return 124, "", "%s did not answer within %d s" % (proc.args[0], timeout)
     return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
@@ -146,9 +156,20 @@ def sweep_in_the_way(root, project, name):
         )
 
 
-def slurm_answers(asks):
-    """{key: answer(argv)} for each Slurm command a call carries along (``slurm``: {key: argv})."""
-    return dict((key, answer(argv)) for key, argv in sorted((asks or {}).items()))
+def slurm_answers(asks, meanwhile=None):
+    """{key: answer(argv)} for each Slurm command a call carries along (``slurm``: {key: argv}), all
+    at once (sacctmgr alone takes ~0.2 s a call), and ``meanwhile()``'s result, run beside them:
+    (answers, result)."""
+    started = [(key, _start(argv)) for key, argv in sorted((asks or {}).items())]
+    try:
+        result = meanwhile() if meanwhile is not None else None
+    finally:
+        # Each is read to its end in turn; the others meanwhile run (or wait on a full pipe).
+        done = [(key, _finish(proc)) for key, proc in started]
+    out = {}
+    for key, (code, text, err) in done:
+        out[key] = {"text": text, "error": None if code == 0 else (err.strip() or "exit %d" % code)}
+    return out, result
 
 
 def live_jobs(squeue_argv):
@@ -559,12 +580,8 @@ def _sweep_check(root, args):
     (a sweep named again), the user's queued jobs (queue limits) and the Slurm answers asked for."""
     project, name = args["project"], args["name"]
     _plain_run_in_the_way(root, project, name)
-    live = live_jobs(args["squeue"])
-    out = {
-        "points": _sweep_points(root, project, name, live),
-        "queued": len(live),
-        "slurm": slurm_answers(args.get("slurm")),
-    }
+    answers, live = slurm_answers(args.get("slurm"), lambda: live_jobs(args["squeue"]))
+    out = {"points": _sweep_points(root, project, name, live), "queued": len(live), "slurm": answers}
     if args.get("probes"):
         out["probes"] = _probes(args)
     return out
@@ -745,7 +762,7 @@ def mode_runs(args):
     if args.get("sacct"):
         out["sacct"] = answer(args["sacct"])
     if args.get("slurm"):
-        out["slurm"] = slurm_answers(args["slurm"])
+        out["slurm"] = slurm_answers(args["slurm"])[0]
     if args.get("secrets_sweep"):
         # The session's secrets sweep rides along on this call: no second round trip.
         out["secrets_sweep"] = sweep_secrets(root, args["secrets_sweep"], jobs_of(text)) if code == 0 else {
