@@ -94,6 +94,21 @@ def _agent_bootstrap(hot: bool = False) -> str:
     )
 
 
+# Arguments longer than this travel compressed ("z:" + base64 of zlib): sshd hands the whole command
+# line to the login shell as one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN), and the
+# agent's own program takes ~70 KiB of it. A run over two GPU types (two scripts and the job runtime)
+# passed the cap as plain JSON: "Argument list too long".
+INLINE_ARGS = 8192
+
+
+def encode_args(args: dict[str, Any]) -> str:
+    """The agent's arguments as one command-line word: JSON, compressed when long."""
+    text = json.dumps(args)
+    if len(text) <= INLINE_ARGS:
+        return text
+    return "z:" + base64.b64encode(zlib.compress(text.encode("utf-8"), 6)).decode("ascii")
+
+
 def agent_command(mode: str, args: dict[str, Any]) -> str:
     """The shell line that runs the agent (:mod:`rv.agent`) on the cluster (isolated mode, no site).
 
@@ -102,7 +117,7 @@ def agent_command(mode: str, args: dict[str, Any]) -> str:
     and a user's broken environment cannot break syncing. The agent needs the stdlib only.
     """
     program = " ".join(
-        ["-I", "-S", "-c", shlex.quote(_agent_bootstrap()), shlex.quote(mode), shlex.quote(json.dumps(args))]
+        ["-I", "-S", "-c", shlex.quote(_agent_bootstrap()), shlex.quote(mode), shlex.quote(encode_args(args))]
     )
     return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {program}'
 

@@ -1,16 +1,19 @@
 """The agent's entry point: the one table of modes, and how a mode's outcome becomes a reply.
 
-``MODE ARGS``: ARGS is one JSON object; every reply is zlib-compressed JSON on stdout (``follow``
-and ``up`` write frames instead). A failure the client can explain is a reply with ``error`` and
-``code``; an input that ended early (the client went away) exits 3.
+``MODE ARGS``: ARGS is one JSON object (or ``z:`` and its zlib-compressed base64, when long); every
+reply is zlib-compressed JSON on stdout (``follow`` and ``up`` write frames instead). A failure the
+client can explain is a reply with ``error`` and ``code``; an input that ended early (the client
+went away) exits 3.
 """
 
+import base64
 import contextlib
 import errno
 import json
 import os
 import signal
 import sys
+import zlib
 
 from rv.agent import common, envs, follow, gc, metrics, runs, store, transfer, up
 
@@ -52,7 +55,10 @@ def _on_signal(signum, _frame):
 def main(argv):
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, _on_signal)
-    mode, args = argv[1], json.loads(argv[2])
+    mode, raw = argv[1], argv[2]
+    if raw.startswith("z:"):  # rv.agent_client.encode_args: long arguments come compressed
+        raw = zlib.decompress(base64.b64decode(raw[2:])).decode("utf-8")
+    args = json.loads(raw)
     common.UMASK = int(args.get("umask", 0o077)) & 0o777
     os.umask(common.UMASK)
     try:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from rv.agent import gc as agent_gc
 from rv.agent import runs as agent_runs
 from rv.agent.common import AgentError
+from rv.agent_client import agent_command, encode_args
 from rv.catalog import RIVANNA
 from rv.cli.ps import render_table
 from rv.errors import UsageError
@@ -372,3 +374,24 @@ def test_a_sweeps_dry_run_lists_its_points_and_sends_nothing(offline):
     assert "sweep of 3 point(s) over x, at most 2 at once" in r.stdout and "--array=0-2%2" in r.stdout
     assert re.search(r"^2\s+3\s+python t.py --x=3$", r.stdout, re.M), r.stdout
     assert "dry run: nothing was sent (sweep g, 3 point(s)" in r.stderr
+
+
+def test_long_agent_arguments_travel_compressed_under_the_kernels_cap(tmp_path):
+    # sshd hands the command line to the shell as one argument, capped at 128 KiB: a run over two
+    # GPU types (two batch scripts and the job runtime) passed it as plain JSON.
+    layout = RemoteLayout(str(tmp_path / "remote"))
+    reqs = [
+        build_request(RIVANNA, command=["python", "t.py"], gpu_type=t, name="two") for t in ("a6000", "a100")
+    ]
+    ctx = script_context(layout, run_id="r1", snapshot_id="s1", project="p", account=None, has_secrets=False)
+    two = submit_args(layout, reqs[0], ctx, provenance={}, has_secrets=False, alternatives=reqs[1:])
+    plain = len(agent_command("metrics", {})) + len(json.dumps(two))
+    assert plain > 128 * 1024 > len(agent_command("run-submit", two))
+    (tmp_path / "remote" / "runs").mkdir(parents=True)
+    line = agent_command("metrics", {"root": layout.root, "runs": [], "padding": two})
+    done = subprocess.run(
+        ["bash", "-c", line], capture_output=True, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(zlib.decompress(done.stdout)) == {"runs": []}
+    assert encode_args({"a": 1}) == '{"a": 1}'  # short ones stay as they are
