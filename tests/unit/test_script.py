@@ -793,7 +793,9 @@ def test_stop_written_while_submitting_cancels_the_new_segment(box):
     # between must cancel that successor itself.
     stub = box.stubs / "sbatch"
     stub.write_text(
-        stub.read_text().replace('echo "${FAKE_NEXT_JOB', f'touch {box.run_dir}/STOP; echo "${{FAKE_NEXT_JOB')
+        stub.read_text().replace(
+            'echo "$((${FAKE_NEXT_JOB', f'touch {box.run_dir}/STOP; echo "$((${{FAKE_NEXT_JOB'
+        )
     )
     box.run(stopper(box), FAKE_END_IN="30")
     assert (box.out / "scancel.log").read_text() == "5001\n"
