@@ -268,6 +268,7 @@ def run(
         requirements=requirements, extras=extras, python=python_, system_site_packages=system_site_packages,
     )  # fmt: skip
     alternatives = [dataclasses.replace(r, setup=req.setup) for r in alternatives]
+    reqs = [req, *alternatives]  # each with the folder the program starts in
     sources = ctx.meta.get("rv.sources", {})
     if dry_run:
         from rv.layout import RemoteLayout
