@@ -331,7 +331,10 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     )
     log.info(f"precision: {precision.name} ({precision.reason})")
     log.info(f"model: {model_name}; task {cfg.task}: {len(examples):,} examples")
-    sampler = choose_sampler(policy)
+    # The sampler is chosen by a trial forward (rollout.choose_sampler), run as sampling runs: weights
+    # local (under FSDP every rank gathers them here, in the same order), in the run's precision.
+    with generation_model(model) as gen_model, autocast(precision, env.device):
+        sampler = choose_sampler(gen_model)
     log.info(f"sampling: {sampler.description}")
     if latest is not None:
         log.info(f"resumed from {latest} at step {state.step} (data position {state.prompts_seen})")
