@@ -296,11 +296,13 @@ def _find_cache_keyword(model: nn.Module) -> tuple[str | None, str]:
                  keyword: cache},
                 {"use_cache": True},
             )  # fmt: skip
-        except TypeError as err:  # no such keyword (a forward without **kwargs)
-            if repr(keyword) not in str(err):
-                raise
-            why.append(f"{keyword}=: {err}")
+        except TypeError as err:
+            if repr(keyword) not in str(err):  # not a refusal of the keyword: the model failed
+                return None, f"its forward fails with a DynamicCache (TypeError: {err})"
+            why.append(f"{keyword}=: {err}")  # no such keyword (a forward without **kwargs)
             continue
+        except Exception as err:  # e.g. LFM2 in transformers 4.57 looks for a cache of its own kind
+            return None, f"its forward fails with a DynamicCache ({type(err).__name__}: {err})"
         if _returned_cache(out) is cache:
             _CACHE_KEYWORD[type(model)] = keyword
             return keyword, ""

@@ -11,7 +11,7 @@ from rv.cli.common import note, print_json, progress_renderer, run_store, sessio
 from rv.cli.envs import env_options
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(context_settings={"allow_interspersed_args": False})
 @click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")
 @click.option(
     "-t", "--type", "gpu_type", help="GPU type from the profile's catalog (`rv status` lists them)."
