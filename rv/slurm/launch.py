@@ -14,6 +14,37 @@ from rv.request import ACCELERATE_MODES, JobRequest, LaunchArgs, TorchrunArgs, l
 # rv's rank labeller, shipped beside the job's runtime; the job exports its path as RV_RANK_LABEL.
 RANK_LABEL = '"$RV_RANK_LABEL"'
 
+# Where `accelerate launch` looks for its default config without --config_file (accelerate's
+# commands/config/config_args.py), as a word for the task's shell. The job points HF_HOME under the
+# remote root, so this is a file of rv's cache unless the setup lines say otherwise.
+ACCELERATE_DEFAULT_CONFIG = (
+    '"${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}/accelerate/default_config.yaml"'
+)
+# A config file that names its precision: a top-level YAML key or a JSON key. `fp16` is the old
+# spelling, which accelerate still reads when `mixed_precision` is absent.
+_SETS_PRECISION = shlex.quote('(^|")(mixed_precision|fp16)"?[[:space:]]*:')
+
+
+def accelerate_precision_word(la: LaunchArgs) -> str | None:
+    """``--mixed_precision`` from the GPU the job was given (``$RV_PRECISION``), as a word for the task's
+    shell, or None when the user chose it.
+
+    Without the flag `accelerate launch` exports ``ACCELERATE_MIXED_PRECISION=no`` to its workers over
+    the job's own value, and every run is fp32. The user's ``--mixed_precision`` wins, and so does a
+    config file that sets it (``--config_file``, or accelerate's default file, which ``--cpu`` skips):
+    the flag would override the file. Whether the file sets it is known only on the node, so the
+    task's shell looks (the file may be in the snapshot or anywhere on the cluster) and the word is
+    empty when it does.
+    """
+    if la.has("mixed_precision"):
+        return None
+    flag = '--mixed_precision="$RV_PRECISION"'
+    config = la.value("config_file")
+    if config is None and la.has("cpu"):
+        return flag
+    where = shlex.quote(config) if config is not None else ACCELERATE_DEFAULT_CONFIG
+    return f"$(grep -qsE {_SETS_PRECISION} {where} || printf %s {flag})"
+
 
 def accelerate_injected_flags(req: JobRequest, la: LaunchArgs) -> list[str]:
     """The flags rv adds after ``accelerate launch``, as shell words for the task's shell.
@@ -24,7 +55,7 @@ def accelerate_injected_flags(req: JobRequest, la: LaunchArgs) -> list[str]:
     ``--multi_gpu`` for two or more processes when nothing else says how to start them: without it
     accelerate counts CUDA devices on the node to decide, and starts a single process where it finds
     one (or none). DeepSpeed on several nodes is started the "standard" way, by every node's task,
-    not over pdsh.
+    not over pdsh. ``--mixed_precision`` from the allocated GPU (:func:`accelerate_precision_word`).
     """
     total = launch_ranks(la, nodes=req.nodes, gpus_per_node=req.gpus_per_node) or req.nodes
     flags = []
@@ -43,6 +74,9 @@ def accelerate_injected_flags(req: JobRequest, la: LaunchArgs) -> list[str]:
         flags.append("--multi_gpu")
     if req.nodes > 1 and la.has("use_deepspeed") and not la.has("deepspeed_multinode_launcher"):
         flags.append("--deepspeed_multinode_launcher=standard")
+    precision = accelerate_precision_word(la)
+    if precision is not None:
+        flags.append(precision)
     return flags
 
 
