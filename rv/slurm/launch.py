@@ -83,28 +83,38 @@ def accelerate_injected_flags(req: JobRequest, la: LaunchArgs) -> list[str]:
 def torchrun_injected_flags(req: JobRequest, tr: TorchrunArgs) -> list[str]:
     """The flags rv adds after the torchrun launcher, as shell words for the task's shell.
 
-    Only flags the user did not give. ``$SLURM_NODEID`` and friends are left for the task's own
-    shell to expand. On one node, a user's own rendezvous (``--standalone``, ``--master-port``,
-    ...) is respected; on several, ``build_request`` already refused one. No
-    ``--signals-to-handle``: the stop signal goes to the workers directly, never to the agent.
+    Only flags the user did not give, and none that torchrun warns about. The rendezvous is torchrun's
+    static one: each node's rank from Slurm, the first node's agent holding the store at the port
+    from the job id. Not c10d: its agents close the rendezvous one by one after the run, and an
+    agent that does so after the first node's has exited (the store with it) warns that it "has
+    failed to shutdown the rendezvous" (seen in about one two-node job in four); and with c10d a
+    --node-rank draws "node_rank is only used for static rdzv_backend" on every node but the first.
+    A user's own ``--rdzv-backend=c10d`` gets its endpoint and id instead. ``$SLURM_NODEID`` and
+    friends are left for the task's own shell to expand. On one node, a user's own rendezvous
+    (``--standalone``, ``--master-port``, ...) is respected; on several, ``build_request`` already
+    refused one. No ``--signals-to-handle``: the stop signal goes to the workers directly, never to
+    the agent.
     """
     own_rendezvous = req.nodes == 1 and any(
         tr.has(n) for n in ("standalone", "rdzv-endpoint", "rdzv-backend", "master-addr", "master-port")
     )
+    c10d = tr.value("rdzv-backend") == "c10d"
     flags = []
     if not tr.has("nnodes"):
         flags.append(f"--nnodes={req.nodes}")
-    if not own_rendezvous and not tr.has("node-rank"):
+    if not own_rendezvous and not c10d and not tr.has("node-rank"):
         flags.append('--node-rank="$SLURM_NODEID"')
     if req.gpus_per_node > 0 and not tr.has("nproc-per-node"):
         flags.append(f"--nproc-per-node={req.gpus_per_node}")
-    if not own_rendezvous:
-        if not tr.has("rdzv-backend"):
-            flags.append("--rdzv-backend=c10d")
+    if own_rendezvous:
+        return flags
+    if c10d:
         if not tr.has("rdzv-endpoint"):
             flags.append('--rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT"')
         if not tr.has("rdzv-id"):
             flags.append('--rdzv-id="$SLURM_JOB_ID"')
+        return flags
+    flags += ['--master-addr="$RV_HEAD_ADDR"', '--master-port="$MASTER_PORT"']
     return flags
 
 

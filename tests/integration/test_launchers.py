@@ -113,6 +113,29 @@ def test_uv_run_torchrun_on_two_nodes_is_one_world_of_four(layout, project, uv_b
 
 
 @BARE
+def test_torchrun_says_nothing_about_the_flags_rv_adds(layout, project):
+    # Every flag rv adds to torchrun, in a real two-node job: torchrun must not warn about one
+    # ("node_rank is only used for static rdzv_backend" on every node but the first, before). The
+    # one warning it gives of itself, for OMP_NUM_THREADS when it starts several processes per node,
+    # is kept out by setting it: any warning left would be about rv's flags.
+    r = layout.run_rv(
+        "run", "-g", "4", "-t", "a6000", "--mem", "2G", "--setup", "export OMP_NUM_THREADS=1", "-f",
+        "--", "torchrun", "world.py", cwd=project,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_one_world_of_four(r.stdout, "torchrun")
+    job = re.search(r"^(\d+)$", r.stdout, re.M) or re.search(r"job (\d+)", r.stderr)
+    assert job, r.stderr
+    logs = sorted(Path(layout.remote_root).glob(f"runs/*/logs/{job.group(1)}*"))
+    assert len(logs) >= 4, logs  # .out and .err of both nodes
+    text = "".join(p.read_text(errors="replace") for p in logs) + r.stdout + r.stderr
+    warnings = [
+        line for line in text.splitlines() if re.match(r"(\[\d+\] )?W\d{4} ", line) or "warn" in line.lower()
+    ]
+    assert warnings == [], "\n".join(warnings)
+
+
+@BARE
 def test_accelerate_launch_on_two_nodes_is_one_world_of_four(layout, project):
     r = layout.run_rv(
         "run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "accelerate", "launch", "world.py",

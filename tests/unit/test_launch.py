@@ -92,3 +92,27 @@ def test_accelerates_default_config_file_counts_unless_cpu(tmp_path):
     (xdg / "huggingface" / "accelerate" / "default_config.yaml").write_text("mixed_precision: 'no'\n")
     args = accelerate_args(["accelerate", "launch", "t.py"], tmp_path, env={"XDG_CACHE_HOME": str(xdg)})
     assert f"--mixed_precision={PRECISION}" not in args
+
+
+def torchrun_line(command: list[str], nodes: int = 2) -> str:
+    return program_line(
+        build_request(RIVANNA, command=command, gpus=2 * nodes, gpu_type="a6000", nodes=nodes)
+    )
+
+
+def test_torchrun_gets_the_static_rendezvous_and_nothing_it_warns_about():
+    # c10d with --node-rank drew "node_rank is only used for static rdzv_backend" on every node but the
+    # first, and c10d's closing race "failed to shutdown the rendezvous" in about one job in four.
+    assert torchrun_line(["torchrun", "t.py"]) == (
+        'torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --nproc-per-node=2 --master-addr="$RV_HEAD_ADDR" '
+        '--master-port="$MASTER_PORT" t.py'
+    )
+    # The user's own c10d: its endpoint and id, and no --node-rank.
+    assert torchrun_line(["torchrun", "--rdzv-backend=c10d", "t.py"]) == (
+        'torchrun --nnodes=2 --nproc-per-node=2 --rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT" '
+        '--rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d t.py'
+    )
+    # One node, the user's own rendezvous: left alone.
+    assert torchrun_line(["torchrun", "--standalone", "t.py"], nodes=1) == (
+        "torchrun --nnodes=1 --nproc-per-node=2 --standalone t.py"
+    )
