@@ -70,3 +70,57 @@ def test_gc_older_than_zero_removes_every_ended_run_and_never_a_live_one(run_rv,
     bad = run_rv("gc", "--older-than", "3")
     assert bad.returncode == 2 and bad.stderr.startswith("rv: error: --older-than '3' has no unit")
     assert "--time" not in bad.stderr
+
+
+# --- what uv writes under the remote root ------------------------------------------------------------
+
+
+def loose_paths(root: Path, allowed: int) -> list[str]:
+    """Paths under ``root`` with permission bits beyond ``allowed`` (symlinks have none of their own;
+    the root itself is the test fixture's)."""
+    found = []
+    for path in root.rglob("*"):
+        st = path.lstat()
+        if not path.is_symlink() and st.st_mode & 0o777 & ~allowed:
+            found.append(f"{oct(st.st_mode & 0o777)} {path.relative_to(root)}")
+    return found
+
+
+def share_with_group(rv_env: dict[str, str]) -> None:
+    """The test's profile with ``share_with_group = true`` (``rv init --share-with-group``)."""
+    from dataclasses import replace
+
+    from rv.config import load_config, save_config
+
+    cfg = load_config(Path(rv_env["RV_CONFIG"]))
+    profile = replace(cfg.profile(cfg.default), share_with_group=True)
+    save_config(replace(cfg.with_profile(profile, make_default=True), path=Path(rv_env["RV_CONFIG"])))
+
+
+@pytest.mark.parametrize("layout", ["bare"], indirect=True)
+@pytest.mark.parametrize("allowed", [0o700, 0o750], ids=["private", "group"])
+def test_everything_uv_writes_is_private_and_a_failed_build_leaves_no_lock(layout, tmp_path, allowed):
+    root = Path(layout.remote_root)
+    if allowed == 0o750:
+        share_with_group(layout.rv_env)
+    proj = project(tmp_path / "p", {"requirements.txt": "six==1.16.0\n", "main.py": "import six\n"})
+    built = layout.run_rv("venv", "build", "--no-system-site-packages", cwd=proj)
+    assert built.returncode == 0, built.stderr
+    (key,) = [p.name for p in (root / "envs").iterdir() if not p.name.endswith(".lock")]
+    # uv's own lock files were 0666 whatever the folder: created by uv, not by rv.
+    loose = loose_paths(root, allowed)
+    assert not loose, "\n".join(loose)
+    for lock in (root / "cache" / "uv" / ".lock", root / "envs" / key / ".lock"):
+        assert lock.exists(), lock
+        assert lock.stat().st_mode & 0o777 == 0o666 & allowed, (lock, oct(lock.stat().st_mode))
+
+    (proj / "requirements.txt").write_text("rv-no-such-package-anywhere==1.0\n")
+    git(proj, "commit", "-qam", "a requirement nobody can meet")
+    failed = layout.run_rv("venv", "build", "--no-system-site-packages", cwd=proj)
+    assert failed.returncode == 2, failed.stdout + failed.stderr
+    assert "rv-no-such-package-anywhere" in failed.stderr
+    # The failed build's lock file is gone: the complete environment and its lock are all there is.
+    left = sorted(p.name for p in (root / "envs").iterdir())
+    assert left == [key, f"{key}.lock"], left
+    loose = loose_paths(root, allowed)
+    assert not loose, "\n".join(loose)
