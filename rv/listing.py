@@ -406,11 +406,15 @@ def _git_config(top: Path, git: Git) -> dict[str, str]:
         top,
         ok_codes=(0, 1),
     )  # fmt: skip
-    values = {}
+    values: dict[str, str] = {}
     for item in proc.stdout.split(b"\0"):
         if item:
             key, _, value = item.partition(b"\n")
             values[key.decode()] = value.decode("utf-8", "replace")
+    if "remote.origin.url" in values:
+        # Redacted here, where it is read: the config is kept in the tree cache (to see whether the
+        # last listing still holds), and a token in the URL must reach no file (issue 24, item 7).
+        values["remote.origin.url"] = redact_url(values["remote.origin.url"]) or ""
     return values
 
 

@@ -124,3 +124,46 @@ def test_everything_uv_writes_is_private_and_a_failed_build_leaves_no_lock(layou
     assert left == [key, f"{key}.lock"], left
     loose = loose_paths(root, allowed)
     assert not loose, "\n".join(loose)
+
+
+# --- no credential in a file rv writes ----------------------------------------------------------------
+
+TOKEN = "ghp_rvTestToken0123456789"  # a made-up token the test looks for
+
+
+def files_holding(folder: Path, needle: bytes) -> list[str]:
+    """Every regular file under ``folder`` whose bytes hold ``needle``."""
+    found = []
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+            found.append(str(path))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("url", "recorded"),
+    [
+        (f"https://bob:{TOKEN}@git.example.invalid/lab/p.git", "https://git.example.invalid/lab/p.git"),
+        (f"https://{TOKEN}@github.invalid/x.git", "https://github.invalid/x.git"),  # the user part alone
+    ],
+)
+def test_no_file_rv_writes_holds_the_remote_urls_token(run_rv, rv_env, remote_root, tmp_path, url, recorded):
+    proj = project(tmp_path / "p", {"job.py": "print('ran')\n"})
+    git(proj, "remote", "add", "origin", url)
+    # A first submit (a full listing), then an edit and a resubmit (the cached listing's path), and
+    # a snapshot of the edited tree.
+    for text in ("print('ran')\n", "print('ran')  # edited\n"):
+        (proj / "job.py").write_text(text)
+        r = run_rv("run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "job.py", cwd=proj)
+        assert r.returncode == 0, r.stderr
+        assert "ran" in r.stdout and TOKEN not in r.stdout + r.stderr
+    snap = run_rv("sync", "snapshot", cwd=proj)
+    assert snap.returncode == 0, snap.stderr
+    home = Path(rv_env["HOME"])
+    assert len(list(home.rglob("*"))) > 5, home  # rv wrote its config, state and cache there
+    assert files_holding(home, TOKEN.encode()) == []
+    assert files_holding(Path(rv_env["RV_RUNTIME_DIR"]), TOKEN.encode()) == []
+    assert files_holding(Path(remote_root), TOKEN.encode()) == []
+    # The URL itself is kept, without the token: the snapshot says where its code came from.
+    metas = [json.loads(p.read_text()) for p in (Path(remote_root) / "snapshots").glob("*.json")]
+    assert metas and {m.get("provenance", m).get("remote_url") for m in metas} == {recorded}, metas
