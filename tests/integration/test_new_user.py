@@ -167,3 +167,30 @@ def test_no_file_rv_writes_holds_the_remote_urls_token(run_rv, rv_env, remote_ro
     # The URL itself is kept, without the token: the snapshot says where its code came from.
     metas = [json.loads(p.read_text()) for p in (Path(remote_root) / "snapshots").glob("*.json")]
     assert metas and {m.get("provenance", m).get("remote_url") for m in metas} == {recorded}, metas
+
+
+# --- files that look like secrets ---------------------------------------------------------------------
+
+SHOW = "import os\nprint('files:', sorted(f for f in os.listdir('.') if not f.startswith('.git')))\n"
+
+
+def test_secret_looking_files_stay_on_this_machine_unless_named(run_rv, remote_root, tmp_path):
+    proj = project(tmp_path / "p", {"show.py": SHOW})
+    first = run_rv("run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "show.py", cwd=proj)
+    assert first.returncode == 0, first.stderr
+    # Between two submits: an untracked .env and a key appear. The resubmit lists from the cache.
+    (proj / ".env").write_text("WANDB_API_KEY=rv-test-secret-value\n")
+    (proj / "deploy.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    (proj / "notes.txt").write_text("sent\n")
+    second = run_rv("run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "show.py", cwd=proj)
+    assert second.returncode == 0, second.stderr
+    assert "files: ['notes.txt', 'show.py']" in second.stdout
+    assert "left out 2 untracked file(s) that look like secrets: .env, deploy.pem" in second.stderr
+    assert "add the line `!.env` to the top .rvignore" in second.stderr
+    assert files_holding(Path(remote_root), b"rv-test-secret-value") == []
+    # Named in .rvignore: sent (and said no more).
+    (proj / ".rvignore").write_text("!.env\n")
+    third = run_rv("run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "show.py", cwd=proj)
+    assert third.returncode == 0, third.stderr
+    assert "files: ['.env', '.rvignore', 'notes.txt', 'show.py']" in third.stdout
+    assert "look like secrets: deploy.pem" in third.stderr
