@@ -194,3 +194,53 @@ def test_secret_looking_files_stay_on_this_machine_unless_named(run_rv, remote_r
     assert third.returncode == 0, third.stderr
     assert "files: ['.env', '.rvignore', 'notes.txt', 'show.py']" in third.stdout
     assert "look like secrets: deploy.pem" in third.stderr
+
+
+# --- rv logs --json, rv stop --json -------------------------------------------------------------------
+
+TALK = """\
+import sys, time
+print('out line 1')
+print('err line', file=sys.stderr)
+print('out line 2')
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_logs_and_stop_speak_json(run_rv, tmp_path):
+    proj = project(tmp_path / "p", {"talk.py": TALK})
+    done = run_rv(
+        "run", "-g", "0", "--mem", "200M", "--name", "talky", "-f", "--", "python3", "talk.py", "0", cwd=proj
+    )
+    assert done.returncode == 0, done.stderr
+    out = run_rv("logs", "talky", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)  # stdout is the one document and nothing else
+    assert (doc["run"], doc["stream"], doc["exit_code"]) == ("talky", "out", None)
+    (segment,) = doc["segments"]
+    assert segment["segment"] == 1 and segment["job_id"]
+    # The log as `rv logs` shows it: the program's lines, and rv's own (the job's start and end).
+    texts = [line["text"] for line in segment["lines"]]
+    assert [t for t in texts if not t.startswith("rv: ")] == ["out line 1", "out line 2"], texts
+    assert texts[0].startswith("rv: run talky, segment 1/10")
+    assert {(line["node"], line["rank"]) for line in segment["lines"]} == {(None, None)}
+    err = json.loads(run_rv("logs", "talky", "--err", "--json").stdout)
+    assert [line["text"] for line in err["segments"][0]["lines"] if not line["text"].startswith("rv: ")] == [
+        "err line"
+    ]
+    followed = json.loads(run_rv("logs", "talky", "-f", "--json").stdout)
+    assert followed["ended"] is True and followed["exit_code"] == 0
+
+    live = run_rv(
+        "run", "-g", "0", "--mem", "200M", "--name", "sleepy", "--", "python3", "talk.py", "300", cwd=proj
+    )
+    assert live.returncode == 0, live.stderr
+    job_id = live.stdout.strip()
+    wait_for(lambda: "RUNNING" in run_rv("ps").stdout, 60, "the run to start")
+    stopped = run_rv("stop", "sleepy", "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    (row,) = json.loads(stopped.stdout)
+    assert (row["name"], row["cancelled"], row["error"]) == ("sleepy", [job_id], None)
+    assert row["secrets_removed"] in (True, False) and row["run_id"]
+    nothing = run_rv("stop", "--all", "--yes", "--json")
+    assert nothing.returncode == 0 and json.loads(nothing.stdout) == []
