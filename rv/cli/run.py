@@ -221,8 +221,11 @@ def run(
 
             print_json(asdict(record))
             sys.stdout.flush()  # the record is all stdout gets: a reader may act on it while the run goes
-        else:
+        elif not sys.stdout.isatty():
+            # The job id is data for a script (`job=$(rv run ...)`, a pipe). On a terminal the line on
+            # stderr below has it, and a number alone between two of rv's lines read as a stray print.
             click.echo(record.job_id)
+            sys.stdout.flush()
         where = f"{req.gpus}x {req.type.name}" if req.type else "CPU"
         continues = f", up to {req.max_segments} segments" if req.max_segments > 1 else ""
         note(

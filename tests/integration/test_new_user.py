@@ -4,6 +4,7 @@ writes under the remote root, credentials on this machine, secrets-looking files
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -244,3 +245,42 @@ def test_logs_and_stop_speak_json(run_rv, tmp_path):
     assert row["secrets_removed"] in (True, False) and row["run_id"]
     nothing = run_rv("stop", "--all", "--yes", "--json")
     assert nothing.returncode == 0 and json.loads(nothing.stdout) == []
+
+
+# --- the job id on stdout: for scripts, not on a terminal ---------------------------------------------
+
+
+@pytest.mark.parametrize("front", ["python -m rv", "rv"])
+def test_the_job_id_goes_to_stdout_for_a_script_and_not_to_a_terminal(run_rv, rv_env, tmp_path, front):
+    import os
+    import select
+    import sys
+
+    proj = project(tmp_path / "p", {"ok.py": "print('ok')\n"})
+    piped = run_rv("run", "-g", "0", "--mem", "200M", "--", "python3", "ok.py", cwd=proj)
+    assert piped.returncode == 0, piped.stderr
+    assert re.fullmatch(r"\d+\n", piped.stdout), piped.stdout  # `job=$(rv run ...)` gets the id alone
+    argv = (
+        [sys.executable, "-m", "rv"] if front == "python -m rv" else [str(Path(sys.executable).parent / "rv")]
+    )
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [*argv, "run", "-g", "0", "--mem", "200M", "--", "python3", "ok.py"], cwd=proj, env=rv_env,
+        stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    os.close(slave)
+    _, err = proc.communicate(timeout=120)
+    shown = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the terminal's other end is closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    assert proc.returncode == 0, err
+    job = re.search(r"submitted run ok-\w+: job (\d+)", err)
+    assert job, err  # the id is in the line on stderr
+    assert job.group(1).encode() not in shown, shown  # and not alone on the terminal
