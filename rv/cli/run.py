@@ -68,7 +68,7 @@ def placement_options(f):  # type: ignore[no-untyped-def]
 
 @click.command(
     cls=_LayeredCommand,
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings={"allow_interspersed_args": False},
 )
 @click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")
 @click.option(
@@ -353,8 +353,11 @@ def run(
 
             print_json(asdict(record))
             sys.stdout.flush()  # the record is all stdout gets: a reader may act on it while the run goes
-        else:
+        elif not sys.stdout.isatty():
+            # The job id is data for a script (`job=$(rv run ...)`, a pipe). On a terminal the line on
+            # stderr below has it, and a number alone between two of rv's lines read as a stray print.
             click.echo(record.job_id)
+            sys.stdout.flush()
         continues = f", up to {req.max_segments} segments" if req.max_segments > 1 else ""
         if submitted.candidates:
             jobs = ", ".join(f"{j} ({t})" for j, t in submitted.candidates)
