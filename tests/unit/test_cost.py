@@ -63,13 +63,13 @@ def test_a_type_without_a_rate_says_why(rv):
     ("args", "message", "hint"),
     [
         (("-p", "riv", "cost", "-g", "16", "-t", "h200", "--time", "3d"),
-         "-g 16: h200 allows at most 4 GPU(s) per job", "use -g 4 or less"),
+         "-g 16: h200 allows at most 4 GPU(s) per job", "use -g 4 (1 node)"),
         (("-p", "riv", "cost", "-t", "h200", "--time", "4d"),
          "--time 4d is over the h200 limit of 3-00:00:00", "use --time 3-00:00:00 or less"),
         (("-p", "riv", "cost", "-g", "2", "-t", "mig"),
          "a MIG slice is one GPU", "drop -g, or pick a full GPU type"),
         (("cost", "-g", "16"),
-         "-g 16 on a6000 needs 8 nodes of 2 GPU(s), but the cluster has 2 a6000 node(s)", "use -g 4 or less"),
+         "-g 16: the cluster has 2 a6000 node(s) of 2, 4 GPUs in all", "use -g 4 (2 nodes of 2)"),
     ],
 )  # fmt: skip
 def test_what_the_type_or_the_cluster_cannot_give_is_refused_with_the_limit(rv, args, message, hint):
