@@ -233,16 +233,22 @@ def normalise_model_name(name: str) -> str:
 
 def compute_capability_for(model: str) -> float | None:
     """Compute capability of a GPU model or gres type name, or None when the model is unknown."""
+    return _by_model(_COMPUTE_CAPABILITY, _KEYS_LONGEST_FIRST, model)
+
+
+def _by_model(table: dict[str, float], keys_longest_first: list[str], model: str) -> float | None:
+    """``table``'s value for the model ``model`` names: the whole normalised name, else the longest key
+    inside it. Short keys ("a2", "t4", "l4") only match as the whole leading token, and no key matches
+    where a "0" follows it ("a10" is not "a100")."""
     norm = normalise_model_name(model)
-    if norm in _COMPUTE_CAPABILITY:
-        return _COMPUTE_CAPABILITY[norm]
-    for key in _KEYS_LONGEST_FIRST:
-        # Short keys ("a2", "t4", "l4") only match as the whole leading token, not inside another name.
+    if norm in table:
+        return table[norm]
+    for key in keys_longest_first:
         if len(key) <= 2:
             if norm.startswith(key) and not norm[len(key) : len(key) + 1].isdigit():
-                return _COMPUTE_CAPABILITY[key]
-        elif key in norm:
-            return _COMPUTE_CAPABILITY[key]
+                return table[key]
+        elif key in norm and key + "0" not in norm:
+            return table[key]
     return None
 
 
@@ -291,13 +297,4 @@ def memory_gb_for(model: str) -> float | None:
     size = _SIZE_IN_NAME.search(model.lower().replace("_", "-"))
     if size and not re.fullmatch(r"\d+g\.\d+gb", model.lower()):  # a MIG profile names a slice
         return float(size.group(1) or size.group(2))
-    norm = normalise_model_name(model)
-    if norm in _MEMORY_GB:
-        return _MEMORY_GB[norm]
-    for key in _MEMORY_KEYS_LONGEST_FIRST:
-        if len(key) <= 2:
-            if norm.startswith(key) and not norm[len(key) : len(key) + 1].isdigit():
-                return _MEMORY_GB[key]
-        elif key in norm and key + "0" not in norm:  # "a10" must not match "a100"
-            return _MEMORY_GB[key]
-    return None
+    return _by_model(_MEMORY_GB, _MEMORY_KEYS_LONGEST_FIRST, model)

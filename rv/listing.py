@@ -8,7 +8,11 @@ What is in a snapshot (from the git repo holding the given folder):
 * minus what ``.rvignore`` files exclude (gitignore syntax, nested folders too, across submodule
   boundaries). git's own matcher decides, never a hand-written one: the candidate paths go into a
   throw-away index and ``git ls-files -c -i --exclude-per-directory=.rvignore`` names the excluded;
-* symlinks as symlinks, executable bits kept (git's two file modes), ``.git`` never.
+* symlinks as symlinks, executable bits kept (git's two file modes), ``.git`` never;
+* minus untracked files that look like secrets (:data:`SECRET_PATTERNS`: ``.env*``, private keys,
+  credential files) that ``.gitignore`` did not name: they are sent only when git tracks them or a
+  ``.rvignore`` names them with ``!`` (``!.env.public``). git's matcher decides here too: the
+  patterns act as a file of excludes beneath the ``.rvignore`` files, whose negations win.
 
 Outside a git repo: every file under the folder minus ``.rvignore`` (git's matcher again, in a
 throw-away repository whose work tree is the folder), with a warning.
@@ -47,6 +51,18 @@ if TYPE_CHECKING:
 
 MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
 READ_CHUNK = 1 << 20
+
+# Untracked files with these names are left out unless a .rvignore names them with "!" (gitignore
+# syntax, matched on the file's name at any depth): what a project folder holds that must not leave
+# the laptop, and that .gitignore often forgets. Tracked files are always sent: git holds them already.
+SECRET_PATTERNS = (
+    ".env", ".env.*", "*.env", ".envrc",  # dotenv files, direnv
+    "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk",  # ssh private keys
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk", "*.kdbx",  # keys, key stores
+    ".netrc", "_netrc", ".git-credentials", ".pgpass", ".pypirc", ".npmrc", ".s3cfg", ".boto",
+    "credentials", "credentials.json", "client_secret*.json", "service-account*.json", "kaggle.json",
+    "token.json", ".htpasswd",
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,6 +315,7 @@ class LocalTree:
     ignored: tuple[tuple[str, int], ...] = ()  # left out by .rvignore: (path, size; -1 for a folder)
     warnings: tuple[str, ...] = ()
     repo: RepoInfo | None = None
+    secrets: tuple[str, ...] = ()  # untracked files left out because they look like secrets
     mtimes: dict[str, int] | None = field(default=None, compare=False, repr=False)
     # (id of the manifest this machine listed before, {path: row or None} since then): lets an
     # upload send a delta against it without comparing the two manifests.
@@ -338,6 +355,7 @@ class LocalTree:
             ignored=tuple((p[len(prefix) :], s) for p, s in self.ignored if p.startswith(prefix)),
             warnings=self.warnings,
             repo=self.repo,
+            secrets=tuple(p[len(prefix) :] for p in self.secrets if p.startswith(prefix)),
         )
 
 
@@ -406,11 +424,15 @@ def _git_config(top: Path, git: Git) -> dict[str, str]:
         top,
         ok_codes=(0, 1),
     )  # fmt: skip
-    values = {}
+    values: dict[str, str] = {}
     for item in proc.stdout.split(b"\0"):
         if item:
             key, _, value = item.partition(b"\n")
             values[key.decode()] = value.decode("utf-8", "replace")
+    if "remote.origin.url" in values:
+        # Redacted here, where it is read: the config is kept in the tree cache (to see whether the
+        # last listing still holds), and a token in the URL must reach no file (issue 24, item 7).
+        values["remote.origin.url"] = redact_url(values["remote.origin.url"]) or ""
     return values
 
 
@@ -513,6 +535,39 @@ def ignored_paths(
             git.out(["update-index", "-z", "--index-info"], root, input=info, env=env)
             out.update(_split_z(git.out(["ls-files", "-z", "-c", "-i", *rules], root, env=env)))
     return out
+
+
+def secret_looking(root: Path, paths: Iterable[str], git: Git) -> set[str]:
+    """Which of ``paths`` (untracked, relative to root) look like secrets and no .rvignore sends.
+
+    Names are matched first (most trees have none of these files); the few that match go to git's
+    matcher with :data:`SECRET_PATTERNS` as a file of excludes and the .rvignore files above it, so
+    a ``!PATH`` there sends the file exactly as git would read the negation.
+    """
+    import fnmatch
+
+    named = [
+        p for p in paths if any(fnmatch.fnmatchcase(p.rpartition("/")[2], pat) for pat in SECRET_PATTERNS)
+    ]
+    if not named:
+        return set()
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rv-secrets-") as tmp:
+        patterns = Path(tmp) / "secret-patterns"
+        patterns.write_text("".join(f"{pat}\n" for pat in SECRET_PATTERNS), encoding="utf-8")
+        return ignored_paths(root, named, git, exclude_from=[patterns])
+
+
+def secrets_warning(secrets: Sequence[str]) -> str | None:
+    """What the user hears about the files :func:`secret_looking` left out, and how to send one."""
+    if not secrets:
+        return None
+    names = ", ".join(secrets[:5]) + (f" and {len(secrets) - 5} more" if len(secrets) > 5 else "")
+    return (
+        f"left out {len(secrets)} untracked file(s) that look like secrets: {names} (.gitignore does not "
+        f"name them); to send one, `git add` it or add the line `!{secrets[0]}` to the top .rvignore"
+    )
 
 
 def _below_one_of(path: str, paths: set[str]) -> bool:
@@ -715,9 +770,10 @@ def _scan_plain(folder: Path, git: Git) -> LocalTree:
         "excludes (inside a repo, .gitignore is honoured too)"
     ]
     files, nested, left_out = _list_plain(folder, git)
+    secrets = secret_looking(folder, files, git)  # nothing is tracked here
     rows: dict[str, tuple[int, str, int]] = {}
     hasher = _Hasher(folder, {})
-    for p, got in hasher.many([p for p in files if not _skipped(p)]).items():
+    for p, got in hasher.many([p for p in files if not _skipped(p) and p not in secrets]).items():
         if got is not None:
             rows[p] = got
         elif os.path.lexists(os.path.join(folder, p)) and not os.path.isdir(os.path.join(folder, p)):
@@ -725,12 +781,18 @@ def _scan_plain(folder: Path, git: Git) -> LocalTree:
     for sub in nested:
         git_dir = os.fsdecode(git.out(["rev-parse", "--absolute-git-dir"], folder / sub).strip())
         inner = _Scan(folder / sub, git_dir, git, None).run()
-        warnings.extend(inner.warnings)
+        warnings.extend(w for w in inner.warnings if w != secrets_warning(inner.secrets))
+        secrets.update(f"{sub}/{p}" for p in inner.secrets)
         for e in inner.entries:
             rows[f"{sub}/{e.path}"] = (e.mode, e.oid, e.size)
     ignored = tuple((p, -1 if p.endswith("/") else _size_of(folder / p)) for p in left_out)
     entries = [Entry(p, m, o, s) for p, (m, o, s) in rows.items()]
-    return LocalTree.of(folder, entries, ignored=ignored, warnings=tuple(warnings))
+    said = secrets_warning(sorted(secrets))
+    if said:
+        warnings.append(said)
+    return LocalTree.of(
+        folder, entries, ignored=ignored, warnings=tuple(warnings), secrets=tuple(sorted(secrets))
+    )
 
 
 def _size_of(path: Path) -> int:
@@ -900,11 +962,16 @@ class _Scan:
         dirs = _ancestors(candidates)
         rvignore = _rvignore_sig(self.top, dirs)
         excluded = ignored_paths(self.top, candidates, self.git) if rvignore else set()
+        secrets = secret_looking(
+            self.top, [p for p in untracked if p not in excluded and not _skipped(p)], self.git
+        )
         hasher = _Hasher(self.top, (self.state or {}).get("hashed", {}))
-        results = hasher.many([p for p in candidates if p not in trusted and p not in excluded])
+        results = hasher.many(
+            [p for p in candidates if p not in trusted and p not in excluded and p not in secrets]
+        )
         rows, warnings = [], list(struct_warnings)
         for p in candidates:
-            if p in excluded:
+            if p in excluded or p in secrets:
                 continue
             if p in trusted:
                 try:
@@ -952,10 +1019,11 @@ class _Scan:
             "warnings": struct_warnings,
             "staged": staged,
             "links": links,
+            "secrets": sorted(secrets),
         }
         text = manifest.manifest_text(rows)
         return self._finish(text, None, _large(rows), len(rows), sum(r[3] for r in rows), excluded,
-                            warnings, info, state, None)  # fmt: skip
+                            warnings, info, state, None, secrets)  # fmt: skip
 
     # -- the last listing, updated by what git reports now -----------------------------------------
     def _fast(self, head: _HeadQuestions) -> LocalTree | None:
@@ -964,6 +1032,8 @@ class _Scan:
         assert state is not None and self.cache is not None
         if not state["repos"] or state["repos"][0][:2] != ["", self.git_dir]:
             return None
+        if "secrets" not in state:
+            return None  # kept by a version that sent secret-looking files: list afresh once
         old_text = self.cache.text(state["sid"])
         if old_text is None:
             return None
@@ -1001,9 +1071,17 @@ class _Scan:
         if rvignore and new_untracked:
             for p in ignored_paths(self.top, new_untracked, self.git):
                 excluded[p] = None
+        # Left out last time and still untracked, and any new one: what a name decides stays decided
+        # while the .rvignore files are the same (a change of them lists afresh, above).
+        secrets = {p for p in state["secrets"] if p in untracked}
+        secrets |= secret_looking(self.top, [p for p in new_untracked if p not in excluded], self.git)
         # Had this listing run from scratch, only these paths could differ from the last one.
         fixed, before = state["fixed"], state["hashed"]
-        look = {p for p in (*before, *modified, *untracked, *fixed) if p not in excluded and not _skipped(p)}
+        look = {
+            p
+            for p in (*before, *modified, *untracked, *fixed)
+            if p not in excluded and p not in secrets and not _skipped(p)
+        }
         index_of: dict[str, Any] = {}
         for p in look:
             if p in fixed:
@@ -1076,12 +1154,12 @@ class _Scan:
         )
         new_state = dict(
             state, rvignore=rvignore, dirs=dirs, untracked=untracked, excluded=excluded, staged=staged,
-            hashed={p: [index_of.get(p), *v] for p, v in hasher.hashed.items()},
+            hashed={p: [index_of.get(p), *v] for p, v in hasher.hashed.items()}, secrets=sorted(secrets),
         )  # fmt: skip
         sid = None if changes else state["sid"]
         large_rows = tuple(sorted(large.items()))
         return self._finish(text, sid, large_rows, files, total, set(excluded), warnings, info, new_state,
-                            (state["sid"], changes))  # fmt: skip
+                            (state["sid"], changes), secrets)  # fmt: skip
 
     def _finish(
         self,
@@ -1095,11 +1173,16 @@ class _Scan:
         info: RepoInfo,
         state: dict[str, Any],
         previous: tuple[str, dict[str, Any]] | None,
+        secrets: Iterable[str] = (),
     ) -> LocalTree:
         ignored = tuple((p, _size_of(self.top / p)) for p in sorted(excluded))
+        said = secrets_warning(sorted(secrets))
+        if said:
+            warnings = [*warnings, said]
         tree = LocalTree(
-            self.top, text, files, total, large, ignored, tuple(warnings), info, previous=previous
-        )
+            self.top, text, files, total, large, ignored, tuple(warnings), info, previous=previous,
+            secrets=tuple(sorted(secrets)),
+        )  # fmt: skip
         if sid is not None:
             tree.__dict__["id"] = sid  # known already: the text is the one listed last time
         if self.cache is not None:

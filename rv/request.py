@@ -335,21 +335,21 @@ def _check_torchrun(tr: LaunchArgs, *, nodes: int, gpus_per_node: int) -> None:
         if tr.has("standalone"):
             raise UsageError(
                 f"torchrun --standalone runs on one node, but this job has {nodes} nodes",
-                hint="drop --standalone: rv sets a c10d rendezvous on the first node",
+                hint="drop --standalone: rv sets the rendezvous on the first node (--master-addr/-port)",
             )
         for name in ("rdzv-endpoint", "master-addr", "master-port"):
             if tr.has(name):
                 raise UsageError(
                     f"torchrun --{name} on a {nodes}-node job: "
                     "the first node is only known when the job starts",
-                    hint="drop it: rv sets --rdzv-backend=c10d "
-                    "--rdzv-endpoint=<first node>:<port from the job id>",
+                    hint="drop it: rv sets --master-addr=<first node> --master-port=<port from the job id> "
+                    "(or the c10d endpoint, with --rdzv-backend=c10d)",
                 )
         backend = tr.value("rdzv-backend")
-        if backend is not None and backend != "c10d":
+        if backend is not None and backend not in ("c10d", "static"):
             raise UsageError(
                 f"torchrun --rdzv-backend={backend} on a {nodes}-node job",
-                hint="drop it: rv sets --rdzv-backend=c10d with the first node as endpoint",
+                hint="drop it: rv sets a static rendezvous on the first node (or give --rdzv-backend=c10d)",
             )
         rank = tr.value("node-rank")
         if rank is not None:

@@ -2,8 +2,9 @@
 
 Two directions, kept apart on purpose:
 
-* :func:`parse_duration` reads a user's ``--time`` (``30m``, ``2h``, ``1d12h``, ``2:59:00``, ``1-12``)
-  and raises :class:`~rv.errors.UsageError` naming the value and the accepted forms.
+* :func:`parse_duration` reads a duration a user typed (``--time``, ``rv gc --older-than``: ``30m``,
+  ``2h``, ``1d12h``, ``2:59:00``, ``1-12``) and raises :class:`~rv.errors.UsageError` naming the
+  flag, the value and the accepted forms.
 * :func:`parse_slurm_time` reads what ``squeue``/``sacct``/``sinfo`` print (``1-02:03:04``, ``2:03``,
   ``UNLIMITED``); it returns None for "no limit" words and raises ValueError on garbage, because
   garbage there is a parser problem, not the user's.
@@ -72,14 +73,22 @@ def _slurm_colon_seconds(text: str) -> int | None:
     return None
 
 
-def parse_duration(text: str) -> int:
-    """A user's ``--time`` in seconds. Raises UsageError naming the value and the accepted forms."""
+def parse_duration(text: str, *, flag: str = "--time", allow_zero: bool = False) -> int:
+    """A duration the user typed for ``flag``, in seconds. Raises UsageError naming that flag, the
+    value and the accepted forms.
+
+    ``allow_zero`` for a flag where zero means something (``rv gc --older-than 0``: everything that
+    has ended); a bare ``0`` is then read as zero too, since zero is zero in every unit.
+    """
     raw = text
     text = text.strip().lower()
     seconds: float | None = None
+    if allow_zero and re.fullmatch(r"0+", text):
+        return 0
     if re.fullmatch(r"\d+", text):
+        why = f": Slurm would read it as {text} minutes" if flag == "--time" else ""
         raise UsageError(
-            f"--time {raw!r} has no unit: Slurm would read it as {text} minutes",
+            f"{flag} {raw!r} has no unit{why}",
             hint=f"write {text}m or {text}h; accepted forms: {DURATION_FORMS}",
         )
     if _UNIT_WHOLE.fullmatch(text):
@@ -93,10 +102,10 @@ def parse_duration(text: str) -> int:
         colon = _slurm_colon_seconds(text)
         seconds = float(colon) if colon is not None else None
     if seconds is None:
-        raise UsageError(f"cannot read --time {raw!r}", hint=f"accepted forms: {DURATION_FORMS}")
+        raise UsageError(f"cannot read {flag} {raw!r}", hint=f"accepted forms: {DURATION_FORMS}")
     result = math.ceil(seconds)
-    if result <= 0:
-        raise UsageError(f"--time {raw!r} is zero", hint=f"accepted forms: {DURATION_FORMS}")
+    if result <= 0 and not allow_zero:
+        raise UsageError(f"{flag} {raw!r} is zero", hint=f"accepted forms: {DURATION_FORMS}")
     return result
 
 

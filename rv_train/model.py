@@ -14,7 +14,6 @@ with left-padded batches and explicit position ids (positions start at 0 on the 
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -157,27 +156,53 @@ def forward_logits(
     """Logits of the last ``keep`` positions, [B, keep, V], for TinyLM and Hugging Face models alike.
 
     Hugging Face calls the argument ``logits_to_keep`` (``num_logits_to_keep`` before 4.50); keeping only
-    the completion positions saves a [B, T, 151936] tensor for Qwen.
+    the completion positions saves a [B, T, 151936] tensor for Qwen. A training forward needs no KV
+    cache (``use_cache=False``). Which of these a model takes is learnt from the model itself, by
+    calling it (:func:`_forward_keywords`), never from its signature: transformers moves its arguments
+    into ``**kwargs`` from one release to the next. A model that quietly ignores a keyword still gives
+    the right answer here: the slice below keeps the last ``keep`` positions either way.
     """
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        **_extra_kwargs(model, keep),
+    out = _call_with_keywords(
+        model,
+        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+        {"use_cache": False, "logits_to_keep": keep, "num_logits_to_keep": keep},
     )
     logits = out if isinstance(out, Tensor) else out.logits
     return logits[:, -keep:]
 
 
-def _extra_kwargs(model: nn.Module, keep: int) -> dict:
-    inner = getattr(model, "module", model)  # DDP keeps the model in .module; FSDP2 keeps the class
-    params = inspect.signature(inner.forward).parameters
-    extra = {"use_cache": False} if "use_cache" in params else {}  # a training forward needs no KV cache
-    for name in ("logits_to_keep", "num_logits_to_keep"):
-        if name in params:
-            extra[name] = keep
-            break
-    return extra
+# Optional keywords a model's forward may take, in the order they are given up when it refuses them
+# (TypeError: unexpected keyword). The first set it accepts is remembered per model class.
+_KEYWORD_CHOICES: tuple[tuple[str, ...], ...] = (
+    ("use_cache", "logits_to_keep"),
+    ("use_cache", "num_logits_to_keep"),
+    ("use_cache",),
+    ("logits_to_keep",),
+    (),
+)
+_ACCEPTED: dict[type, tuple[str, ...]] = {TinyLM: ("logits_to_keep",)}  # ours: no call needed to know
+
+
+def _call_with_keywords(model: nn.Module, required: dict, optional: dict):
+    """``model(**required, **some of optional)``: the first set of :data:`_KEYWORD_CHOICES` (names that
+    are in ``optional``) the model takes without a TypeError naming one of them; remembered per class
+    of the inner model (DDP keeps it in ``.module``), so a refusal costs one call per class and run."""
+    inner = getattr(model, "module", model)
+    known = _ACCEPTED.get(type(inner))
+    choices = [known] if known is not None else _KEYWORD_CHOICES
+    for names in choices:
+        given = {n: optional[n] for n in names if n in optional}
+        try:
+            out = model(**required, **given)
+        except TypeError as err:
+            # Only a refusal of one of our optional keywords moves on to the next choice; any other
+            # TypeError is the model's own and is raised.
+            if known is not None or not any(repr(n) in str(err) for n in given):
+                raise
+            continue
+        _ACCEPTED[type(inner)] = names
+        return out
+    raise AssertionError("unreachable: the last choice gives no optional keyword")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -11,20 +11,24 @@ The G samples of a prompt share its prefill (:func:`choose_sampler` picks the wa
 
 - ``shared``: each prompt is prefilled once, its KV cache and last logits are repeated G times
   (``batch_repeat_interleave``), then all P·G rows decode together, one token per step. Used for the
-  built-in model and for Hugging Face models whose ``DynamicCache`` is made of layers that hold keys
-  and values only (full attention, sliding window, DSA's indexed layers); checked bit for bit against
-  ``generate`` on CPU for Qwen2, Llama, Mistral (sliding window), Gemma 2 and GPT-2 with transformers
-  5.23. Prompt tokens are computed once instead of G times, and the loop skips ``generate``'s per-step
-  machinery (logits processors, stopping criteria, input preparation), which is a large part of a
-  decode step for a small model.
+  built-in model and for every Hugging Face model that passes :func:`_cache_problem`'s trial: a tiny
+  prefill and decode step with a ``DynamicCache``, shared and repeated, gives what separate prefills
+  give. What the model does decides, not its signature: transformers 5.24 renamed the forward's
+  ``past_key_values`` to ``cache`` (the old name goes into ``**kwargs``), and a check that read the
+  signature turned the shared prefill off for every model without a word. Checked bit for bit
+  against ``generate`` on CPU for Qwen2, Llama, Mistral (sliding window), Gemma 2 and GPT-2 with
+  transformers 5.23. Prompt tokens are computed once instead of G times, and the loop skips
+  ``generate``'s per-step machinery (logits processors, stopping criteria, input preparation),
+  which is a large part of a decode step for a small model.
 - ``copies``: the same loop, but the G copies of a prompt are prefilled separately. The tests hold
   ``shared`` to it bit for bit; nothing else uses it.
-- ``generate``: Hugging Face ``generate`` on the repeated prompts, for models whose cache holds more
-  than keys and values per row (recurrent or convolution state of hybrid models, static or quantised
-  caches, encoder-decoder caches) or whose forward takes no cache: repeating only keys and values
-  there would silently sample from a wrong state. Its generation config samples exactly the
-  distribution the loss scores: temperature only, no top-k, top-p or repetition penalty (Qwen's own
-  config sets top_p 0.8, top_k 20 and repetition_penalty 1.05, which would bias the ratio).
+- ``generate``: Hugging Face ``generate`` on the repeated prompts, for models that fail the trial:
+  their forward takes no ``DynamicCache`` or builds its own, their cache cannot be repeated per row
+  (recurrent or convolution state of hybrid models: Mamba, LFM2), or the repeated cache decodes
+  otherwise than separate prefills: sharing there would silently sample from a wrong state. Its
+  generation config samples exactly the distribution the loss scores: temperature only, no top-k,
+  top-p or repetition penalty (Qwen's own config sets top_p 0.8, top_k 20 and repetition_penalty
+  1.05, which would bias the ratio).
 
 Reproducibility: ``shared`` and ``copies`` draw every token from one ``torch.Generator`` seeded by
 :func:`sampling_seed` (run seed, step, rank), in the same order (one multinomial over the [B, V]
@@ -36,7 +40,6 @@ Prefilling consumes no randomness (dropout is off), so sharing it changes no sam
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from rv_train.dist import unwrap
-from rv_train.model import KVCache, TinyLM, _extra_kwargs
+from rv_train.model import KVCache, TinyLM, _call_with_keywords
 from rv_train.objective import completion_mask, position_ids_from_mask
 
 
@@ -115,10 +118,11 @@ def generation_model(model: nn.Module) -> Iterator[nn.Module]:
 
 SAMPLERS = ("shared", "copies", "generate")
 
-# Cache layers whose whole per-row state is keys and values with the batch first (DynamicIndexedLayer's
-# extra indexer keys are repeated by its own batch_repeat_interleave). Compared by name: older
-# transformers releases lack some of these classes.
-_REPEATABLE_LAYERS = frozenset({"DynamicLayer", "DynamicSlidingWindowLayer", "DynamicIndexedLayer"})
+# The keyword a Hugging Face forward takes its cache by: ``cache`` since transformers 5.24 (where
+# ``past_key_values`` is deprecated, to go in 5.40), ``past_key_values`` before. Tried in this order by
+# calling the model (:func:`_find_cache_keyword`); what works is remembered per model class.
+_CACHE_KEYWORDS = ("cache", "past_key_values")
+_CACHE_KEYWORD: dict[type, str] = {}
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,10 @@ class Sampler:
 
 
 def choose_sampler(model: nn.Module) -> Sampler:
-    """How to sample from ``model`` (the unwrapped module): inspection only, no forward pass."""
+    """How to sample from ``model`` (the unwrapped module, weights local: see :func:`generation_model`).
+
+    For a Hugging Face model this runs the trial of :func:`_cache_problem`: a few forwards on six
+    tokens, once per run."""
     if isinstance(model, TinyLM):
         return Sampler("shared", "one prefill per prompt, its KV cache repeated for the group's G samples")
     problem = _cache_problem(model)
@@ -221,10 +228,22 @@ def _new_cache(model: nn.Module):
         return KVCache()
     from transformers import DynamicCache
 
-    if "config" in inspect.signature(DynamicCache.__init__).parameters:
+    try:
         # With the config, layers get the model's attention kinds (sliding window where it has them).
         return DynamicCache(config=model.config)
-    return DynamicCache()  # transformers < 4.56: key and value lists, nothing else
+    except TypeError as err:
+        if "config" not in str(err):
+            raise
+        return DynamicCache()  # transformers < 4.56: key and value lists, nothing else
+
+
+def _returned_cache(out):
+    """The cache a Hugging Face forward returned (``cache`` since 5.24, ``past_key_values`` before)."""
+    for name in _CACHE_KEYWORDS:
+        found = out.get(name) if hasattr(out, "get") else None
+        if found is not None:
+            return found
+    return None
 
 
 def _forward_cached(model, ids: Tensor, mask: Tensor, cache, positions: Tensor | None = None) -> Tensor:
@@ -236,9 +255,15 @@ def _forward_cached(model, ids: Tensor, mask: Tensor, cache, positions: Tensor |
         positions = position_ids_from_mask(mask)
     if isinstance(model, TinyLM):
         return model(ids, mask, positions, kv_cache=cache, logits_to_keep=1)[:, -1]
-    kwargs = {**_extra_kwargs(model, 1), "use_cache": True}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, **kwargs)
-    if out.past_key_values is not cache:
+    keyword = _CACHE_KEYWORD.get(type(model)) or _find_cache_keyword(model)[0]
+    if keyword is None:
+        raise RuntimeError(f"{type(model).__name__} takes no DynamicCache: sample it with mode='generate'")
+    out = _call_with_keywords(
+        model,
+        {"input_ids": ids, "attention_mask": mask, "position_ids": positions, keyword: cache},
+        {"use_cache": True, "logits_to_keep": 1, "num_logits_to_keep": 1},
+    )
+    if _returned_cache(out) is not cache:
         # The model built a cache of its own: repeating ours would sample from prompts it never saw.
         raise RuntimeError(
             f"{type(model).__name__} did not use the DynamicCache it was given; "
@@ -247,19 +272,82 @@ def _forward_cached(model, ids: Tensor, mask: Tensor, cache, positions: Tensor |
     return out.logits[:, -1]
 
 
+def _probe_ids(model: nn.Module, *rows: list[int]) -> tuple[Tensor, Tensor]:
+    """Rows of small ids (taken modulo the vocabulary), left-padded, on the model's device:
+    (ids [N, T], mask [N, T])."""
+    device = next(model.parameters()).device
+    vocab = int(getattr(model.config, "vocab_size", 0) or 4)
+    return left_pad([[i % vocab for i in row] for row in rows], 0, device)
+
+
+def _find_cache_keyword(model: nn.Module) -> tuple[str | None, str]:
+    """(the keyword ``model``'s forward takes a DynamicCache by and returns it from, "") or (None, why).
+
+    Found by calling it, never from the signature: transformers takes unknown keywords into
+    ``**kwargs`` without a word, so a forward that accepts a name does not prove it uses it."""
+    ids, mask = _probe_ids(model, [1, 2, 3])
+    why = []
+    for keyword in _CACHE_KEYWORDS:
+        cache = _new_cache(model)
+        try:
+            out = _call_with_keywords(
+                model,
+                {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids_from_mask(mask),
+                 keyword: cache},
+                {"use_cache": True},
+            )  # fmt: skip
+        except TypeError as err:
+            if repr(keyword) not in str(err):  # not a refusal of the keyword: the model failed
+                return None, f"its forward fails with a DynamicCache (TypeError: {err})"
+            why.append(f"{keyword}=: {err}")  # no such keyword (a forward without **kwargs)
+            continue
+        except Exception as err:  # e.g. LFM2 in transformers 4.57 looks for a cache of its own kind
+            return None, f"its forward fails with a DynamicCache ({type(err).__name__}: {err})"
+        if _returned_cache(out) is cache:
+            _CACHE_KEYWORD[type(model)] = keyword
+            return keyword, ""
+        why.append(f"{keyword}=: ignored")
+    name = type(model).__name__
+    return None, f"{name}.forward does not use a DynamicCache it is given ({'; '.join(why)})"
+
+
+@torch.no_grad()
 def _cache_problem(model: nn.Module) -> str | None:
-    """Why the shared prefill cannot serve this Hugging Face model, or None when it can."""
-    if "past_key_values" not in inspect.signature(model.forward).parameters:
-        return f"{type(model).__name__}.forward takes no past_key_values"
-    if getattr(model, "_is_stateful", False):  # transformers' own flag for recurrent state (Mamba, Jamba)
-        return f"{type(model).__name__} keeps recurrent state"
-    # The layers a DynamicCache built from this model's config would hold (none before transformers
-    # 4.56, whose DynamicCache is key and value lists only).
-    kinds = {type(layer).__name__ for layer in getattr(_new_cache(model), "layers", [])}
-    odd = sorted(kinds - _REPEATABLE_LAYERS)
-    if odd:
-        return f"its cache has {', '.join(odd)} layers, which hold more than keys and values per row"
-    return None
+    """Why the shared prefill cannot serve this Hugging Face model, or None when it can.
+
+    The trial: two prompts (one left-padded) prefilled once with their cache repeated twice, then one
+    decode step with a different token per row, against the four rows prefilled separately. Both
+    must give the same logits (to a tolerance: on a GPU a batch of another size may take other
+    kernels). A cache that cannot repeat what it holds per row (Mamba's and LFM2's recurrent and
+    convolution state) fails here, with the model's own error as the reason."""
+    was_training = model.training
+    model.eval()  # dropout would make the two sides differ
+    try:
+        keyword, why = _find_cache_keyword(model)
+        if keyword is None:
+            return why
+        ids, mask = _probe_ids(model, [1, 2, 3], [3, 1])  # [2, 3]; the second row left-padded
+        rows = mask.repeat_interleave(2, dim=0)  # [4, 3]
+        step = _probe_ids(model, [1], [2], [3], [1])[0]  # [4, 1]: another token per row
+        grown = torch.cat([rows, torch.ones_like(rows[:, :1])], dim=1)  # [4, 4]
+        positions = rows.sum(dim=1, keepdim=True)  # [4, 1]
+        try:
+            shared = _new_cache(model)
+            first = _forward_cached(model, ids, mask, shared).repeat_interleave(2, dim=0)
+            shared.batch_repeat_interleave(2)
+            second = _forward_cached(model, step, grown, shared, positions)
+            copies = _new_cache(model)
+            first_copies = _forward_cached(model, ids.repeat_interleave(2, dim=0), rows, copies)
+            second_copies = _forward_cached(model, step, grown, copies, positions)
+        except Exception as err:  # the model's own reason, shown in the log's "sampling:" line
+            return f"its cache cannot be repeated per row ({type(err).__name__}: {err})"
+        for ours, theirs in ((first, first_copies), (second, second_copies)):
+            ours, theirs = ours.float(), theirs.float()
+            if not torch.allclose(ours, theirs, rtol=1e-2, atol=1e-2 * float(theirs.abs().max()) + 1e-6):
+                return "its repeated cache decodes otherwise than separate prefills"
+        return None
+    finally:
+        model.train(was_training)
 
 
 def _sample_generate(model, prompt_ids, prompt_mask, g, max_new, temperature, eos_ids, pad_id, seed):

@@ -331,7 +331,10 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     )
     log.info(f"precision: {precision.name} ({precision.reason})")
     log.info(f"model: {model_name}; task {cfg.task}: {len(examples):,} examples")
-    sampler = choose_sampler(policy)
+    # The sampler is chosen by a trial forward (rollout.choose_sampler), run as sampling runs: weights
+    # local (under FSDP every rank gathers them here, in the same order), in the run's precision.
+    with generation_model(model) as gen_model, autocast(precision, env.device):
+        sampler = choose_sampler(gen_model)
     log.info(f"sampling: {sampler.description}")
     if latest is not None:
         log.info(f"resumed from {latest} at step {state.step} (data position {state.prompts_seen})")
@@ -748,14 +751,17 @@ def _export_hf(run: Run) -> Path:
 
 
 def _finish(run: Run, reason: str, code: int, path: Path | None, metrics: dict | None) -> int:
-    """Say why the run ended and how to go on; write summary.json and, on a signal, the marker."""
+    """Say why the run ended and how to go on; write summary.json and, on a signal, the marker.
+
+    The final checkpoint's path is said once, by :func:`_save` just before ("saved PATH in 0.2 s"):
+    these lines only say that it was saved."""
     cfg, env, state, log = run.cfg, run.env, run.state, run.log
     checksums = gather_objects(param_checksum(run.model), env)
     if reason.startswith("signal"):
         if env.is_main:
             ckpt.write_preempted(run.checkpoint_dir, state.step, reason=reason, checkpoint=str(path))
         log.info(
-            f"stopped by {reason.split()[1]} at step {state.step}; saved {path}. "
+            f"stopped by {reason.split()[1]} at step {state.step}, checkpoint saved. "
             f"Run the same command again to resume from {run.checkpoint_dir}."
         )
     elif code == EXIT_ZERO_REWARD:
@@ -764,18 +770,19 @@ def _finish(run: Run, reason: str, code: int, path: Path | None, metrics: dict |
             f"circuit breaker: the mean reward was 0 for {state.zero_reward_streak} steps in a row "
             f"(steps {first}-{state.step}), so every group had zero spread and nothing was learned. "
             f"Check the reward function and the prompt format against {run.output_dir / 'samples.jsonl'}. "
-            f"Saved {path}; run the same command again to resume (raise --breaker-steps to allow more). "
+            "The checkpoint is saved: run the same command again to resume (raise --breaker-steps to allow "
+            "more). "
             f"Exit code {EXIT_ZERO_REWARD}."
         )
     elif code == EXIT_NON_FINITE:
         log.warn(
             f"{state.nonfinite_streak} steps in a row had a non-finite loss, logits or gradients and were "
             "skipped. On a GPU below compute capability 8.0 try --precision fp32 (Qwen overflows in fp16), "
-            f"or lower --lr. Saved {path}. Exit code {EXIT_NON_FINITE}."
+            f"or lower --lr. The checkpoint is saved. Exit code {EXIT_NON_FINITE}."
         )
     else:
-        saved = f"saved {path}" if path is not None else "no final checkpoint (--skip-final-save)"
-        log.info(f"finished at step {state.step} ({reason}); {saved}")
+        saved = "" if path is not None else "; no final checkpoint (--skip-final-save)"
+        log.info(f"finished at step {state.step} ({reason}){saved}")
     if len(set(checksums)) > 1:
         log.warn(f"the ranks' parameters differ (a bug): {checksums}")
     exported = None

@@ -18,6 +18,10 @@ them as installed and keeps them, as pip would; a requirement that needs another
 into the environment, where it shadows the base's. A base that is itself a venv is chained by a
 ``.pth`` file, so its packages import too.
 
+Privacy: uv and pip run under the client's umask (the agent's, restated after the setup lines, which
+may change it), and what they write is tightened afterwards (:func:`tighten`): uv makes its lock
+files 0666 whatever the umask, and pip its executables 0711. A build that fails removes its lock
+file; ``rv gc`` removes lock files of keys that have no environment once a day old.
 """
 
 import contextlib
@@ -25,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -72,6 +77,26 @@ print(json.dumps(out))
 """
 
 
+def tighten(*tops):
+    """Take from everything under ``tops`` the permission bits the umask forbids (symlinks have none).
+
+    uv creates its lock files 0666 whatever the umask (so that users sharing a cache may all lock
+    it: astral-sh/uv#8032), and pip installs executables 0777 & ~umask | 0111; rv promises 0600/0700
+    (0640/0750 shared with the group). Walked after each run of either, on what they wrote."""
+    forbidden = common.UMASK & 0o777
+    for top in tops:
+        if not os.path.lexists(top):
+            continue
+        for dirpath, _dirs, files in os.walk(top):
+            for path in [dirpath] + [os.path.join(dirpath, f) for f in files]:
+                try:
+                    st = os.lstat(path)
+                    if not stat.S_ISLNK(st.st_mode) and st.st_mode & forbidden:
+                        os.chmod(path, common.private(stat.S_IMODE(st.st_mode)))
+                except FileNotFoundError:
+                    continue  # removed meanwhile (uv's temporary files)
+
+
 def envs_dir(root):
     return common.join(root, b"envs")
 
@@ -109,6 +134,8 @@ def probe(setup, python_request, uv):
     """(interpreter facts, environment after setup): runs the setup lines like the job does."""
     want = _q(python_request or "")
     tail = "\n".join([
+        # A site's setup (a module) may set its own umask: uv below must write under rv's.
+        "umask %03o" % (common.UMASK & 0o777),
         _python_word(python_request),
         # A version the PATH lacks: uv finds it, or fetches a managed one into <root>/tools/python.
         'if [ -z "$p" ] && [ -n "$RV_UV" ]; then p=$("$RV_UV" python find %s 2>/dev/null || { '
@@ -189,6 +216,7 @@ def install_uv(root, python):
                                     stderr=subprocess.STDOUT)  # fmt: skip
             out = proc.communicate(timeout=900)[0].decode("utf-8", "replace")
             if proc.returncode == 0 and os.access(common.join(tmp, b"bin", b"uv"), os.X_OK):
+                tighten(tmp)  # pip's executables are 0711
                 os.rename(tmp, common.join(tools, b"uv"))
                 return manifest.dec(own)
             tried.append(
@@ -383,6 +411,7 @@ def build(root, key, spec, facts, uv, environ):
                 "build_seconds": round(time.time() - started, 2), "uv": uv}  # fmt: skip
         with open(common.join(tmp, META), "w") as fh:
             json.dump(meta, fh)
+        tighten(tmp)  # uv's .lock in the venv
         old = None
         if os.path.lexists(final):  # --force: the old one steps aside only now, when the new one is whole
             old = common.join(base, BUILD_PREFIX + b"old-" + os.urandom(4).hex().encode())
@@ -395,6 +424,8 @@ def build(root, key, spec, facts, uv, environ):
     finally:
         shutil.rmtree(src, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
+        # What uv wrote outside the venv, whether or not the build worked: its cache's lock files.
+        tighten(common.join(root, b"cache", b"uv"), common.join(root, b"tools", b"python"))
 
 
 def mode_env(args):
@@ -408,6 +439,8 @@ def mode_env(args):
     if uv is None and request and "/" not in request:
         uv = install_uv(root, "python3")  # to find (or fetch) the version asked for
     facts = probe(args.get("setup") or [], request, uv)
+    if uv is not None:
+        tighten(common.join(root, b"tools", b"python"))  # an interpreter uv fetched for --python
     environ = facts.pop("environ")  # after the setup lines: a site's mirror is often set by a module
     key = finish_key(spec, facts, environ)
     path = common.join(envs_dir(root), key.encode())
@@ -419,13 +452,8 @@ def mode_env(args):
         return {"key": key, "path": manifest.dec(path), "built": False, "exists": True, "meta": meta}
     common.makedirs(envs_dir(root), 0o700)
     lock_path = common.join(envs_dir(root), key.encode() + b".lock")
-    try:
-        held = locks.lock(lock_path, "the build of environment %s" % key, wait=0)
-        held.__enter__()
-    except common.AgentError as exc:
-        _say("waiting: %s" % str(exc).split("; try again")[0])
-        held = locks.lock(lock_path, "the build of environment %s" % key, wait=3600)
-        held.__enter__()
+    held = _lock_build(lock_path, key)
+    built = False
     try:
         meta = None if args.get("force") else read_meta(path)
         if meta is not None:
@@ -447,9 +475,36 @@ def mode_env(args):
             )
         _say("building environment %s from %s (Python %s)" % (key, spec["label"], facts["version"]))
         meta = build(root, key, spec, facts, uv, environ)
+        built = True
         return {"key": key, "path": manifest.dec(path), "built": True, "exists": True, "meta": meta,
                 "installed_uv": installed_uv}  # fmt: skip
     finally:
+        if not built and read_meta(path) is None:
+            # No environment came of it: its lock file would stay for good. Removed while held; one
+            # who was waiting on it finds it gone and takes a fresh one (_lock_build).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path)
+        held.__exit__(None, None, None)
+
+
+def _lock_build(lock_path, key):
+    """The key's build lock, held (a context entered by hand: the caller exits it)."""
+    what = "the build of environment %s" % key
+    said = False
+    while True:
+        try:
+            held = locks.lock(lock_path, what, wait=0)
+            held.__enter__()
+        except common.AgentError as exc:
+            if not said:
+                _say("waiting: %s" % str(exc).split("; try again")[0])
+                said = True
+            held = locks.lock(lock_path, what, wait=3600)
+            held.__enter__()
+        if os.path.exists(lock_path):
+            return held
+        # Its holder's build failed and removed the file while we waited on it: this lock guards
+        # nothing any more; take the one at the path.
         held.__exit__(None, None, None)
 
 
@@ -533,6 +588,12 @@ def gc_envs(root, older_than, in_use, freed, dry):
         with contextlib.suppress(OSError):
             if name.startswith(BUILD_PREFIX) and now - os.lstat(path).st_mtime > 86400:
                 common.remove_counted(path, freed, dry)
+            elif (
+                name.endswith(b".lock")
+                and not os.path.isdir(common.join(base, name[: -len(b".lock")]))
+                and now - os.lstat(path).st_mtime > 86400
+            ):
+                common.remove_counted(path, freed, dry)  # an environment gone, or a build that failed
     return removed, kept
 
 

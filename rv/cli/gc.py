@@ -10,7 +10,8 @@ from rv.cli.common import note, print_json, session, warn
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     from rv.timespec import parse_duration
 
-    return float(parse_duration(value))
+    # Zero is a real answer here: everything that has ended, whatever its age.
+    return float(parse_duration(value, flag="--older-than", allow_zero=True))
 
 
 def summary(report: dict) -> str:
@@ -39,7 +40,8 @@ def summary(report: dict) -> str:
     default="14d",
     show_default=True,
     callback=_duration,
-    help="Remove what runs that ended longer ago than this left (e.g. 14d, 12h, 30m).",
+    help="Remove what runs that ended longer ago than this left (e.g. 14d, 12h, 30m; 0: every run that "
+    "has ended).",
 )
 @click.option("--checkpoints", is_flag=True, help="Also remove those runs' checkpoints and outputs.")
 @click.option("--dry-run", "-n", is_flag=True, help="List what would go; remove nothing.")

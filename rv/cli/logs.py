@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from rv.cli.common import note, run_store, session
+from rv.cli.common import note, print_json, run_store, session, warn
 
 
 @click.command()
@@ -31,6 +31,13 @@ from rv.cli.common import note, run_store, session
 )
 @click.option("--raw", is_flag=True, help="The lines as written: progress redraws and rank labels kept.")
 @click.option("--pull", is_flag=True, help="Download the log files to ./rv-logs/RUN/ instead.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON document on stdout: the run, and each segment's lines (with node and rank); with -f "
+    "when the run ends, with its exit code; with --pull the files downloaded.",
+)
 @click.pass_context
 def logs(
     ctx: click.Context,
@@ -43,6 +50,7 @@ def logs(
     rank: int | None,
     raw: bool,
     pull: bool,
+    as_json: bool,
 ) -> None:
     """Show the output of RUN: a run name, a job id of any segment, or nothing (the latest run).
 
@@ -62,15 +70,28 @@ def logs(
             s.swept(found.listing.sweep)
             _check(found.run, node=node, segment=segment, rank=rank)
             root = str(found.record.remote_root if found.record else s.layout.root)
-            _pull(s.transport, root, found.run, segment)
+            dest, got = _pull(s.transport, root, found.run, segment)
+            if as_json:
+                print_json(
+                    {"run": found.run.name, "run_id": found.run.run_id, "folder": str(dest), "files": got}
+                )
+            else:
+                note(f"downloaded {len(got)} file(s) to {dest}/")
+                for p in got:
+                    click.echo(p)
             return
         # One call to the cluster: the follower finds the run (a name, run id or job id of any
         # segment; this machine's record when it has one), sweeps leftover secrets, then streams.
         local = store.resolve(run, s.profile.name)
         root = local.remote_root if local is not None else s.layout.root
         find = {"ids": [local.run_id]} if local is not None else query.selectors(str(run))
-        view = TerminalView(max_segments=1, separators=follow, raw=raw, rank=rank, merge=True)
+        view: TerminalView | JsonView
+        if as_json:
+            view = JsonView(raw=raw, rank=rank)
+        else:
+            view = TerminalView(max_segments=1, separators=follow, raw=raw, rank=rank, merge=True)
         names: list[str] = []
+        runs: list[Any] = []
 
         def on_run(info: dict[str, Any] | None, sweep: dict[str, Any] | None) -> None:
             s.swept(sweep)
@@ -80,9 +101,11 @@ def logs(
             if local is not None:
                 query.cache_learned(store, local, target)
             last = _check(target, node=node, segment=segment, rank=rank)
-            view.max_segments = target.max_segments
-            view.separators = last > 1 or follow
+            if isinstance(view, TerminalView):
+                view.max_segments = target.max_segments
+                view.separators = last > 1 or follow
             names.append(target.name)
+            runs.append(target)
 
         try:
             followed = follow_run(
@@ -96,8 +119,73 @@ def logs(
             note(f"\nstopped watching; run {names[0] if names else run or 'the latest run'} is not affected")
             ctx.exit(130)
         view.flush()
-        if follow and segment is None:
-            ctx.exit(run_exit_code(followed.ended))
+        code = run_exit_code(followed.ended) if follow and segment is None else None
+        if isinstance(view, JsonView):
+            target = runs[0] if runs else None
+            print_json(
+                {"run": target.name if target else None, "run_id": target.run_id if target else None,
+                 "stream": "err" if stderr else "out", "segments": view.segments,
+                 "ended": followed.ended is not None, "exit_code": code}
+            )  # fmt: skip
+        if code is not None:
+            ctx.exit(code)
+
+
+class JsonView:
+    """Collects what a follow shows for `rv logs --json`: per segment, its lines, each with the node
+    whose log it came from (None: the job's own log) and the rank that printed it (None: no label).
+    rv's chatter (reconnects, warnings) goes to stderr; stdout gets the one document at the end."""
+
+    def __init__(self, *, raw: bool, rank: int | None) -> None:
+        self.raw, self.rank = raw, rank
+        self.segments: list[dict[str, Any]] = []
+        self._collapsers: dict[str, Any] = {}
+
+    def _current(self) -> dict[str, Any]:
+        if not self.segments:  # output before any segment frame (one segment asked for): a bare entry
+            self.segments.append({"segment": None, "job_id": None, "lines": []})
+        return self.segments[-1]
+
+    def _add(self, source: str, text: str) -> None:
+        import re
+
+        from rv.logview import rank_of
+
+        m = re.search(r"-node(\d+)\.(?:out|err)$", source)
+        lines = self._current()["lines"]
+        for line in text.splitlines():
+            rank = self.rank if self.rank is not None else rank_of(line)
+            lines.append({"node": int(m.group(1)) if m else None, "rank": rank, "text": line})
+
+    def output(self, stream: str, data: bytes, source: str = "") -> None:
+        from rv.logview import LineCollapser
+
+        collapser = self._collapsers.get(source)
+        if collapser is None:
+            collapser = self._collapsers[source] = LineCollapser(raw=self.raw, rank=self.rank)
+        self._add(source, collapser.feed(data.decode("utf-8", errors="replace")))
+
+    def flush(self) -> None:
+        for source, collapser in self._collapsers.items():
+            rest = collapser.flush()
+            if rest:
+                self._add(source, rest)
+
+    def segment(self, frame: dict[str, Any]) -> None:
+        self.flush()
+        self.segments.append({"segment": frame["segment"], "job_id": frame["job_id"], "lines": []})
+
+    def segment_end(self, frame: dict[str, Any]) -> None:
+        self.flush()
+
+    def state(self, frame: dict[str, Any]) -> None:
+        pass  # squeue's view of the job: not part of its output
+
+    def warning(self, message: str) -> None:
+        warn(message)
+
+    def reconnecting(self, error: str, wait: float) -> None:
+        warn(f"{error}; reconnecting in {wait:g} s (the run is not affected)")
 
 
 def _check(target, *, node: int | None, segment: int | None, rank: int | None) -> int:  # type: ignore[no-untyped-def]
@@ -134,8 +222,8 @@ def _check_rank(run, rank: int) -> None:  # type: ignore[no-untyped-def]
         raise UsageError(f"--rank {rank}: run {run.name} has {ranks} ranks (0..{ranks - 1})")
 
 
-def _pull(transport, root: str, run, segment: int | None) -> None:  # type: ignore[no-untyped-def]
-    """Every log file of the run (or of one segment) into ./rv-logs/<name>-<run id>/."""
+def _pull(transport, root: str, run, segment: int | None) -> tuple[Path, list[str]]:  # type: ignore[no-untyped-def]
+    """Every log file of the run (or of one segment) into ./rv-logs/<name>-<run id>/: (folder, files)."""
     from rv.errors import RemoteError
     from rv.layout import RemoteLayout
 
@@ -158,6 +246,4 @@ def _pull(transport, root: str, run, segment: int | None) -> None:  # type: igno
                 except RemoteError:
                     continue  # a log that was never written (the segment did not start) is not an error
                 got.append(str(local))
-    note(f"downloaded {len(got)} file(s) to {dest}/")
-    for p in got:
-        click.echo(p)
+    return dest, got

@@ -19,22 +19,37 @@ def duration(seconds: int | None) -> str:
     return (f"{d}-" if d else "") + f"{h:d}:{m:02d}:{s:02d}"
 
 
+def segments_cell(v) -> str:  # type: ignore[no-untyped-def]
+    """SEG: a live run's segment of at most N (``2/10``); an ended run's count of segments (``1``).
+
+    ``1/10`` for a run that finished in one segment read as "stopped after 1 of 10": the ten is a
+    ceiling for continuing, not a plan, and means nothing once the run is over."""
+    if not v.run_id:
+        return f"{v.points}pt" if v.points else "-"  # a sweep's line: how many points it sums up
+    return f"{v.segment}/{v.max_segments}" if v.live else str(v.segment)
+
+
 def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows in, lines out
-    lines = [
-        f"{'NAME':<22} {'SEG':>5} {'STATE':<11} {'EXIT':>4} {'JOB':<9} {'GPUS':<10} {'NODES':>5} "
-        f"{'ELAPSED':>10}  SOURCE"
-    ]
+    # Columns as wide as their longest value: a name cut at 22 characters could not be typed back
+    # into `rv logs NAME`, and two runs could show the same prefix.
+    rows = []
     for v in views:
         gpus = f"{v.gpus}x{v.gpu_type}" if v.gpus and v.gpu_type else str(v.gpus or "-")
-        seg = f"{v.segment}/{v.max_segments}" if v.run_id else f"{v.points}pt" if v.points else "-"
         code = "-" if v.exit_code is None else str(v.exit_code)
         # A sweep's line (its points) always says how many points are in which state.
         shown = v.reason and (v.points or v.state not in ("RUNNING", "COMPLETED"))
         why = f"  ({v.reason})" if shown else ""
-        lines.append(
-            f"{v.name[:22]:<22} {seg:>5} {v.state[:11]:<11} {code:>4} {(v.job_id or '-'):<9} {gpus:<10} "
-            f"{v.nodes:>5} {duration(v.elapsed_seconds):>10}  {v.source}{why}"
-        )
+        rows.append((v.name, segments_cell(v), v.state, code, v.job_id or "-", gpus, str(v.nodes),
+                     duration(v.elapsed_seconds), f"{v.source}{why}"))  # fmt: skip
+    head = ("NAME", "SEG", "STATE", "EXIT", "JOB", "GPUS", "NODES", "ELAPSED", "SOURCE")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+    right = {1, 3, 6, 7}  # numbers line up on the right
+    lines = []
+    for r in [head, *rows]:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=False))
+        ]
+        lines.append(" ".join(cells) + "  " + r[-1])
     return lines
 
 

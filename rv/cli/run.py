@@ -69,7 +69,7 @@ def placement_options(f):  # type: ignore[no-untyped-def]
 
 @click.command(
     cls=_LayeredCommand,
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings={"allow_interspersed_args": False},
 )
 @click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")
 @click.option(
@@ -311,6 +311,7 @@ def run(
         requirements=requirements, extras=extras, python=python_, system_site_packages=system_site_packages,
     )  # fmt: skip
     alternatives = [dataclasses.replace(r, setup=req.setup) for r in alternatives]
+    reqs = [req, *alternatives]  # each with the folder the program starts in
     if sweep is not None:
         ctx.exit(
             run_sweep(
@@ -402,8 +403,11 @@ def run(
 
             print_json(asdict(record))
             sys.stdout.flush()  # the record is all stdout gets: a reader may act on it while the run goes
-        else:
+        elif not sys.stdout.isatty():
+            # The job id is data for a script (`job=$(rv run ...)`, a pipe). On a terminal the line on
+            # stderr below has it, and a number alone between two of rv's lines read as a stray print.
             click.echo(record.job_id)
+            sys.stdout.flush()
         continues = f", up to {req.max_segments} segments" if req.max_segments > 1 else ""
         if submitted.candidates:
             jobs = ", ".join(f"{j} ({t})" for j, t in submitted.candidates)
@@ -585,7 +589,8 @@ def run_sweep(  # type: ignore[no-untyped-def]
                          "run_id": r.run_id, "job_id": r.job_id}
                         for pr, r in zip([pr for made in runs for pr in made], records, strict=True)]}
         )  # fmt: skip
-    else:
+    elif not sys.stdout.isatty():
+        # Data for a script, as a plain run's job id is; on a terminal the line below has them.
         for array in arrays:
             click.echo(array)
     at_once = f", at most {sweep.parallel} at once" if sweep.parallel else ""

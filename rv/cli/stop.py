@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import click
 
-from rv.cli.common import note, run_store, session, warn
+from rv.cli.common import note, print_json, run_store, session, warn
 
 
 @click.command()
 @click.argument("runs", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Stop every live run rv submitted with this profile.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stopping with --all.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print what was stopped as JSON: per run, the jobs cancelled, whether its secrets were removed, "
+    "and an error if any.",
+)
 @click.pass_context
-def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool) -> None:
+def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool, as_json: bool) -> None:
     """Stop RUNs (names, run ids or job ids of any segment; a sweep's name: all its points), or --all."""
     from rv.errors import UsageError
     from rv.job import query
@@ -31,6 +38,8 @@ def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool) -> No
             live_ids = {j.job_id for j in snap.queued}
             targets = [(r.run_id, r.name) for r in snap.runs if set(r.jobs) & live_ids]
             if not targets:
+                if as_json:
+                    print_json([])
                 note("no live runs")
                 return
             listing = ", ".join(name for _, name in targets)
@@ -48,9 +57,16 @@ def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool) -> No
                     found = going
                 targets += [(r.run_id, r.name) for r in found]
             if not targets:
+                if as_json:
+                    print_json([])
                 note(f"every point of {', '.join(sweeps)} has ended already: nothing to stop")
                 return
         stopped = stop_runs(s.transport, s.layout.root, targets)
+    store.update_many(s.profile.name, {row.run_id: {"secrets_cleared": True} for row in stopped})
+    if as_json:
+        from dataclasses import asdict
+
+        print_json([{**asdict(row), "cancelled": list(row.cancelled)} for row in stopped])
     in_sweeps = {run_id for _, ids in sweeps.values() for run_id in ids}
     for name, (total, ids) in sweeps.items():
         rows = [row for row in stopped if row.run_id in ids]
@@ -72,4 +88,3 @@ def stop(ctx: click.Context, runs: tuple[str, ...], all_: bool, yes: bool) -> No
         )
         secrets = "; its secrets are removed" if row.secrets_removed else ""
         note(f"stopped run {row.name}: {jobs}; it will not continue{secrets}")
-    store.update_many(s.profile.name, {row.run_id: {"secrets_cleared": True} for row in stopped})

@@ -178,8 +178,9 @@ def retry(ctx: click.Context, name: str, parallel: int | None, dry_run: bool) ->
             for task, (index, run_id) in enumerate(zip(planned.points, part["runs"], strict=True))
         ]
         run_store().add_many(records)
-    for array in sent:
-        click.echo(array["array"])
+    if not sys.stdout.isatty():  # data for a script; on a terminal the line below has them
+        for array in sent:
+            click.echo(array["array"])
     note(
         f"retrying {len(indexes)} point(s) of sweep {name}: {listing}, as job array(s) "
         f"{', '.join(str(p['array']) for p in sent)}\n  rv ps {name}    rv sweep results {name}"

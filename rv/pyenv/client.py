@@ -57,11 +57,8 @@ def ensure(
 
     ``force`` builds it again even when it exists (the old one is replaced when the new one is whole).
     """
-    args: dict[str, Any] = {
-        "root": layout.root,
-        "setup": list(setup),
-        "force": force,
-    }
+    # With the profile's umask: what uv writes follows the privacy rule (027 when shared with the group).
+    args: dict[str, Any] = layout.agent_args(setup=list(setup), force=force)
     if use is not None:
         args["use"] = use
     elif spec is not None:

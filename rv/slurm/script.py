@@ -285,6 +285,7 @@ def render_script(req: JobRequest, ctx: ScriptContext) -> str:
     """The batch script for ``req`` in ``ctx``: pure, deterministic, ends with a newline."""
     _check_context(ctx)
     runtime = runtime_path(ctx.layout, "job")
+    program = program_line(req)
     header = [
         "#",
         f"# Written by rv for run {req.name} ({ctx.run_id}) of project {ctx.project},",
@@ -308,8 +309,13 @@ def render_script(req: JobRequest, ctx: ScriptContext) -> str:
         [
             "rv_start",
             "# --- the program: each node's task runs it beside rv's stop watcher (job.sh: rv_task)",
+            *(
+                # accelerate's --mixed_precision is a word-split substitution: it vanishes when
+                # accelerate's own config sets the precision (rv.slurm.launch).
+                ["# shellcheck disable=SC2046"] if "$(" in program else []
+            ),
             "rv_program() {",
-            f"    exec {program_line(req)}",
+            f"    exec {program}",
             "}",
             "rv_launch",
         ],

@@ -40,7 +40,8 @@ rv_begin
 
 rv_start
 # --- the program: each node's task runs it beside rv's stop watcher (job.sh: rv_task)
+# shellcheck disable=SC2046
 rv_program() {
-    exec uv run --frozen accelerate launch --num_processes=4 --num_machines=2 --machine_rank="$SLURM_NODEID" --main_process_ip="$RV_HEAD_ADDR" --main_process_port="$MASTER_PORT" --multi_gpu train.py --epochs 3
+    exec uv run --frozen accelerate launch --num_processes=4 --num_machines=2 --machine_rank="$SLURM_NODEID" --main_process_ip="$RV_HEAD_ADDR" --main_process_port="$MASTER_PORT" --multi_gpu $(grep -qsE '(^|")(mixed_precision|fp16)"?[[:space:]]*:' "${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}/accelerate/default_config.yaml" || printf %s --mixed_precision="$RV_PRECISION") train.py --epochs 3
 }
 rv_launch

@@ -21,8 +21,10 @@ def git_project(path: Path, files: dict[str, str]) -> Path:
 def ps_row(run_rv, name: str) -> dict:
     r = run_rv("ps", "-a", "--json")
     assert r.returncode == 0, r.stderr
-    # Runs only: sacct also lists this user's jobs of earlier test sessions under the same name.
-    (row,) = [row for row in json.loads(r.stdout) if row["name"] == name and row["run_id"]]
+    # Runs of this test's remote root only: jobs of the same name from earlier tests show as others.
+    rows = [row for row in json.loads(r.stdout) if row["name"] == name and row["run_id"]]
+    assert len(rows) == 1, rows
+    (row,) = rows
     return row
 
 

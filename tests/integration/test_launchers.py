@@ -113,6 +113,29 @@ def test_uv_run_torchrun_on_two_nodes_is_one_world_of_four(layout, project, uv_b
 
 
 @BARE
+def test_torchrun_says_nothing_about_the_flags_rv_adds(layout, project):
+    # Every flag rv adds to torchrun, in a real two-node job: torchrun must not warn about one
+    # ("node_rank is only used for static rdzv_backend" on every node but the first, before). The
+    # one warning it gives of itself, for OMP_NUM_THREADS when it starts several processes per node,
+    # is kept out by setting it: any warning left would be about rv's flags.
+    r = layout.run_rv(
+        "run", "-g", "4", "-t", "a6000", "--mem", "2G", "--setup", "export OMP_NUM_THREADS=1", "-f",
+        "--", "torchrun", "world.py", cwd=project,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_one_world_of_four(r.stdout, "torchrun")
+    job = re.search(r"^(\d+)$", r.stdout, re.M) or re.search(r"job (\d+)", r.stderr)
+    assert job, r.stderr
+    logs = sorted(Path(layout.remote_root).glob(f"runs/*/logs/{job.group(1)}*"))
+    assert len(logs) >= 4, logs  # .out and .err of both nodes
+    text = "".join(p.read_text(errors="replace") for p in logs) + r.stdout + r.stderr
+    warnings = [
+        line for line in text.splitlines() if re.match(r"(\[\d+\] )?W\d{4} ", line) or "warn" in line.lower()
+    ]
+    assert warnings == [], "\n".join(warnings)
+
+
+@BARE
 def test_accelerate_launch_on_two_nodes_is_one_world_of_four(layout, project):
     r = layout.run_rv(
         "run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "accelerate", "launch", "world.py",
@@ -121,6 +144,42 @@ def test_accelerate_launch_on_two_nodes_is_one_world_of_four(layout, project):
     assert r.returncode == 0, r.stdout + r.stderr
     # accelerate's own workers carry its settings in the environment (ACCELERATE_DYNAMO_BACKEND=NO)
     assert_one_world_of_four(r.stdout, "NO")
+
+
+PRECISION = """\
+import os
+print(f"rank={os.environ['RANK']} accelerate={os.environ['ACCELERATE_MIXED_PRECISION']} "
+      f"rv={os.environ['RV_PRECISION']}")
+"""
+
+
+@BARE
+def test_accelerate_workers_get_the_precision_rv_picked_unless_the_config_sets_it(layout, project):
+    # accelerate launch without --mixed_precision exported ACCELERATE_MIXED_PRECISION=no to its
+    # workers, over the job's bf16: every accelerate job ran in fp32.
+    (project / "precision.py").write_text(PRECISION)
+    (project / "fp16.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nmixed_precision: fp16\n"
+    )
+    git(project, "add", ".")
+    git(project, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "precision")
+    runs = {
+        "flag": [],
+        "config": ["--config_file", "fp16.yaml"],  # the user's file says fp16: rv's flag would override it
+    }
+    for case, options in runs.items():
+        r = layout.run_rv(
+            "run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "accelerate", "launch", *options,
+            "precision.py", cwd=project,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = re.findall(r"^\[\d\] rank=(\d) accelerate=(\S+) rv=(\S+)$", r.stdout, re.M)
+        assert sorted(rank for rank, _, _ in lines) == ["0", "1", "2", "3"], r.stdout
+        picked = {rv for _, _, rv in lines}
+        assert picked == {"bf16"}, lines  # a6000: compute capability 8.6
+        expected = "bf16" if case == "flag" else "fp16"
+        assert {seen for _, seen, _ in lines} == {expected}, (case, r.stdout)
+        assert "`--mixed_precision` was set to a value of `'no'`" not in r.stderr + r.stdout
 
 
 @BARE

@@ -108,7 +108,8 @@ def test_grpo_on_two_nodes_runs_as_a_chain_of_segments_to_its_last_step(run_rv_b
     assert row["segment"] == len(separators) and len(row["jobs"]) == row["segment"]
     assert row["checkpoint_step"] is not None
     table = run_rv_bare("ps", "-a").stdout
-    assert re.search(rf"{name}\s+{row['segment']}/10\s+COMPLETED\s+0", table), table
+    # An ended run's SEG is how many segments it ran (not "5/10", which read as stopped early).
+    assert re.search(rf"{name}\s+{row['segment']}\s+COMPLETED\s+0", table), table
 
 
 # --- what never continues, and what is never signalled ---------------------------------------------

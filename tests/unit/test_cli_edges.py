@@ -96,6 +96,33 @@ def test_a_programs_own_help_and_options_after_double_dash_pass(setup):
     assert r.returncode == 0, r.stderr
 
 
+# --- an option rv does not know, typed before the command -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("words", "unknown", "close"),
+    [
+        # What a user typed: the option did not exist, so the whole line became the program
+        # (`exec: --: invalid option`, after queueing). Spelt so that no future option is this word.
+        (["-g", "1", "-t", "a6000", "--exclud", "gn1", "-f", "--"], "--exclud", None),
+        (["-g", "1", "--bogus-option", "python"], "--bogus-option", None),
+        (["--dry-ru", "-f", "--"], "--dry-ru", "--dry-run"),
+        (["-g", "1", "--folow"], "--folow", "--follow"),
+        (["-Z", "--"], "-Z", None),
+    ],
+)
+def test_an_unknown_option_before_the_command_is_refused_before_any_network_call(
+    setup, words, unknown, close
+):
+    repo, env = setup
+    r = rv("run", *words, "python", "node.py", cwd=repo, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"No such option '{unknown}'" in r.stderr or f"No such option: {unknown}" in r.stderr
+    if close is not None:
+        assert "Did you mean" in r.stderr and f"'{close}'" in r.stderr.partition("Did you mean")[2]
+    assert "cannot connect" not in r.stderr and r.stdout == ""  # the profile's host does not exist
+
+
 # --- -o paths start where the program starts ------------------------------------------------------
 
 

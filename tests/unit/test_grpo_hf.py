@@ -8,6 +8,10 @@ untested. Install ``transformers`` to run them.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import sysconfig
 
 import pytest
 import torch
@@ -148,19 +152,83 @@ def _lfm2():
     return transformers.Lfm2ForCausalLM(config)
 
 
-@pytest.mark.parametrize(
-    ("build", "reason"),
-    [(_mamba, "forward takes no past_key_values"), (_lfm2, "hold more than keys and values per row")],
-)
-def test_models_whose_cache_cannot_be_repeated_fall_back_to_generate(build, reason):
+@pytest.mark.parametrize("build", [_mamba, _lfm2])
+def test_models_whose_cache_cannot_be_repeated_fall_back_to_generate(build):
+    # Mamba's recurrent state and LFM2's convolution state cannot be repeated per row: the trial
+    # forward says why (transformers 5.24: "its cache cannot be repeated per row (AttributeError: ...)";
+    # 4.57: Mamba ignores the cache, LFM2 fails with it), and sampling falls back to generate().
     model = build().eval()
     sampler = choose_sampler(model)
-    assert sampler.mode == "generate" and reason in sampler.description
+    reasons = (
+        "its cache cannot be repeated per row",
+        "does not use a DynamicCache",
+        "fails with a DynamicCache",
+    )
+    assert sampler.mode == "generate" and any(r in sampler.description for r in reasons), sampler
     ids, mask = left_pad([[1, 2, 10], [3, 10]], 12, torch.device("cpu"))
     kwargs = dict(num_generations=3, max_new_tokens=4, temperature=1.0, eos_ids=(12,), pad_id=12, seed=2)
     out = sample(model, ids, mask, mode=sampler.mode, **kwargs)
     assert out.completion_ids.shape[0] == 6
     assert torch.equal(out.completion_ids, sample(model, ids, mask, mode="generate", **kwargs).completion_ids)
+
+
+class _KwargsOnly(torch.nn.Module):
+    """A model whose forward names nothing (everything through **kwargs), as transformers 5.24's
+    Qwen2 does for the old ``past_key_values``: its signature says nothing about a cache."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, **kwargs):
+        return self.inner(**kwargs)
+
+
+class _IgnoresTheCache(torch.nn.Module):
+    """A forward that names both cache keywords and uses neither: it builds a cache of its own."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
+                use_cache=None):  # fmt: skip
+        return self.inner(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache
+        )
+
+
+def test_what_the_model_does_decides_the_sampler_not_its_signature(tiny_qwen):
+    # Before, rv_train read forward's signature: the first model here lost the shared prefill (as
+    # every Qwen2 did with transformers 5.24), the second was given it and failed while sampling.
+    model, tok = load_hf(str(tiny_qwen), chat_template="off")
+    hidden, ignoring = _KwargsOnly(model.eval()), _IgnoresTheCache(model)
+    assert choose_sampler(hidden).mode == "shared"
+    sampler = choose_sampler(ignoring)
+    assert sampler.mode == "generate"
+    assert "_IgnoresTheCache.forward does not use a DynamicCache it is given" in sampler.description
+    ids, mask = left_pad(
+        [tok.encode_prompt("31415="), tok.encode_prompt("8=")], tok.pad_id, torch.device("cpu")
+    )
+    kwargs = dict(
+        num_generations=3, max_new_tokens=5, temperature=1.0, eos_ids=tok.eos_ids, pad_id=tok.pad_id
+    )
+    through = sample(hidden, ids, mask, seed=3, mode="shared", **kwargs)
+    direct = sample(model, ids, mask, seed=3, mode="copies", **kwargs)
+    assert torch.equal(through.completion_ids, direct.completion_ids)
+
+
+def test_the_training_forward_keeps_only_the_logits_asked_for_when_the_signature_hides_it(tiny_qwen):
+    model, tok = load_hf(str(tiny_qwen), chat_template="off")
+    seen = []
+    model.register_forward_pre_hook(lambda _m, _a, kw: seen.append(dict(kw)), with_kwargs=True)
+    hidden = _KwargsOnly(model.eval())
+    ids = torch.tensor([tok.encode_prompt("31415=")])
+    logits = forward_logits(
+        hidden, ids, torch.ones_like(ids), position_ids_from_mask(torch.ones_like(ids)), 2
+    )
+    assert logits.shape[:2] == (1, 2)
+    assert seen[-1]["use_cache"] is False and seen[-1]["logits_to_keep"] == 2
 
 
 def test_trainer_runs_on_a_hugging_face_model(tiny_qwen, tmp_path, capsys):
@@ -215,3 +283,36 @@ def test_fsdp_on_a_hugging_face_model(tiny_qwen, tmp_path):
     result = summary(tmp_path)
     assert result["step"] == 3 and len(set(result["param_checksums"])) == 1
     assert (tmp_path / "final_model" / "config.json").is_file()  # gathered from the shards onto rank 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("RV_TEST_NEWEST") != "1",
+    reason="RV_TEST_NEWEST=1 runs these tests against the newest transformers on PyPI (CI tests the "
+    "release pinned in constraints.txt, the newest on the day it was pinned)",
+)
+def test_the_hugging_face_path_on_the_newest_transformers_release(tmp_path):
+    # Before a bump of constraints.txt: the newest transformers (and what it needs) in a venv of its
+    # own, on top of this one's torch, runs this file's cache tests there. Not in CI by default: a
+    # release must not turn CI red by itself, and the index must not be a dependency of every run.
+    newest = tmp_path / "newest"
+    subprocess.run([sys.executable, "-m", "venv", str(newest)], check=True)
+    python = newest / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"}
+    # Installed before this venv's packages are visible to it, so pip never touches them.
+    pip = [str(python), "-m", "pip", "install", "-q", "--upgrade", "transformers", "tokenizers"]
+    subprocess.run(pip, check=True, env=env)
+    site = newest / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    (site / "zz-rv-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
+    version = subprocess.run(
+        [str(python), "-c", "import transformers; print(transformers.__version__)"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    print(f"newest transformers on the index: {version}")
+    tests = "shared_prefill or signature or fall_back or hides_it or trainer_runs"
+    proc = subprocess.run(
+        [str(python), "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", tests],
+        capture_output=True, text=True, env={**env, "RV_TEST_NEWEST": "0"},
+    )  # fmt: skip
+    assert proc.returncode == 0, f"transformers {version}:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout.split("\n")[-2], proc.stdout[-500:]

@@ -432,11 +432,17 @@ def test_standalone_on_several_nodes():
 
 @pytest.mark.parametrize(
     "flag",
-    ["--rdzv-endpoint=localhost:29500", "--master_addr=10.0.0.1", "--node-rank=0", "--rdzv-backend=static"],
+    ["--rdzv-endpoint=localhost:29500", "--master_addr=10.0.0.1", "--node-rank=0", "--rdzv-backend=etcd"],
 )
 def test_rendezvous_flags_refused_on_several_nodes(flag):
     e = usage_error(gpus=8, gpu_type="v100", command=["torchrun", flag, "t.py"])
     assert "drop it" in e.hint
+
+
+def test_a_static_or_c10d_rendezvous_of_the_users_own_is_kept_on_several_nodes():
+    for backend in ("static", "c10d"):
+        r = req(gpus=8, gpu_type="v100", command=["torchrun", f"--rdzv-backend={backend}", "t.py"])
+        assert r.torchrun.value("rdzv-backend") == backend
 
 
 def test_node_rank_on_one_node():

@@ -237,9 +237,8 @@ def test_program_line_of_torchrun_injects_only_missing_flags():
         gpu_type="v100",
     )
     assert program_line(req) == (
-        'torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --rdzv-backend=c10d '
-        '--rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT" '
-        "--nproc_per_node=4 --rdzv-id=mine --signals-to-handle=SIGUSR2 t.py"
+        'torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --master-addr="$RV_HEAD_ADDR" '
+        '--master-port="$MASTER_PORT" --nproc_per_node=4 --rdzv-id=mine --signals-to-handle=SIGUSR2 t.py'
     )
 
 
@@ -460,9 +459,8 @@ def expected_torchrun_argv(job_id: int, node: int, tail: list[str]) -> list[str]
         "--nnodes=2",
         f"--node-rank={node}",
         "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=10.1.2.3:{15000 + job_id % 15000}",
-        f"--rdzv-id={job_id}",
+        "--master-addr=10.1.2.3",
+        f"--master-port={15000 + job_id % 15000}",
         *tail,
     ]
 

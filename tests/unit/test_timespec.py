@@ -53,6 +53,29 @@ def test_bare_number_is_refused_because_slurm_reads_minutes():
     assert "90m" in err.value.hint
 
 
+@pytest.mark.parametrize("text", ["0", "0s", "0m", "00", "0h0m", "0:00"])
+def test_zero_where_zero_means_everything(text):
+    # `rv gc --older-than 0`: every run that has ended. It was refused ("--time '0' has no unit").
+    assert parse_duration(text, flag="--older-than", allow_zero=True) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("5", "--older-than '5' has no unit"),
+        ("2x", "cannot read --older-than '2x'"),
+        ("-1d", "cannot read --older-than '-1d'"),
+    ],
+)
+def test_each_error_names_the_flag_the_user_typed(text, message):
+    with pytest.raises(UsageError) as err:
+        parse_duration(text, flag="--older-than", allow_zero=True)
+    assert err.value.message == message  # no "--time", and no Slurm reading of a bare number
+    with pytest.raises(UsageError) as err:
+        parse_duration("0s", flag="--lead")
+    assert err.value.message == "--lead '0s' is zero"
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [(0, "00:00:00"), (59, "00:00:59"), (10740, "02:59:00"), (86400, "1-00:00:00"), (266400, "3-02:00:00")],

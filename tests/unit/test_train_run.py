@@ -74,6 +74,16 @@ def test_skip_final_save_leaves_no_checkpoint_at_a_normal_end(tmp_path, capsys):
     assert summary(tmp_path)["checkpoint"] is None and summary(tmp_path)["step"] == 3
 
 
+def test_the_final_checkpoint_is_named_once(tmp_path, capsys):
+    # It was said twice at the end of every run: "saved PATH in 0.2 s", then "finished at step 3
+    # (completed); saved PATH".
+    assert main(["--steps", "3", "--save-every", "0", "--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    final = str(tmp_path / "checkpoints" / "step_0000003")
+    assert out.count(final) == 1, out
+    assert f"saved {final} in " in out and "finished at step 3 (completed)\n" in out
+
+
 def test_skip_final_save_still_saves_on_a_stop_signal(tmp_path):
     # The stop protocol: a signal always ends with a checkpoint, whatever the flags say.
     args = ["--task", f"{HELPERS}:SignalAtStep2", "--signals", "SIGUSR2", "--steps", "10",
