@@ -181,7 +181,7 @@ def up(
             )
             line = attach_command(JobPlace(s.layout.root, run_id, record.job_id), node, None, pty=True)
             cols, rows = terminal_size()
-            code = relay(s.transport.open_pty(line, term=term_name(), cols=cols, rows=rows))
+            code = relay(s.connection.open_pty(line, term=term_name(), cols=cols, rows=rows))
             gone, why = session_up.release(dog)
             released = True
             _said_released(record.job_id, gone, why)

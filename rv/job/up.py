@@ -32,7 +32,7 @@ from rv.agent_client import agent_command
 from rv.errors import ConnectError, RemoteError
 from rv.job.records import RunRecord
 from rv.job.submit import run_record, submit_args
-from rv.job.watch import FrameReader
+from rv.job.watch import FollowerFrameReader
 from rv.layout import RemoteLayout
 from rv.request import JobRequest
 from rv.secrets import render_env_file
@@ -100,7 +100,7 @@ class Watchdog:
         self.stopped = threading.Event()
         self.job_id: str | None = None
         self.last: QueuedJob | None = None
-        self._reader = FrameReader()
+        self._reader = FollowerFrameReader()
         self._worker = threading.Thread(target=self._pump, daemon=True)
         self._beater = threading.Thread(target=self._beat, daemon=True)
 

@@ -32,7 +32,7 @@ SILENCE_S = 45.0
 MAX_BACKOFF_S = 30.0
 
 
-class FrameReader:
+class FollowerFrameReader:
     """Splits the follower's stdout into (header, data) frames; chunks may split frames anywhere."""
 
     def __init__(self) -> None:
@@ -170,7 +170,7 @@ def _one_follower(
 ) -> Followed | None:
     """Run one follower to its end frame (returned) or until the connection fails (raises)."""
     frames: queue.Queue[tuple[str, Any]] = queue.Queue()
-    reader = FrameReader()
+    reader = FollowerFrameReader()
     errors: list[bytes] = []
 
     def on_stdout(chunk: bytes) -> None:

@@ -278,7 +278,8 @@ def run_rv_bare(bare_rv_env):
 
 
 def _transport(values: dict[str, str]):
-    from rv.transport import SSHTransport, resolve_target
+    from rv.ssh import SSHTransport
+    from rv.sshconfig import resolve_target
 
     target = resolve_target(
         "127.0.0.1",

@@ -270,3 +270,82 @@ def test_a_host_that_never_answers_is_tried_once(rv_env, runtime):
         assert attempts == 1
     finally:
         silent.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Every way users install rv gets the command server (issue 24: `pip install -e .` installs an
+# import hook, and a server started without site processing could not import rv at all).
+
+
+@pytest.fixture(scope="session")
+def installable(tmp_path_factory) -> tuple[Path, Path]:
+    """(a copy of this checkout's sources, a folder of rv's dependencies): what a fresh venv installs
+    rv from, without a network. The dependencies are this test venv's own, linked one by one, rv's
+    own entries left out, so nothing but the install under test can make rv importable."""
+    base = tmp_path_factory.mktemp("installable")
+    src = base / "src"
+    src.mkdir()
+    repo = Path(__file__).resolve().parents[2]
+    for name in ("rv", "rv_train"):
+        shutil.copytree(repo / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, src / name)
+    deps = base / "deps"
+    deps.mkdir()
+    import sysconfig
+
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name
+        if name in ("rv", "rv_train", "__pycache__") or name.startswith(("rv-", "__editable__")):
+            continue
+        if name.endswith(".pth"):
+            continue
+        (deps / name).symlink_to(entry)
+    return src, deps
+
+
+def fresh_install(installable: tuple[Path, Path], where: Path, editable: bool) -> Path:
+    """A new venv at ``where`` with rv installed by pip as a user would (``-e`` or not); its python."""
+    src, deps = installable
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    python = where / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    Path(purelib, "rv_test_deps.pth").write_text(f"{deps}\n")  # pip, setuptools, click, paramiko...
+    pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    done = subprocess.run([*pip, *(["-e"] if editable else []), str(src)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    finder = list(Path(purelib).glob("__editable__*finder*.py"))
+    assert bool(finder) == editable, "setuptools' default editable install is an import hook"
+    return python
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["pip install -e .", "pip install .", "a tool's venv on PATH"])
+def test_every_kind_of_install_gets_its_commands_served(how, rv_env, installable, runtime, tmp_path):
+    python = fresh_install(installable, tmp_path / "venv", editable=how == "pip install -e .")
+    env = dict(rv_env, RV_RUNTIME_DIR=str(runtime), RV_DEBUG="1")
+    rv = [str(python.parent / "rv")]
+    if how == "a tool's venv on PATH":
+        # pipx and `uv tool install`: the venv's `rv` linked into a folder on PATH, typed by name.
+        on_path = tmp_path / "bin"
+        on_path.mkdir()
+        (on_path / "rv").symlink_to(python.parent / "rv")
+        env["PATH"] = f"{on_path}:{env['PATH']}"
+        rv = ["rv"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*rv, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+
+    first = run("exec", "echo one")  # no server yet: runs in-process and starts one
+    assert (first.returncode, first.stdout) == (0, "one\n"), first.stderr
+    assert "rv: debug: started the command server" in first.stderr, first.stderr
+    server = server_pid(runtime)
+    second = run("exec", "echo two")
+    assert (second.returncode, second.stdout) == (0, "two\n"), second.stderr
+    assert "rv: debug: served by the command server" in second.stderr, second.stderr
+    assert len(served(runtime, server, "exec")) == 1, server_log(runtime)
