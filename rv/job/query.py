@@ -10,13 +10,16 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rv.agent_client import call_agent
 from rv.errors import NotFound
 from rv.job.records import ClusterRun, RunRecord, RunStore, parse_runs
 from rv.slurm import commands
 from rv.slurm.parse import AccountedJob, QueuedJob, parse_sacct, parse_squeue
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 FINISHED_DAYS = 7  # how far back `rv ps -a` looks
 
@@ -33,7 +36,7 @@ class RunsSnapshot:
 
 
 def fetch(
-    transport: Any,
+    transport: Transport,
     root: str,
     *,
     ids: Sequence[str] = (),
@@ -71,7 +74,7 @@ def fetch(
     )
 
 
-def listing(transport: Any, root: str, *, finished: bool, sweep: Sequence[str] = ()) -> RunsSnapshot:
+def listing(transport: Transport, root: str, *, finished: bool, sweep: Sequence[str] = ()) -> RunsSnapshot:
     """What `rv ps` shows: live runs (and, with ``finished``, those of the last week, and sacct)."""
     since = time.time() - FINISHED_DAYS * 86400 if finished else None
     return fetch(
@@ -90,7 +93,13 @@ class Resolved:
 
 
 def resolve(
-    transport: Any, store: RunStore, profile: str, root: str, ref: str | None, *, sweep: Sequence[str] = ()
+    transport: Transport,
+    store: RunStore,
+    profile: str,
+    root: str,
+    ref: str | None,
+    *,
+    sweep: Sequence[str] = (),
 ) -> Resolved:
     """RUN as the user typed it: a run name, a run id, a job id of any segment, or None (the latest).
 

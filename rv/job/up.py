@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rv.agent_client import agent_command
 from rv.errors import ConnectError, RemoteError
@@ -39,6 +39,9 @@ from rv.secrets import render_env_file
 from rv.slurm import commands
 from rv.slurm.parse import QueuedJob, parse_squeue
 from rv.slurm.script import ScriptContext
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 HEARTBEAT_S = 5.0  # rv -> watchdog
 SILENCE_S = 60.0  # the watchdog cancels after this long without a word from rv
@@ -89,7 +92,7 @@ class SessionEnded(RemoteError):
 class Watchdog:
     """rv's end of the watchdog: a channel to the agent's ``up`` mode, its frames, and our lines."""
 
-    transport: Any
+    transport: Transport
     args: dict[str, Any]
     secrets: bytes
 
@@ -179,7 +182,7 @@ class Watchdog:
 
 
 def start(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     req: JobRequest,
     ctx: ScriptContext,

@@ -21,11 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rv.agent_client import agent_command
 from rv.errors import ConnectError, NotFound, RemoteError
 from rv.slurm import commands
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 # A follower that sent nothing (not even a heartbeat) for this long is taken for a dead connection.
 SILENCE_S = 45.0
@@ -166,7 +169,7 @@ def follow_run(
 
 
 def _one_follower(
-    transport: Any, args: dict[str, Any], pos: Position, view: FollowView, on_run: OnRun | None = None
+    transport: Transport, args: dict[str, Any], pos: Position, view: FollowView, on_run: OnRun | None = None
 ) -> Followed | None:
     """Run one follower to its end frame (returned) or until the connection fails (raises)."""
     frames: queue.Queue[tuple[str, Any]] = queue.Queue()
