@@ -128,7 +128,9 @@ def up(
     for message in req.warnings:
         warn(message)
     secrets = SecretStore(state_dir() / "secrets.json").load()
-    from rv.cli.run import ensure_environment, job_umask, prepare_local
+    from rv.cli.common import prepare_local
+    from rv.cli.envs import ensure_environment
+    from rv.job.prepare import job_umask
 
     # The shell starts in the folder rv up was typed in, as a run's program would.
     req, snap, env_plan = prepare_local(
