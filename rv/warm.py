@@ -667,12 +667,15 @@ def _stop_wedged(sock_path: Path) -> str:
 
     Only a process of this user whose command line is an rv one, named by the pid file it wrote
     itself in the private runtime folder; its socket goes too, so the next command starts afresh.
+    A process started by spawn_python runs rv.warm; one forked from the command server (_fork_daemon)
+    has the server's command line, rv.forkserver.
     """
     pid_path = sock_path.with_suffix(".pid")
     try:
         pid = int(pid_path.read_text())
         proc = Path(f"/proc/{pid}")
-        mine = proc.stat().st_uid == os.getuid() and b"rv.warm" in (proc / "cmdline").read_bytes()
+        cmdline = (proc / "cmdline").read_bytes()
+        mine = proc.stat().st_uid == os.getuid() and (b"rv.warm" in cmdline or b"rv.forkserver" in cmdline)
     except (OSError, ValueError):
         return "it could not be identified, so it was left alone"
     if not mine:

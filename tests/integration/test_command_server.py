@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import STATES, wait_gone, warm_pids
+from conftest import RUNTIME, STATES, run_in_process, wait_gone, warm_pids
 from terminal import Terminal
 
 from rv.config import load_config, save_config
@@ -349,3 +349,19 @@ def test_every_kind_of_install_gets_its_commands_served(how, rv_env, installable
     assert (second.returncode, second.stdout) == (0, "two\n"), second.stderr
     assert "rv: debug: served by the command server" in second.stderr, second.stderr
     assert len(served(runtime, server, "exec")) == 1, server_log(runtime)
+
+
+def test_the_integration_tests_run_the_rv_program_and_it_serves(run_rv, rv_env):
+    # conftest's run_rv (every integration test's way to rv) is the installed `rv` program: once the
+    # session's command server is up (the first served command of the session starts it), each
+    # command goes through it, as a user's does. `python -m rv` never does.
+    first = run_rv("exec", "true")
+    assert first.returncode == 0, first.stderr
+    server = server_pid(RUNTIME)
+    r = run_rv("exec", "echo served", env_extra={"RV_DEBUG": "1"})
+    assert (r.returncode, r.stdout) == (0, "served\n"), r.stderr
+    assert "rv: debug: served by the command server" in r.stderr, r.stderr
+    assert served(RUNTIME, server, "exec"), server_log(RUNTIME)
+    in_process = run_in_process(["exec", "echo here"], dict(rv_env, RV_DEBUG="1"))
+    assert (in_process.returncode, in_process.stdout) == (0, "here\n"), in_process.stderr
+    assert "served by the command server" not in in_process.stderr
