@@ -28,6 +28,8 @@ shared machine falls on all alike), each a whole process:
             pace), and warm with each mechanism off; beside `ssh host squeue` on a fresh connection
             and through an OpenSSH ControlMaster that is already up
   status    `rv status` cold, cold connection, warm at once, warm
+  exec      `rv exec true` (a plain command, not an agent call: what the hot shell alone serves),
+            warm, with everything on, without the hot shell, without the warm connection
   resubmit  `rv run -g 0 -- sh job.sh` in a repo of RESUBMIT_FILES files, again with nothing changed
             and with one file changed, with everything on and with each mechanism off; beside what
             the same by hand costs: `rsync` of the repo, then `ssh host sbatch`, over fresh
@@ -166,7 +168,7 @@ def imported(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list
 
 def summary(name: str, values: list[float], ratios: list[float] | None) -> str:
     med = statistics.median(values)
-    text = f"{name:<52} {med:6.3f} s  ({min(values):.3f}-{max(values):.3f})"
+    text = f"{name:<66} {med:6.3f} s  ({min(values):.3f}-{max(values):.3f})"
     if ratios:
         text += f"   {statistics.median(ratios):5.2f}x  ({min(ratios):.2f}-{max(ratios):.2f})"
     return text
@@ -192,8 +194,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--queued", type=int, default=0, help="held jobs of this user in the queue meanwhile")
-    ap.add_argument("--groups", default="ps,status,resubmit,local")
-    ap.add_argument("--before", type=Path, help="another checkout of rv to time `rv ps` from (PYTHONPATH)")
+    ap.add_argument("--groups", default="ps,status,exec,resubmit,local")
+    ap.add_argument(
+        "--before",
+        type=Path,
+        metavar="PYTHON",
+        help="the Python of another rv install (e.g. main's venv): its `rv ps` and `rv status`, warm, "
+        "are timed in the same rounds (its own config, runtime folder and connection)",
+    )
     args = ap.parse_args()
     groups = set(args.groups.split(","))
     # An installed rv has its bytecode compiled (pip does it); a checkout run with
@@ -201,8 +209,11 @@ def main() -> None:
     import rv
 
     rv_dir = Path(rv.__file__).resolve().parent
-    for tree in (rv_dir, *([args.before / "rv"] if args.before else [])):
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(rv_dir)], check=True, capture_output=True)
+    if args.before:
+        where = "import rv, os; print(os.path.dirname(rv.__file__))"
+        before_dir = subprocess.run([args.before, "-c", where], check=True, capture_output=True, text=True)
+        subprocess.run([args.before, "-m", "compileall", "-q", before_dir.stdout.strip()], check=True)
     state = Path(os.environ.get("RV_TESTCLUSTER_DIR", "/tmp/rv-testcluster"))
     tc = read_env(state / "env")
     user = tc.get("RV_TESTCLUSTER_USER", "root")
@@ -239,8 +250,15 @@ def main() -> None:
     ]  # fmt: skip
     mux = [*ssh[:-1], "-o", f"ControlPath={work}/mux", "-o", "ControlMaster=auto", "-o", "ControlPersist=600"]
     mux.append(ssh[-1])
-    direct_env = dict(env, RV_WARM_SECONDS="0")
-    before_env = dict(direct_env, PYTHONPATH=str(args.before)) if args.before else None
+    before_rv = [str(args.before.parent / "rv")] if args.before else []
+    before_env = dict(env, RV_CONFIG=str(home / "rv-before.toml"), RV_RUNTIME_DIR=str(work / "run-before"))
+    if args.before:
+        (work / "run-before").mkdir(mode=0o700)
+        run_ok(
+            [*before_rv, "init", "--profile", "bench", "--host", "127.0.0.1", "--port", port, "--user", user,
+             "--identity-file", key, "--known-hosts", known, "--remote-root", f"{base}/ps", "--yes"],
+            before_env,
+        )  # fmt: skip
     rsync_dest = f"{base}/by-hand"
     run_ok([*ssh, f"mkdir -p {rsync_dest}"], env)
 
@@ -289,8 +307,25 @@ def main() -> None:
                     run_ok([*rv, "-p", profile, "ps"], cmd_env)  # its connection warm, as in the case above
                     time.sleep(PAUSE_S)
                     row[f"rv ps, warm, {what}"] = timed([*rv, "-p", profile, "ps"], cmd_env)
-                if before_env is not None:
-                    row["before: rv ps, direct"] = timed([*rv, "ps"], before_env)
+                if args.before:
+                    for cmd in ("ps", "status"):
+                        run_ok([*before_rv, cmd], before_env)
+                        time.sleep(PAUSE_S)
+                        row[f"before (the other install): rv {cmd}, warm"] = timed(
+                            [*before_rv, cmd], before_env
+                        )
+            if "exec" in groups:
+                # A command that is not an agent call: what the hot shell alone is for.
+                for what in (
+                    "everything on",
+                    "no hot shell (and so no agents)",
+                    "no warm connection (and so no server)",
+                ):
+                    profile, extra = MECHANISMS[what]
+                    cmd_env = dict(env, **extra)
+                    run_ok([*rv, "-p", profile, "exec", "true"], cmd_env)
+                    time.sleep(PAUSE_S)
+                    row[f"rv exec true, warm, {what}"] = timed([*rv, "-p", profile, "exec", "true"], cmd_env)
             if "resubmit" in groups:
                 resubmit = ["run", "-g", "0", "--mem", "100M", "--", "sh", "job.sh"]
                 changed = repo / "pkg0" / "mod0.py"
@@ -321,6 +356,7 @@ def main() -> None:
                 ratios.setdefault(name, []).append(value / base_value)
     finally:
         stop_warm(runtime, server=True)
+        stop_warm(work / "run-before", server=True)
         cancel_jobs()
         if args.queued:
             held = run_ok([*mux, "squeue -h -u $(id -un) -n rv-bench-held -o %i"], env).stdout.split()
