@@ -444,11 +444,16 @@ class SSHTransport(_Collecting):
 
     # -- commands -------------------------------------------------------------------------------------
     def _open(self, command: str, agent: dict[str, Any] | None = None) -> Any:
+        """A channel running ``command``: a pre-started agent for an agent call, the hot shell for
+        any other command, else a new exec channel."""
         if self._agents and agent is not None:
             channel = self._take_agent(agent)
             if channel is not None:
                 return channel
-        if self._hot:
+        # An agent call with no agent for it takes a new channel, not the hot shell: the shell reads
+        # and evals the agent's ~30 kB command line, which measured slower than a channel of its own
+        # (benchmarks/cli.py, `rv ps` with RV_PRESTART_AGENTS=0: 0.19 s against 0.14 s).
+        if self._hot and agent is None:
             channel = self._take_spare(command)
             if channel is not None:
                 return channel
