@@ -23,7 +23,8 @@ from rv.errors import NotFound, RemoteCommandMissing, RemoteError, RvError, Usag
 # the ones it imports): each is compiled into a module of its own name there, so they import each
 # other as they do here. Their files are read, never imported: the laptop does not load the agent.
 AGENT_MODULES = (
-    "manifest", "common", "locks", "store", "transfer", "runs", "follow", "up", "envs", "gc", "__main__",
+    "manifest", "segment", "common", "locks", "store", "transfer", "runs", "follow", "up", "envs", "gc",
+    "__main__",
 )  # fmt: skip
 _AGENT_DIR = Path(__file__).resolve().parent / "agent"
 

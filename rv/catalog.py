@@ -45,6 +45,27 @@ class GpuType:
         return [f.name for f in fields(cls)]
 
 
+@dataclass(frozen=True)
+class Partition:
+    """What a partition lets one job have, as `rv init` read it from sinfo: a job asking for more is
+    refused by rv before anything is sent, instead of pending forever (``PartitionTimeLimit``,
+    ``PartitionNodeLimit``)."""
+
+    name: str
+    max_time: str | None = None  # Slurm time string, e.g. "3-00:00:00"; None: no limit
+    nodes: int | None = None  # nodes in the partition
+    max_nodes: int | None = None  # most nodes one job may have (MaxNodes); None: no limit
+    default: bool = False  # where a job that names no partition goes: rv's CPU-only jobs
+    # The QOS a job of the profile's account gets there without --qos (the association's default),
+    # and its MaxWall: a second limit, known only where sacctmgr says (None: none or not known).
+    qos: str | None = None
+    qos_max_time: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict without the name and the unset fields, for TOML and JSON."""
+        return {k: v for k, v in asdict(self).items() if v not in (None, False) and k != "name"}
+
+
 # Facts about Rivanna's GPU partitions (UVA Research Computing, 2025-2026). SU rates are per GPU-hour.
 # `a100` means the 80 GB card; the 40 GB one is `a100-40`. MIG slices are free and take 1 CPU.
 RIVANNA: dict[str, GpuType] = {
@@ -212,19 +233,68 @@ def normalise_model_name(name: str) -> str:
 
 def compute_capability_for(model: str) -> float | None:
     """Compute capability of a GPU model or gres type name, or None when the model is unknown."""
+    return _by_model(_COMPUTE_CAPABILITY, _KEYS_LONGEST_FIRST, model)
+
+
+def _by_model(table: dict[str, float], keys_longest_first: list[str], model: str) -> float | None:
+    """``table``'s value for the model ``model`` names: the whole normalised name, else the longest key
+    inside it. Short keys ("a2", "t4", "l4") only match as the whole leading token, and no key matches
+    where a "0" follows it ("a10" is not "a100")."""
     norm = normalise_model_name(model)
-    if norm in _COMPUTE_CAPABILITY:
-        return _COMPUTE_CAPABILITY[norm]
-    for key in _KEYS_LONGEST_FIRST:
-        # Short keys ("a2", "t4", "l4") only match as the whole leading token, not inside another name.
+    if norm in table:
+        return table[norm]
+    for key in keys_longest_first:
         if len(key) <= 2:
             if norm.startswith(key) and not norm[len(key) : len(key) + 1].isdigit():
-                return _COMPUTE_CAPABILITY[key]
-        elif key in norm:
-            return _COMPUTE_CAPABILITY[key]
+                return table[key]
+        elif key in norm and key + "0" not in norm:
+            return table[key]
     return None
 
 
-def precision_for(compute_capability: float | None) -> str:
-    """BF16 needs compute capability 8.0 (Ampere) or newer; older cards train in FP16 with a scaler."""
-    return "bf16" if compute_capability is not None and compute_capability >= 8.0 else "fp16"
+# Memory per GPU (GB) of common models, keyed like _COMPUTE_CAPABILITY: `rv run --vram N` picks among
+# a cluster's types by it. Models sold with more than one size (A100 40/80, V100 16/32, P100 12/16)
+# are known only when the name says the size ("a100_80gb", "v100-32g"): a guess could run a job on a
+# card too small for it.
+_MEMORY_GB: dict[str, float] = {
+    "k80": 12,
+    "p40": 24,
+    "titanxp": 12,
+    "1080ti": 11,
+    "titanv": 12,
+    "t4": 16,
+    "2080ti": 11,
+    "rtx6000": 24,
+    "rtx8000": 48,
+    "titanrtx": 24,
+    "a30": 24,
+    "a6000": 48,
+    "a5000": 24,
+    "a4000": 16,
+    "a40": 48,
+    "a10": 24,
+    "a16": 16,
+    "a2": 16,
+    "rtx3090": 24,
+    "3090": 24,
+    "l4": 24,
+    "l40": 48,
+    "l40s": 48,
+    "rtx4090": 24,
+    "4090": 24,
+    "rtx6000ada": 48,
+    "h100": 80,
+    "h200": 141,
+    "gh200": 96,
+    "b200": 192,
+}
+_MEMORY_KEYS_LONGEST_FIRST = sorted(_MEMORY_GB, key=len, reverse=True)
+_SIZE_IN_NAME = re.compile(r"(\d{2,3})g(?:b)?(?![a-z0-9])|(\d{2,3})gb")
+
+
+def memory_gb_for(model: str) -> float | None:
+    """Memory per GPU of a model or gres type name, in GB, or None when the name does not tell."""
+    size = _SIZE_IN_NAME.search(model.lower().replace("_", "-"))
+    if size and not re.fullmatch(r"\d+g\.\d+gb", model.lower()):  # a MIG profile names a slice
+        return float(size.group(1) or size.group(2))
+    return _by_model(_MEMORY_GB, _MEMORY_KEYS_LONGEST_FIRST, model)

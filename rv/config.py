@@ -18,6 +18,12 @@ File: ``$RV_CONFIG``, else ``$XDG_CONFIG_HOME/rv/config.toml`` (``~/.config/rv/c
     gpus_per_node = 8
     compute_capability = 8.6
 
+    [profiles.mycluster.partitions.standard]  # what one job may have there (rv init reads sinfo)
+    max_time = "3-00:00:00"             # absent: no limit
+    nodes = 40
+    max_nodes = 4                       # absent: no limit
+    default = true                      # where CPU-only jobs go (they name no partition)
+
 Reading uses the standard library's tomllib (fast, and every command reads). Writing (`rv init`)
 uses tomlkit, which round-trips: the user's comments, blank lines and key order survive, and only
 the values rv changes are touched.
@@ -42,7 +48,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from rv.catalog import BUILTIN_CATALOGS, GpuType
+from rv.catalog import BUILTIN_CATALOGS, GpuType, Partition
 from rv.errors import ConfigError
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -173,6 +179,18 @@ class Profile:
     share_with_group: bool = False  # remote files group-readable (0750/0640) instead of private
     system_site_packages: bool = False  # environments built on top of the interpreter's packages
     python: str | None = None  # interpreter environments are built on (a version or a path)
+    # Slurm's placement options every job of this profile gets unless `rv run` says otherwise (a site
+    # that requires --qos, a reservation, nodes to avoid), and extra #SBATCH options (rv.placement).
+    placement: dict[str, str] = field(default_factory=dict)
+    sbatch: tuple[str, ...] = ()
+    # The cluster's partitions and their limits, as `rv init` found them (empty: not known, before
+    # rv init learned them; then rv cannot refuse a CPU-only job over its partition's limit).
+    partitions: dict[str, Partition] = field(default_factory=dict)
+
+    @property
+    def default_partition(self) -> Partition | None:
+        """Where a job that names no partition goes (rv's CPU-only jobs); None when not known."""
+        return next((p for p in self.partitions.values() if p.default), None)
 
     def gpu_catalog(self) -> dict[str, GpuType]:
         """The built-in catalog (if any) with this profile's own types laid over it."""
@@ -204,7 +222,17 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "share_with_group": bool,
     "system_site_packages": bool,
     "python": str,
+    "partition": str,
+    "qos": str,
+    "constraint": str,
+    "exclude": str,
+    "nodelist": str,
+    "reservation": str,
+    "sbatch": list,
+    "partitions": dict,
 }
+# The profile keys that are Slurm placement options (account is one too, and older than these).
+PLACEMENT_KEYS = ("partition", "qos", "constraint", "exclude", "nodelist", "reservation")
 _TYPE_NAMES = {
     str: "a string",
     int: "an integer",
@@ -256,12 +284,13 @@ class Config:
                 return next(iter(self.profiles.values()))
             raise ConfigError(
                 f"no default profile in {self.path}; profiles: {', '.join(sorted(self.profiles))}",
-                hint='pass --profile NAME or set default = "NAME" in the config',
+                hint="choose one with `rv --profile NAME COMMAND ...` (or $RV_PROFILE), or set "
+                'default = "NAME" in the config',
             )
         if chosen not in self.profiles:
             raise ConfigError(
                 f"unknown profile {chosen!r}; valid profiles: {', '.join(sorted(self.profiles))}",
-                hint="pass --profile with one of those, or run `rv init --profile " + chosen + "`",
+                hint=f"use one of those (`rv --profile NAME COMMAND ...`) or `rv init --profile {chosen}`",
             )
         return self.profiles[chosen]
 
@@ -282,6 +311,43 @@ def _is(value: Any, expected: type | tuple[type, ...]) -> bool:
     exp = expected if isinstance(expected, tuple) else (expected,)
     # bool is an int in Python; a config value `port = true` is still wrong.
     return isinstance(value, exp) and not (isinstance(value, bool) and bool not in exp)
+
+
+_PARTITION_KEYS: dict[str, type] = {
+    "max_time": str,
+    "nodes": int,
+    "max_nodes": int,
+    "default": bool,
+    "qos": str,
+    "qos_max_time": str,
+}
+
+
+def _parse_partition(where: str, name: str, table: Any) -> Partition:
+    """One ``[partitions.NAME]`` table: its limits, each optional."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: partitions.{name} must be a table")
+    unknown = sorted(set(table) - set(_PARTITION_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{where}.partitions.{name}: unknown key {unknown[0]!r}; valid keys: {', '.join(_PARTITION_KEYS)}"
+        )
+    for key, value in table.items():
+        if not _is(value, _PARTITION_KEYS[key]):
+            raise _type_error(f"{where}.partitions.{name}", key, _PARTITION_KEYS[key], value)
+    for key in ("max_time", "qos_max_time"):
+        if key not in table:
+            continue
+        from rv.timespec import parse_slurm_time
+
+        try:
+            parse_slurm_time(table[key])
+        except ValueError:
+            raise ConfigError(
+                f"{where}.partitions.{name}: {key} {table[key]!r} is not a Slurm time",
+                hint='e.g. "3-00:00:00" or "12:00:00"; leave it out for no limit',
+            ) from None
+    return Partition(name=name, **table)
 
 
 def _parse_gpu(where: str, name: str, table: Any, base: GpuType | None = None) -> GpuType:
@@ -339,11 +405,19 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
     setup = table.get("setup", [])
     if not all(isinstance(line, str) for line in setup):
         raise ConfigError(f"{where}: setup must be a list of strings")
+    sbatch = table.get("sbatch", [])
+    if not all(isinstance(text, str) for text in sbatch):
+        raise ConfigError(f"{where}: sbatch must be a list of strings (sbatch options)")
     builtin = BUILTIN_CATALOGS.get(catalog, {})
     gpus = {
         gname: _parse_gpu(where, gname, gtable, builtin.get(gname))
         for gname, gtable in table.get("gpus", {}).items()
     }
+    partitions = {
+        pname: _parse_partition(where, pname, ptable) for pname, ptable in table.get("partitions", {}).items()
+    }
+    if sum(p.default for p in partitions.values()) > 1:
+        raise ConfigError(f"{where}: more than one partition has default = true")
     return Profile(
         name=name,
         host=table["host"],
@@ -358,7 +432,10 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         gpus=gpus,
         share_with_group=table.get("share_with_group", False),
         system_site_packages=table.get("system_site_packages", False),
+        placement={k: table[k] for k in PLACEMENT_KEYS if k in table},
+        sbatch=tuple(sbatch),
         python=table.get("python"),
+        partitions=partitions,
     )
 
 
@@ -411,19 +488,41 @@ def _profile_values(p: Profile) -> dict[str, Any]:
         values["system_site_packages"] = True
     if p.python:
         values["python"] = p.python
+    values.update(p.placement)  # rv init keeps what the user wrote there
+    if p.sbatch:
+        values["sbatch"] = list(p.sbatch)
     return values
 
 
 def _sync_table(table: Any, values: dict[str, Any]) -> None:
     """Make ``table`` hold ``values``: changed keys are assigned in place, unchanged ones untouched
     (their comments and formatting stay), keys no longer set removed, new ones appended."""
-    for key in [k for k in table if k not in values and k != "gpus"]:
+    for key in [k for k in table if k not in values and k not in ("gpus", "partitions")]:
         del table[key]
     for key, value in values.items():
         current = table.get(key)
         unwrapped = current.unwrap() if hasattr(current, "unwrap") else current
         if key not in table or unwrapped != value:
             table[key] = value
+
+
+def _sync_subtables(table: Any, key: str, wanted: dict[str, dict[str, Any]]) -> None:
+    """``table[key]`` holds one sub-table per name in ``wanted``, edited in place (comments kept)."""
+    import tomlkit
+
+    if not wanted:
+        if key in table:
+            del table[key]
+        return
+    if key not in table:
+        table[key] = tomlkit.table(is_super_table=True)
+    tables = table[key]
+    for name in [n for n in tables if n not in wanted]:
+        del tables[name]
+    for name, values in wanted.items():
+        if name not in tables:
+            tables[name] = tomlkit.table()
+        _sync_table(tables[name], values)
 
 
 def render_config(config: Config, existing: str | None = None) -> str:
@@ -470,6 +569,7 @@ def render_config(config: Config, existing: str | None = None) -> str:
                 )
             if not p.gpus:
                 del table["gpus"]
+        _sync_subtables(table, "partitions", {n: q.to_dict() for n, q in p.partitions.items()})
     return tomlkit.dumps(doc)
 
 

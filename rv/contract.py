@@ -20,14 +20,10 @@ import json
 import re
 
 # --- what a job sees ------------------------------------------------------------------------------
-RV_JOB_DIR = "RV_JOB_DIR"  # this job's folder (one per Slurm job)
-RV_WORK_DIR = "RV_WORK_DIR"  # the run's private copy of its snapshot; the program starts here
-RV_OUTPUT_DIR = "RV_OUTPUT_DIR"  # the run's outputs, kept across segments
-RV_CHECKPOINT_DIR = "RV_CHECKPOINT_DIR"  # one per run name: save here, resume from here
-RV_RUN_ID = "RV_RUN_ID"
-RV_RUN_NAME = "RV_RUN_NAME"
-RV_SEGMENT = "RV_SEGMENT"  # 1, 2, ...: which job of the run this is
-RV_MAX_SEGMENTS = "RV_MAX_SEGMENTS"
+# The job's runtime (rv/agent/job.sh) exports RV_WORK_DIR (the run's private copy of its snapshot,
+# where the program starts), RV_CHECKPOINT_DIR (one per run name: save here, resume from here),
+# RV_OUTPUT_DIR, RV_JOB_DIR, RV_RUN_ID, RV_RUN_NAME, RV_SEGMENT, RV_MAX_SEGMENTS and the names below,
+# which programs read through this module.
 RV_STOP_SIGNAL = "RV_STOP_SIGNAL"  # e.g. "USR1": the signal that means "save and exit now"
 RV_PRECISION = "RV_PRECISION"  # bf16 | fp16 | no
 ACCELERATE_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"  # set to the same value, for accelerate
@@ -80,5 +76,5 @@ BF16_MIN_MAJOR = 8  # BF16 needs compute capability 8.0 (Ampere) or newer
 
 
 def precision_for_capability(major: int | None) -> str:
-    """bf16 from compute capability 8.0, fp16 below it (the job script renders the same test)."""
+    """bf16 from compute capability 8.0, fp16 below it (the job's runtime makes the same test)."""
     return "bf16" if major is not None and major >= BF16_MIN_MAJOR else "fp16"

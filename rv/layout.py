@@ -24,6 +24,8 @@
 <root>/outputs/<project>/<name>/        RV_OUTPUT_DIR: likewise
 <root>/cache/{hf,torch,triton,pip,wandb,xdg}   caches kept off the home quota
 <root>/tmp/                     staging for uploads; renamed into place when complete
+<root>/runtime/job-<hash>.sh    rv's job runtime (rv/agent/job.sh) that batch scripts source, and
+<root>/runtime/rank-label-<hash>.py   its rank labeller; named by content, read-only, written once
 
 Everything rv writes here is private to the user (folders 0700, files 0600, executables 0700)
 unless the profile sets ``share_with_group = true``: then the group may read (0750/0640).
@@ -102,3 +104,10 @@ class RemoteLayout:
     @property
     def tmp(self) -> str:
         return self._join("tmp")
+
+    @property
+    def runtime(self) -> str:
+        return self._join("runtime")
+
+    def runtime_file(self, name: str) -> str:
+        return self._join("runtime", name)

@@ -15,7 +15,9 @@ Rules that came from other tools' bug trackers (see the project's lessons notes)
   it is refused unless ``--each-node`` / ``--allow-single-process`` say that is what is meant.
 * CPUs and memory per GPU come from the catalog unless ``--cpus`` / ``--mem`` say otherwise.
 * MIG slices take exactly one GPU, one CPU and modest memory, or the QOS rejects the job.
-* The job name goes into paths and ``#SBATCH`` lines, so it is sanitised to ``[A-Za-z0-9._-]``.
+* The run name goes into paths and ``#SBATCH`` lines: a ``--name`` outside ``[A-Za-z0-9._-]{1,64}``
+  is refused, never changed (two names must not become one run); a default name from the command
+  maps what it cannot use, and the run id it ends with keeps it apart.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ import math
 import posixpath
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from rv.catalog import GpuType
+from rv.catalog import GpuType, Partition
 from rv.contract import DEFAULT_STOP_LEAD_SECONDS, DEFAULT_STOP_SIGNAL, STOP_SIGNALS
 from rv.errors import UsageError
+from rv.names import check_run_name, derive
 from rv.timespec import (
     DEFAULT_TIME,
     format_slurm_time,
@@ -40,13 +46,14 @@ from rv.timespec import (
     scale_mem,
 )
 
-MAX_NAME_LEN = 64
 # The stop signal and its lead time (long enough to write a checkpoint of a large model): see the
 # stop protocol in rv.contract. rv's own watcher sends it, to the second, only to processes that
 # handle it.
 DEFAULT_SIGNAL = DEFAULT_STOP_SIGNAL
 DEFAULT_SIGNAL_LEAD = DEFAULT_STOP_LEAD_SECONDS
 SIGNALS = STOP_SIGNALS
+# The longest time limit Slurm can hold: minutes in 32 bits, less INFINITE and NO_VAL.
+SLURM_MAX_MINUTES = 0xFFFFFFFF - 2
 # How many jobs one run may chain through before it stops continuing (`--max-segments`).
 DEFAULT_MAX_SEGMENTS = 10
 
@@ -570,7 +577,7 @@ class JobRequest:
     """Everything the script renderer needs from the user, checked. Sizes are per node where Slurm's are."""
 
     command: tuple[str, ...]
-    name: str  # sanitised: [A-Za-z0-9._-]{1,64}, not starting with '-' or '.'
+    name: str  # as typed (checked: [A-Za-z0-9._-]{1,64}, not starting with '-' or '.'), or derived
     type: GpuType | None  # None: CPU-only job
     gpus: int  # total over all nodes; 0 for CPU-only
     nodes: int
@@ -610,6 +617,46 @@ class JobRequest:
     @property
     def time_slurm(self) -> str:
         return format_slurm_time(self.time_seconds)
+
+
+class RequestError(UsageError):
+    """A request rv refuses, with what it proposes instead: each proposal (``suggestions``, the
+    options to change, as :func:`build_request` keywords) is a request rv accepts."""
+
+    def __init__(
+        self, message: str, hint: str | None = None, suggestions: tuple[Mapping[str, Any], ...] = ()
+    ) -> None:
+        super().__init__(message, hint)
+        self.suggestions = suggestions
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One proposal: its text in the hint, and the change to the request it stands for."""
+
+    text: str
+    change: Mapping[str, Any]
+
+
+class _Unfit(Exception):
+    """A refusal whose hint proposes changes; :func:`build_request` keeps those it would accept.
+
+    Each of ``choices`` is one proposal, or a list of them tried in order of which the first accepted
+    one is offered (``-g 8``, else ``-g 7``, ...). ``fallback`` is the hint when none is accepted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *choices: _Option | Sequence[_Option],
+        lead: str = "use ",
+        tail: str = "",
+        fallback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.choices = choices
+        self.lead, self.tail, self.fallback = lead, tail, fallback
 
 
 def _valid_types(catalog: Mapping[str, GpuType]) -> str:
@@ -660,22 +707,50 @@ def _choose_type(
     return catalog[gpu_type]
 
 
+def _gpus_option(g: int, gpn: int, nodes: int | None = None) -> _Option:
+    """``-g G`` as a proposal, with where it would land: "(1 node)", "(2 nodes of 3)"."""
+    if nodes is not None:
+        return _Option(f"-g {g}", {"gpus": g})
+    need = math.ceil(g / gpn)
+    where = "1 node" if need == 1 else f"{need} nodes of {g // need}"
+    return _Option(f"-g {g} ({where})", {"gpus": g})
+
+
+def _fewer_gpus(start: int, gpn: int, nodes: int | None = None) -> list[_Option]:
+    """``-g`` proposals from ``start`` down to 1: the first that rv accepts is offered."""
+    return [_gpus_option(g, gpn, nodes) for g in range(start, 0, -1)]
+
+
+def _more_gpus(start: int, gpn: int, nodes: int | None = None) -> list[_Option]:
+    """``-g`` proposals from ``start`` up (a bounded search): the first that rv accepts is offered."""
+    return [_gpus_option(g, gpn, nodes) for g in range(start, start + 64)]
+
+
 def _split_nodes(gpus: int, gpu: GpuType, nodes: int | None) -> tuple[int, int]:
-    """(nodes, gpus per node) for ``gpus`` GPUs of type ``gpu``; raises when they do not split evenly."""
+    """(nodes, gpus per node) for ``gpus`` GPUs of type ``gpu``; raises when they do not split evenly.
+
+    Each refusal proposes the nearest requests that would split, and only those that pass every other
+    check too (see :class:`_Unfit`): a proposal the next run refuses is no help.
+    """
     gpn = gpu.gpus_per_node
     if nodes is not None:
         if gpus % nodes:
-            raise UsageError(
+            divisors = sorted((k for k in range(1, gpus + 1) if gpus % k == 0), key=lambda k: abs(k - nodes))
+            raise _Unfit(
                 f"-g {gpus} does not split evenly over --nodes {nodes}",
-                hint=f"use -g {nodes * max(1, gpus // nodes)} or -g {nodes * math.ceil(gpus / nodes)}, "
-                f"or a node count that divides {gpus}",
+                _fewer_gpus(gpus - 1, gpn, nodes),
+                _more_gpus(gpus + 1, gpn, nodes),
+                [_Option(f"--nodes {k}", {"nodes": k}) for k in divisors],
+                fallback=f"ask for a multiple of --nodes {nodes} with -g",
             )
         per = gpus // nodes
         if per > gpn:
             need = math.ceil(gpus / gpn)
-            raise UsageError(
+            raise _Unfit(
                 f"-g {gpus} over --nodes {nodes} is {per} per node, but {gpu.name} nodes have {gpn}",
-                hint=f"use --nodes {need} or more",
+                [_Option(f"--nodes {k}", {"nodes": k}) for k in range(need, gpus + 1) if gpus % k == 0],
+                _fewer_gpus(nodes * gpn, gpn, nodes),
+                fallback=f"ask for at most {gpn} GPU(s) per node",
             )
         return nodes, per
     if gpus <= gpn:
@@ -684,32 +759,23 @@ def _split_nodes(gpus: int, gpu: GpuType, nodes: int | None) -> tuple[int, int]:
     if gpus % need == 0:
         return need, gpus // need
     # Not even over the fewest nodes: say how to get there instead of picking a spread silently.
-    options = []
-    lower = (gpus // need) * need
-    for g in (lower, lower + need):
-        if 0 < g <= need * gpn:
-            where = "1 node" if g <= gpn else f"{need} nodes of {g // need}"
-            options.append(f"-g {g} ({where})")
-    spread = next((k for k in range(need + 1, gpus + 1) if gpus % k == 0 and gpus // k <= gpn), None)
-    if spread is not None:
-        options.append(f"--nodes {spread} for {gpus // spread} per node")
-    raise UsageError(
+    spreads = [k for k in range(need + 1, gpus + 1) if gpus % k == 0 and gpus // k <= gpn]
+    raise _Unfit(
         f"-g {gpus} on {gpu.name} ({gpn} per node) does not split evenly over {need} nodes",
-        hint="use " + " or ".join(options) if options else None,
+        _fewer_gpus(gpus - 1, gpn),
+        _more_gpus(gpus + 1, gpn),
+        [_Option(f"--nodes {k} for {gpus // k} per node", {"nodes": k}) for k in spreads],
+        fallback=f"{gpu.name} nodes have {gpn} GPUs: ask for a number that splits evenly over its nodes",
     )
-
-
-_NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def sanitise_name(name: str) -> str:
     """``[A-Za-z0-9._-]``, at most 64 characters, not starting with ``-`` or ``.``; '' if nothing is left.
 
-    The name lands in ``#SBATCH --job-name``, log file names and the checkpoint path: a space or a
-    slash there breaks a path, a leading dash reads as an option, a leading dot hides the file.
+    For the names rv derives from a command only (made unique with the run id afterwards): a name
+    the user gives is used as typed or refused (:func:`rv.names.check_run_name`).
     """
-    cleaned = _NAME_BAD.sub("-", name).lstrip("-.")
-    return cleaned[:MAX_NAME_LEN].rstrip("-.")
+    return derive(name)
 
 
 def default_name(command: Sequence[str]) -> str:
@@ -791,6 +857,49 @@ def _check_outputs(outputs: Sequence[str], start_dir: str = "") -> tuple[str, ..
     return tuple(dict.fromkeys(result))
 
 
+def _setup_block(line: str) -> str:
+    # As the job script runs each setup line: in a group of its own, so one with a stray `}` or an
+    # unclosed `if` is an error here too, not a line that swallows the next one.
+    return "{\n" + line + "\n}\n"
+
+
+def check_setup_syntax(setup: Sequence[str], bash: str | None = None) -> None:
+    """Refuse a setup line bash cannot parse (``bash -n``), before anything is sent.
+
+    Without it a stray ``}`` failed only once the job had queued and started. Checked with the bash on
+    this machine: where there is none, or only bash 3 (macOS's /bin/bash, which does not know bash 4
+    syntax such as ``|&`` that the cluster's bash runs), the check is skipped and the job's own run of
+    the line is the check.
+    """
+    lines = [line for line in setup if line.strip()]
+    bash = bash or shutil.which("bash")
+    if not lines or bash is None:
+        return
+
+    def parses(text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([bash, "-n"], input=text, capture_output=True, text=True, timeout=30)
+
+    if parses("".join(_setup_block(line) for line in lines)).returncode == 0:
+        return
+    version = subprocess.run(
+        [bash, "-c", 'printf %s "${BASH_VERSINFO[0]}"'], capture_output=True, text=True, timeout=30
+    ).stdout
+    if not version.isdigit() or int(version) < 4:
+        return
+    for line in lines:
+        result = parses(_setup_block(line))
+        if result.returncode != 0:
+            said = result.stderr.strip().splitlines()
+            # "/usr/bin/bash: line 2: syntax error ...": the line number is of rv's wrapping, not theirs.
+            why = (
+                re.sub(r"^\S*bash: (line \d+: )?", "", said[0]) if said else f"exit code {result.returncode}"
+            )
+            raise UsageError(
+                f"setup line {line!r} is not valid bash: {why}",
+                hint="fix the line (rv checks each with bash before sending anything); nothing was sent",
+            )
+
+
 def _positive(value: int | None, flag: str, minimum: int = 1) -> None:
     if value is not None and value < minimum:
         raise UsageError(f"{flag} {value} must be at least {minimum}")
@@ -813,19 +922,77 @@ def build_request(
     start_dir: str = "",
     signal: str | None = None,
     max_segments: int | None = None,
-    in_flight_gpus_by_type: Mapping[str, int] | None = None,
     each_node: bool = False,
     allow_single_process: bool = False,
+    partitions: Mapping[str, Partition] | None = None,
+    partition: str | None = None,
 ) -> JobRequest:
     """Validate a run request; raise UsageError with the limit or the valid choices when it cannot run.
 
     ``gpus`` None means 1 (or the MIG slice); 0 is a CPU-only job. ``time`` None means
     :data:`~rv.timespec.DEFAULT_TIME`. ``signal`` is ``NAME[@SECONDS]`` (default USR1, 300 s before
-    the end, or half the job when shorter). ``in_flight_gpus_by_type`` is the user's GPUs already
-    *running* per catalog type: going over the per-user limit with them is a warning (the job waits
-    in the queue), going over it alone is an error (it never starts). ``outputs`` (``-o``) are
+    the end, or half the job when shorter). Going over a type's per-user limit alone is an error (the
+    job would never start). ``outputs`` (``-o``) are
     relative to ``start_dir``, the folder the program starts in relative to the repo top.
+    ``partitions`` (the profile's, as `rv init` found them) hold the time and node limits of the
+    partition each job goes to: ``partition`` (--partition), else its type's; a CPU-only job's is the
+    cluster's default partition.
+
+    A refusal that proposes other values (``-g``, ``--nodes``, ``--time``) raises
+    :class:`RequestError` whose proposals have each been run through this same validation and
+    accepted: a hint never proposes what the next run would refuse.
     """
+    asked = {k: v for k, v in locals().items() if k != "catalog"}
+    try:
+        return _build(catalog, **asked)
+    except _Unfit as unfit:
+        kept: list[_Option] = []
+        for choice in unfit.choices:
+            for option in [choice] if isinstance(choice, _Option) else choice:
+                if option.text in {k.text for k in kept}:
+                    continue
+                if _accepted(catalog, asked, option.change):
+                    kept.append(option)
+                    break
+        hint = unfit.lead + " or ".join(o.text for o in kept) + unfit.tail if kept else unfit.fallback
+        raise RequestError(
+            unfit.message, hint=hint, suggestions=tuple(dict(o.change) for o in kept)
+        ) from None
+
+
+def _accepted(catalog: Mapping[str, GpuType], asked: Mapping[str, Any], change: Mapping[str, Any]) -> bool:
+    """Whether the request with ``change`` made passes every check (the setup lines' bash aside)."""
+    try:
+        _build(catalog, **{**asked, **change}, probe=True)
+    except (_Unfit, UsageError):
+        return False
+    return True
+
+
+def _build(
+    catalog: Mapping[str, GpuType],
+    *,
+    command: Sequence[str],
+    gpus: int | None,
+    gpu_type: str | None,
+    mig: bool,
+    time: str | None,
+    mem: str | None,
+    cpus: int | None,
+    name: str | None,
+    nodes: int | None,
+    setup: Sequence[str],
+    outputs: Sequence[str],
+    start_dir: str,
+    signal: str | None,
+    max_segments: int | None,
+    each_node: bool,
+    allow_single_process: bool,
+    partitions: Mapping[str, Partition] | None,
+    partition: str | None = None,
+    probe: bool = False,
+) -> JobRequest:
+    """:func:`build_request`'s checks; ``probe`` (a proposal being tried) skips the bash check."""
     command = tuple(command)
     if not command or not command[0].strip():
         raise UsageError("no command to run", hint="rv run [OPTIONS] -- COMMAND [ARGS...]")
@@ -846,50 +1013,105 @@ def build_request(
             f"a MIG slice is one GPU; -g {wanted} cannot use --mig", hint="drop -g, or pick a full GPU type"
         )
 
-    # Time first: every later message can then quote it.
-    time_seconds = parse_duration(time if time is not None else DEFAULT_TIME)
-    if gpu is not None and gpu.max_time:
-        limit = parse_slurm_time(gpu.max_time)
-        if limit is not None and time_seconds > limit:
-            raise UsageError(
-                f"--time {time or DEFAULT_TIME} is over the {gpu.name} limit of {gpu.max_time}",
-                hint=f"use --time {gpu.max_time} or less",
+    # The partition the job goes to: the one --partition names, its type's, or for a CPU-only job the
+    # cluster's default one. (One rv does not know is left to sbatch --test-only to judge.)
+    known = partitions or {}
+    named, target = partition, None
+    if named is not None:
+        target = known.get(named)
+        where = f"partition {named}"
+    elif gpu is not None:
+        target = known.get(gpu.partition)
+        where = f"partition {gpu.partition}"
+    else:
+        target = next((p for p in known.values() if p.default), None)
+        where = f"partition {target.name} (the default, where CPU-only jobs go)" if target else ""
+
+    # Time first: every later message can then quote it. The tightest known limit applies: the
+    # type's (policy, QOS) and its partition's; over either the job pends forever.
+    asked_time = time or DEFAULT_TIME
+    time_seconds = parse_duration(asked_time)
+    if time_seconds // 60 > SLURM_MAX_MINUTES:
+        # Slurm keeps minutes in 32 bits and wraps a larger --time silently (99999999d: 8,000 years).
+        raise UsageError(
+            f"--time {asked_time} is more than Slurm can hold ({format_slurm_time(SLURM_MAX_MINUTES * 60)})",
+            hint="ask for the time the job needs",
+        )
+    limits = []
+    if gpu is not None and gpu.max_time and parse_slurm_time(gpu.max_time) is not None:
+        limits.append((parse_slurm_time(gpu.max_time) or 0, f"the {gpu.name} limit of {gpu.max_time}"))
+    if target is not None and target.max_time and parse_slurm_time(target.max_time) is not None:
+        limits.append((parse_slurm_time(target.max_time) or 0, f"the limit of {where}, {target.max_time}"))
+    if target is not None and target.qos_max_time and parse_slurm_time(target.qos_max_time):
+        limits.append(
+            (
+                parse_slurm_time(target.qos_max_time) or 0,
+                f"the limit of QOS {target.qos} (your account's there), {target.qos_max_time}",
+            )
+        )
+    if limits:
+        limit, which = min(limits)
+        if time_seconds > limit:
+            longest = format_slurm_time(limit)
+            raise _Unfit(
+                f"--time {asked_time} is over {which}: the job would wait in the queue forever",
+                _Option(f"--time {longest}", {"time": longest}),
+                tail=" or less",
+                fallback=f"the most it allows is {longest}",
             )
 
     # Limits before the node split: "at most 8 per job" is the more useful thing to hear.
     if gpu is not None:
         if gpu.max_gpus_per_job is not None and wanted > gpu.max_gpus_per_job:
-            raise UsageError(
+            raise _Unfit(
                 f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_job} GPU(s) per job",
-                hint=f"use -g {gpu.max_gpus_per_job} or less",
+                _fewer_gpus(gpu.max_gpus_per_job, gpu.gpus_per_node, nodes),
             )
-        if gpu.max_gpus_per_user is not None:
-            if wanted > gpu.max_gpus_per_user:
-                raise UsageError(
-                    f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_user} GPU(s) per user",
-                    hint=f"use -g {gpu.max_gpus_per_user} or less",
-                )
-            running = (in_flight_gpus_by_type or {}).get(gpu.name, 0)
-            if running + wanted > gpu.max_gpus_per_user:
-                warnings.append(
-                    f"you already have {running} {gpu.name} GPU(s) running; with -g {wanted} that is "
-                    f"{running + wanted}, over the per-user limit of {gpu.max_gpus_per_user}: "
-                    "the job will wait in the queue until some finish"
-                )
+        if gpu.max_gpus_per_user is not None and wanted > gpu.max_gpus_per_user:
+            raise _Unfit(
+                f"-g {wanted}: {gpu.name} allows at most {gpu.max_gpus_per_user} GPU(s) per user",
+                _fewer_gpus(gpu.max_gpus_per_user, gpu.gpus_per_node, nodes),
+            )
 
     if gpu is None:
         node_count, per_node = (nodes or 1), 0
     else:
+        if gpu.nodes is not None and wanted > gpu.nodes * gpu.gpus_per_node:
+            # More than all of them: say that, not how the number fails to split.
+            most = gpu.nodes * gpu.gpus_per_node
+            raise _Unfit(
+                f"-g {wanted}: the cluster has {gpu.nodes} {gpu.name} node(s) of {gpu.gpus_per_node}, "
+                f"{most} GPUs in all",
+                _fewer_gpus(most, gpu.gpus_per_node, nodes),
+                fallback=f"at most {most} GPUs of this type",
+            )
         node_count, per_node = _split_nodes(wanted, gpu, nodes)
         # Slurm accepts a job that asks for more nodes than the partition has and leaves it pending
         # forever; say so now instead.
         if gpu.nodes is not None and node_count > gpu.nodes:
             most = gpu.nodes * gpu.gpus_per_node
-            raise UsageError(
+            raise _Unfit(
                 f"-g {wanted} on {gpu.name} needs {node_count} nodes of {per_node} GPU(s), but the "
                 f"cluster has {gpu.nodes} {gpu.name} node(s) ({most} GPUs)",
-                hint=f"use -g {most} or less",
+                _fewer_gpus(most, gpu.gpus_per_node, nodes),
+                [_Option(f"--nodes {k}", {"nodes": k}) for k in range(gpu.nodes, 0, -1)] if nodes else [],
+                fallback=f"the cluster has {gpu.nodes} {gpu.name} node(s)",
             )
+    # The partition's own node counts: all of its nodes, and the most one job may have.
+    if target is not None:
+        asking = f"--nodes {node_count}" if gpu is None else f"-g {wanted} needs {node_count} node(s), but"
+        for cap, what in (
+            (target.nodes, "has {} node(s)"),
+            (target.max_nodes, "allows {} node(s) per job"),
+        ):
+            if cap is not None and node_count > cap:
+                raise _Unfit(
+                    f"{asking}: {where} {what.format(cap)}: the job would wait in the queue forever",
+                    [_Option(f"--nodes {k}", {"nodes": k}) for k in range(cap, 0, -1)]
+                    if gpu is None
+                    else _fewer_gpus(cap * gpu.gpus_per_node, gpu.gpus_per_node, nodes),
+                    fallback=f"at most {cap} node(s) there",
+                )
 
     # CPUs and memory: MIG (and any type with fixed_cpus) forces its own; QOS rejects anything else.
     cpus_source = mem_source = "default"
@@ -953,22 +1175,16 @@ def build_request(
         )  # fmt: skip
         ranks = node_count if each_node else 1
 
-    if name is not None:
-        job_name = sanitise_name(name)
-        if not job_name:
-            raise UsageError(
-                f"--name {name!r} has no usable characters", hint="use letters, digits, '.', '_', '-'"
-            )
-        if job_name != name:
-            warnings.append(f"job name {name!r} became {job_name!r} (only letters, digits, '.', '_', '-')")
-    else:
-        job_name = default_name(command)
+    # A name is used exactly as typed or refused: two names must never become one run.
+    job_name = check_run_name(name) if name is not None else default_name(command)
 
     sig, lead = _parse_signal(signal, time_seconds)
 
     for line in setup:
         if "\0" in line:
             raise UsageError("a --setup line contains a NUL byte")
+    if not probe:
+        check_setup_syntax(setup)
 
     return JobRequest(
         command=command,

@@ -6,16 +6,19 @@ import posixpath
 import shlex
 from dataclasses import dataclass, field, replace
 
-from rv.catalog import BUILTIN_CATALOGS, GpuType
+from rv.catalog import BUILTIN_CATALOGS, GpuType, Partition
 from rv.config import Profile, remote_root_problem
 from rv.errors import RemoteCommandMissing, UsageError
+from rv.slurm.commands import SINFO_PARTITION_FORMAT
 from rv.slurm.parse import (
     SINFO_NODE_FORMAT,
     account_from_allocations,
     discover_catalog,
     parse_allocations,
     parse_sacctmgr_accounts,
+    parse_sinfo_nodes,
 )
+from rv.timespec import format_slurm_time, parse_slurm_time
 from rv.transport import Transport
 
 REQUIRED_COMMANDS = ("sbatch", "squeue", "sacct")
@@ -35,6 +38,13 @@ echo @@allocations; command -v allocations >/dev/null 2>&1 && allocations 2>/dev
 echo @@assoc
 command -v sacctmgr >/dev/null 2>&1 && sacctmgr -nP show assoc user="$(id -un)" format=account 2>/dev/null
 echo @@sinfo; command -v sinfo >/dev/null 2>&1 && sinfo -h -N -O {shlex.quote(SINFO_NODE_FORMAT)} 2>/dev/null
+echo @@partitions
+command -v sinfo >/dev/null 2>&1 && sinfo -h -o {shlex.quote(SINFO_PARTITION_FORMAT)} 2>/dev/null
+echo @@qos
+command -v sacctmgr >/dev/null 2>&1 &&
+  sacctmgr -nP show assoc user="$(id -un)" format=account,partition,defaultqos,qos 2>/dev/null
+echo @@qoswall
+command -v sacctmgr >/dev/null 2>&1 && sacctmgr -nP show qos format=name,maxwall 2>/dev/null
 echo @@end
 """
 
@@ -60,6 +70,11 @@ class ClusterFacts:
     account: str | None
     accounts: tuple[str, ...]
     catalog: dict[str, GpuType] = field(default_factory=dict)
+    partitions: dict[str, Partition] = field(default_factory=dict)
+    # sacctmgr's associations of the user, (account, partition, default QOS, QOS list), and each
+    # QOS's MaxWall: which QOS a job gets, and its time limit.
+    associations: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
+    qos_max_wall: dict[str, str] = field(default_factory=dict)
 
     @property
     def default_remote_root(self) -> str:
@@ -99,7 +114,117 @@ def facts_from_probe(text: str) -> ClusterFacts:
         account=best,
         accounts=tuple(accounts),
         catalog=discover_catalog("\n".join(s.get("sinfo", []))),
+        partitions=parse_partitions("\n".join(s.get("partitions", [])), "\n".join(s.get("sinfo", []))),
+        associations=parse_associations("\n".join(s.get("qos", []))),
+        qos_max_wall=parse_qos_walls("\n".join(s.get("qoswall", []))),
     )
+
+
+def usable_lines(
+    accounts: tuple[str, ...] | list[str],
+    associations: tuple[tuple[str, str, str, tuple[str, ...]], ...],
+    partitions: dict[str, Partition],
+) -> list[tuple[str, str]]:
+    """What the user may ask Slurm for, where Slurm can say (`rv init`, `rv status`): (label, text)
+    for accounts, QoS and partitions; nothing that is not known."""
+    lines = []
+    if accounts:
+        lines.append(("accounts", f"{', '.join(accounts)} (rv run --account)"))
+    qos = list(dict.fromkeys(q for *_, allowed in associations for q in allowed))
+    defaults = list(dict.fromkeys(d for _, _, d, _ in associations if d))
+    if qos:
+        default = f"; default {', '.join(defaults)}" if defaults else ""
+        lines.append(("qos", f"{', '.join(qos)} (rv run --qos{default})"))
+    restricted = sorted({p for _, p, _, _ in associations if p})
+    if partitions:
+        names = [f"{p.name}{' (default)' if p.default else ''}" for p in partitions.values()]
+        only = f"; your associations name {', '.join(restricted)}" if restricted else ""
+        lines.append(("partitions", f"{', '.join(names)} (rv run --partition{only})"))
+    return lines
+
+
+def parse_associations(text: str) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:
+    """``sacctmgr -nP show assoc user=U format=account,partition,defaultqos,qos`` rows."""
+    rows = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) == 4 and fields[0]:
+            account, partition, default, qos = fields
+            rows.append((account, partition, default, tuple(q for q in qos.split(",") if q)))
+    return tuple(rows)
+
+
+def parse_qos_walls(text: str) -> dict[str, str]:
+    """``sacctmgr -nP show qos format=name,maxwall``: QOS -> its MaxWall, for those that have one."""
+    walls = {}
+    for line in text.splitlines():
+        name, _, wall = (f.strip() for f in line.partition("|"))
+        try:
+            seconds = parse_slurm_time(wall) if name else None
+        except ValueError:
+            seconds = None
+        if seconds is not None:
+            walls[name] = format_slurm_time(seconds)
+    return walls
+
+
+def with_qos(
+    partitions: dict[str, Partition], facts: ClusterFacts, account: str | None
+) -> dict[str, Partition]:
+    """Each partition with the QOS a job of ``account`` gets there and its MaxWall, where known.
+
+    Slurm gives a job without --qos its association's default QOS (the association for that
+    partition, else the account's own), or the one QOS it may use. Where that is ambiguous, or the QOS
+    has no MaxWall, nothing is added: rv refuses only on limits it knows.
+    """
+    if account is None or not facts.associations:
+        return partitions
+    out = {}
+    for name, part in partitions.items():
+        rows = [r for r in facts.associations if r[0] == account and r[1] == name] or [
+            r for r in facts.associations if r[0] == account and not r[1]
+        ]
+        qos = None
+        if len(rows) == 1:
+            _, _, default, allowed = rows[0]
+            qos = default or (allowed[0] if len(allowed) == 1 else None)
+        wall = facts.qos_max_wall.get(qos) if qos else None
+        out[name] = replace(part, qos=qos, qos_max_time=wall) if wall else part
+    return out
+
+
+def parse_partitions(partition_text: str, node_text: str = "") -> dict[str, Partition]:
+    """Partitions and their limits from ``sinfo -h -o SINFO_PARTITION_FORMAT``; the node counts from
+    the per-node listing (SINFO_NODE_FORMAT), since sinfo splits a partition's row by node state.
+
+    A limit sinfo prints as ``infinite``/``UNLIMITED`` (or that cannot be read) is no limit: rv then
+    refuses nothing on its account.
+    """
+    found: dict[str, Partition] = {}
+    for line in partition_text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 3 or not fields[0].strip():
+            continue
+        raw, time_text, size = (f.strip() for f in fields)
+        name = raw.rstrip("*")
+        try:
+            seconds = parse_slurm_time(time_text)
+        except ValueError:
+            seconds = None
+        most = size.rpartition("-")[2]
+        found[name] = Partition(
+            name=name,
+            max_time=format_slurm_time(seconds) if seconds is not None else None,
+            max_nodes=int(most) if most.isdigit() else None,
+            default=raw.endswith("*") or (name in found and found[name].default),
+        )
+    members: dict[str, set[str]] = {}
+    for node in parse_sinfo_nodes(node_text):
+        members.setdefault(node.partition, set()).add(node.name)
+    return {
+        name: replace(p, nodes=len(members[name]) if name in members else None)
+        for name, p in sorted(found.items())
+    }
 
 
 def probe(transport: Transport) -> ClusterFacts:
@@ -192,6 +317,7 @@ def build_profile(
         catalog=catalog,
         setup=setup,
         gpus=gpus,
+        partitions=with_qos(facts.partitions, facts, account or facts.account),
         share_with_group=share_with_group,
         system_site_packages=system_site_packages,
     )

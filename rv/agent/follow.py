@@ -117,6 +117,38 @@ def _drain(frames, rdir, job, streams, node, offsets, segment, settle):
         pass
 
 
+def _placed_job(frames, rdir, k, seg, squeue_argv):
+    """The job that took segment ``k`` of a run sent once per GPU type (``seg/<k>.claim``), once one
+    did; until then, state frames of the first candidate still queued. None: the client went away.
+    When none is queued any more and none took it (all cancelled), the segment's representative."""
+    claim = common.join(rdir, b"seg", b"%d.claim" % k)
+    ids = [c[0] for c in seg["candidates"]]
+    last, next_poll = None, 0.0
+    while True:
+        try:
+            return manifest.dec(os.readlink(claim))
+        except OSError:
+            pass
+        now = time.time()
+        if now >= next_poll:
+            next_poll = now + POLL_S
+            try:
+                live = runs.live_jobs(squeue_argv)
+            except common.AgentError as exc:
+                frames.send({"t": "warn", "msg": str(exc), "retry_in": POLL_S})
+                live = None
+            if live is not None:
+                queued = [j for j in ids if j in live]
+                if not queued and not os.path.lexists(claim):
+                    return seg["job_id"]
+                if queued and live[queued[0]] != last:
+                    last = live[queued[0]]
+                    frames.send({"t": "state", "segment": k, "job_id": queued[0], "squeue": last})
+        frames.beat()
+        if _client_gone(0.5):
+            return None
+
+
 def mode_follow(args):
     """Stream a run's logs from ``offsets``, segment by segment; with ``follow``, until it ends.
 
@@ -168,6 +200,11 @@ def mode_follow(args):
                 return None
             continue
         job = seg["job_id"]
+        if follow and seg.get("candidates"):
+            # Sent once per GPU type: wait for one of them to take the segment, then follow that one.
+            job = _placed_job(frames, rdir, k, seg, args["squeue"])
+            if job is None:
+                return None
         if args.get("tail") is not None and not offsets:
             for path, _ in _segment_files(rdir, job, streams, node):
                 offsets[manifest.dec(path)] = _tail_offset(path, int(args["tail"]))

@@ -137,8 +137,41 @@ def runs_and_store_gc(args, live=None):
                     )
     store_report = store.collect_garbage(root, in_use, args, freed, dry)
     report.update(store_report)
+    report["runtime_removed"] = runtime_gc(root, [r for r, _ in remove_runs] if dry else (), freed, dry,
+                                           float(args.get("grace", 900)))  # fmt: skip
     report["bytes_freed"] = freed.bytes
     return report
+
+
+def runtime_gc(root, going, freed, dry, grace):
+    """Runtime files (``<root>/runtime/``) that no run's batch script names any more, once older than
+    ``grace``: a run folder that stays keeps what its script sources. ``going``: runs removed in a dry
+    run (still there, but counted as gone)."""
+    folder = common.join(root, runs.RUNTIME)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    named = set()
+    skip = set(manifest.enc(r) for r in going)
+    for run_id in os.listdir(runs.runs_dir(root)) if os.path.isdir(runs.runs_dir(root)) else []:
+        if run_id in skip:
+            continue
+        rdir = common.join(runs.runs_dir(root), run_id)
+        for script in os.listdir(rdir) if os.path.isdir(rdir) else []:
+            if script.endswith(b".sbatch"):  # job.sbatch, or a run over several types' job.<i>.sbatch
+                text = runs.read_bytes(common.join(rdir, script))
+                named.update(n for n in names if n in text)
+    removed = []
+    now = time.time()
+    for name in sorted(set(names) - named):
+        path = common.join(folder, name)
+        with contextlib.suppress(OSError):
+            if now - os.lstat(path).st_mtime < grace:
+                continue
+            common.remove_counted(path, freed, dry)
+            removed.append(manifest.dec(name))
+    return removed
 
 
 # (kind, folder under the root, or under each run's folder). Objects first: a snapshot's files are
@@ -172,6 +205,9 @@ def mode_usage(args):
         if code == 0:
             live = runs.jobs_of(text)
         out["sinfo"] = runs.answer(args["sinfo"])
+        for key in ("partitions", "associations"):  # what the user may ask Slurm for
+            if args.get(key):
+                out[key] = runs.answer(args[key])
         if args.get("sweep"):
             out["sweep"] = runs.sweep_runs(root, args["sweep"], live) if live is not None else {
                 "error": out["squeue"]["error"]}  # fmt: skip

@@ -27,6 +27,7 @@ import sys
 import time
 
 from rv.agent import common, locks, manifest
+from rv.agent import segment as records
 
 RUN_FILE = b"run.json"
 
@@ -37,6 +38,8 @@ STOP = b"STOP"
 SECRETS = b"secrets.env"
 
 SCRIPT = b"job.sbatch"
+CANDIDATES = b"candidates"  # a run over several GPU types: "<script> <type>" lines, in preference order
+RUNTIME = b"runtime"  # <root>/runtime/: the job runtime and rank labeller (rv.slurm.script.runtime_files)
 
 PREEMPTED = b"PREEMPTED"
 
@@ -55,7 +58,8 @@ def user_name():
 
 def run_argv(argv, env=None, timeout=60, stdin_data=None):
     """(exit code, stdout, stderr) of ``argv``; 127 when the program is missing."""
-    argv = [user_name() if word == "{user}" else word for word in argv]
+    # "{user}" stands for the login name, alone or in a word ("user={user}").
+    argv = [word.replace("{user}", user_name()) if "{user}" in word else word for word in argv]
     try:
         proc = subprocess.Popen(
             argv,
@@ -87,6 +91,14 @@ def read_json(path):
             return json.loads(fh.read().decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
+
+
+def read_bytes(path):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
 
 
 def read_text(path):
@@ -138,13 +150,14 @@ def jobs_of(squeue_text):
 
 
 def segments(rdir):
-    """[{segment, job_id, record}] in order: seg/<k>.job names the job, seg/<k>.json is its record."""
+    """[{segment, job_id, record, candidates}] in order: seg/<k>.job names the job, seg/<k>.json is its
+    record, seg/<k>.candidates the jobs a run over several GPU types sent for it ([job id, type])."""
     seg_dir = common.join(rdir, b"seg")
     found = {}
     with contextlib.suppress(OSError):
         for name in os.listdir(seg_dir):
             stem, _, ext = name.partition(b".")
-            if stem.isdigit() and ext in (b"job", b"json"):
+            if stem.isdigit() and ext in (b"job", b"json", b"candidates"):
                 found.setdefault(int(stem), {})
     out = []
     for k in sorted(found):
@@ -152,7 +165,11 @@ def segments(rdir):
         record = read_json(common.join(seg_dir, b"%d.json" % k))
         if job is None and record:
             job = record.get("job_id")
-        out.append({"segment": k, "job_id": job, "record": record})
+        lines = (read_text(common.join(seg_dir, b"%d.candidates" % k)) or "").splitlines()
+        candidates = [
+            line.split(None, 1) + [""] * (2 - len(line.split(None, 1))) for line in lines if line.strip()
+        ]
+        out.append({"segment": k, "job_id": job, "record": record, "candidates": candidates})
     return out
 
 
@@ -280,6 +297,13 @@ def mode_run_check(args):
         src = _resolve_from(root, project, args["from"])
         path = common.join(root, b"checkpoints", manifest.enc(src["project"]), manifest.enc(src["name"]))
         out["from"] = dict(src, checkpoint=checkpoint_listing(path))
+    if args.get("probes"):
+        # When each candidate would start, and whether sbatch takes it at all (sbatch --test-only
+        # submits nothing): the script's directives only, on stdin.
+        out["probes"] = []
+        for probe in args["probes"]:
+            code, text, err = run_argv(args["test_only"], stdin_data=probe["script"].encode("utf-8"))
+            out["probes"].append({"type": probe["type"], "code": code, "text": (text + err)[-2000:]})
     return out
 
 
@@ -354,6 +378,25 @@ def _start_from(root, spec, dest):
     return {"step": None, "how": sorted(kinds)}
 
 
+_RUNTIME_NAME = re.compile(r"^(job|rank-label)-[0-9a-f]{16}\.(sh|py)$")
+
+
+def place_runtime(root, files):
+    """The job's runtime files under ``<root>/runtime/``: written once, named by content, read-only.
+
+    A file already there is never rewritten (a queued job may be reading it). The labeller is run
+    as a program (torchrun's PYTHON_EXEC): executable; the shell file is only sourced.
+    """
+    folder = common.join(root, RUNTIME)
+    common.makedirs(folder, 0o700)
+    for name, text in sorted(files.items()):
+        if not _RUNTIME_NAME.match(name):
+            raise common.AgentError("bad runtime file name %r" % name, "usage")
+        path = common.join(folder, manifest.enc(name))
+        if not os.path.exists(path):
+            common.write_atomic(path, text.encode("utf-8"), 0o500 if name.endswith(".py") else 0o400)
+
+
 def mode_run_submit(args):
     secrets = sys.stdin.buffer.read() if args.get("has_secrets") else None
     return _submit(args, secrets)
@@ -377,18 +420,16 @@ def _submit(args, secrets):
             if secrets is not None:
                 # Created 0600 before a byte is written: never readable by others, even for a moment.
                 common.write_atomic(common.join(rdir, SECRETS), secrets, 0o600)
-            common.write_atomic(common.join(rdir, SCRIPT), args["script"].encode("utf-8"), 0o700)
+            place_runtime(root, args.get("runtime") or {})
+            scripts = _write_scripts(rdir, args)
             write_json(common.join(rdir, RUN_FILE), dict(args["meta"], run_id=run_id, created=time.time()))
             if args.get("from"):
                 result["from"] = _start_from(root, args["from"], ckpt)
-            env = dict(os.environ, RV_SEGMENT="1")
-            code, out, err = run_argv(args["sbatch"], env=env)
-            if code != 0:
-                lines = [line for line in err.strip().splitlines() if line.strip()]
-                raise common.AgentError(
-                    "sbatch rejected the job: %s" % (" / ".join(lines[-3:]) or "exit %d" % code), "sbatch"
-                )
-            job = out.strip().splitlines()[-1].split(";")[0].strip()
+            jobs = _sbatch_all(args["sbatch"], rdir, scripts)
+            job = jobs[0][0]
+            if len(jobs) > 1:
+                text = "".join("%s %s\n" % pair for pair in jobs)
+                common.write_atomic(common.join(rdir, b"seg", b"1.candidates"), text.encode(), 0o600)
             common.write_atomic(common.join(rdir, b"seg", b"1.job"), (job + "\n").encode(), 0o600)
             index = name_index(root, project, name)
             common.makedirs(os.path.dirname(index), 0o700)
@@ -399,8 +440,45 @@ def _submit(args, secrets):
             if made_ckpt:
                 shutil.rmtree(ckpt, ignore_errors=True)
             raise
-    result.update(job_id=job, previous_run_id=previous)
+    result.update(job_id=job, previous_run_id=previous, candidates=jobs)
     return result
+
+
+def _write_scripts(rdir, args):
+    """The run's batch scripts: ``job.sbatch``, or one per GPU type for a run over several
+    (``job.<i>.sbatch``, with their types in ``candidates``). [(file name, type)], preferred first."""
+    candidates = args.get("candidates")
+    if not candidates:
+        common.write_atomic(common.join(rdir, SCRIPT), args["script"].encode("utf-8"), 0o700)
+        return [(SCRIPT.decode(), None)]
+    scripts = []
+    for i, candidate in enumerate(candidates, 1):
+        if not re.match(r"^[A-Za-z0-9._-]+$", candidate["type"]):
+            raise common.AgentError("bad GPU type name %r" % candidate["type"], "usage")
+        name = "job.%d.sbatch" % i
+        common.write_atomic(common.join(rdir, name.encode()), candidate["script"].encode("utf-8"), 0o700)
+        scripts.append((name, candidate["type"]))
+    text = "".join("%s %s\n" % pair for pair in scripts)
+    common.write_atomic(common.join(rdir, CANDIDATES), text.encode(), 0o600)
+    return scripts
+
+
+def _sbatch_all(argv, rdir, scripts):
+    """sbatch of each script as segment 1 ([(job id, type)]); on a refusal the ones queued are cancelled."""
+    env = dict(os.environ, RV_SEGMENT="1")
+    jobs = []
+    for name, gpu_type in scripts:
+        code, out, err = run_argv(argv[:-1] + [manifest.dec(common.join(rdir, name.encode()))], env=env)
+        if code != 0:
+            if jobs:
+                run_argv(["scancel"] + [j for j, _ in jobs])
+            lines = [line for line in err.strip().splitlines() if line.strip()]
+            what = " for %s" % gpu_type if gpu_type else ""
+            raise common.AgentError(
+                "sbatch rejected the job%s: %s" % (what, " / ".join(lines[-3:]) or "exit %d" % code), "sbatch"
+            )
+        jobs.append((out.strip().splitlines()[-1].split(";")[0].strip(), gpu_type or ""))
+    return jobs
 
 
 def mode_runs(args):
@@ -458,16 +536,15 @@ def select_runs(root, args):
 
 def _end_run(rdir, reason, segment):
     """ENDED for a run whose jobs could not write it; records for segments that never started."""
+    now = time.time()
     for seg in segments(rdir):
         if seg["record"] is None:
             write_json(
                 common.join(rdir, b"seg", b"%d.json" % seg["segment"]),
-                {"segment": seg["segment"], "job_id": seg["job_id"], "state": "ended", "reason": reason,
-                 "exit_code": None, "start": None, "end": time.time()},
-            )  # fmt: skip
+                records.segment_record(seg["segment"], seg["job_id"], "ended", reason, now),
+            )
     if not os.path.exists(common.join(rdir, ENDED)):
-        write_json(common.join(rdir, ENDED), {"reason": reason, "exit_code": None, "segment": segment,
-                                             "end": time.time()})  # fmt: skip
+        write_json(common.join(rdir, ENDED), records.ended_record(reason, None, segment, now))
 
 
 def _remove_job_envs(rdir):
@@ -492,7 +569,11 @@ def mode_run_stop(args):
         # After STOP: a segment submitting its successor now sees STOP and cancels it itself.
         info = run_info(root, run_id)
         pending = [s for s in info["segments"] if (s["record"] or {}).get("state") != "ended" and s["job_id"]]
-        ids = [s["job_id"] for s in pending]
+        ids = []
+        for seg in pending:  # a segment sent once per GPU type: every one of its jobs
+            for job in [seg["job_id"]] + [c[0] for c in seg.get("candidates") or []]:
+                if job not in ids:
+                    ids.append(job)
         error = None
         if ids:
             code, _, err = run_argv(list(args["scancel"]) + ids)

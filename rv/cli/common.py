@@ -277,14 +277,17 @@ def prepare_local(  # type: ignore[no-untyped-def]
     extras,
     python,
     system_site_packages,
+    max_file_size: str = "100MB",
 ):
     """rv.job.prepare.prepare_local for the folder the command was typed in, its warnings and notes
     said on stderr. Returns ``(request, snapshot, environment plan)``."""
     from rv.config import cache_dir
     from rv.job.prepare import prepare_local as prepare
+    from rv.units import parse_size
 
     prepared = prepare(
-        req, profile, allow_large=allow_large, env_choice=env_choice, requirements=requirements,
+        req, profile, allow_large=allow_large, max_file_size=parse_size(max_file_size),
+        env_choice=env_choice, requirements=requirements,
         extras=extras, python=python, system_site_packages=system_site_packages, cache_dir=cache_dir(),
         here=Path.cwd(),
     )  # fmt: skip

@@ -176,6 +176,7 @@ def init(
                 "system_site_packages": profile.system_site_packages,
                 "catalog": profile.catalog,
                 "gpus": {n: g.to_dict() for n, g in profile.gpu_catalog().items()},
+                "partitions": {n: p.to_dict() for n, p in profile.partitions.items()},
             }
         )
         return
@@ -188,10 +189,24 @@ def init(
         f"  host         {facts.user}@{target.hostname}:{target.port} ({latency_ms:.0f} ms to connect)"
     )
     click.echo(f"  account      {profile.account or '(none found: pass --account)'}")
+    from rv.setup import usable_lines
+
+    for label, text in usable_lines(facts.accounts, facts.associations, {}):  # partitions: below
+        click.echo(f"  {label:<12} {text}")
     expanded = f" (from {remote_root})" if remote_root and remote_root != profile.remote_root else ""
     access = "you and your group can read it" if profile.share_with_group else "only you can read it"
     click.echo(f"  remote root  {profile.remote_root}{expanded}; {access}")
     click.echo(f"  catalog      {profile.catalog}: {gpu_line}")
+    if profile.partitions:
+        # What rv refuses before sending: a job over its partition's time limit or node count.
+        parts = [
+            f"{p.name}{' (default, CPU jobs)' if p.default else ''}: "
+            f"{p.max_time or 'no time limit'}, {p.nodes if p.nodes is not None else '?'} node(s)"
+            + (f", at most {p.max_nodes} per job" if p.max_nodes is not None else "")
+            + (f", QOS {p.qos} {p.qos_max_time}" if p.qos_max_time else "")
+            for p in profile.partitions.values()
+        ]
+        click.echo(f"  partitions   {'; '.join(parts)}")
     if profile.setup:
         click.echo(f"  setup        {'; '.join(profile.setup)}")
     if profile.system_site_packages:

@@ -59,7 +59,7 @@ def logs(
         if pull:
             sweep = s.sweep_along()
             found = query.resolve(s.transport, store, s.profile.name, s.layout.root, run, sweep=sweep)
-            s.swept(found.snapshot.sweep)
+            s.swept(found.listing.sweep)
             _check(found.run, node=node, segment=segment, rank=rank)
             root = str(found.record.remote_root if found.record else s.layout.root)
             _pull(s.transport, root, found.run, segment)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -12,13 +13,80 @@ from rv.cli.envs import ensure_environment, env_options
 from rv.job.prepare import job_umask
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class _LayeredCommand(click.Command):
+    """A command whose options the user did not type come from the project's defaults
+    (``[tool.rv]`` in pyproject.toml, or .rv.toml), then the profile's, then rv's own (rv.defaults)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        ctx.meta["rv.sources"] = apply_run_defaults(ctx)
+        return super().invoke(ctx)
+
+
+# Options that say what this one command does, never defaults of a project.
+NOT_DEFAULTS = ("name", "from_", "dry_run", "as_json")
+
+
+def apply_run_defaults(ctx: click.Context) -> dict[str, str]:
+    from rv.cli.common import load_profile
+    from rv.config import PLACEMENT_KEYS
+    from rv.defaults import Layer, apply_layers, project_layer
+    from rv.listing import Git, find_repo_top
+
+    _, profile = load_profile(ctx)
+    own = {k: v for k, v in profile.placement.items() if k in PLACEMENT_KEYS}
+    if profile.sbatch:
+        own["sbatch"] = list(profile.sbatch)
+    layers = [project_layer(find_repo_top(Path.cwd(), Git())), Layer(f"profile {profile.name}", own)]
+    return apply_layers(ctx, layers, exclude=NOT_DEFAULTS)
+
+
+def placement_options(f):  # type: ignore[no-untyped-def]
+    """Slurm's placement options, shared by rv run and rv up."""
+    for option in reversed(
+        [
+            click.option("--partition", help="Slurm partition (default: the GPU type's)."),
+            click.option("--qos", help="Slurm QoS, where the cluster requires or offers one."),
+            click.option("--constraint", help="Node features the job needs, e.g. ib or 'a100_80gb&ib'."),
+            click.option(
+                "--exclude", metavar="NODES", help="Nodes never to run on, e.g. gpu-07,gpu-[10-12]."
+            ),
+            click.option("--nodelist", metavar="NODES", help="Nodes to run on."),
+            click.option("--reservation", help="A Slurm reservation to run in."),
+            click.option("--account", help="Slurm account to charge (default: the profile's)."),
+            click.option(
+                "--sbatch",
+                "sbatch_options",
+                multiple=True,
+                metavar="OPT",
+                help="Any other sbatch option, as on an #SBATCH line, e.g. --sbatch=--begin=now+1hour "
+                "(repeatable). Options rv sets itself are refused with the rv flag to use.",
+            ),
+        ]
+    ):
+        f = option(f)
+    return f
+
+
+@click.command(
+    cls=_LayeredCommand,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 @click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")
 @click.option(
-    "-t", "--type", "gpu_type", help="GPU type from the profile's catalog (`rv status` lists them)."
+    "-t",
+    "--type",
+    "gpu_type",
+    help="GPU type from the profile's catalog (`rv status` lists them); several, in order of preference "
+    "(a100,a6000), or any: the run starts on the first that can (default, on a cluster of several types).",
 )
+@click.option("--vram", type=float, help="Only GPU types with at least this many GB per GPU.")
 @click.option("--mig", is_flag=True, help="A free MIG slice (1 GPU, 1 CPU).")
 @click.option("--time", "time_", help="Wall time: 30m, 2h, 1d12h, 2:59:00, 1-12:00:00 (default 2:59:00).")
+@click.option(
+    "--time-min",
+    help="Let Slurm start a segment in a shorter gap, at least this long (backfill); only for programs "
+    "that follow the stop protocol (save on the stop signal), which rv then continues.",
+)
 @click.option("--mem", help="Memory per node, e.g. 64G.")
 @click.option("--cpus", type=int, help="CPUs per node.")
 @click.option(
@@ -52,6 +120,13 @@ from rv.job.prepare import job_umask
     help="Start from RUN's newest complete checkpoint at or before STEP; RUN itself is untouched.",
 )
 @env_options
+@placement_options
+@click.option(
+    "--max-fault-retries",
+    type=int,
+    help="Continue a run whose segment ended on a GPU or node fault, on another node, up to N times "
+    "(default 2; 0: never).",
+)
 @click.option(
     "--each-node",
     is_flag=True,
@@ -64,7 +139,11 @@ from rv.job.prepare import job_umask
 )
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
-@click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
+@click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
+@click.option(
+    "--max-file-size", default="100MB", show_default=True, metavar="SIZE",
+    help="The size guard: refuse files bigger than this (e.g. 500MB, 2GB).",
+)  # fmt: skip
 @click.option(
     "--json",
     "as_json",
@@ -78,8 +157,10 @@ def run(
     ctx: click.Context,
     gpus: int | None,
     gpu_type: str | None,
+    vram: float | None,
     mig: bool,
     time_: str | None,
+    time_min: str | None,
     mem: str | None,
     cpus: int | None,
     name: str | None,
@@ -94,11 +175,21 @@ def run(
     extras: tuple[str, ...],
     system_site_packages: bool | None,
     python_: str | None,
+    partition: str | None,
+    qos: str | None,
+    constraint: str | None,
+    exclude: str | None,
+    nodelist: str | None,
+    reservation: str | None,
+    account: str | None,
+    sbatch_options: tuple[str, ...],
+    max_fault_retries: int | None,
     each_node: bool,
     allow_single_process: bool,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
+    max_file_size: str,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -138,27 +229,47 @@ def run(
     start_dir = _start_dir(Path.cwd())
     if name is None and command:
         run_name = job.default_run_name(default_name(command), run_id)
-    req = build_request(
-        catalog, command=command, gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus,
-        name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, start_dir=start_dir,
-        signal=signal, max_segments=max_segments, each_node=each_node,
-        allow_single_process=allow_single_process,
-    )  # fmt: skip
-    for message in req.warnings:
-        warn(message)
-    from rv.config import state_dir
-    from rv.secrets import SecretStore
+    from rv.placement import build_placement, plan_requests, type_words
 
-    secrets = SecretStore(state_dir() / "secrets.json").load()
+    def build(type_name: str | None):  # type: ignore[no-untyped-def]
+        return build_request(
+            catalog, command=command, gpus=gpus, gpu_type=type_name, mig=mig, time=time_, mem=mem, cpus=cpus,
+            name=run_name, nodes=nodes, setup=(*profile.setup, *setup), outputs=outputs, start_dir=start_dir,
+            signal=signal, max_segments=max_segments, each_node=each_node,
+            allow_single_process=allow_single_process, partitions=profile.partitions, partition=partition,
+        )  # fmt: skip
+
+    # One request per GPU type the run may take (one, unless -t names several, any, or none on a
+    # cluster of several types), each validated against its type's limits.
+    reqs, notes = plan_requests(catalog, type_words(gpu_type), gpus=gpus, mig=mig, vram_gb=vram, build=build)
+    req, alternatives = reqs[0], reqs[1:]
+    place = build_placement(
+        partition=partition, qos=qos, constraint=constraint, exclude=exclude, nodelist=nodelist,
+        reservation=reservation, account=account, sbatch=sbatch_options, time_min=time_min,
+        time_seconds=req.time_seconds, max_fault_retries=max_fault_retries,
+    )  # fmt: skip
+    for message in dict.fromkeys([*notes, *(w for r in reqs for w in r.warnings)]):
+        warn(message)
+    if place.time_min_seconds is not None:
+        note(
+            "--time-min: Slurm may start each segment with as little as "
+            f"{time_min}; the program must follow the stop protocol (save on ${{RV_STOP_SIGNAL}} and write "
+            "PREEMPTED), or a short segment ends it"
+        )
+    from rv.secrets import job_secrets
+
+    secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
     from rv.config import cache_dir
     from rv.snapshot import upload_snapshot
     from rv.treecache import StoreCache
 
     # The file list, hashes and size guard are local: a refused file fails before we connect.
     req, snap, env_plan = prepare_local(
-        req, profile, allow_large=allow_large, env_choice=env_choice, requirements=requirements,
-        extras=extras, python=python_, system_site_packages=system_site_packages,
+        req, profile, allow_large=allow_large, max_file_size=max_file_size, env_choice=env_choice,
+        requirements=requirements, extras=extras, python=python_, system_site_packages=system_site_packages,
     )  # fmt: skip
+    alternatives = [dataclasses.replace(r, setup=req.setup) for r in alternatives]
+    sources = ctx.meta.get("rv.sources", {})
     if dry_run:
         from rv.layout import RemoteLayout
         from rv.slurm.script import render_script
@@ -167,23 +278,42 @@ def run(
         context = job.script_context(
             layout, run_id=run_id, snapshot_id=snap.id, project=snap.project, account=profile.account,
             has_secrets=bool(secrets), umask=job_umask(profile),
-            env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"),
+            env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"), placement=place,
         )  # fmt: skip
         script = render_script(req, context)
         if as_json:
             print_json(
                 {"dry_run": True, "run_id": run_id, "name": req.name, "snapshot": snap.id,
-                 "files": snap.tree.files, "script": script}
+                 "files": snap.tree.files, "script": script,
+                 "scripts": {_type_name(r): render_script(r, context) for r in reqs},
+                 "settings": settings_of(ctx, sources)}
             )  # fmt: skip
         else:
             sys.stdout.write(script)
+        for line in settings_lines(ctx, sources):
+            note(line)
+        if alternatives:
+            note(
+                f"types: {', '.join(_type_name(r) for r in reqs)} in order: one job each, the same script "
+                "but for its #SBATCH lines and GPU values; the first to start takes the run"
+            )
         note(resources_line(req))
         note(f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, {snap.tree.files} files)")
         return
 
     with session(ctx) as s:
-        # Before anything is sent: a live run of this name is refused; a finished one is resumed.
-        check = job.check(s.transport, s.layout, project=snap.project, name=req.name, from_run=from_run)
+        context = job.script_context(
+            s.layout, run_id=run_id, snapshot_id=snap.id, project=snap.project, account=profile.account,
+            has_secrets=bool(secrets), umask=job_umask(profile), placement=place,
+        )  # fmt: skip
+        probes = placement_probes(reqs, context, place)
+        # Before anything is sent: a live run of this name is refused; a finished one is resumed; sbatch
+        # judges each candidate (when it would start, or why it refuses it).
+        check = job.check(
+            s.transport, s.layout, project=snap.project, name=req.name, from_run=from_run, probes=probes
+        )
+        reqs = choose_candidates(reqs, check.estimates)
+        req, alternatives = reqs[0], reqs[1:]
         if from_run is None and check.resume_step is not None:
             note(f"resuming {req.name} from step {check.resume_step}")
         elif from_run is None and check.resume_files:
@@ -199,7 +329,7 @@ def run(
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
-            env_build=env_plan.lines(env.path) if env else (),
+            env_build=env_plan.lines(env.path) if env else (), placement=place,
         )  # fmt: skip
         submitted = job.submit(
             s.transport, s.layout, req, context, profile=profile.name, secrets=secrets,
@@ -207,6 +337,7 @@ def run(
                         "env": env.key if env else None},
             from_run=check if from_run is not None else None,
             from_step=from_run.step if from_run is not None else None,
+            alternatives=alternatives,
         )  # fmt: skip
         record = submitted.record
         run_store().add(record)
@@ -224,15 +355,101 @@ def run(
             sys.stdout.flush()  # the record is all stdout gets: a reader may act on it while the run goes
         else:
             click.echo(record.job_id)
-        where = f"{req.gpus}x {req.type.name}" if req.type else "CPU"
         continues = f", up to {req.max_segments} segments" if req.max_segments > 1 else ""
-        note(
-            f"submitted run {req.name}: job {record.job_id} ({where}, {req.nodes} node(s){continues}) "
-            f"from {record.short_commit}\n  {resources_line(req)}\n"
-            f"  rv logs -f {req.name}    rv ps    rv stop {req.name}"
-        )
+        if submitted.candidates:
+            jobs = ", ".join(f"{j} ({t})" for j, t in submitted.candidates)
+            note(
+                f"submitted run {req.name}: jobs {jobs} ({req.gpus} GPU(s), {req.nodes} node(s){continues}): "
+                f"the first to start takes the run and cancels the others\n  from {record.short_commit}\n"
+                f"  rv logs -f {req.name}    rv ps    rv stop {req.name}"
+            )
+        else:
+            where = f"{req.gpus}x {req.type.name}" if req.type else "CPU"
+            note(
+                f"submitted run {req.name}: job {record.job_id} ({where}, {req.nodes} node(s){continues}) "
+                f"from {record.short_commit}\n  {resources_line(req)}\n"
+                f"  rv logs -f {req.name}    rv ps    rv stop {req.name}"
+            )
         if follow:
             ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments, output_to_stderr=as_json))
+
+
+def _type_name(req) -> str:  # type: ignore[no-untyped-def]
+    return req.type.name if req.type is not None else "cpu"
+
+
+def placement_probes(reqs, context, place) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    """What sbatch --test-only is asked before anything is sent: every candidate of a run over several
+    GPU types, and a one-type run's job when it carries Slurm options sbatch alone can judge."""
+    from rv.placement import probe_script
+    from rv.slurm.script import probe_directives
+
+    asks = place.qos or place.reservation or place.sbatch or place.constraint or place.nodelist
+    if len(reqs) == 1 and not (asks or place.partition or place.account or place.time_min_seconds):
+        return []
+    return [(_type_name(r), probe_script(probe_directives(r, context))) for r in reqs]
+
+
+def choose_candidates(reqs, estimates):  # type: ignore[no-untyped-def]
+    """The candidates sbatch would take, preferred first; says when each would start. None: an error."""
+    if not estimates:
+        return reqs
+    by_type = {e.gpu_type: e for e in estimates}
+    kept, refused = [], []
+    for r in reqs:
+        e = by_type.get(_type_name(r))
+        if e is None or e.error is None:
+            kept.append(r)
+            if e is not None and len(reqs) > 1:
+                where = f" on {e.nodes}" if e.nodes else ""
+                note(f"{_type_name(r)}: would start {e.start}{where}")
+        else:
+            refused.append(f"{_type_name(r)}: {e.error}" if len(reqs) > 1 else e.error)
+    if not kept:
+        from rv.errors import UsageError
+
+        raise UsageError(
+            "sbatch refuses this job: " + "; ".join(refused) + " (nothing was sent)",
+            hint="check --partition, --qos, --account, --constraint, --sbatch (rv status lists yours)",
+        )
+    for reason in refused:
+        warn(f"left out {reason} (sbatch refuses it)")
+    return kept
+
+
+def settings_of(ctx: click.Context, sources: dict[str, str]) -> dict[str, dict[str, object]]:
+    """Each setting that is not rv's own default: its value and where it came from."""
+    from rv.defaults import BUILT_IN
+
+    out: dict[str, dict[str, object]] = {}
+    for param in ctx.command.params:
+        name = param.name or ""
+        if (
+            not isinstance(param, click.Option)
+            or name in NOT_DEFAULTS
+            or sources.get(name, BUILT_IN) == BUILT_IN
+        ):
+            continue
+        value = ctx.params.get(name)
+        out[param.opts[-1]] = {
+            "value": list(value) if isinstance(value, tuple) else value,
+            "from": sources[name],
+        }
+    return out
+
+
+def settings_lines(ctx: click.Context, sources: dict[str, str]) -> list[str]:
+    settings = settings_of(ctx, sources)
+    if not settings:
+        return []
+    parts = [f"{flag} {_shown(v['value'])} ({v['from']})" for flag, v in settings.items()]
+    return ["settings: " + "; ".join(parts)]
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return "on" if value is True else str(value)
 
 
 def option_words(command: click.Command) -> dict[str, bool]:

@@ -30,6 +30,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for what, error in (("squeue", st.squeue_error), ("sinfo", st.sinfo_error)):
         if error:
             warn(f"{what} failed on the cluster, so what it tells is missing below: {error}")
+    from rv.setup import parse_associations, parse_partitions, usable_lines
+
+    associations = parse_associations(st.associations_text)
+    accounts = list(dict.fromkeys(a for a, *_ in associations))
+    partitions = parse_partitions(st.partitions_text)
+    may_use = usable_lines(accounts, associations, partitions)
     gpus = availability_by_type(st.nodes, catalog)
     jobs = Counter(j.state for j in st.jobs)
     data = {
@@ -44,6 +50,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "storage_by_kind": kept["kinds"],
         "gc_would_free": kept["gc"],
         "jobs": dict(jobs),
+        "may_use": {
+            "accounts": accounts,
+            "qos": list(dict.fromkeys(q for *_, allowed in associations for q in allowed)),
+            "partitions": list(partitions),
+        },
         "gpus": {
             name: {"idle": idle, "total": total, "partition": catalog[name].partition}
             for name, (idle, total) in gpus.items()
@@ -60,6 +71,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         f"round trip {st.round_trip_ms:.0f} ms"
     )
     click.echo(f"account      {s.profile.account or '-'}")
+    for label, text in may_use:
+        click.echo(f"{label:<12} {text}")
     click.echo(f"storage      {size} under {s.layout.root}")
     kinds = ", ".join(f"{kind} {human_size(n)}" for kind, n in kept["kinds"].items() if n)
     click.echo(f"  by kind    {kinds or 'nothing yet'}")

@@ -67,7 +67,11 @@ class _View:
     help="Keep the allocation when rv exits: attach with rv ssh, end it with rv stop.",
 )
 @env_options
-@click.option("--allow-large", is_flag=True, help="Send files over the size guard (default 100 MB).")
+@click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
+@click.option(
+    "--max-file-size", default="100MB", show_default=True, metavar="SIZE",
+    help="The size guard: refuse files bigger than this (e.g. 500MB, 2GB).",
+)  # fmt: skip
 @click.pass_context
 def up(
     ctx: click.Context,
@@ -87,6 +91,7 @@ def up(
     system_site_packages: bool | None,
     python_: str | None,
     allow_large: bool,
+    max_file_size: str,
 ) -> None:
     """A shell on a new allocation, in the job's environment, in a snapshot of this repo.
 
@@ -102,12 +107,12 @@ def up(
     """
 
     from rv.cli.common import load_profile
-    from rv.config import cache_dir, state_dir
+    from rv.config import cache_dir
     from rv.errors import UsageError
     from rv.job import submit as job
     from rv.job import up as session_up
     from rv.request import build_request
-    from rv.secrets import SecretStore
+    from rv.secrets import job_secrets
     from rv.snapshot import upload_snapshot
     from rv.treecache import StoreCache
 
@@ -123,19 +128,19 @@ def up(
     req = build_request(
         profile.gpu_catalog(), command=session_up.holder_command(), gpus=gpus, gpu_type=gpu_type, mig=mig,
         time=time_, mem=mem, cpus=cpus, name=name or job.default_run_name("up", run_id), nodes=nodes,
-        setup=(*profile.setup, *setup), max_segments=1, each_node=True,
+        setup=(*profile.setup, *setup), max_segments=1, each_node=True, partitions=profile.partitions,
     )  # fmt: skip
     for message in req.warnings:
         warn(message)
-    secrets = SecretStore(state_dir() / "secrets.json").load()
+    secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
     from rv.cli.common import prepare_local
     from rv.cli.envs import ensure_environment
     from rv.job.prepare import job_umask
 
     # The shell starts in the folder rv up was typed in, as a run's program would.
     req, snap, env_plan = prepare_local(
-        req, profile, allow_large=allow_large, env_choice=env_choice, requirements=requirements,
-        extras=extras, python=python_, system_site_packages=system_site_packages,
+        req, profile, allow_large=allow_large, max_file_size=max_file_size, env_choice=env_choice,
+        requirements=requirements, extras=extras, python=python_, system_site_packages=system_site_packages,
     )  # fmt: skip
 
     # The watchdog and the shell share one connection of this command's own (the warm connection

@@ -110,12 +110,12 @@ def running_job(
     the run is pending or over."""
     found = query.resolve(transport, store, profile, root, ref)
     run = found.run
-    if found.snapshot.squeue_error:
+    if found.listing.squeue_error:
         raise RemoteError(
-            f"squeue failed, so run {run.name}'s job cannot be found: {found.snapshot.squeue_error}"
+            f"squeue failed, so run {run.name}'s job cannot be found: {found.listing.squeue_error}"
         )
     seg = run.current
-    job = next((j for j in found.snapshot.queued if seg is not None and j.job_id == seg.job_id), None)
+    job = next((j for j in found.listing.queued if seg is not None and j.job_id == seg.job_id), None)
     if job is None:
         why = (run.ended or {}).get("reason") or (seg.reason if seg else "") or "no record of why"
         raise UsageError(

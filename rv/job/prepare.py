@@ -33,6 +33,7 @@ def prepare_local(
     profile: Profile,
     *,
     allow_large: bool,
+    max_file_size: int,
     env_choice: str,
     requirements: str | None,
     extras: tuple[str, ...],
@@ -46,7 +47,7 @@ def prepare_local(
     from rv.snapshot import prepare_snapshot, snapshot_warnings
 
     # The last listing of this repo is reused: a resubmit lists and hashes only what changed.
-    snap = prepare_snapshot(here, allow_large=allow_large, cache_dir=cache_dir)
+    snap = prepare_snapshot(here, max_file_size=max_file_size, allow_large=allow_large, cache_dir=cache_dir)
     warnings = tuple(snapshot_warnings(snap))
     if snap.subdir:
         # Typed in a subfolder: the snapshot is the whole repo, the program starts where the user was.

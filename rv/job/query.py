@@ -25,7 +25,7 @@ FINISHED_DAYS = 7  # how far back `rv ps -a` looks
 
 
 @dataclass(frozen=True)
-class RunsSnapshot:
+class RunsListing:
     runs: list[ClusterRun]
     queued: list[QueuedJob]
     accounted: list[AccountedJob] = field(default_factory=list)
@@ -46,7 +46,7 @@ def fetch(
     since: float | None = None,
     sacct_days: int | None = None,
     sweep: Sequence[str] = (),
-) -> RunsSnapshot:
+) -> RunsListing:
     """One round trip: the runs asked for, squeue (and sacct), and a secrets ``sweep`` of those ids."""
     args: dict[str, Any] = {
         "root": root,
@@ -63,7 +63,7 @@ def fetch(
         args["sweep"] = list(sweep)
     reply = call_agent(transport, "runs", args, timeout=120)
     squeue, sacct = reply.get("squeue") or {}, reply.get("sacct") or {}
-    return RunsSnapshot(
+    return RunsListing(
         runs=parse_runs(reply.get("runs") or []),
         queued=parse_squeue(squeue.get("text") or "") if not squeue.get("error") else [],
         accounted=parse_sacct(sacct.get("text") or "") if sacct and not sacct.get("error") else [],
@@ -74,7 +74,7 @@ def fetch(
     )
 
 
-def listing(transport: Transport, root: str, *, finished: bool, sweep: Sequence[str] = ()) -> RunsSnapshot:
+def listing(transport: Transport, root: str, *, finished: bool, sweep: Sequence[str] = ()) -> RunsListing:
     """What `rv ps` shows: live runs (and, with ``finished``, those of the last week, and sacct)."""
     since = time.time() - FINISHED_DAYS * 86400 if finished else None
     return fetch(
@@ -89,7 +89,7 @@ _JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
 class Resolved:
     run: ClusterRun
     record: RunRecord | None  # this machine's record of it, when it submitted it
-    snapshot: RunsSnapshot
+    listing: RunsListing  # the one answer it was found in (squeue's too)
 
 
 def resolve(
@@ -130,10 +130,12 @@ def selectors(ref: str) -> dict[str, list[str]]:
 
 
 def not_on_cluster(ref: str | None) -> NotFound:
+    from rv.names import lookup_hint
+
     what = f"run {ref!r}" if ref else "the latest run"
     return NotFound(
         f"{what} is not on the cluster (by name, run id or job id of any segment)",
-        hint="`rv ps -a` lists runs; `rv gc` may have removed an old one",
+        hint=lookup_hint(ref or "") or "`rv ps -a` lists runs; `rv gc` may have removed an old one",
     )
 
 

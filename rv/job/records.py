@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from rv.agent.segment import end_state
 from rv.errors import NotFound, UsageError
 from rv.slurm.parse import AccountedJob, QueuedJob
 
@@ -166,6 +167,15 @@ class Segment:
     checkpoint_step: int | None
     stop_sent: bool
     next_job_id: str | None
+    gpu_type: str | None = None  # the type it got (a run over several types lands on one)
+    # A run over several GPU types: the jobs sent for this segment, one per type ((job id, type)); the
+    # first to start takes the segment and cancels the others.
+    candidates: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def placed(self) -> bool:
+        """Whether the segment is past choosing among its candidates (it has a record, or had none)."""
+        return not self.candidates or self.state != "submitted"
 
 
 @dataclass(frozen=True)
@@ -191,7 +201,13 @@ class ClusterRun:
 
     @property
     def jobs(self) -> list[str]:
-        return [s.job_id for s in self.segments if s.job_id]
+        """Every job of the run, the candidates of a segment sent once per GPU type too."""
+        out: list[str] = []
+        for s in self.segments:
+            for job in (s.job_id, *(j for j, _ in s.candidates)):
+                if job and job not in out:
+                    out.append(job)
+        return out
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -204,7 +220,9 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def parse_segment(index: int, job_id: str | None, record: Mapping[str, Any] | None) -> Segment:
+def parse_segment(
+    index: int, job_id: str | None, record: Mapping[str, Any] | None, candidates: Iterable[Any] = ()
+) -> Segment:
     rec = record or {}
     return Segment(
         index=index,
@@ -220,6 +238,8 @@ def parse_segment(index: int, job_id: str | None, record: Mapping[str, Any] | No
         checkpoint_step=_int(rec.get("checkpoint_step")),
         stop_sent=rec.get("stop_sent") is True,
         next_job_id=rec.get("next_job_id") or None,
+        gpu_type=rec.get("gpu_type") or None,
+        candidates=tuple((str(c[0]), str(c[1])) for c in candidates if c and c[0]),
     )
 
 
@@ -227,7 +247,10 @@ def parse_runs(rows: Iterable[Mapping[str, Any]]) -> list[ClusterRun]:
     """The agent's run rows (``runs`` mode) as :class:`ClusterRun`, oldest first."""
     runs = []
     for row in rows:
-        segs = tuple(parse_segment(s["segment"], s.get("job_id"), s.get("record")) for s in row["segments"])
+        segs = tuple(
+            parse_segment(s["segment"], s.get("job_id"), s.get("record"), s.get("candidates") or ())
+            for s in row["segments"]
+        )
         runs.append(
             ClusterRun(
                 run_id=row["run_id"],
@@ -242,26 +265,6 @@ def parse_runs(rows: Iterable[Mapping[str, Any]]) -> list[ClusterRun]:
 
 
 # --- what `rv ps` shows ----------------------------------------------------------------------------
-
-# Why a run ended (the start of ENDED's reason, as the job script words it) -> the state word shown.
-_END_STATES = (
-    ("finished", "COMPLETED"),
-    ("crashed", "FAILED"),
-    ("failed before", "FAILED"),
-    ("time limit", "TIMEOUT"),
-    ("stopped", "STOPPED"),
-    ("preempted", "PREEMPTED"),
-    ("cancelled", "CANCELLED"),
-    ("requeued", "REQUEUED"),
-    ("ended without a record", "LOST"),
-)
-
-
-def end_state(reason: str) -> str:
-    for prefix, word in _END_STATES:
-        if reason.startswith(prefix):
-            return word
-    return "ENDED"
 
 
 @dataclass(frozen=True)
@@ -327,8 +330,17 @@ def run_views(
         seg = run.current
         meta = run.meta
         live_job = by_id.get(seg.job_id) if seg and seg.job_id else None
+        gpu_type = (seg.gpu_type if seg else None) or meta.get("gpu_type")
         reason: str | None
-        if live_job is not None:
+        if seg is not None and not seg.placed:
+            # Sent once per GPU type and none started yet: pending on each, in order of preference.
+            waiting = [(by_id[j], t) for j, t in seg.candidates if j in by_id]
+            live_job = waiting[0][0] if waiting else live_job
+            gpu_type = "|".join(t for _, t in seg.candidates)
+        if seg is not None and not seg.placed and live_job is not None:
+            state, exit_code = live_job.state, None
+            reason = "pending on " + ", ".join(f"{t} ({j.reason})" if j.reason else t for j, t in waiting)
+        elif live_job is not None:
             state, reason, exit_code = (
                 live_job.state,
                 live_job.reason if live_job.state == "PENDING" else None,
@@ -360,7 +372,7 @@ def run_views(
                 reason=reason or None,
                 exit_code=exit_code,
                 gpus=int(meta.get("gpus") or 0),
-                gpu_type=meta.get("gpu_type"),
+                gpu_type=gpu_type,
                 nodes=int(meta.get("nodes") or 1),
                 elapsed_seconds=_elapsed(run, live_job, now),
                 source=_source(meta),

@@ -18,7 +18,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,10 +26,11 @@ from rv.agent_client import call_agent
 from rv.errors import RemoteError, UsageError
 from rv.job.records import RunRecord
 from rv.layout import RemoteLayout
+from rv.placement import Estimate, Placement, parse_test_only
 from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
-from rv.slurm.script import ScriptContext, render_script
+from rv.slurm.script import ScriptContext, render_script, runtime_files
 
 
 def new_run_id() -> str:
@@ -37,8 +38,11 @@ def new_run_id() -> str:
 
 
 def default_run_name(base: str, run_id: str) -> str:
-    """Two runs of one command must not share a checkpoint folder: the name gets the id's start."""
-    return f"{base[:59]}-{run_id[:4]}"
+    """Two runs of one command must not share a checkpoint folder: the name gets the id's start.
+
+    Six hex digits: with four, 100 default-named runs of one command collided with odds of 7% (a
+    collision resumes the other run's checkpoint); with six, 0.03%."""
+    return f"{base[:57]}-{run_id[:6]}"
 
 
 _FROM = re.compile(r"^(?P<run>[A-Za-z0-9._-]+)(?:@(?P<step>\d+))?$")
@@ -67,18 +71,32 @@ class Check:
     resume_step: int | None  # the newest complete checkpoint of this name, when it has one
     resume_files: bool  # the checkpoint folder holds something (any layout)
     from_run: Mapping[str, Any] | None  # --from: the source's project, name and checkpoint listing
+    estimates: tuple[Estimate, ...] = ()  # sbatch --test-only's word on each candidate, when asked
 
 
 def check(
-    transport: Any, layout: RemoteLayout, *, project: str, name: str, from_run: FromRun | None
+    transport: Any,
+    layout: RemoteLayout,
+    *,
+    project: str,
+    name: str,
+    from_run: FromRun | None,
+    probes: Sequence[tuple[str, str]] = (),
 ) -> Check:
-    """Refuse a second live run of ``name``; say what its checkpoint folder (and --from's) hold."""
+    """Refuse a second live run of ``name``; say what its checkpoint folder (and --from's) hold.
+
+    ``probes``: (GPU type, probe script) of each candidate: sbatch --test-only says, in the same round
+    trip, when each would start, or why sbatch would refuse it (nothing is submitted).
+    """
     args: dict[str, Any] = {
         "root": layout.root,
         "project": project,
         "name": name,
         "squeue": commands.squeue_user(),
     }
+    if probes:
+        args["probes"] = [{"type": t, "script": text} for t, text in probes]
+        args["test_only"] = commands.sbatch_test_only()
     if from_run is not None:
         args["from"] = from_run.run
     reply = call_agent(transport, "run-check", args)
@@ -109,6 +127,7 @@ def check(
         resume_step=ckpt.get("resume_step"),
         resume_files=bool(ckpt.get("steps") or ckpt.get("files")),
         from_run=source,
+        estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
     )
 
 
@@ -122,6 +141,7 @@ def script_context(
     has_secrets: bool,
     umask: str = "077",
     env_build: tuple[str, ...] = (),
+    placement: Placement | None = None,
 ) -> ScriptContext:
     return ScriptContext(
         remote_root=layout.root,
@@ -132,6 +152,7 @@ def script_context(
         has_secrets=has_secrets,
         umask=umask,
         env_build=env_build,
+        placement=placement or Placement(),
     )
 
 
@@ -162,6 +183,7 @@ class Submitted:
     record: RunRecord
     from_step: int | None  # --from: the step the new run starts from
     from_how: tuple[str, ...]  # reflink / hardlink / copy: how the checkpoint was brought over
+    candidates: tuple[tuple[str, str], ...] = ()  # a run over several types: (job id, type) each
 
 
 def submit_args(
@@ -171,8 +193,13 @@ def submit_args(
     *,
     provenance: Mapping[str, Any],
     has_secrets: bool,
+    alternatives: Sequence[JobRequest] = (),
 ) -> dict[str, Any]:
-    """What the agent needs to make the run's folder and records and submit segment 1."""
+    """What the agent needs to make the run's folder and records and submit segment 1.
+
+    ``alternatives``: the same run on further GPU types (a run over several): one batch script and
+    one job each besides ``req``'s; the first job to start takes the run (rv/agent/job.sh).
+    """
     script = render_script(req, ctx)
     meta = {
         "name": req.name,
@@ -193,6 +220,13 @@ def submit_args(
         "submitted_from": socket.gethostname(),
         "has_secrets": has_secrets,
     }
+    candidates = None
+    if alternatives:
+        meta["gpu_types"] = [r.type.name for r in (req, *alternatives) if r.type is not None]
+        candidates = [
+            {"type": r.type.name if r.type is not None else "", "script": render_script(r, ctx)}
+            for r in (req, *alternatives)
+        ]
     return {
         "root": layout.root,
         "run_id": ctx.run_id,
@@ -200,9 +234,12 @@ def submit_args(
         "name": req.name,
         "meta": meta,
         "script": script,
+        # The job's runtime files, written under <root>/runtime/ once per content (the script sources them).
+        "runtime": runtime_files(),
         "has_secrets": has_secrets,
         "squeue": commands.squeue_user(),
         "sbatch": commands.sbatch(f"{ctx.run_dir}/job.sbatch"),
+        **({"candidates": candidates} if candidates else {}),
     }
 
 
@@ -246,9 +283,12 @@ def submit(
     secrets: Mapping[str, str],
     from_run: Check | None = None,
     from_step: int | None = None,
+    alternatives: Sequence[JobRequest] = (),
 ) -> Submitted:
     """Segment 1 of the run, in one round trip; the local record of it."""
-    args = submit_args(layout, req, ctx, provenance=provenance, has_secrets=bool(secrets))
+    args = submit_args(
+        layout, req, ctx, provenance=provenance, has_secrets=bool(secrets), alternatives=alternatives
+    )
     source = from_run.from_run if from_run is not None else None
     if source is not None:
         args["from"] = {"project": source["project"], "name": source["name"], "step": from_step}
@@ -258,4 +298,5 @@ def submit(
         raise RemoteError(f"the cluster sent no job id for run {req.name}")
     record = run_record(layout, req, ctx, args, profile=profile, job_id=str(reply["job_id"]))
     started = reply.get("from") or {}
-    return Submitted(record, started.get("step"), tuple(started.get("how") or ()))
+    candidates = tuple((str(j), str(t)) for j, t in reply.get("candidates") or () if alternatives)
+    return Submitted(record, started.get("step"), tuple(started.get("how") or ()), candidates)

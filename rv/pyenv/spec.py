@@ -175,7 +175,10 @@ def _load_pyproject(read: Reader, path: str) -> dict[str, object]:
     try:
         return tomllib.loads(read(path).decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}", hint="fix it, or pass --env none") from exc
+        raise UsageError(
+            f"{path} is not valid TOML: {exc}",
+            hint="fix it, or run with no environment built: rv run --env none ...",
+        ) from exc
 
 
 def _project_table(pyproject: dict[str, object]) -> dict[str, object]:

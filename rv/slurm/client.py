@@ -22,6 +22,8 @@ class ClusterStatus:
     squeue_error: str | None = None
     sinfo_error: str | None = None
     sweep: dict[str, Any] | None = None  # the secrets sweep that rode along, if one was asked for
+    partitions_text: str = ""  # sinfo's partitions (SINFO_PARTITION_FORMAT), "" when it failed
+    associations_text: str = ""  # sacctmgr's associations of the user, "" without accounting
 
 
 def cluster_status(
@@ -40,6 +42,8 @@ def cluster_status(
         "checkpoints": False,
         "squeue": commands.squeue_user(),
         "sinfo": commands.sinfo_nodes(),
+        "partitions": commands.sinfo_partitions(),
+        "associations": commands.sacctmgr_associations(),
     }
     if sweep:
         args["sweep"] = list(sweep)
@@ -56,4 +60,10 @@ def cluster_status(
         squeue_error=squeue.get("error"),
         sinfo_error=sinfo.get("error"),
         sweep=reply.get("sweep") if sweep else None,
+        partitions_text=_text(reply.get("partitions")),
+        associations_text=_text(reply.get("associations")),
     )
+
+
+def _text(answer: Any) -> str:
+    return str(answer.get("text") or "") if isinstance(answer, dict) and not answer.get("error") else ""

@@ -67,6 +67,20 @@ def sinfo_nodes() -> list[str]:
     return ["sinfo", "-N", "-h", "-O", SINFO_NODE_FORMAT]
 
 
+# Per partition (one row per partition and node state): name ('*' marks the default), time limit,
+# and the job size in nodes as MIN-MAX ("1-infinite").
+SINFO_PARTITION_FORMAT = "%P|%l|%s"
+
+
+def sinfo_partitions() -> list[str]:
+    return ["sinfo", "-h", "-o", SINFO_PARTITION_FORMAT]
+
+
+def sacctmgr_associations() -> list[str]:
+    """The user's associations: account, partition ("" for all), default QoS, the QoS allowed."""
+    return ["sacctmgr", "-nP", "show", "assoc", f"user={USER}", "format=account,partition,defaultqos,qos"]
+
+
 def scancel(job_ids: Iterable[str], signal: str | None = None) -> list[str]:
     argv = ["scancel"]
     if signal:
@@ -98,6 +112,11 @@ def sbatch(script: str, *, after: str | None = None) -> list[str]:
     if after is not None:
         argv += [_joined("--dependency=afterany:", after), "--kill-on-invalid-dep=yes"]
     return [*argv, script]
+
+
+def sbatch_test_only() -> list[str]:
+    """Judge the script on stdin without submitting it: when and where it would start, or why not."""
+    return ["sbatch", "--test-only"]
 
 
 def squeue_end_time(job_id: str) -> list[str]:

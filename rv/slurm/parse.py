@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rv.catalog import GpuType, compute_capability_for
+from rv.catalog import GpuType, compute_capability_for, memory_gb_for
 from rv.timespec import parse_slurm_time
 
 # --- formats to run on the cluster ---------------------------------------------------------------
@@ -680,43 +680,13 @@ def discover_catalog(sinfo_text: str) -> dict[str, GpuType]:
                 gres=gtype,
                 gpus_per_node=max(held.values()),
                 compute_capability=compute_capability_for(gtype) if gtype else None,
+                vram_gb=memory_gb_for(gtype) if gtype else None,
                 max_time=max_time.get(partition),
                 cpus_per_gpu=cpus_per_gpu,
                 mem_per_gpu=f"{mem_per_gpu}M" if mem_per_gpu else None,
                 nodes=len(held),
             )
     return dict(sorted(catalog.items()))
-
-
-# --- running GPUs per catalog type ------------------------------------------------------------------
-
-
-def in_flight_gpus_by_type(
-    jobs: Iterable[QueuedJob], catalog: Mapping[str, GpuType], *, include_pending: bool = False
-) -> dict[str, int]:
-    """GPUs of the user's jobs per catalog type, for :func:`rv.request.build_request`.
-
-    A job maps to the catalog type whose partition and gres type it uses; a job in a partition no
-    type names maps by gres type alone when exactly one type has it. Running jobs only by default:
-    per-user limits count running jobs; pending ones just wait.
-    """
-    by_partition = {(t.partition, t.gres or None): name for name, t in catalog.items()}
-    by_gres: dict[str | None, list[str]] = {}
-    for name, t in catalog.items():
-        by_gres.setdefault(t.gres or None, []).append(name)
-    result: dict[str, int] = {}
-    for job in jobs:
-        if job.gpus == 0:
-            continue
-        if job.state != "RUNNING" and not (include_pending and job.state == "PENDING"):
-            continue
-        gtype = job.gpu_type
-        found = by_partition.get((job.partition, gtype))
-        if found is None and len(by_gres.get(gtype, [])) == 1:
-            found = by_gres[gtype][0]
-        if found is not None:
-            result[found] = result.get(found, 0) + job.gpus
-    return result
 
 
 # --- accounts ---------------------------------------------------------------------------------------

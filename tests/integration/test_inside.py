@@ -107,7 +107,7 @@ def wait_gone(ssh, job: str, timeout: float = 90) -> None:
 
 def test_ssh_reaches_the_second_node_in_the_jobs_environment_and_passes_exit_codes(layout, project):
     run_rv, node2 = layout.run_rv, "gpu-02" if layout.name == "bare" else "node2"
-    assert run_rv("env", "set", f"RV_INSIDE_SECRET={SECRET}").returncode == 0
+    assert run_rv("env", "set", f"MY_INSIDE_SECRET={SECRET}").returncode == 0
     job = start_two_node_run(run_rv, project, "hold", "hold.py")
     try:
         wait_for("the job's environment", lambda: env_saved(layout.remote_root, job))
@@ -120,7 +120,7 @@ def test_ssh_reaches_the_second_node_in_the_jobs_environment_and_passes_exit_cod
         # secret, RV_* variables, the work dir with the snapshot's files.
         r = run_rv(
             "ssh", "hold", "--",
-            'python -c "import os; print(os.environ[\'RV_INSIDE_SECRET\'])"; '
+            'python -c "import os; print(os.environ[\'MY_INSIDE_SECRET\'])"; '
             'echo "$RV_RUN_NAME $SLURMD_NODENAME"; cat marker.txt; '
             'test "$PWD" = "$RV_WORK_DIR" && echo in-work-dir',
         )  # fmt: skip
@@ -137,7 +137,7 @@ def test_ssh_reaches_the_second_node_in_the_jobs_environment_and_passes_exit_cod
         term = Terminal(rv_argv("ssh", "hold", "--node", "1"), env=layout.rv_env, cwd=project)
         try:
             term.expect(r"\(rv hold\) ")
-            term.send('echo "node=$SLURMD_NODENAME secret=$RV_INSIDE_SECRET"; exit 3\r')
+            term.send('echo "node=$SLURMD_NODENAME secret=$MY_INSIDE_SECRET"; exit 3\r')
             term.expect(rf"node={node2} secret={re.escape(SECRET)}")
             assert term.wait() == 3
         finally:
@@ -217,7 +217,7 @@ def up_job(term: Terminal) -> str:
 
 @pytest.mark.parametrize("layout", ["bare"], indirect=True)
 def test_up_gives_a_shell_in_the_jobs_environment_and_exit_releases_the_allocation(layout, project):
-    assert layout.run_rv("env", "set", f"RV_INSIDE_SECRET={SECRET}").returncode == 0
+    assert layout.run_rv("env", "set", f"MY_INSIDE_SECRET={SECRET}").returncode == 0
     term = Terminal(rv_argv("up", "-g", "1", "-t", "a6000", "--name", "dev"), env=layout.rv_env, cwd=project)
     try:
         job = up_job(term)
@@ -225,7 +225,7 @@ def test_up_gives_a_shell_in_the_jobs_environment_and_exit_releases_the_allocati
         term.send('python -c \'import os; print("job-dir=" + os.environ["RV_JOB_DIR"])\'\r')
         job_dir = term.expect(r"job-dir=(\S+)\r\n").group(1)
         assert re.fullmatch(rf"{re.escape(layout.remote_root)}/runs/[0-9a-f]+/jobs/{job}", job_dir), job_dir
-        term.send('echo "$RV_INSIDE_SECRET|$(cat marker.txt)|$RV_GPUS|$SLURM_JOB_ID|$HF_HOME"\r')
+        term.send('echo "$MY_INSIDE_SECRET|$(cat marker.txt)|$RV_GPUS|$SLURM_JOB_ID|$HF_HOME"\r')
         term.expect(re.escape(f"{SECRET}|from the snapshot|1|{job}|{layout.remote_root}/cache/hf"))
         assert queued(layout.ssh, job) == "RUNNING"
         term.send("exit 4\r")

@@ -142,10 +142,10 @@ def test_edit_after_submit_does_not_reach_the_job(run_rv, project):
 
 def test_secret_reaches_job_but_not_script_or_logs(run_rv, project, remote_root):
     secret = "s3cr3t-$HOME-`x`-'q'"
-    assert run_rv("env", "set", f"RV_TEST_SECRET={secret}").returncode == 0
+    assert run_rv("env", "set", f"MY_TEST_SECRET={secret}").returncode == 0
     listing = run_rv("env", "list")
-    assert secret not in listing.stdout and "RV_TEST_SECRET=" in listing.stdout
-    code = "import os,hashlib;print('sha', hashlib.sha256(os.environ['RV_TEST_SECRET'].encode()).hexdigest())"
+    assert secret not in listing.stdout and "MY_TEST_SECRET=" in listing.stdout
+    code = "import os,hashlib;print('sha', hashlib.sha256(os.environ['MY_TEST_SECRET'].encode()).hexdigest())"
     r = run_rv("run", "-g", "0", "--mem", "500M", "-f", "--", "python", "-c", code, cwd=project)
     assert r.returncode == 0, r.stderr
     import hashlib

@@ -186,7 +186,7 @@ import json, os, signal, sys, time
 ckpt = os.environ["RV_CHECKPOINT_DIR"]
 state = os.path.join(ckpt, "state.json")
 step = json.load(open(state))["step"] if os.path.exists(state) else 0
-print(f"start at step {step}, secret {os.environ.get('RV_TEST_SECRET', 'MISSING')}", flush=True)
+print(f"start at step {step}, secret {os.environ.get('MY_TEST_SECRET', 'MISSING')}", flush=True)
 while step < int(sys.argv[1]):
     time.sleep(0.5)
     step += 1
@@ -204,7 +204,7 @@ def scontrol(*args: str) -> subprocess.CompletedProcess:
 
 def test_scontrol_requeue_resumes_the_run_with_its_secrets(run_rv, remote_root, cluster, tmp_path):
     proj = git_project(tmp_path / "p", {"stepper.py": STEPPER})
-    assert run_rv("env", "set", "RV_TEST_SECRET=requeue-me").returncode == 0
+    assert run_rv("env", "set", "MY_TEST_SECRET=requeue-me").returncode == 0
     r = run_rv(
         "run", "-g", "0", "--mem", "200M", "--name", "rq", "--", "python3", "stepper.py", "40", cwd=proj
     )
@@ -274,7 +274,7 @@ def test_no_secrets_file_remains_after_any_way_a_run_can_end(
     run_rv, remote_root, cluster, tmp_path, v100_down
 ):
     proj = git_project(tmp_path / "p", {"stepper.py": STEPPER, "crash.py": CRASH})
-    assert run_rv("env", "set", "RV_TEST_SECRET=short-lived").returncode == 0
+    assert run_rv("env", "set", "MY_TEST_SECRET=short-lived").returncode == 0
     env = {**SLURM_ENV, "SLURM_CONF": cluster["SLURM_CONF"]}
 
     def secrets_of(name):

@@ -338,9 +338,9 @@ def test_api_snapshot_overlaps_its_query_and_survives_a_local_error(tmp_path, ss
 def job_work_dir(transport, remote_root: str, snapshot_id: str, dest: str) -> None:
     """What a job's script does to make its work dir from a snapshot: its own lines, run on the cluster."""
     from rv.layout import RemoteLayout
-    from rv.slurm.script import work_dir_lines
+    from rv.slurm.script import work_dir_script
 
-    script = "set -euo pipefail\n" + "\n".join(work_dir_lines(RemoteLayout(remote_root), snapshot_id))
+    script = "set -euo pipefail\n" + work_dir_script(RemoteLayout(remote_root), snapshot_id)
     transport.run(f"RV_WORK_DIR={shlex.quote(dest)} bash -c {shlex.quote(script)}").check("making a work dir")
 
 

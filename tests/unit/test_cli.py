@@ -107,7 +107,7 @@ def test_a_plain_command_on_two_nodes_is_refused_before_anything_is_sent(setup):
         env=env,
     )
     assert r.returncode == 0, r.stderr
-    assert '"$RV_JOB_DIR/rank-label.py" --exec --label "$SLURM_NODEID" python train.py' in r.stdout
+    assert '"$RV_RANK_LABEL" --exec --label "$SLURM_NODEID" python train.py' in r.stdout
 
 
 def test_share_with_group_reaches_the_job(setup, tmp_path):

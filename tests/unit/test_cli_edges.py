@@ -105,8 +105,7 @@ def test_output_paths_are_relative_to_the_folder_rv_run_is_typed_in(setup):
            cwd=repo / "exp", env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "\ncd exp\n" in r.stdout  # the program starts in exp/ ...
-    assert "rv_keep_output exp/out.txt\n" in r.stdout  # ... and so does -o out.txt
-    assert "rv_keep_output shared/x\n" in r.stdout
+    assert "rv_outputs=(exp/out.txt shared/x)\n" in r.stdout  # ... and so does -o out.txt
     r = rv(
         "run", "--dry-run", "-g", "0", "-o", "../../x", "--", "python", "eval.py", cwd=repo / "exp", env=env
     )

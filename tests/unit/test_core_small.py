@@ -61,7 +61,7 @@ def test_dotenv_and_env_file_round_trip_through_bash(tmp_path):
 
 def test_secret_store_mode_and_mask(tmp_path):
     store = SecretStore(tmp_path / "s.json")
-    store.set("TOKEN", "hf_abcdefghijkl")
+    store.set("TOKEN", "hf_abcdefghijkl", "mycluster")
     assert (tmp_path / "s.json").stat().st_mode & 0o777 == 0o600
     assert mask("hf_abcdefghijkl") == "hf******kl" and mask("short") == "*****"
-    assert store.remove("TOKEN") and not store.remove("TOKEN")
+    assert store.remove(["TOKEN"], "mycluster") == [] and store.remove(["TOKEN"], "mycluster") == ["TOKEN"]

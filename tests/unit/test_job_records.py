@@ -44,8 +44,8 @@ def test_run_store_resolves_name_run_id_job_id_and_prefix(tmp_path):
 
 
 def test_default_names_are_unique_per_run_and_from_parses():
-    assert default_run_name("train", "3f9a1c2d") == "train-3f9a"
-    assert default_run_name("x" * 80, "3f9a1c2d") == "x" * 59 + "-3f9a"
+    assert default_run_name("train", "3f9a1c2d") == "train-3f9a1c"
+    assert default_run_name("x" * 80, "3f9a1c2d") == "x" * 57 + "-3f9a1c"
     assert FromRun.parse("grpo-1a2b@300") == FromRun("grpo-1a2b", 300)
     assert FromRun.parse("1234") == FromRun("1234", None)
     with pytest.raises(UsageError, match="RUN@STEP"):

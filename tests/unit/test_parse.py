@@ -16,7 +16,6 @@ from rv.slurm.parse import (
     discover_catalog,
     expand_hostlist,
     gpu_availability,
-    in_flight_gpus_by_type,
     normalise_state,
     parse_allocations,
     parse_gres,
@@ -189,20 +188,6 @@ def test_squeue_handwritten_rivanna():
 def test_squeue_refuses_a_short_line():
     with pytest.raises(ValueError):
         parse_squeue("123|RUNNING|None\n")
-
-
-def test_in_flight_gpus_by_type_maps_partition_and_gres():
-    jobs = parse_squeue(captured("squeue_handwritten_rivanna.txt"))
-    assert in_flight_gpus_by_type(jobs, RIVANNA) == {"a6000": 8, "mig": 1}
-    assert in_flight_gpus_by_type(jobs, RIVANNA, include_pending=True) == {
-        "a6000": 8,
-        "a100": 8,  # gpu-a100-80 is the 80 GB "a100"; the gres type alone could not tell
-        "h200": 4,
-        "mig": 2,
-    }
-
-
-# --- sacct ----------------------------------------------------------------------------------------
 
 
 def test_sacct_captured_skips_steps_and_keeps_job_exit_codes():

@@ -2,10 +2,11 @@ from dataclasses import replace
 
 import pytest
 
-from rv.catalog import RIVANNA, GpuType
+from rv.catalog import RIVANNA, GpuType, Partition
 from rv.errors import UsageError
 from rv.request import (
     DEFAULT_SIGNAL_LEAD,
+    RequestError,
     build_request,
     default_name,
     parse_launcher,
@@ -138,17 +139,21 @@ def test_auto_split_over_the_fewest_nodes_when_even():
 def test_uneven_split_says_how():
     cat = {"g": GpuType("g", "p", "g", 8)}
     with pytest.raises(UsageError) as err:
-        build_request(cat, command=["python", "x.py"], gpus=9)
+        build_request(cat, command=["torchrun", "x.py"], gpus=9)
     e = err.value
     assert "-g 9 on g (8 per node)" in e.message and "2 nodes" in e.message
     assert e.hint == "use -g 8 (1 node) or -g 10 (2 nodes of 5) or --nodes 3 for 3 per node"
+    # A command without a launcher runs on one GPU unless told otherwise: only -g 1 would be taken.
+    with pytest.raises(UsageError) as err:
+        build_request(cat, command=["python", "x.py"], gpus=9)
+    assert err.value.hint == "use -g 1 (1 node)"
 
 
 def test_uneven_split_over_more_nodes():
     # 14 on 4-per-node: 4 nodes needed, 14 is not a multiple of 4; 7 nodes of 2 would do.
     with pytest.raises(UsageError) as err:
         req(gpus=14, gpu_type="v100")
-    assert err.value.hint == "use -g 12 (4 nodes of 3) or -g 16 (4 nodes of 4) or --nodes 7 for 2 per node"
+    assert err.value.hint == "use -g 12 (3 nodes of 4) or -g 16 (4 nodes of 4) or --nodes 7 for 2 per node"
 
 
 def test_explicit_nodes_must_divide_and_fit():
@@ -165,8 +170,8 @@ def test_more_nodes_than_the_type_has():
     cat = {"x": GpuType("x", "p", "x", 4, nodes=2)}
     with pytest.raises(UsageError) as err:
         build_request(cat, command=["torchrun", "x.py"], gpus=12)
-    assert "needs 3 nodes" in err.value.message and "has 2 x node(s)" in err.value.message
-    assert err.value.hint == "use -g 8 or less"
+    assert err.value.message == "-g 12: the cluster has 2 x node(s) of 4, 8 GPUs in all"
+    assert err.value.hint == "use -g 8 (2 nodes of 4)"
     assert build_request(cat, command=["torchrun", "x.py"], gpus=8).nodes == 2
 
 
@@ -188,13 +193,6 @@ def test_per_user_limit_alone_is_an_error():
     with pytest.raises(UsageError) as err:
         build_request(cat, command=["python", "x.py"], gpus=6)
     assert "at most 4 GPU(s) per user" in err.value.message
-
-
-def test_per_user_limit_with_running_jobs_is_a_warning():
-    r = req(gpus=4, gpu_type="h200", in_flight_gpus_by_type={"h200": 2})
-    assert len(r.warnings) == 1
-    assert "per-user limit of 4" in r.warnings[0] and "2" in r.warnings[0]
-    assert req(gpus=2, gpu_type="h200", in_flight_gpus_by_type={"h200": 2}).warnings == ()
 
 
 def test_time_over_type_max_names_the_max():
@@ -257,22 +255,40 @@ def test_default_name(command, name):
     assert default_name(command) == name
 
 
-def test_name_sanitised_with_warning():
-    r = req(gpu_type="a6000", name="my run/1 ü")
-    assert r.name == "my-run-1"
-    assert r.warnings and "'my run/1 ü'" in r.warnings[0]
+@pytest.mark.parametrize(
+    ("typed", "problem"),
+    [
+        ("lr 0.1", "characters a run name cannot have (' ')"),
+        ("lr/0.1", "characters a run name cannot have ('/')"),
+        ("lr?0.1", "characters a run name cannot have ('?')"),
+        ("ünï", "characters a run name cannot have ('ü', 'ï')"),
+        ("my run/1 ü", "(' ', '/', 'ü')"),
+        ("///", "('/')"),
+        ("-rf", "starts with '-'"),
+        (".hidden", "starts with '.'"),
+        ("x" * 65, "is 65 characters long, over the 64"),
+        ("", "is empty"),
+    ],
+)
+def test_a_name_that_cannot_be_used_as_typed_is_refused_saying_what_is_allowed(typed, problem):
+    err = usage_error(gpu_type="a6000", name=typed)
+    assert err.message.startswith(f"--name {typed!r} ") and problem in err.message
+    assert "ASCII letters, digits, '.', '_' and '-', at most 64" in err.hint
+
+
+def test_names_are_taken_exactly_as_typed_so_different_names_stay_different_runs():
+    typed = ["lr-0.1", "lr_0.1", "lr.0.1", "LR-0.1", "a" * 64, "a" * 63 + "b", "_x", "0"]
+    names = [req(gpu_type="a6000", name=n).name for n in typed]
+    assert names == typed and len(set(names)) == len(typed)
+    assert not req(gpu_type="a6000", name="lr-0.1").warnings
 
 
 @pytest.mark.parametrize(
     ("raw", "clean"),
     [("-rf", "rf"), ("..", ""), (".hidden", "hidden"), ("a" * 100, "a" * 64), ("ok.name_1-2", "ok.name_1-2")],
 )
-def test_sanitise_name(raw, clean):
+def test_sanitise_name_only_derives_default_names(raw, clean):
     assert sanitise_name(raw) == clean
-
-
-def test_name_with_nothing_usable():
-    assert "no usable characters" in usage_error(gpu_type="a6000", name="///").message
 
 
 # --- misplaced flags ----------------------------------------------------------------------------
@@ -628,3 +644,155 @@ def test_torchrun_ranks_follow_nproc():
 def test_run_path_warns_that_lines_are_not_labelled():
     r = req(gpus=2, gpu_type="v100", command=["torchrun", "--run-path", "t.py"])
     assert any("--run-path" in w and "cannot label" in w for w in r.warnings)
+
+
+# --- --setup lines are checked with bash -n (issue 28, item 8) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("}", "syntax error near unexpected token `}'"),
+        ("if true; then echo x", "syntax error"),
+        ("echo 'unterminated", "unexpected EOF"),
+        ("module load cuda }", None),  # a word, as bash reads it: valid
+    ],
+)
+def test_a_setup_line_bash_cannot_parse_is_refused_before_anything_is_sent(line, said):
+    setup = ("source ~/venv/bin/activate", line)
+    if said is None:
+        assert req(gpu_type="a6000", setup=setup).setup == setup
+        return
+    err = usage_error(gpu_type="a6000", setup=setup)
+    assert err.message.startswith(f"setup line {line!r} is not valid bash: ") and said in err.message
+
+
+def test_valid_bash_4_setup_lines_pass_the_check():
+    setup = ("cmd |& tee log", 'x="${HOSTNAME,,}"', "cat <<EOF >f\nhi\nEOF", "for i in 1 2; do :; done")
+    assert req(gpu_type="a6000", setup=setup).setup == setup
+
+
+def test_without_bash_or_with_bash_3_the_check_is_skipped(tmp_path, monkeypatch):
+    from rv.request import check_setup_syntax
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bash on this machine
+    assert req(gpu_type="a6000", setup=("}",)).setup == ("}",)
+    # macOS's /bin/bash 3.2 does not parse bash 4 syntax the cluster runs: its "no" is not final.
+    bash3 = tmp_path / "bash3"
+    bash3.write_text('#!/bin/sh\n[ "$1" = -c ] && { printf 3; exit 0; }\nexit 2\n')
+    bash3.chmod(0o755)
+    check_setup_syntax(["cmd |& tee log"], bash=str(bash3))
+
+
+def test_a_lookup_by_a_name_no_run_can_have_says_so():
+    from rv.names import lookup_hint
+
+    hint = lookup_hint("lr 0.1")
+    assert hint is not None and "no run can be named 'lr 0.1'" in hint and "'lr-0.1'" in hint
+    assert lookup_hint("lr-0.1") is None and lookup_hint("") is None
+
+
+# --- requests the cluster would never start, and proposals rv would accept (issue 28, item 6) -----
+
+# The loopback cluster's shape: two nodes of 2 a6000 each, in a partition with a 3-day limit, and a
+# default (CPU) partition of 2 nodes with a 3-day limit and at most 2 nodes per job.
+TWO_NODES = {"a6000": GpuType("a6000", "gpu-a6000", "a6000", 2, nodes=2)}
+PARTITIONS = {
+    "gpu-a6000": Partition("gpu-a6000", max_time="3-00:00:00", nodes=2),
+    "standard": Partition("standard", max_time="3-00:00:00", nodes=4, max_nodes=2, default=True),
+}
+
+
+def small(**kw):
+    kw.setdefault("command", ["torchrun", "train.py"])
+    return build_request(TWO_NODES, partitions=PARTITIONS, **kw)
+
+
+def refused(**kw) -> RequestError:
+    with pytest.raises(RequestError) as err:
+        small(**kw)
+    return err.value
+
+
+@pytest.mark.parametrize("time", ["4d", "3-00:00:01", "99999999d"])
+def test_a_cpu_only_job_over_its_partitions_time_limit_is_refused(time):
+    with pytest.raises(UsageError) as caught:
+        small(gpus=0, time=time, command=["python", "x.py"])
+    err = caught.value
+    if time == "99999999d":  # Slurm would wrap it to some 8,000 years without a word
+        assert "more than Slurm can hold" in err.message
+        assert (
+            "more than Slurm can hold" in usage_error(gpus=0, time=time, command=["python", "x.py"]).message
+        )
+    else:
+        assert "over the limit of partition standard (the default, where CPU-only jobs go), 3-00:00:00" in (
+            err.message
+        )
+        assert err.hint == "use --time 3-00:00:00 or less"
+    assert small(gpus=0, time="3d", command=["python", "x.py"]).time_seconds == 3 * 86400
+
+
+def test_a_gpu_job_over_its_partitions_time_limit_is_refused():
+    err = refused(gpus=1, time="5d")
+    assert "partition gpu-a6000" in err.message and err.suggestions == ({"time": "3-00:00:00"},)
+
+
+def test_more_nodes_than_the_partition_has_or_allows_is_refused():
+    err = refused(gpus=0, nodes=3, command=["python", "x.py"], each_node=True)
+    assert "--nodes 3: partition standard (the default, where CPU-only jobs go) allows 2 node(s) per job" in (
+        err.message
+    )
+    assert err.hint == "use --nodes 2"
+
+
+def test_the_uneven_split_hint_proposes_only_what_fits_the_cluster():
+    # The issue's case: -g 5 on two nodes of 2 proposed -g 6 and --nodes 5, both refused next.
+    err = refused(gpus=5, gpu_type="a6000")
+    assert err.hint == "use -g 4 (2 nodes of 2)"
+    assert err.suggestions == ({"gpus": 4},)
+
+
+FAILING = [
+    dict(gpus=5),
+    dict(gpus=3),
+    dict(gpus=7, nodes=2),
+    dict(gpus=3, nodes=2),
+    dict(gpus=6, nodes=1),
+    dict(gpus=4, nodes=3),
+    dict(gpus=9),
+    dict(gpus=1, time="4d"),
+    dict(gpus=5, time="4d"),
+    dict(gpus=0, time="4d", command=["python", "x.py"]),
+    dict(gpus=0, nodes=3, command=["python", "x.py"], each_node=True),
+    dict(gpus=0, nodes=9, command=["python", "x.py"], each_node=True),
+    dict(gpus=3, command=["python", "x.py"]),
+    dict(gpus=5, command=["python", "x.py"], allow_single_process=True),
+]
+
+
+@pytest.mark.parametrize("asked", FAILING, ids=lambda a: " ".join(f"{k}={v}" for k, v in a.items()))
+def test_every_proposal_rv_makes_is_a_request_rv_accepts(asked):
+    """Each refusal's proposals, run through the same validation, are accepted: none is refused next."""
+    err = refused(**asked)
+    assert err.hint, err.message  # a refusal with proposals to make says something to do
+    for change in err.suggestions:
+        accepted = small(**{**asked, **change})
+        assert accepted.name, (asked, change)
+    # The same figures the hint shows are the ones tried.
+    for change in err.suggestions:
+        for value in change.values():
+            assert str(value) in err.hint
+
+
+@pytest.mark.parametrize(
+    ("gpu_type", "gpus", "nodes"),
+    [("a6000", 9, None), ("a6000", 16, None), ("h200", 5, None), ("v100", 5, None), ("rtx3090", 3, None),
+     ("a100", 12, None), ("a6000", 63, 5), ("a6000", 6, 4), ("v100", 6, 1), ("a40", 7, 2)],
+)  # fmt: skip
+def test_every_proposal_on_the_builtin_catalog_is_accepted_too(gpu_type, gpus, nodes):
+    asked = {"command": ["torchrun", "x.py"], "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes}
+    with pytest.raises(RequestError) as err:
+        build_request(RIVANNA, **asked)
+    assert err.value.suggestions, err.value.message
+    for change in err.value.suggestions:
+        build_request(RIVANNA, **{**asked, **change})

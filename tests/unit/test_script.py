@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -32,9 +33,11 @@ from hypothesis import strategies as st
 
 from rv.catalog import RIVANNA, GpuType
 from rv.errors import ConfigError, UsageError
+from rv.placement import build_placement
 from rv.request import build_request
+from rv.secrets import render_env_file
 from rv.slurm.launch import program_line
-from rv.slurm.script import ScriptContext, render_script
+from rv.slurm.script import JOB_RUNTIME, ScriptContext, render_script, runtime_files
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -111,8 +114,9 @@ GOLDEN_CASES = {
 
 @pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
 def test_golden(case):
-    req, context = GOLDEN_CASES[case]()
-    text = render_script(req, context)
+    req, ctx_ = GOLDEN_CASES[case]()
+    # The runtime's name holds a hash of job.sh: a change there is not a change of every golden file.
+    text = re.sub(r"/runtime/(job|rank-label)-[0-9a-f]{16}\.", r"/runtime/\1-HASH.", render_script(req, ctx_))
     path = GOLDEN / f"{case}.sh"
     if os.environ.get("RV_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,6 +129,23 @@ def test_golden(case):
 def test_golden_is_valid_bash(case):
     result = subprocess.run([BASH, "-n", str(GOLDEN / f"{case}.sh")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_golden_and_runtime_pass_shellcheck():
+    # scripts/test installs shellcheck and also runs it over every shell file of the project.
+    assert shutil.which("shellcheck"), (
+        "shellcheck is missing: scripts/test installs it (apt-get install shellcheck)"
+    )
+    result = subprocess.run(
+        ["shellcheck", "-s", "bash", str(JOB_RUNTIME), *map(str, sorted(GOLDEN.glob("*.sh")))],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout
+
+
+def test_a_two_node_torchrun_script_is_short():
+    req, context = GOLDEN_CASES["a6000_torchrun_2node"]()
+    assert len(render_script(req, context).splitlines()) <= 120
 
 
 # --- directives ---------------------------------------------------------------------------------
@@ -284,7 +305,7 @@ python3 -c 'import json, os, sys
 json.dump({"argv": sys.argv[2:], "env": dict(os.environ)}, open(sys.argv[1], "w"))' \
     "$RV_TEST_OUT/sbatch-$n.json" "$@"
 [ -n "${FAKE_SBATCH_FAIL:-}" ] && { echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1; }
-echo "${FAKE_NEXT_JOB:-5001};cluster"
+echo "$((${FAKE_NEXT_JOB:-5001} + n));cluster"
 """,
     "scancel": r"""#!/bin/bash
 printf '%s\n' "$*" >> "$RV_TEST_OUT/scancel.log"
@@ -331,6 +352,11 @@ class Sandbox:
             path.chmod(0o555)
         self.snapshot = snap
         self.run_dir = self.root / "runs" / RUN
+        # The job's runtime where the batch script sources it, as rv run-submit places it.
+        (self.root / "runtime").mkdir()
+        for name, text in runtime_files().items():
+            (self.root / "runtime" / name).write_text(text)
+            (self.root / "runtime" / name).chmod(0o500)
         for name, text in STUBS.items():
             (self.stubs / name).write_text(text)
             (self.stubs / name).chmod(0o755)
@@ -467,7 +493,7 @@ def test_srun_one_task_per_node_with_per_node_logs(box):
     )
     logs = box.run_dir / "logs"
     assert f"--output={logs}/%j-node%n.out --error={logs}/%j-node%n.err" in line
-    assert line.endswith("bash -c rv_task")
+    assert line.endswith('bash -c rv_task "$@" rv-task 1 1')  # labelled ranks under a launcher
 
 
 def program(code: str) -> list[str]:
@@ -549,6 +575,38 @@ def test_secrets_are_loaded_and_removed_when_the_run_ends(box):
     assert '"hf_s3cr3t value"' in result.stdout.decode()
     assert not secrets.exists()
     assert "s3cr3t" not in (box.run_dir / "submit.env").read_text()
+
+
+def test_a_secret_never_overrides_what_rv_or_the_jobs_shell_own(box):
+    # rv env refuses such names; a secrets file that has them anyway (written by an older rv) must not
+    # break the job: they are ignored with a warning, rv's values and PATH stay, the others arrive.
+    secrets = box.run_dir / "secrets.env"
+    secrets.write_text(
+        render_env_file({"PATH": "/nonexistent", "RV_RUN_NAME": "hijacked", "MY_TOKEN": "t0k"})
+    )
+    secrets.chmod(0o600)
+    code = "import os, json; print(json.dumps([os.environ['RV_RUN_NAME'], os.environ['MY_TOKEN']]))"
+    req = build_request(CATALOG, command=program(code), gpus=0, name="mine")
+    result, _ = box.run(render_script(req, box.ctx(has_secrets=True)))
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    assert '["mine", "t0k"]' in result.stdout.decode()
+    assert "rv: warning: secret PATH ignored" in err and "secret RV_RUN_NAME ignored" in err
+    assert "MY_TOKEN ignored" not in err
+
+
+def test_a_step_before_the_program_that_fails_is_recorded_with_its_error(box):
+    # The checkpoint folder cannot be made (a file is in the way): the record names the step and
+    # the error, and the run ends as failed, not as lost.
+    (box.root / "checkpoints").write_text("a file where a folder should be\n")
+    req = build_request(CATALOG, command=["true"], gpus=0, name="mine")
+    result, _ = box.run(render_script(req, box.ctx()))
+    assert result.returncode == 1
+    reason = box.ended()["reason"]
+    assert reason.startswith(
+        "failed before the program started: making the checkpoint and output folders: mkdir"
+    )
+    assert box.record()["state"] == "ended" and box.record()["reason"] == reason
 
 
 def test_the_programs_environment_is_saved_for_rv_ssh_and_gone_with_the_job(box):
@@ -735,7 +793,9 @@ def test_stop_written_while_submitting_cancels_the_new_segment(box):
     # between must cancel that successor itself.
     stub = box.stubs / "sbatch"
     stub.write_text(
-        stub.read_text().replace('echo "${FAKE_NEXT_JOB', f'touch {box.run_dir}/STOP; echo "${{FAKE_NEXT_JOB')
+        stub.read_text().replace(
+            'echo "$((${FAKE_NEXT_JOB', f'touch {box.run_dir}/STOP; echo "$((${{FAKE_NEXT_JOB'
+        )
     )
     box.run(stopper(box), FAKE_END_IN="30")
     assert (box.out / "scancel.log").read_text() == "5001\n"
@@ -961,11 +1021,13 @@ def test_the_stop_watcher_ends_with_the_program_however_soon_and_leaves_nothing_
     # for a minute (a flaky hang of the property tests above), and under load bash 5.2 lost the trap
     # itself, so the watcher lived on and rv_task waited for it. The watcher and rv_task's lines
     # that end it, thousands of times, run into neither.
-    script = render_script(build_request(CATALOG, command=["python", "t.py"], gpu_type="a6000"), box.ctx())
-    lines = script.splitlines()
+    lines = JOB_RUNTIME.read_text().splitlines()
     start = lines.index(next(line for line in lines if line.startswith("rv_stop_watch() {")))
     watcher = "\n".join(lines[start : lines.index("}", start) + 1])
-    (end_it,) = [line.strip() for line in lines if 'wait "$watcher"' in line]
+    end_it = "; ".join(
+        line.strip() for line in lines if '"$watcher"' in line and line.strip().startswith(("kill", "wait"))
+    )
+    assert end_it.count("$watcher") == 2, end_it
     loop = f"for i in $(seq 3000); do rv_stop_watch 1 & watcher=$!; {end_it}; done"
     bindir = tmp_path / "bin"  # no squeue: the watcher waits its full minute between questions
     bindir.mkdir()
@@ -983,6 +1045,117 @@ def test_the_stop_watcher_ends_with_the_program_however_soon_and_leaves_nothing_
 
 def test_the_job_and_the_agent_agree_on_the_bound_of_a_chain_of_layers():
     from rv.agent import store
-    from rv.slurm import script
 
-    assert script.CHAIN_BROKEN == store.CHAIN_BROKEN
+    assert f"RV_CHAIN_BROKEN={store.CHAIN_BROKEN}\n" in JOB_RUNTIME.read_text()
+
+
+def test_the_job_writes_its_records_in_the_one_format(box):
+    from rv.agent.segment import ENDED_FIELDS, SEGMENT_FIELDS, segment_record
+
+    result, _ = box.run(render_script(build_request(CATALOG, command=["true"], gpus=0), box.ctx()))
+    assert result.returncode == 0, result.stderr
+    record = json.loads((box.run_dir / "seg" / "1.json").read_text())
+    assert tuple(record) == SEGMENT_FIELDS  # the job's writer: the same keys, in the same order
+    assert tuple(json.loads((box.run_dir / "ENDED").read_text())) == ENDED_FIELDS
+    assert tuple(segment_record(2, "7", "ended", "cancelled by rv stop", 1.0)) == SEGMENT_FIELDS
+
+
+def test_the_job_and_the_contract_agree_on_the_precision_rule():
+    from rv.contract import BF16_MIN_MAJOR
+
+    assert f'"${{RV_GPU_CC%%.*}}" -ge {BF16_MIN_MAJOR} ]' in JOB_RUNTIME.read_text()
+
+
+def test_the_job_refuses_the_secret_names_rv_env_refuses():
+    from rv.secrets import RESERVED_GLOBS
+
+    text = JOB_RUNTIME.read_text()
+    body = text[text.index("rv_reserved_name() {") :]
+    pattern = body[body.index('case "$1" in') + len('case "$1" in') : body.index(")\n")]
+    globs = {g.strip() for g in pattern.replace("\\\n", " ").split("|")}
+    assert globs == {*RESERVED_GLOBS, "rv_*"}
+
+
+# --- a run sent once per GPU type -----------------------------------------------------------------
+
+RAN = """
+import os
+with open(os.path.join(os.environ["RV_TEST_OUT"], "ran.txt"), "a") as f:
+    f.write(os.environ["SLURM_JOB_ID"] + "\\n")
+"""
+
+
+def test_the_first_job_of_a_segment_sent_per_type_takes_it_and_the_other_never_runs_the_program(box):
+    req = build_request(CATALOG, command=program(RAN), gpu_type="a6000", name="r")
+    (box.run_dir / "seg" / "1.candidates").write_text("7001 a6000\n7002 v100\n")
+    script = render_script(req, box.ctx())
+    first, _ = box.run(script, JOB_ID="7002")  # the v100 job starts first
+    assert first.returncode == 0, first.stderr.decode()
+    assert (box.out / "ran.txt").read_text() == "7002\n"
+    assert (box.out / "scancel.log").read_text() == "7001\n"  # the other one, cancelled
+    assert (box.run_dir / "seg" / "1.job").read_text() == "7002\n" and box.record()["job_id"] == "7002"
+    second, _ = box.run(script, JOB_ID="7001")  # the a6000 job starts anyway (scancel came late)
+    assert second.returncode == 0 and "ends without running the program" in second.stdout.decode()
+    assert (box.out / "ran.txt").read_text() == "7002\n"  # once
+    assert box.record()["job_id"] == "7002" and not (box.run_dir / "jobs" / "7001").exists()
+    # Slurm requeues the job that took it: the claim is its own, the program runs again as a requeue.
+    again, _ = box.run(script, JOB_ID="7002", SLURM_RESTART_COUNT="1")
+    assert again.returncode == 0 and (box.out / "ran.txt").read_text() == "7002\n7002\n"
+
+
+def test_the_next_segment_of_a_run_sent_per_type_is_sent_per_type_again(box):
+    script = stopper(box)
+    for name in ("job.1.sbatch", "job.2.sbatch"):
+        (box.run_dir / name).write_text(script)
+    (box.run_dir / "candidates").write_text("job.1.sbatch a6000\njob.2.sbatch v100\n")
+    result, job_id = box.run(script, FAKE_END_IN="30")
+    assert result.returncode == 0, result.stderr.decode()
+    calls = [c["argv"] for c in box.sbatch_calls()]
+    assert [c[-1] for c in calls] == [str(box.run_dir / "job.1.sbatch"), str(box.run_dir / "job.2.sbatch")]
+    assert all(f"--dependency=afterany:{job_id}" in c for c in calls)
+    assert (box.run_dir / "seg" / "2.candidates").read_text() == "5001 a6000\n5002 v100\n"
+    assert (box.run_dir / "seg" / "2.job").read_text() == "5001\n"
+
+
+# --- a GPU that fails under the program ------------------------------------------------------------
+
+# Saves, then dies of a GPU fault. Slurm would write its stderr into the job's log; the sandbox has
+# no Slurm, so the program appends the line there itself.
+FAULTY = """
+import os, sys
+d = os.environ["RV_CHECKPOINT_DIR"]
+os.makedirs(os.path.join(d, "step_10"), exist_ok=True)
+open(os.path.join(d, "step_10", "COMPLETE"), "w").close()
+log = os.path.join(os.environ["RV_RUN_DIR"], "logs", os.environ["SLURM_JOB_ID"] + ".err")
+with open(log, "a") as f:
+    f.write("Traceback (most recent call last):\\nRuntimeError: CUDA error: unknown error\\n")
+sys.exit(1)
+"""
+
+
+def test_a_gpu_fault_continues_the_run_without_that_node_a_bounded_number_of_times(box):
+    req = build_request(CATALOG, command=program(FAULTY), gpu_type="a6000", name="r")
+    place = build_placement(exclude="node9", max_fault_retries=1)
+    script = render_script(req, box.ctx(placement=place))
+    first, _ = box.run(script, SLURMD_NODENAME="node1")
+    assert first.returncode == 1
+    reason = box.record()["reason"]
+    assert reason == (
+        "gpu fault on node1 (RuntimeError: CUDA error: unknown error): continued without node1 "
+        "(fault retry 1/1)"
+    )
+    (call,) = box.sbatch_calls()
+    assert "--exclude=node1,node9" in call["argv"]  # the fault's node and the user's own
+    assert box.ended() is None and (box.run_dir / "faults").read_text().startswith("1\tnode1\t")
+    # The same fault again: no retries left, the run ends as crashed.
+    second, _ = box.run(script, RV_SEGMENT="2", JOB_ID="5001", SLURMD_NODENAME="node2")
+    assert second.returncode == 1
+    assert box.ended()["reason"].startswith("crashed: gpu fault on node2") and len(box.sbatch_calls()) == 1
+    assert "no fault retries left (--max-fault-retries 1)" in box.ended()["reason"]
+
+
+def test_a_plain_crash_never_continues(box):
+    req = build_request(CATALOG, command=program("import sys; print('ValueError: bad'); sys.exit(3)"),
+                        gpu_type="a6000", name="r")  # fmt: skip
+    result, _ = box.run(render_script(req, box.ctx()))
+    assert result.returncode == 3 and box.ended()["reason"] == "crashed" and box.sbatch_calls() == []

@@ -28,7 +28,7 @@ from rv.errors import RemoteError, UsageError
 from rv.job.cleanup import collect_garbage
 from rv.layout import RemoteLayout
 from rv.listing import blob_id
-from rv.slurm.script import work_dir_lines
+from rv.slurm.script import work_dir_script
 from rv.snapshot import make_snapshot, prepare_snapshot
 from rv.transport import LocalTransport
 from rv.treecache import StoreCache, TreeCache
@@ -91,7 +91,7 @@ def objects_are_sound(layout: RemoteLayout) -> int:
 
 def job_copy(layout: RemoteLayout, sid: str, dest: Path) -> Path:
     """The work dir a job makes of snapshot ``sid`` (full or a layer), by the job script's own lines."""
-    script = "set -euo pipefail\n" + "\n".join(work_dir_lines(layout, sid))
+    script = "set -euo pipefail\n" + work_dir_script(layout, sid)
     subprocess.run(["bash", "-c", script], env={**os.environ, "RV_WORK_DIR": str(dest)}, check=True)
     return dest
 
@@ -367,6 +367,33 @@ def test_gc_keeps_live_and_recent_runs_and_frees_exactly_what_it_reports(tmp_pat
     # A snapshot made again after gc is rebuilt from scratch, correctly.
     again = snapshot_of(t, layout, repo, {"v.txt": "old, unused\n"})
     assert again.id == old.id and again.created
+
+
+def test_gc_removes_runtime_files_only_when_no_run_sources_them(tmp_path, layout, fake_squeue):
+    t = gc_transport(tmp_path)
+    runtime = Path(layout.runtime)
+    runtime.mkdir(parents=True)
+    names = {
+        "live": "job-" + "a" * 16 + ".sh",
+        "done": "job-" + "b" * 16 + ".sh",
+        "young": "job-" + "c" * 16 + ".sh",
+    }
+    for name in names.values():
+        (runtime / name).write_text("# a runtime\n")
+        if name != names["young"]:
+            os.utime(runtime / name, (time.time() - 86400,) * 2)
+    fake_run(layout, "live0001", "still-going", "nosnapshot", "101", ended_days=None)
+    fake_run(layout, "done0001", "finished", "nosnapshot", "102", ended_days=20)
+    for run_id, which in (("live0001", "live"), ("done0001", "done")):
+        script = f". {layout.runtime_file(names[which])}\n"
+        (Path(layout.run_dir(run_id)) / "job.sbatch").write_text(script)
+    fake_squeue.write_text("101|RUNNING|None\n")
+    dry = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=True)
+    assert dry["runtime_removed"] == [names["done"]] and (runtime / names["done"]).exists()
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    # The live run's runtime stays, the removed run's goes, a new one (a submit in progress) stays.
+    assert report["runtime_removed"] == [names["done"]]
+    assert sorted(p.name for p in runtime.iterdir()) == sorted([names["live"], names["young"]])
 
 
 def test_gc_keeps_checkpoints_without_the_flag(tmp_path, layout, fake_squeue):

@@ -1,0 +1,777 @@
+# shellcheck shell=bash disable=SC2154
+# (SC2154: the batch script sets the job's values, rv_cache and friends, before sourcing this file.)
+# rv's job runtime: what every job rv submits does, as one shell file.
+#
+# rv ships this file into the remote root once per content (<root>/runtime/job-<hash>.sh, read-only)
+# and each job's batch script (rv.slurm.script: #SBATCH lines, the job's values, the user's setup
+# lines and command) sources it. It defines functions and constants only; the batch script calls
+#
+#   rv_begin      the run and segment, the exit handler, secrets, rv's environment, the work dir
+#   (setup)       the user's --setup lines and rv's env-build hook, at the batch script's top level
+#   rv_start      GPU and precision, the first node, the job's environment file, the segment's record
+#   rv_launch     one srun task per node running rv_task (the program and the stop watcher); exits
+#
+# A run is a chain of segments, each one Slurm job running the same batch script. The job itself
+# keeps the run's records and decides whether the run goes on, so closing the laptop stops nothing:
+#
+# * Records: seg/<k>.job (the job id, written first), seg/<k>.json (the segment's record, written at
+#   its start and rewritten at its end; its fields are rv.agent.segment's), ENDED (the run's end).
+# * The end of a segment (EXIT trap): from the program's exit code, the PREEMPTED marker, whether
+#   rv sent the stop signal, rv stop's STOP file and what scontrol says (time limit, requeue,
+#   preemption), why the segment ended; the next segment is submitted when the program stopped
+#   cleanly with progress, otherwise the run ends: ENDED, and no more secrets.
+# * No #SBATCH --signal: Slurm's warning signal reaches every process of a step, and Python's
+#   default for SIGUSR1 is to die. rv's stop watcher sends RV_STOP_SIGNAL RV_STOP_LEAD seconds before
+#   the limit to the program's processes that handle it (never to a torchrun agent), and to none
+#   when none does.
+#
+# The batch script sets, before sourcing (plain variables; rv_begin exports the RV_* ones once the
+# submit environment is saved): RV_RUN_DIR RV_RUN_ID RV_RUN_NAME RV_MAX_SEGMENTS RV_CHECKPOINT_DIR
+# RV_OUTPUT_DIR RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL RV_STOP_LEAD,
+# and rv_cache (the cache root), rv_snapshots (the store's snapshots), rv_gpu_type and rv_gpu_cc
+# (the catalog's compute capability: the fallback when nvidia-smi says nothing; both empty for a
+# CPU job), rv_secrets (1: the run has a secrets file), rv_labeled (1: ranks' lines are labelled),
+# rv_launcher (1: a launcher starts ranks as $PYTHON_EXEC), rv_outputs (array: -o paths),
+# RV_RANK_LABEL (the labeller, with rv_labeled), rv_exclude (the user's --exclude, kept when a fault
+# excludes more) and rv_max_fault_retries. The program is the function rv_program.
+#
+# A run over several GPU types: the submitter sends one job per type and lists them in
+# seg/<k>.candidates ("JOB TYPE" lines); the run folder's `candidates` file names each type's batch
+# script. The first of them to start takes the segment (rv_claim) and cancels the others.
+#
+# Style: no `set -x` anywhere (secrets are in this environment); every variable of rv's own starts
+# with rv_ or RV_; every command that can fail before the program runs goes through rv_try, so the
+# record says which step failed and why.
+
+# More links under a layer than this: a loop or a damaged store (rv.agent.store.CHAIN_BROKEN).
+RV_CHAIN_BROKEN=32
+# MASTER_PORT = base + job id % span: ports 15000-29999, below Linux's ephemeral range (32768+), so a
+# port picked for a job is never one the kernel handed to some client socket.
+RV_MASTER_PORT_BASE=15000
+RV_MASTER_PORT_SPAN=15000
+RV_MARKER=PREEMPTED
+RV_JOB_ENV_FILE=env.sh
+
+# --- the start: run, segment, exit handler -------------------------------------------------------
+
+rv_begin() {
+    export RV_SEGMENT="${RV_SEGMENT:-1}"
+    rv_claim
+    RV_JOB_DIR="$RV_RUN_DIR/jobs/$SLURM_JOB_ID"
+    rv_attempt="${SLURM_RESTART_COUNT:-0}"
+    rv_started=$(date +%s)
+    rv_program_ran=0 rv_got_term=0 rv_failed_at='' rv_exit_code=0 rv_stop_sent=false
+    # Without these two folders there is nowhere to write a record: the one step before the handler.
+    mkdir -p -- "$RV_JOB_DIR" "$RV_RUN_DIR/seg"
+    printf '%s\n' "$SLURM_JOB_ID" >"$RV_RUN_DIR/seg/$RV_SEGMENT.job"
+    rv_save_submit_env
+    export RV_RUN_DIR RV_RUN_ID RV_RUN_NAME RV_MAX_SEGMENTS RV_JOB_DIR RV_CHECKPOINT_DIR RV_OUTPUT_DIR \
+        RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL RV_STOP_LEAD
+    export RV_WORK_DIR="$RV_RUN_DIR/work"
+    # The exit handler is in place before any step that can fail: every end is recorded.
+    trap rv_on_exit EXIT
+    # scancel and the time limit send TERM; before the program runs that ends the script, after it
+    # the script waits for srun to return the program's own exit code.
+    trap 'rv_got_term=1; [ "$rv_program_ran" = 1 ] || exit 143' TERM
+    trap 'rv_got_term=1; [ "$rv_program_ran" = 1 ] || exit 130' INT
+    trap 'rv_got_term=1; [ "$rv_program_ran" = 1 ] || exit 129' HUP
+    rv_load_secrets
+    rv_environment
+    rv_try "making the checkpoint and output folders" mkdir -p -- "$RV_CHECKPOINT_DIR" "$RV_OUTPUT_DIR"
+    rv_work_dir
+    cd -- "$RV_WORK_DIR" || rv_fail "cannot enter the work dir $RV_WORK_DIR"
+}
+
+# A segment submitted once per GPU type is taken by the first of its jobs to start: one atomic symlink,
+# seg/<k>.claim -> its job id. The taker cancels the others; a job that starts and finds the segment
+# taken ends at once, before anything of the run is touched: the program never runs twice. Slurm may
+# requeue the taker: the claim is then its own.
+rv_claim() {
+    local seg="$RV_RUN_DIR/seg/$RV_SEGMENT" owner others
+    [ -e "$seg.candidates" ] || return 0
+    if ln -s -- "$SLURM_JOB_ID" "$seg.claim" 2>/dev/null; then
+        printf '%s\n' "$SLURM_JOB_ID" >"$seg.job"
+        others="$(awk -v me="$SLURM_JOB_ID" '$1 != me { print $1 }' "$seg.candidates")"
+        # shellcheck disable=SC2086  # job ids, one word each
+        [ -z "$others" ] || scancel $others 2>/dev/null || :
+        echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT: job $SLURM_JOB_ID (${rv_gpu_type:-CPU}) started first;" \
+            "cancelled the others: ${others//$'\n'/ }"
+        return 0
+    fi
+    owner="$(readlink -- "$seg.claim")" || owner=""
+    [ "$owner" != "$SLURM_JOB_ID" ] || return 0
+    echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT runs as job ${owner:-?}: this copy" \
+        "(job $SLURM_JOB_ID, ${rv_gpu_type:-CPU}) ends without running the program"
+    exit 0
+}
+
+# Variables Slurm sets per job: the saved submit environment leaves them out, or the next segment
+# would inherit this one's (srun refuses SLURM_MEM_PER_CPU and SLURM_MEM_PER_NODE together).
+rv_save_submit_env() {
+    # The environment the run was submitted with, saved once before rv adds to it (no secrets yet):
+    # later segments are submitted with exactly this.
+    [ ! -e "$RV_RUN_DIR/submit.env" ] || return 0
+    local v
+    {
+        for v in $(compgen -e); do
+            case "$v" in
+                SLURM_CONF) ;;
+                SLURM_* | SLURMD_* | CUDA_VISIBLE_DEVICES | GPU_DEVICE_ORDINAL | ROCR_VISIBLE_DEVICES | \
+                    ENVIRONMENT | RV_SEGMENT | PWD | OLDPWD | SHLVL | _) continue ;;
+            esac
+            declare -p "$v"
+        done
+        declare -fx
+    } >"$RV_RUN_DIR/submit.env.tmp"
+    mv -f -- "$RV_RUN_DIR/submit.env.tmp" "$RV_RUN_DIR/submit.env"
+}
+
+# rv_try WHAT COMMAND...: run a step before the program; on failure record WHAT and its error, exit.
+# The command runs in a subshell (its output is captured): never one that must change this shell.
+rv_try() {
+    local what="$1" out rc=0
+    shift
+    out="$("$@" 2>&1)" || rc=$?
+    [ -z "$out" ] || printf '%s\n' "$out" >&2
+    if [ "$rc" != 0 ]; then
+        out="${out//$'\n'/ }"
+        rv_failed_at="$what: ${out:-exit code $rc}"
+        echo "rv: $rv_failed_at" >&2
+        exit 1
+    fi
+}
+
+# rv_fail WHAT: a step found something wrong (no command to blame): record it and exit.
+rv_fail() {
+    rv_failed_at="$1"
+    echo "rv: $rv_failed_at" >&2
+    exit 1
+}
+
+# --- secrets -------------------------------------------------------------------------------------
+
+# Uploaded with mode 0600 before sbatch, never written into any script; present in every segment and
+# requeue, removed when the run ends. rv's own variables and the ones that run the job cannot be
+# secrets (rv env refuses them): one that slipped through (a secrets file of an older rv) is ignored
+# with a warning, so a secret never overrides what rv sets.
+rv_load_secrets() {
+    [ "${rv_secrets:-0}" = 1 ] || return 0
+    [ -r "$RV_RUN_DIR/secrets.env" ] || rv_fail "the secrets file $RV_RUN_DIR/secrets.env is missing"
+    local line name
+    while IFS= read -r line || [ -n "$line" ]; do
+        case "$line" in export\ *=*) ;; *) continue ;; esac
+        name="${line#export }"
+        name="${name%%=*}"
+        if rv_reserved_name "$name"; then
+            echo "rv: warning: secret $name ignored: rv, Slurm or the job's shell own that name" >&2
+        fi
+    done <"$RV_RUN_DIR/secrets.env"
+    local saved
+    saved="$(rv_reserved_state)"
+    set -a
+    # shellcheck disable=SC1091  # written by rv at submission
+    . "$RV_RUN_DIR/secrets.env" || rv_fail "the secrets file $RV_RUN_DIR/secrets.env could not be read"
+    set +a
+    rv_unset_reserved
+    eval "$saved"
+}
+
+# rv_reserved_name NAME: true for names rv or Slurm own and the ones that run the job: rv.secrets's
+# RESERVED (a unit test keeps the two equal), and rv_* (this file's own).
+rv_reserved_name() {
+    case "$1" in
+        RV_* | SLURM_* | SLURMD_* | SRUN_* | SBATCH_* | SALLOC_* | SQUEUE_* | SACCT_* | SINFO_* | \
+            PMI_* | PMIX_* | MASTER_ADDR | MASTER_PORT | WORLD_SIZE | RANK | LOCAL_RANK | \
+            LOCAL_WORLD_SIZE | NODE_RANK | GROUP_RANK | ROLE_RANK | TORCHELASTIC_* | \
+            ACCELERATE_MIXED_PRECISION | CUDA_VISIBLE_DEVICES | ROCR_VISIBLE_DEVICES | \
+            HIP_VISIBLE_DEVICES | GPU_DEVICE_ORDINAL | PATH | HOME | USER | LOGNAME | SHELL | PWD | \
+            OLDPWD | TMPDIR | IFS | ENV | BASH_ENV | BASHOPTS | SHELLOPTS | CDPATH | GLOBIGNORE | \
+            PS4 | _ | LD_* | PYTHON* | VIRTUAL_ENV | rv_*)
+            return 0 ;;
+    esac
+    return 1
+}
+
+# The reserved variables now set, as `declare` lines that set them again (global, exported as now).
+rv_reserved_state() {
+    local v
+    for v in $(compgen -v); do
+        if ! rv_reserved_name "$v" || rv_shell_own "$v"; then continue; fi
+        declare -p "$v" 2>/dev/null | sed '1s/^declare /declare -g /'
+    done
+}
+
+# Variables bash itself keeps (read-only, or rewritten by every command): never saved or unset.
+rv_shell_own() {
+    case "$1" in
+        BASH_ENV) return 1 ;;
+        BASH | BASH_* | BASHOPTS | SHELLOPTS | UID | EUID | PPID | FUNCNAME | _) return 0 ;;
+    esac
+    return 1
+}
+
+rv_unset_reserved() {
+    local v
+    for v in $(compgen -v); do
+        if ! rv_reserved_name "$v" || rv_shell_own "$v"; then continue; fi
+        case "$v" in rv_*) continue ;; esac
+        unset "$v" 2>/dev/null || :
+    done
+}
+
+# --- rv's environment ----------------------------------------------------------------------------
+
+rv_environment() {
+    # Unbuffered, or logs arrive minutes late.
+    export PYTHONUNBUFFERED=1 SLURM_UNBUFFEREDIO=1
+    # Caches on scratch: the home quota fills up. A value already set by the user wins.
+    export HF_HOME="${HF_HOME:-$rv_cache/hf}"
+    export TORCH_HOME="${TORCH_HOME:-$rv_cache/torch}"
+    export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$rv_cache/triton}"
+    export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$rv_cache/pip}"
+    export WANDB_DIR="${WANDB_DIR:-$rv_cache/wandb}"
+    export WANDB_CACHE_DIR="${WANDB_CACHE_DIR:-$rv_cache/wandb/cache}"
+    export WANDB_DATA_DIR="${WANDB_DATA_DIR:-$rv_cache/wandb/data}"
+    export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$rv_cache/xdg}"
+    export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$rv_cache/xdg/nv}"  # CUDA's JIT cache defaults to ~/.nv
+    # One port per job (from its id), so two jobs sharing a node never collide.
+    export MASTER_PORT=$((RV_MASTER_PORT_BASE + SLURM_JOB_ID % RV_MASTER_PORT_SPAN))
+    # srun does not inherit sbatch's --cpus-per-task (Slurm 22.05+): without this every task would
+    # be pinned to one CPU.
+    if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"; fi
+}
+
+# --- records -------------------------------------------------------------------------------------
+
+# JSON values from shell words: a string without quotes, backslashes or control characters; a
+# number or null; a string or null.
+rv_jstr() {
+    local v=${1//[\"\\]/}
+    v=${v//[$'\t\r\n']/ }
+    printf '"%s"' "$v"
+}
+rv_jnum() { case "$1" in '' | *[!0-9]*) printf null ;; *) printf %s "$1" ;; esac; }
+rv_jopt() { if [ -n "$1" ]; then rv_jstr "$1"; else printf null; fi; }
+
+# seg/<k>.json: this segment's record (rv.agent.segment names the fields), written at its start and
+# rewritten at its end (write, then rename). `rv ps -a` and `rv logs` read it where there is no sacct.
+rv_record() {  # rv_record STATE REASON EXIT_CODE CHECKPOINT_STEP NEXT_JOB_ID
+    local f="$RV_RUN_DIR/seg/$RV_SEGMENT.json"
+    {
+        printf '{"segment": %s, "job_id": %s, "attempt": %s, "nodes": %s, ' \
+            "$RV_SEGMENT" "$(rv_jstr "$SLURM_JOB_ID")" "$rv_attempt" "$(rv_jstr "${SLURM_JOB_NODELIST:-}")"
+        printf '"start": %s, "end": %s, "state": %s, "reason": %s, "exit_code": %s, ' \
+            "$rv_started" "$(rv_jnum "${rv_ended:-}")" "$(rv_jstr "$1")" "$(rv_jstr "$2")" "$(rv_jnum "$3")"
+        printf '"start_step": %s, "checkpoint_step": %s, "stop_sent": %s, "next_job_id": %s, ' \
+            "$(rv_jnum "${rv_start_step:-}")" "$(rv_jnum "$4")" "${rv_stop_sent:-false}" "$(rv_jopt "$5")"
+        printf '"gpu_type": %s}\n' "$(rv_jstr "${rv_gpu_type:-}")"
+    } >"$f.tmp" && mv -f -- "$f.tmp" "$f"
+}
+
+# The newest complete checkpoint in rv_train's layout (step_<N>/COMPLETE), if that is the layout.
+rv_ckpt_step() {
+    local d n best=''
+    for d in "$RV_CHECKPOINT_DIR"/step_*/COMPLETE; do
+        [ -e "$d" ] || continue
+        n="${d%/COMPLETE}"
+        n="${n##*/step_}"
+        n="${n#"${n%%[!0]*}"}"
+        n="${n:-0}"
+        case "$n" in *[!0-9]*) continue ;; esac
+        if [ -z "$best" ] || [ "$n" -gt "$best" ]; then best="$n"; fi
+    done
+    printf %s "$best"
+}
+
+# What a checkpoint folder holds, as one line: tells progress when a marker names no step.
+rv_ckpt_print() {
+    find "$RV_CHECKPOINT_DIR" -path "$RV_CHECKPOINT_DIR/$RV_MARKER" -prune -o -printf '%P %s %T@\n' \
+        2>/dev/null | sort | cksum
+}
+
+# --- the end of a segment ------------------------------------------------------------------------
+
+# Runs however the script ends: the program finished, crashed or stopped, the time limit, scancel,
+# rv stop, a requeue, a step before the program failed. Why this segment ended, whether the run goes
+# on (in a new job: a requeue would wait about two minutes to start again), and the run's end.
+rv_on_exit() {
+    local rc=$?
+    trap '' TERM INT HUP  # Slurm keeps signalling: finish the records first
+    set +eu
+    rm -f -- "$RV_JOB_DIR/$RV_JOB_ENV_FILE"  # it holds the secrets: gone with the job
+    rv_end_segment "$rc"
+    exit "$rv_exit_code"
+}
+
+# The next segment: same scripts, same run, submitted with the environment segment 1 had, after this
+# job (afterany). A run over several GPU types submits one job per type again. $1: nodes to exclude
+# (a fault's, with the user's own), or nothing. Prints the first job's id, or why it failed.
+rv_submit_next() {
+    local exclude="${1:-}" scripts=() types=() ids=() script type out next=$((RV_SEGMENT + 1)) i
+    if [ -e "$RV_RUN_DIR/candidates" ]; then
+        while read -r script type; do
+            scripts+=("$script")
+            types+=("$type")
+        done <"$RV_RUN_DIR/candidates"
+    else
+        scripts=(job.sbatch)
+        types=("${rv_gpu_type:-}")
+    fi
+    for script in "${scripts[@]}"; do
+        # shellcheck disable=SC2016  # expanded by the inner shell
+        out="$(env -i "$BASH" -c 'set -a; . "$1" || exit 1; set +a; export RV_SEGMENT="$2"; '\
+'exec sbatch --parsable --dependency=afterany:"$3" --kill-on-invalid-dep=yes ${5:+"--exclude=$5"} "$4"' \
+            rv "$RV_RUN_DIR/submit.env" "$next" "$SLURM_JOB_ID" "$RV_RUN_DIR/$script" "$exclude" 2>&1)" || {
+            # One type refused: the ones already queued go too, or they would run without a record.
+            [ "${#ids[@]}" = 0 ] || scancel "${ids[@]}" 2>/dev/null
+            printf '%s' "$out" | tail -n 2 | tr '\n' ' '
+            return 1
+        }
+        out="${out##*$'\n'}"
+        ids+=("${out%%;*}")
+    done
+    if [ "${#ids[@]}" -gt 1 ]; then
+        for i in "${!ids[@]}"; do printf '%s %s\n' "${ids[i]}" "${types[i]}"; done >"$RV_RUN_DIR/seg/$next.candidates"
+    fi
+    printf '%s\n' "${ids[0]}" >"$RV_RUN_DIR/seg/$next.job"
+    # rv stop writes STOP before it cancels what it finds: look again now that these jobs exist.
+    if [ -e "$RV_RUN_DIR/STOP" ]; then
+        scancel "${ids[@]}" 2>/dev/null
+        printf 'cancelled by rv stop'
+        return 1
+    fi
+    printf '%s' "${ids[0]}"
+}
+
+# Known last words of a GPU or node that failed under the program (not of a program's own bug):
+# extended regular expressions, matched without case in the last lines of the segment's logs.
+RV_FAULT_PATTERNS='GPU has fallen off the bus|CUDA error: unknown error|uncorrectable ECC error|'\
+'NCCL.*unhandled system error|CUDA-capable device\(s\) is/are busy or unavailable'
+
+# rv_fault: when this segment ended on a GPU or node fault, prints "NODE<tab>WHAT" (the node's Slurm
+# name; WHAT: the line that says so, or Slurm's word) and succeeds.
+rv_fault() {
+    local f line node nodes=() i
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null)
+    for f in "$RV_RUN_DIR/logs/$SLURM_JOB_ID".out "$RV_RUN_DIR/logs/$SLURM_JOB_ID".err \
+        "$RV_RUN_DIR/logs/$SLURM_JOB_ID"-node*.out "$RV_RUN_DIR/logs/$SLURM_JOB_ID"-node*.err; do
+        [ -f "$f" ] || continue
+        # The message itself, with what precedes it on its line ("RuntimeError: "), never what follows:
+        # another process's output may share the line (Python writes a line and its end apart).
+        line="$(tail -n 50 -- "$f" 2>/dev/null | grep -E -i -o -m 1 -- ".{0,60}($RV_FAULT_PATTERNS)" |
+            sed -n 1p)" || continue
+        [ -n "$line" ] || continue
+        node="${SLURMD_NODENAME:-${nodes[0]:-$(hostname)}}"
+        case "$f" in
+            *-node*)
+                i="${f##*-node}"
+                i="${i%.*}"
+                node="${nodes[i]:-$node}"
+                ;;
+        esac
+        line="${line#\[*\] }"  # a rank's label
+        printf '%s\t%s\n' "$node" "${line:0:200}"
+        return 0
+    done
+    # A node of the job that Slurm itself now says is down or failing.
+    node="$(sinfo -h -N -n "$SLURM_JOB_NODELIST" -t down,drain,fail,failing,no_respond -o %N 2>/dev/null |
+        sed -n 1p)"
+    if [ -n "$node" ]; then
+        printf '%s\t%s\n' "$node" "Slurm marks the node down or failing"
+        return 0
+    fi
+    return 1
+}
+
+# The nodes to exclude after a fault on $1: the user's own --exclude, every earlier fault's, and $1.
+rv_excluded_with() {
+    {
+        [ -z "${rv_exclude:-}" ] || printf '%s\n' "${rv_exclude//,/$'\n'}"
+        [ ! -e "$RV_RUN_DIR/faults" ] || cut -f 2 "$RV_RUN_DIR/faults"
+        printf '%s\n' "$1"
+    } | sort -u | paste -s -d, -
+}
+
+rv_end_segment() {
+    local rc="$1" slurm restarts why step="" next="" over=1 f fault
+    rv_ended=$(date +%s)
+    slurm=" $(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null) "
+    restarts="$(printf '%s' "$slurm" | sed -n 's/.* Restarts=\([0-9]*\) .*/\1/p')"
+    if [ "${restarts:-0}" -gt "$rv_attempt" ]; then
+        # Slurm runs this job again (node failure, preemption, scontrol requeue): same job id, same
+        # segment. Keep the secrets and the work dir for it.
+        rv_record requeued "requeued by Slurm" "$rc" "" ""
+        rv_exit_code="$rc"
+        return
+    fi
+    for f in "$RV_JOB_DIR"/stop-node*; do
+        [ -e "$f" ] || continue
+        case "$(cat -- "$f")" in *' '*) rv_stop_sent=true ;; esac
+    done
+    local limit=0 preempted=0 marker="$RV_CHECKPOINT_DIR/$RV_MARKER"
+    case "$slurm" in *" Reason=TimeLimit "*) limit=1 ;; esac
+    case "$slurm" in *PREEMPT*) preempted=1 ;; esac
+    if [ -e "$RV_RUN_DIR/STOP" ]; then
+        why="cancelled by rv stop"
+    elif [ "$rv_program_ran" = 1 ] && [ -e "$marker" ]; then
+        # The program stopped cleanly: it saved and wrote the marker (moved aside before it started,
+        # so this one is its own).
+        step="$(sed -n '1s/^[[:space:]]*\([0-9][0-9]*\)[[:space:]]*$/\1/p; '\
+'s/.*"step"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$marker" | sed -n 1p)"
+        if [ "$rv_stop_sent" = true ] || [ "$limit" = 1 ]; then
+            why="stopped at time limit"
+        elif [ "$preempted" = 1 ]; then
+            why="preempted"
+        elif [ "$rv_got_term" = 1 ]; then
+            why="cancelled"
+        else
+            why="stopped"
+        fi
+        if [ "$why" != cancelled ]; then
+            if [ -n "$step" ] && [ -n "${rv_start_step:-}" ] && [ "$step" -le "$rv_start_step" ]; then
+                why="$why with no progress (step $step, as when it started): not continued"
+            elif [ -z "$step" ] && [ "$(rv_ckpt_print)" = "$rv_start_print" ]; then
+                why="$why with nothing new in the checkpoint folder: not continued"
+            elif [ "$RV_SEGMENT" -ge "$RV_MAX_SEGMENTS" ]; then
+                why="$why; all $RV_MAX_SEGMENTS segments used (--max-segments)"
+            elif next="$(rv_submit_next)"; then
+                over=0
+            else
+                why="$why; the next segment could not be submitted: $next"
+                next=""
+            fi
+        fi
+    elif [ "$limit" = 1 ]; then
+        why="time limit"
+    elif [ "$preempted" = 1 ]; then
+        why="preempted"
+    elif [ "$rv_got_term" = 1 ]; then
+        why="cancelled"
+    elif [ "$rv_program_ran" = 0 ]; then
+        why="failed before the program started: ${rv_failed_at:-exit code $rc}"
+    elif [ "$rc" = 0 ]; then
+        why="finished"
+    elif fault="$(rv_fault)"; then
+        # A GPU or node gave out under the program: another node will do, from the newest checkpoint
+        # (the program resumes as it would after a stop), a bounded number of times per run.
+        local node="${fault%%$'\t'*}" what="${fault#*$'\t'}" faults=0
+        [ ! -e "$RV_RUN_DIR/faults" ] || faults="$(wc -l <"$RV_RUN_DIR/faults")"
+        why="gpu fault on $node ($what)"
+        if [ "$faults" -ge "${rv_max_fault_retries:-0}" ]; then
+            why="crashed: $why; no fault retries left (--max-fault-retries ${rv_max_fault_retries:-0})"
+        elif [ "$RV_SEGMENT" -ge "$RV_MAX_SEGMENTS" ]; then
+            why="crashed: $why; all $RV_MAX_SEGMENTS segments used (--max-segments)"
+        elif next="$(rv_submit_next "$(rv_excluded_with "$node")")"; then
+            printf '%s\t%s\t%s\n' "$RV_SEGMENT" "$node" "$what" >>"$RV_RUN_DIR/faults"
+            why="$why: continued without $node (fault retry $((faults + 1))/$rv_max_fault_retries)"
+            over=0
+        else
+            why="crashed: $why; the next segment could not be submitted: $next"
+            next=""
+        fi
+    else
+        why="crashed"
+    fi
+    rv_record ended "$why" "$rc" "$step" "$next"
+    if [ "$rv_program_ran" = 1 ]; then rv_keep_outputs; fi
+    rv_exit_code="$rc"
+    if [ "$over" = 1 ]; then
+        # The run's own exit code: 0 only when the program finished.
+        local code="$rc"
+        if [ "$why" != finished ] && [ "$code" = 0 ]; then code=1; fi
+        printf '{"reason": %s, "exit_code": %s, "segment": %s, "end": %s}\n' \
+            "$(rv_jstr "$why")" "$code" "$RV_SEGMENT" "$rv_ended" >"$RV_RUN_DIR/ENDED.tmp" \
+            && mv -f -- "$RV_RUN_DIR/ENDED.tmp" "$RV_RUN_DIR/ENDED"
+        rm -f -- "$RV_RUN_DIR/secrets.env"
+        echo "rv: run $RV_RUN_NAME ended after segment $RV_SEGMENT: $why (exit code $code)"
+    else
+        echo "rv: run $RV_RUN_NAME $why${step:+ at step $step}; segment $((RV_SEGMENT + 1)) is job $next"
+    fi
+}
+
+# Copy each -o path from the work dir into $RV_OUTPUT_DIR; a missing one is a warning only.
+rv_keep_outputs() {
+    local path src dst
+    for path in ${rv_outputs[@]+"${rv_outputs[@]}"}; do
+        src="$RV_WORK_DIR/$path" dst="$RV_OUTPUT_DIR/$path"
+        if [ ! -e "$src" ] && [ ! -L "$src" ]; then
+            echo "rv: warning: output $path not found in the work dir; nothing copied"
+            continue
+        fi
+        mkdir -p -- "$(dirname -- "$dst")" && rm -rf -- "$dst" && cp -a -- "$src" "$dst" \
+            || echo "rv: warning: could not copy output $path"
+    done
+}
+
+# --- the work dir --------------------------------------------------------------------------------
+
+# The run's own copy of its snapshot, made once and kept by later segments and requeues. Copies
+# (reflinks where the filesystem has them), never hard links into the store: a job may make its files
+# writable and edit them without touching the store or another run. Files that are hard links of
+# each other in the snapshot (same content) become separate files. A snapshot is a full tree, or a
+# layer over another snapshot (what differs from it): then the full one at the bottom is copied and
+# each layer up to this one applied in order: the paths it lists in `remove` deleted, its own files
+# copied in.
+rv_work_dir() {
+    [ ! -d "$RV_WORK_DIR" ] || return 0
+    local snap="$RV_SNAPSHOT" layers='' depth=0 layer tmp="$RV_WORK_DIR.tmp"
+    rm -rf -- "$tmp"
+    while [ -d "$rv_snapshots/$snap.layer" ]; do  # down the layers to the full snapshot
+        layers="$snap $layers" depth=$((depth + 1))
+        snap=$(cat -- "$rv_snapshots/$snap.layer/base")
+        case "$snap" in "" | *[!0-9a-f]*) rv_fail "a layer under snapshot $RV_SNAPSHOT has no base" ;; esac
+        [ "$depth" -le "$RV_CHAIN_BROKEN" ] || rv_fail "snapshot $RV_SNAPSHOT: layers with no end"
+    done
+    [ -d "$rv_snapshots/$snap" ] || rv_fail "snapshot $snap not found"
+    rv_try "copying snapshot $snap into the work dir" rv_copy_tree "$rv_snapshots/$snap" "$tmp"
+    rv_try "making the work dir writable" chmod -R u+w -- "$tmp"
+    for layer in $layers; do  # the lowest first
+        rv_try "applying layer $layer" rv_apply_layer "$rv_snapshots/$layer.layer" "$tmp"
+    done
+    rv_try "making the work dir writable" chmod -R u+w -- "$tmp"
+    rv_try "placing the work dir" mv -- "$tmp" "$RV_WORK_DIR"
+}
+
+rv_copy_tree() { cp -R -P --preserve=mode,timestamps --reflink=auto -- "$1" "$2"; }
+
+rv_apply_layer() {  # rv_apply_layer LAYER_DIR WORK_DIR
+    (cd -- "$2" && xargs -0 -r rm -rf -- <"$1/remove") || return
+    rv_copy_tree "$1/tree/." "$2" || return
+    # cp gave the folders it wrote into the layer's read-only modes: the next layer deletes in them.
+    (cd -- "$1/tree" && find . -type d -print0) | (cd -- "$2" && xargs -0 chmod u+w --)
+}
+
+# --- setup lines ---------------------------------------------------------------------------------
+
+rv_setup_failed() {  # rv_setup_failed WHICH (called right after the line failed: $? is its code)
+    local rc=$?
+    rv_failed_at="setup line $1 failed with exit code $rc"
+    echo "rv: $rv_failed_at" >&2
+    exit "$rc"
+}
+
+# --- the segment's start: GPU, first node, the job's environment, the record ---------------------
+
+rv_start() {
+    rv_precision
+    rv_head_node
+    rv_save_env || echo "rv: warning: could not save the job's environment (rv ssh, rv up)" >&2
+    # A marker left by an earlier segment is moved aside: one found after the program ends is then
+    # this segment's own. Where the run starts from is remembered, to tell progress.
+    if [ -e "$RV_CHECKPOINT_DIR/$RV_MARKER" ]; then
+        rv_try "moving the last segment's $RV_MARKER aside" \
+            mv -f -- "$RV_CHECKPOINT_DIR/$RV_MARKER" "$RV_JOB_DIR/$RV_MARKER.before"
+    fi
+    rv_start_step="$(rv_ckpt_step)"
+    if [ -z "$rv_start_step" ] && [ "$RV_SEGMENT" -gt 1 ]; then
+        rv_start_step="$(sed -n 's/.*"checkpoint_step": \([0-9][0-9]*\).*/\1/p' \
+            "$RV_RUN_DIR/seg/$((RV_SEGMENT - 1)).json" 2>/dev/null || true)"
+    fi
+    rv_start_print="$(rv_ckpt_print)"
+    rv_record running "" "" "" ""
+    local what gpu=''
+    if [ -n "$rv_gpu_type" ]; then
+        what="$RV_NODES node(s) x $RV_GPUS_PER_NODE $rv_gpu_type"
+        gpu=", cc=${RV_GPU_CC:-unknown} precision=$RV_PRECISION"
+    else
+        what="$RV_NODES node(s), CPU only"
+    fi
+    echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT/$RV_MAX_SEGMENTS: job $SLURM_JOB_ID on" \
+        "$SLURM_JOB_NODELIST, $what$gpu, snapshot $RV_SNAPSHOT${rv_start_step:+, from step $rv_start_step}"
+}
+
+# BF16 needs compute capability 8.0 or newer. Ask the GPU; when nvidia-smi is missing or prints
+# nothing usable, fall back to the catalog's value for the type (rv_gpu_cc, maybe unknown: fp16).
+rv_precision() {
+    if [ -z "$rv_gpu_type" ]; then
+        # A CPU-only job: no mixed precision ("no" is accelerate's word for it); no RV_GPU_* set.
+        export RV_PRECISION=no ACCELERATE_MIXED_PRECISION=no
+        return
+    fi
+    RV_GPU_CC="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+        | sed -n 1p | tr -d '[:space:]')" || RV_GPU_CC=""
+    case "$RV_GPU_CC" in
+        [0-9].[0-9] | [0-9][0-9].[0-9]) ;;
+        *) RV_GPU_CC="$rv_gpu_cc" ;;
+    esac
+    if [ -n "$RV_GPU_CC" ] && [ "${RV_GPU_CC%%.*}" -ge 8 ]; then RV_PRECISION=bf16; else RV_PRECISION=fp16; fi
+    export RV_GPU_TYPE="$rv_gpu_type" RV_GPU_CC RV_PRECISION
+    export ACCELERATE_MIXED_PRECISION="$RV_PRECISION"
+}
+
+# The first node hosts the rendezvous. Node names need not resolve as host names, so use its
+# NodeAddr as Slurm knows it (on most clusters that is the host name).
+rv_head_node() {
+    RV_HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)" || RV_HEAD_NODE=""
+    RV_HEAD_NODE="${RV_HEAD_NODE:-$(hostname)}"
+    RV_HEAD_ADDR="$(scontrol show node "$RV_HEAD_NODE" 2>/dev/null \
+        | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | sed -n 1p)" || RV_HEAD_ADDR=""
+    export RV_HEAD_NODE RV_HEAD_ADDR="${RV_HEAD_ADDR:-$RV_HEAD_NODE}"
+    export MASTER_ADDR="$RV_HEAD_ADDR"
+}
+
+# What the program gets (exported variables and functions, less Slurm's per-step ones) and where it
+# starts, as a file: `rv ssh` and `rv up` start their shells from it, so setup lines, the env-build
+# hook, secrets, RV_* and caches reach them by this one path. 0600 (it holds the secrets) and removed
+# when the job ends. An interactive shell reads ~/.bashrc first. Left out: what Slurm sets per job
+# and per step (an attached shell is a step of its own), the attaching user's terminal, display and
+# connection, PS1 (a venv's activate may export its prompt), and HOSTNAME (the first node's).
+rv_save_env() {
+    local f="$RV_JOB_DIR/$RV_JOB_ENV_FILE" v
+    (
+        umask 077
+        {
+            echo '# rv: the environment of the program of this job (rv ssh, rv up)'
+            # shellcheck disable=SC2016  # written for the attaching shell to expand
+            echo 'case $- in *i*) [ -r ~/.bashrc ] && . ~/.bashrc ;; esac'
+            for v in $(compgen -e); do
+                case "$v" in
+                    SLURM_* | SLURMD_* | PMI_* | PMIX_* | CUDA_VISIBLE_DEVICES | GPU_DEVICE_ORDINAL | \
+                        ROCR_VISIBLE_DEVICES | ENVIRONMENT | PWD | OLDPWD | SHLVL | _ | TERM | SSH_* | \
+                        DISPLAY | HOSTNAME | PS1 | BASH_FUNC_*) continue ;;
+                esac
+                [ -n "${!v+x}" ] || continue
+                printf 'export %s=%q\n' "$v" "${!v}"
+            done
+            declare -fx
+            printf 'cd -- %q\n' "$PWD"
+            # shellcheck disable=SC2016  # written for the attaching shell to expand
+            echo 'case $- in *i*) PS1="(rv $RV_RUN_NAME) $PS1" ;; esac'
+        } >"$f.tmp" && mv -f -- "$f.tmp" "$f"
+    )
+}
+
+# --- the program, on each node -------------------------------------------------------------------
+
+# Processes that forward signals to workers rather than act on them: the stop signal goes straight
+# to the workers, so the launcher sees them exit 0 and exits 0 itself (torchrun's agent dies on USR1
+# and prints a traceback on TERM).
+rv_is_launcher() {
+    case "$1" in
+        */torchrun\ * | torchrun\ * | *torch.distributed.run* | */accelerate\ launch* | accelerate\ launch* | \
+            *accelerate.commands.launch* | */uv\ run\ * | uv\ run\ *) return 0 ;;
+    esac
+    return 1
+}
+
+# Each srun task (one per node) runs rv_task LABELED LAUNCHER: the program in the background and rv's
+# stop watcher beside it. (A task is a new shell: it sees exported variables and functions only.)
+rv_task() {
+    export -n -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send rv_is_launcher rv_program  # not the program's
+    local rv_labeled="$1" rv_launcher="$2"
+    if [ "$rv_labeled" = 1 ]; then
+        # The labeller appends to this node's log files (a one-node srun's stdout is a pipe).
+        local log="$RV_RUN_DIR/logs/$SLURM_JOB_ID"
+        [ "$RV_NODES" -le 1 ] || log="$log-node$SLURM_NODEID"
+        export RV_LOG_OUT="$log.out" RV_LOG_ERR="$log.err"
+        if [ "$rv_launcher" = 1 ]; then
+            # torchrun runs each rank as $PYTHON_EXEC -u ...: the labeller, then the real Python.
+            export RV_PYTHON_EXEC="${PYTHON_EXEC:-}" PYTHON_EXEC="$RV_RANK_LABEL"
+        fi
+    fi
+    # `trap -`: a background job of a script would otherwise ignore INT and QUIT.
+    (
+        trap - INT QUIT
+        rv_program
+    ) &
+    local program=$! watcher rc
+    rv_stop_watch "$program" &
+    watcher=$!
+    # Slurm's own signals reach the program directly; this shell only waits for its exit code.
+    trap : TERM INT HUP USR1 USR2 QUIT
+    while :; do
+        wait "$program"
+        rc=$?
+        kill -0 "$program" 2>/dev/null || break
+    done
+    # KILL, not TERM: the watcher has nothing to finish, and a TERM trap of bash 5.2 was seen lost
+    # under load (the watcher lived on, and this wait with it).
+    kill -KILL "$watcher" 2>/dev/null
+    wait "$watcher" 2>/dev/null || :
+    if [ "$RV_NODES" -gt 1 ]; then printf '%s\n' "$rc" >"$RV_JOB_DIR/node$SLURM_NODEID.exit"; fi
+    return "$rc"
+}
+
+rv_stop_watch() {  # rv_stop_watch PID: at the lead time, rv_stop_deliver PID
+    local end left
+    # It waits in `read -t` on a pipe no one writes to (rv_nap_fd, also rv_stop_deliver's): a builtin,
+    # so killing the watcher leaves no `sleep` behind holding the job's output open.
+    exec {rv_nap_fd}<> <(:)
+    while :; do
+        # Asked again every minute at most: Slurm may move the limit (scontrol update).
+        end="$(env SLURM_TIME_FORMAT=standard squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null | sed -n 1p)"
+        # An empty answer must stay empty: `date -d ''` is midnight, a limit long past.
+        if [ -n "$end" ]; then end="$(date -d "$end" +%s 2>/dev/null)" || end=""; fi
+        if [ -n "$end" ]; then
+            left=$((end - RV_STOP_LEAD - $(date +%s)))
+            if [ "$left" -le 0 ]; then
+                rv_stop_deliver "$1"
+                return 0
+            fi
+            [ "$left" -le 60 ] || left=60
+        else
+            left=60  # no answer (or no limit): never signal on a guess
+        fi
+        read -r -t "$left" -u "$rv_nap_fd" || :
+    done
+}
+
+rv_stop_deliver() {  # rv_stop_deliver PID: RV_STOP_SIGNAL to the processes under PID handling it
+    # A program may install its handler late (a long start-up in a short job): until one does, look
+    # again every few seconds; the first time, say that nothing handles it yet.
+    local said=''
+    until rv_stop_send "$1"; do
+        if [ -z "$said" ]; then
+            echo "rv: $RV_STOP_LEAD s before the time limit: no process handles" \
+                "$RV_STOP_SIGNAL; the program runs on until the limit" >&2
+            date +%s >"$RV_JOB_DIR/stop-node${SLURM_NODEID:-0}"
+            said=1
+        fi
+        read -r -t 5 -u "$rv_nap_fd" || :
+    done
+}
+
+rv_stop_send() {  # rv_stop_send PID: signal the handlers under PID; fails when there are none
+    local bit pid mask sent=""
+    bit=$(($(kill -l "$RV_STOP_SIGNAL") - 1))
+    for pid in $(ps -e -o pid= -o ppid= | awk -v root="$1" '{ up[$1] = $2 }
+        END { for (p in up) { q = p; n = 0; while (q != root && (q in up) && n++ < 64) q = up[q];
+              if (q == root) print p } }'); do
+        mask="$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$pid/status" 2>/dev/null)"
+        if [ -z "$mask" ] || ! (((16#$mask >> bit) & 1)); then continue; fi
+        ! rv_is_launcher "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || continue
+        kill -s "$RV_STOP_SIGNAL" "$pid" 2>/dev/null && sent="$sent $pid"
+    done
+    [ -n "$sent" ] || return 1
+    printf '%s%s\n' "$(date +%s)" "$sent" >"$RV_JOB_DIR/stop-node${SLURM_NODEID:-0}"
+    echo "rv: $RV_STOP_LEAD s before the time limit: sent $RV_STOP_SIGNAL to pid(s)$sent on $(hostname)" >&2
+}
+
+# Always an srun step, one task per node. --kill-on-bad-exit: one dead node must not leave the others
+# waiting at a collective. Several nodes: one log per node (the batch log keeps rv's own lines).
+rv_launch() {
+    export -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send rv_is_launcher rv_program
+    local per_node=()
+    if [ "$RV_NODES" -gt 1 ]; then
+        rm -f -- "$RV_JOB_DIR"/node*.exit
+        per_node=(--open-mode=append --output="$RV_RUN_DIR/logs/%j-node%n.out"
+            --error="$RV_RUN_DIR/logs/%j-node%n.err")
+    fi
+    rv_program_ran=1 rv_rc=0
+    # ${a[@]+...}: an empty array under `set -u` is an error in bash before 4.4 (RHEL 7).
+    srun --nodes="$RV_NODES" --ntasks="$RV_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+        ${per_node[@]+"${per_node[@]}"} bash -c 'rv_task "$@"' rv-task "${rv_labeled:-0}" "${rv_launcher:-0}" \
+        || rv_rc=$?
+    if [ "$RV_NODES" -gt 1 ] && [ "$rv_rc" -ne 0 ]; then
+        # srun exits with the highest code of all tasks, so the nodes --kill-on-bad-exit stopped (143)
+        # would hide the one that failed: report the lowest code below 128 a node recorded.
+        local first="" f n
+        for f in "$RV_JOB_DIR"/node*.exit; do
+            n="$(cat -- "$f" 2>/dev/null)" || continue
+            case "$n" in "" | *[!0-9]*) continue ;; esac
+            if [ "$n" -gt 0 ] && [ "$n" -lt "${first:-128}" ]; then first="$n"; fi
+        done
+        rv_rc="${first:-$rv_rc}"
+    fi
+    exit "$rv_rc"
+}

@@ -1,0 +1,319 @@
+"""Where a run may start: Slurm's placement options, the GPU types it may take, and what to do on a
+bad GPU. Pure: the CLI fills a :class:`Placement`, the script renderer writes it, nothing here talks
+to the cluster.
+
+* Slurm's own words: ``--partition``, ``--qos``, ``--constraint``, ``--exclude``, ``--nodelist``,
+  ``--reservation``, ``--account`` (each an ``#SBATCH`` line), ``--time-min`` (backfill, for programs
+  that follow the stop protocol), and ``--sbatch OPT`` for anything else, written as on an
+  ``#SBATCH`` line. What rv sets itself is refused in ``--sbatch`` with the rv flag to use instead,
+  so the two never disagree.
+* Several GPU types for one run (``-t a100,a6000``, ``-t any``, or no ``-t`` on a cluster of several
+  types): :func:`candidate_types`. The run is submitted once per type; the first job to start claims
+  the run on the cluster (rv/agent/job.sh, ``rv_claim``) and cancels the others.
+* ``--max-fault-retries``: a segment that ends on a GPU or node fault continues on another node
+  (job.sh, ``rv_fault``), at most this many times per run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from rv.catalog import GpuType
+from rv.errors import UsageError
+
+DEFAULT_MAX_FAULT_RETRIES = 2
+T = TypeVar("T")
+
+# What may go into an #SBATCH value: sbatch splits directive lines on whitespace and reads quotes and
+# backslashes itself; '%' is an output-file pattern, '#' would start a comment for a reader.
+_UNSAFE = re.compile(r"[\s\"'\\%#]|[\x00-\x1f\x7f]")
+_OPTION = re.compile(r"^(--[A-Za-z][A-Za-z0-9-]*|-[A-Za-z])(?:(=|\s+)(.*))?$")
+
+# Options rv writes itself, by every spelling sbatch accepts, with what the user should type instead.
+# A job with both would be rv's guess against the user's: one of them silently loses.
+_RV_OWNS: dict[str, str] = {}
+for _words, _instead in (
+    (("--time", "-t"), "rv run --time"),
+    (("--time-min",), "rv run --time-min"),
+    (("--gres", "--gpus", "-G", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket"), "rv run -g/-t"),
+    (("--nodes", "-N"), "rv run --nodes"),
+    (("--ntasks", "-n", "--ntasks-per-node", "--ntasks-per-core", "--ntasks-per-socket"),
+     "nothing: rv runs one task per node and the launcher starts the ranks"),
+    (("--cpus-per-task", "-c", "--cpus-per-gpu"), "rv run --cpus"),
+    (("--mem", "--mem-per-cpu", "--mem-per-gpu"), "rv run --mem"),
+    (("--output", "-o", "--error", "-e", "--open-mode", "--input", "-i"),
+     "nothing: rv keeps each job's logs (rv logs)"),
+    (("--signal",), "rv run --signal"),
+    (("--requeue", "--no-requeue"), "nothing: rv's jobs requeue, and the runtime continues them"),
+    (("--dependency", "-d", "--kill-on-invalid-dep"), "nothing: rv chains a run's segments itself"),
+    (("--job-name", "-J"), "rv run --name"),
+    (("--array", "-a"), "rv run --sweep"),
+    (("--partition", "-p"), "rv run --partition"),
+    (("--qos", "-q"), "rv run --qos"),
+    (("--constraint", "-C"), "rv run --constraint"),
+    (("--exclude", "-x"), "rv run --exclude"),
+    (("--nodelist", "-w"), "rv run --nodelist"),
+    (("--reservation",), "rv run --reservation"),
+    (("--account", "-A"), "rv run --account"),
+    (("--wrap",), "rv run -- COMMAND"),
+    (("--parsable", "--test-only", "--wait", "-W"), "nothing: rv submits the job itself"),
+):  # fmt: skip
+    for _word in _words:
+        _RV_OWNS[_word] = _instead
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Slurm's placement options of one run, already checked (``#SBATCH``-safe)."""
+
+    partition: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    nodelist: str | None = None
+    reservation: str | None = None
+    account: str | None = None
+    sbatch: tuple[str, ...] = ()  # extra #SBATCH option texts, as typed ("--begin=now+1hour")
+    time_min_seconds: int | None = None
+    max_fault_retries: int = DEFAULT_MAX_FAULT_RETRIES
+
+
+def check_value(flag: str, value: str | None) -> str | None:
+    """A placement option's value, refused when it cannot go into an ``#SBATCH`` line."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or _UNSAFE.search(value):
+        raise UsageError(
+            f"{flag} {value!r} cannot go into an #SBATCH line",
+            hint="no spaces, quotes, backslashes, '%' or '#' (sbatch reads those itself)",
+        )
+    return value
+
+
+def check_sbatch_option(text: str) -> str:
+    """One ``--sbatch`` value: an sbatch option as on an ``#SBATCH`` line, never one rv sets itself.
+
+    ``--begin=now+1hour``, ``--mail-type=END``, ``--exclusive``, ``-x node3`` all pass through (sbatch
+    itself checks them: ``rv run`` asks ``sbatch --test-only`` before anything is sent); ``--time=1h``
+    is refused: ``rv run --time`` says it.
+    """
+    text = text.strip()
+    m = _OPTION.match(text)
+    if not m:
+        raise UsageError(
+            f"--sbatch {text!r} is not an sbatch option",
+            hint="write it as on an #SBATCH line, e.g. --sbatch=--begin=now+1hour",
+        )
+    word, value = m.group(1), m.group(3)
+    instead = _RV_OWNS.get(word)
+    if instead is not None:
+        raise UsageError(f"--sbatch {text!r}: rv sets {word} itself", hint=f"use {instead}")
+    if value is not None and (not value or _UNSAFE.search(value)):
+        raise UsageError(
+            f"--sbatch {text!r}: the value cannot go into an #SBATCH line",
+            hint="no spaces, quotes, backslashes, '%' or '#' in it",
+        )
+    return word if value is None else f"{word}={value}"
+
+
+def build_placement(
+    *,
+    partition: str | None = None,
+    qos: str | None = None,
+    constraint: str | None = None,
+    exclude: str | None = None,
+    nodelist: str | None = None,
+    reservation: str | None = None,
+    account: str | None = None,
+    sbatch: Sequence[str] = (),
+    time_min: str | None = None,
+    time_seconds: int | None = None,
+    max_fault_retries: int | None = None,
+) -> Placement:
+    """Check every placement option (before any network call) and return them as a Placement."""
+    from rv.timespec import parse_duration
+
+    time_min_seconds = None
+    if time_min is not None:
+        time_min_seconds = parse_duration(time_min)
+        if time_seconds is not None and time_min_seconds > time_seconds:
+            raise UsageError(
+                f"--time-min {time_min} is longer than the job's --time",
+                hint="--time-min is the least time a segment may get; it must be at most --time",
+            )
+    if max_fault_retries is not None and max_fault_retries < 0:
+        raise UsageError(
+            f"--max-fault-retries {max_fault_retries}: must be 0 or more", hint="0 never retries"
+        )
+    return Placement(
+        partition=check_value("--partition", partition),
+        qos=check_value("--qos", qos),
+        constraint=check_value("--constraint", constraint),
+        exclude=check_value("--exclude", exclude),
+        nodelist=check_value("--nodelist", nodelist),
+        reservation=check_value("--reservation", reservation),
+        account=check_value("--account", account),
+        sbatch=tuple(check_sbatch_option(text) for text in sbatch),
+        time_min_seconds=time_min_seconds,
+        max_fault_retries=DEFAULT_MAX_FAULT_RETRIES if max_fault_retries is None else max_fault_retries,
+    )
+
+
+# --- GPU types -------------------------------------------------------------------------------------
+
+ANY = "any"
+
+
+def is_mig(gpu: GpuType) -> bool:
+    """A MIG slice (a part of a GPU): never picked for a run that did not name it."""
+    return gpu.name == "mig" or gpu.fixed_cpus == 1 or bool(re.fullmatch(r"\d+g\.\d+gb", gpu.gres))
+
+
+def type_words(text: str | None) -> list[str] | None:
+    """``-t`` as typed: None (not given), ``["any"]``, or the names in order of preference."""
+    if text is None:
+        return None
+    words = [w.strip() for w in text.split(",")]
+    if not all(words):
+        raise UsageError(f"-t {text!r} has an empty type name", hint="e.g. -t a100,a6000 or -t any")
+    if len(set(words)) != len(words):
+        raise UsageError(f"-t {text!r} names a type twice")
+    if ANY in words and len(words) > 1:
+        raise UsageError(f"-t {text!r}: 'any' already means every type", hint="-t any, or a list of types")
+    return words
+
+
+def candidate_types(
+    catalog: Mapping[str, GpuType], words: list[str] | None, *, vram_gb: float | None = None
+) -> tuple[list[GpuType], list[str]]:
+    """The GPU types a run may take, in order of preference, and notes on the ones left out.
+
+    ``words`` None (no ``-t``) or ``["any"]``: every full-GPU type of the catalog (never a MIG slice,
+    which must be named), cheapest first where the catalog knows the rates. ``vram_gb``: only types
+    with at least that much memory per GPU, as the catalog knows it (a type of unknown memory is left
+    out). Whether each can serve the request (limits, time) is decided later, type by type.
+    """
+    notes: list[str] = []
+    if words is None or words == [ANY]:
+        pool = [t for t in catalog.values() if not is_mig(t)]
+        pool.sort(key=lambda t: (t.su_per_gpu_hour is None, t.su_per_gpu_hour or 0.0, t.name))
+    else:
+        pool = []
+        for word in words:
+            if word not in catalog:
+                close = difflib.get_close_matches(word, list(catalog), n=2)
+                maybe = f" (did you mean {' or '.join(close)}?)" if close else ""
+                raise UsageError(
+                    f"unknown GPU type {word!r}{maybe}", hint=f"valid types: {', '.join(sorted(catalog))}"
+                )
+            pool.append(catalog[word])
+    if vram_gb is not None:
+        if vram_gb <= 0:
+            raise UsageError(f"--vram {vram_gb:g}: must be more than 0 (GB per GPU)")
+        unknown = [t.name for t in pool if t.vram_gb is None]
+        small = [t.name for t in pool if t.vram_gb is not None and t.vram_gb < vram_gb]
+        if unknown:
+            notes.append(f"--vram {vram_gb:g}: left out {', '.join(unknown)} (memory unknown to the catalog)")
+        if small:
+            notes.append(f"--vram {vram_gb:g}: left out {', '.join(small)} (less memory per GPU)")
+        pool = [t for t in pool if t.vram_gb is not None and t.vram_gb >= vram_gb]
+    if not pool:
+        if vram_gb is not None:
+            raise UsageError(
+                f"no GPU type of this cluster has {vram_gb:g} GB per GPU",
+                hint=f"types and memory: {_memory_list(catalog)}",
+            )
+        raise UsageError("no GPU types are configured", hint="run rv init, or -g 0 for a CPU-only job")
+    return pool, notes
+
+
+def plan_requests(
+    catalog: Mapping[str, GpuType],
+    words: list[str] | None,
+    *,
+    gpus: int | None,
+    mig: bool,
+    vram_gb: float | None,
+    build: Callable[[str | None], T],
+) -> tuple[list[T], list[str]]:
+    """The validated requests of a run, one per GPU type it may take (preferred first), and notes.
+
+    ``build(type name or None)`` validates one request (``rv.request.build_request``), raising
+    :class:`UsageError` when that type cannot serve it. A CPU job, a MIG slice, one named type (or a
+    catalog of one type) is one request, exactly as without placement. Several types: each that
+    cannot serve the request is left out with its reason; none left is an error with every reason.
+    """
+    single = words[0] if words and words != [ANY] else None
+    if gpus == 0 or mig or (vram_gb is None and ((words is not None and words != [ANY] and len(words) == 1)
+                                                 or (words is None and len(catalog) <= 1))):  # fmt: skip
+        return [build(single)], []
+    types, notes = candidate_types(catalog, words, vram_gb=vram_gb)
+    built, refused, errors = [], [], []
+    for gpu in types:
+        try:
+            built.append(build(gpu.name))
+        except UsageError as exc:
+            refused.append(f"{gpu.name}: {exc.message}")
+            errors.append((gpu.name, exc))
+    if not built and len({exc.message.replace(name, "") for name, exc in errors}) == 1:
+        raise errors[0][1]  # the same reason whatever the type: say it once, as for one type
+    if not built:
+        raise UsageError(
+            "no GPU type can serve this request: " + "; ".join(refused),
+            hint="ask for less (-g, --time, --vram), or name a type with -t",
+        )
+    notes += [f"left out {reason}" for reason in refused]
+    return built, notes
+
+
+def _memory_list(catalog: Mapping[str, GpuType]) -> str:
+    return ", ".join(
+        f"{t.name} {t.vram_gb:g} GB" if t.vram_gb is not None else f"{t.name} ?" for t in catalog.values()
+    )
+
+
+# --- sbatch --test-only -----------------------------------------------------------------------------
+
+_TEST_ONLY = re.compile(
+    r"Job \d+ to start at (?P<start>\S+) using (?P<cpus>\d+) processors on nodes (?P<nodes>\S+)"
+    r"(?: in partition (?P<partition>\S+))?"
+)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What ``sbatch --test-only`` said of one candidate: when and where, or why not."""
+
+    gpu_type: str
+    start: str | None  # the cluster's local time, e.g. 2026-11-25T22:47:49
+    nodes: str | None
+    partition: str | None
+    error: str | None  # sbatch refused it: the reason, in sbatch's words
+
+
+def parse_test_only(gpu_type: str, exit_code: int, text: str) -> Estimate:
+    """``sbatch --test-only``'s answer (it writes to stderr):
+    ``sbatch: Job 4000050 to start at 2026-11-25T22:47:49 using 1 processors on nodes gpu-01 in
+    partition gpu``, or ``sbatch: error: ...`` with a non-zero exit code."""
+    m = _TEST_ONLY.search(text)
+    if exit_code == 0 and m:
+        return Estimate(gpu_type, m["start"], m["nodes"], m["partition"], None)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln.split("error:", 1)[1].strip() for ln in lines if "error:" in ln]
+    reason = "; ".join(errors) or (lines[-1] if lines else f"sbatch --test-only exit {exit_code}")
+    return Estimate(gpu_type, None, None, None, reason)
+
+
+def probe_script(directives: Sequence[str]) -> str:
+    """A script for ``sbatch --test-only``: the job's directives and nothing to run."""
+    return "\n".join(["#!/bin/bash", *directives, "true"]) + "\n"
+
+
+def shell_words(values: Sequence[str]) -> str:
+    return " ".join(shlex.quote(v) for v in values)

@@ -1,0 +1,251 @@
+"""Placement on the real loopback clusters, as the cluster user, on both layouts: Slurm's options
+decide where a job runs and reach it, a project's defaults apply under the command line, a run over
+two GPU types starts once wherever it can (claimed on the cluster, nothing of rv running here), and
+a GPU fault moves the run to another node (issue 25)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+
+def git_project(path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=path, check=True)
+    return path
+
+
+def nodes_of(layout) -> tuple[str, str]:
+    """The layout's two nodes: the first has features ib,nvme, the second eth (scripts/testcluster)."""
+    return ("node1", "node2") if layout.name == "default" else ("gpu-01", "gpu-02")
+
+
+def slurm(layout, *argv: str) -> subprocess.CompletedProcess:
+    """A Slurm command as the cluster user (the tests run as root on the cluster's own machine)."""
+    env = {"PATH": os.environ["PATH"], "SLURM_CONF": layout.cluster["SLURM_CONF"]}
+    user = layout.cluster["RV_TESTCLUSTER_USER"]
+    return subprocess.run(
+        ["runuser", "-u", user, "--", *argv], env=env, cwd="/", capture_output=True, text=True, timeout=60
+    )
+
+
+def runs_json(layout) -> list[dict]:
+    r = layout.run_rv("ps", "-a", "--json")
+    assert r.returncode == 0, r.stderr
+    return [row for row in json.loads(r.stdout) if row["run_id"]]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+SHOW = "echo node=$SLURMD_NODENAME; scontrol -o show job $SLURM_JOB_ID"
+
+
+def test_exclude_and_constraint_decide_the_node(layout, tmp_path):
+    first, second = nodes_of(layout)
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    for option in (["--constraint", "eth"], ["--exclude", first]):
+        r = layout.run_rv(
+            "run", "-g", "0", "--mem", "200M", *option, "-f", "--", "bash", "-c", SHOW, cwd=proj
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"node={second}" in r.stdout, (option, r.stdout)
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--constraint", "ib", "-f", "--", "bash", "-c", SHOW, cwd=proj
+    )
+    assert r.returncode == 0 and f"node={first}" in r.stdout, r.stdout
+
+
+def test_qos_partition_and_sbatch_options_reach_the_job(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    # The default layout enforces QoS (its user may ask for `high`); the bare one has no accounting.
+    qos, partition = ("high", "gpu-v100") if layout.name == "default" else ("normal", "gpu")
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--qos", qos, "--partition", partition,
+        "--sbatch=--comment=rvtest", "--sbatch", "--nice=5", "-f", "--", "bash", "-c", SHOW, cwd=proj,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    show = r.stdout
+    assert f"Partition={partition} " in show and " Comment=rvtest" in show and " Nice=5 " in show, show
+    if layout.name == "default":
+        assert " QOS=high " in show, show
+
+
+def test_what_rv_sets_or_sbatch_refuses_fails_before_anything_is_sent(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    r = layout.run_rv("run", "-g", "0", "--sbatch=--time=1:00", "--", "true", cwd=proj)
+    assert r.returncode == 2 and "rv sets --time itself" in r.stderr and "rv run --time" in r.stderr
+    if layout.name == "default":
+        r = layout.run_rv("run", "-g", "0", "--mem", "200M", "--qos", "nonesuch", "--", "true", cwd=proj)
+        assert r.returncode == 2, r.stderr
+        assert "sbatch refuses this job" in r.stderr and "Invalid qos specification" in r.stderr
+    root = Path(layout.remote_root)
+    assert not (root / "runs").exists() or not list((root / "runs").iterdir())
+    assert not (root / "snapshots").exists()  # the check comes before the upload
+
+
+@pytest.mark.parametrize("layout", ["bare"], indirect=True)
+def test_a_projects_defaults_apply_under_the_command_line_and_the_dry_run_names_each_source(layout, tmp_path):
+    pyproject = '[project]\nname = "p"\n\n[tool.rv]\nmax-segments = 3\nsbatch = ["--comment=fromproject"]\n'
+    proj = git_project(tmp_path / "p", {"pyproject.toml": pyproject})
+    dry = layout.run_rv("run", "-g", "0", "--max-segments", "2", "--dry-run", "--", "true", cwd=proj)
+    assert dry.returncode == 0, dry.stderr
+    settings = " ".join(dry.stderr.split())
+    assert "--max-segments 2 (command line)" in settings
+    assert "--sbatch --comment=fromproject (pyproject.toml [tool.rv])" in settings
+    assert "#SBATCH --comment=fromproject" in dry.stdout and "RV_MAX_SEGMENTS=2" in dry.stdout
+    r = layout.run_rv("run", "-g", "0", "--mem", "200M", "-f", "--", "bash", "-c", SHOW, cwd=proj)
+    assert r.returncode == 0 and " Comment=fromproject" in r.stdout, r.stderr[-2000:]
+    assert [row["max_segments"] for row in runs_json(layout)] == [3]
+    (proj / "pyproject.toml").write_text(pyproject + "gpus_total = 2\n")
+    bad = layout.run_rv("run", "-g", "0", "--dry-run", "--", "true", cwd=proj)
+    assert bad.returncode == 3 and "unknown rv run option 'gpus_total'" in bad.stderr, bad.stderr
+
+
+RAN = "import os; print('ran', os.environ['SLURM_JOB_ID'], os.environ['RV_GPU_TYPE'], flush=True)\n"
+
+
+def rv_processes_of(home: str) -> list[int]:
+    """Processes of this machine whose environment holds this test's HOME: rv's, if any are left."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"HOME={home}".encode() in environ.split(b"\0"):
+            found.append(int(pid))
+    return found
+
+
+def test_a_run_over_two_types_starts_once_on_the_one_that_is_free(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"ran.py": RAN})
+    # Every a6000 of the cluster taken by another job: the run's a6000 job would wait.
+    blocker = slurm(
+        layout, "sbatch", "--parsable", "-N2", "--gres=gpu:a6000:2", "--mem=100M", "-t", "5",
+        "-o", "/dev/null", "--wrap", "sleep 300",
+    )  # fmt: skip
+    assert blocker.returncode == 0, blocker.stderr
+    block_id = blocker.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: "RUNNING" in slurm(layout, "squeue", "-h", "-j", block_id, "-o", "%T").stdout, 60,
+                 "the blocking job to run")  # fmt: skip
+        # In-process and direct: once `rv run` returns, nothing of rv is left on this machine.
+        r = layout.run_rv(
+            "run", "-t", "a6000,v100", "-g", "1", "--mem", "200M", "--name", "two-types", "--",
+            "python3", "ran.py", cwd=proj, env_extra={"RV_WARM_SECONDS": "0"},
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        jobs = dict((t, j) for j, t in re.findall(r"(\d+) \((a6000|v100)\)", r.stderr))
+        assert set(jobs) == {"a6000", "v100"}, r.stderr
+        assert rv_processes_of(layout.rv_env["HOME"]) == []
+
+        def finished():
+            rows = [x for x in runs_json(layout) if x["name"] == "two-types" and x["state"] == "COMPLETED"]
+            return rows[0] if rows else None
+
+        row = wait_for(finished, 120, "the run to finish")
+        assert row["gpu_type"] == "v100" and row["job_id"] == jobs["v100"]
+        # The a6000 job left the queue without ever running the program.
+        assert slurm(layout, "squeue", "-h", "-j", jobs["a6000"], "-o", "%T").stdout.strip() in (
+            "",
+            "CANCELLED",
+        )
+        logs = Path(layout.remote_root) / "runs"
+        (rdir,) = [
+            d for d in logs.iterdir() if json.loads((d / "run.json").read_text())["name"] == "two-types"
+        ]
+        ran = [p.name for p in (rdir / "logs").glob("*.out") if "ran " in p.read_text()]
+        assert ran == [f"{jobs['v100']}.out"]
+        out = layout.run_rv("logs", "two-types").stdout
+        assert f"ran {jobs['v100']} v100" in out
+    finally:
+        slurm(layout, "scancel", block_id)
+
+
+@pytest.mark.parametrize("layout", ["default"], indirect=True)
+def test_with_both_types_free_the_program_starts_exactly_once_and_rv_ps_shows_one_run(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"ran.py": RAN})
+    r = layout.run_rv(
+        "run", "-t", "v100,a6000", "-g", "1", "--mem", "200M", "--name", "both-free", "-f", "--",
+        "python3", "ran.py", cwd=proj,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(re.findall(r"^ran \d+", r.stdout, flags=re.M)) == 1, r.stdout
+    rows = [row for row in runs_json(layout) if row["name"] == "both-free"]
+    assert len(rows) == 1 and rows[0]["state"] == "COMPLETED"
+    others = [row for row in json.loads(layout.run_rv("ps", "-a", "--json").stdout) if not row["run_id"]]
+    assert not set(rows[0]["jobs"]) & {row["job_id"] for row in others}  # no candidate shown on its own
+
+
+def test_without_a_type_the_run_plans_over_every_type_that_fits_and_vram_narrows_them(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    r = layout.run_rv("run", "-g", "1", "--dry-run", "--", "python3", "t.py", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert "types: a6000, v100 in order" in " ".join(r.stderr.split()) or "types: v100, a6000" in r.stderr
+    narrowed = layout.run_rv("run", "-g", "1", "--vram", "40", "--dry-run", "--", "python3", "t.py", cwd=proj)
+    assert narrowed.returncode == 0, narrowed.stderr
+    assert "rv_gpu_type=a6000" in narrowed.stdout and "types:" not in narrowed.stderr
+    assert "left out v100 (memory unknown to the catalog)" in narrowed.stderr
+
+
+# Saves at step 10, then dies of a GPU fault on the node it first ran on; resumed, it finishes.
+FAULTY = """
+import os, sys
+ckpt = os.environ["RV_CHECKPOINT_DIR"]
+done = os.path.join(ckpt, "step_10", "COMPLETE")
+if os.path.exists(done):
+    print("resumed from step 10 on", os.environ["SLURMD_NODENAME"], flush=True)
+    sys.exit(0)
+os.makedirs(os.path.dirname(done), exist_ok=True)
+open(done, "w").close()
+print("RuntimeError: CUDA error: unknown error", file=sys.stderr, flush=True)
+sys.exit(1)
+"""
+
+
+def test_a_gpu_fault_after_saving_finishes_the_run_on_another_node(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"faulty.py": FAULTY})
+    r = layout.run_rv(
+        "run", "-t", "a6000", "-g", "1", "--mem", "200M", "--name", "faulty", "-f", "--",
+        "python3", "faulty.py", cwd=proj, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = re.search(
+        r"gpu fault on (\S+) \(RuntimeError: CUDA error: unknown error\): continued without \1", r.stdout
+    )
+    assert m, r.stdout
+    resumed = re.search(r"resumed from step 10 on (\S+)", r.stdout)
+    assert resumed and resumed.group(1) != m.group(1), r.stdout
+    (row,) = [row for row in runs_json(layout) if row["name"] == "faulty"]
+    assert row["state"] == "COMPLETED" and row["segment"] == 2
+
+
+def test_rv_status_lists_the_accounts_qos_and_partitions_one_may_ask_for(layout):
+    r = layout.run_rv("status", "--json")
+    assert r.returncode == 0, r.stderr
+    may = json.loads(r.stdout)["may_use"]
+    if layout.name == "default":
+        assert may == {"accounts": ["rv"], "qos": ["high", "normal"], "partitions": ["gpu-a6000", "gpu-v100"]}
+    else:  # no accounting: only sinfo can say
+        assert may == {"accounts": [], "qos": [], "partitions": ["gpu"]}
+    text = layout.run_rv("status").stdout
+    assert "(rv run --partition)" in text
