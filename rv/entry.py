@@ -24,9 +24,6 @@ import sys
 from rv import runtime
 from rv.connect import debug, in_process_reason
 
-# Signals passed on to the command (its process group); SIGTSTP also stops this front end.
-_FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGWINCH", "SIGCONT", "SIGUSR1", "SIGUSR2")
-
 
 def encode_request(
     key: str, argv: list[str], cwd: str, environ: dict[str, str], encodings: list[str]
@@ -95,6 +92,7 @@ def _via_server(argv: list[str]) -> int:
     debug(f"served by the command server (its copy: pid {group})")
     sock.settimeout(None)
     _forward_signals(group)
+    _signals(block=False)  # one that came meanwhile goes to the command now
     status = _read_line(sock)
     sock.close()
     if not status.startswith(b"X "):
@@ -110,6 +108,14 @@ def _via_server(argv: list[str]) -> int:
     return code
 
 
+def _signals(*, block: bool) -> None:
+    """Hold back (or let through) the signals the front end passes on."""
+    import _signal
+
+    wanted = [getattr(_signal, n) for n in runtime.FORWARDED_AND_STOP if hasattr(_signal, n)]
+    _signal.pthread_sigmask(_signal.SIG_BLOCK if block else _signal.SIG_UNBLOCK, wanted)
+
+
 def _forward_signals(group: int) -> None:
     import _signal
 
@@ -123,7 +129,7 @@ def _forward_signals(group: int) -> None:
         forward(signum, _frame)
         os.kill(os.getpid(), _signal.SIGSTOP)  # Ctrl-Z: the shell sees this front end stop
 
-    for name, handler in [*((n, forward) for n in _FORWARDED), ("SIGTSTP", stop)]:
+    for name, handler in [*((n, forward) for n in runtime.FORWARDED_SIGNALS), ("SIGTSTP", stop)]:
         signum = getattr(_signal, name, None)
         # One this process ignores (SIGINT in a job started with `&` by a script) stays ignored,
         # as it would be in-process.
@@ -135,10 +141,18 @@ def main() -> None:
     argv = sys.argv[1:]
     why = in_process_reason(argv, os.environ)
     if why is None:
+        # Until the command runs and its signals are passed on, they wait: a Ctrl-C typed now is
+        # the command's (or, if it runs here after all, this process's), never lost half-way.
+        _signals(block=True)
         try:
             sys.exit(_via_server(argv))
         except _Fallback as exc:  # nothing ran: run it here, and start a server for the next one
             debug(f"in-process: no command server to take it ({exc})")
+        try:
+            _signals(block=False)
+        except KeyboardInterrupt:
+            sys.stderr.write("rv: interrupted\n")
+            sys.exit(130)
     else:
         debug(f"in-process: {why}")
     from rv.cli.main import main as cli_main

@@ -317,7 +317,12 @@ class _Server:
                     request = self.take(conn)
                     if not isinstance(request, Request):
                         continue
+                    # The copy starts with the front end's signals held back: it lets them through
+                    # once it is the command (run_command), so none lands half-way through that.
+                    signal.pthread_sigmask(signal.SIG_BLOCK, _forwarded())
                     pid = os.fork()
+                    if pid != 0:
+                        signal.pthread_sigmask(signal.SIG_UNBLOCK, _forwarded())
                     if pid == 0:
                         signal.set_wakeup_fd(-1)
                         held = [listener, wake_r, wake_w, self.gone, self._gone_peer]
@@ -485,11 +490,21 @@ def run_command(request: Request) -> None:
     from rv.cli.main import main
 
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _forwarded())  # what came meanwhile is raised here
+    except KeyboardInterrupt:
+        sys.stderr.write("rv: interrupted\n")
+        _status[0] = 130
+        raise SystemExit(130) from None
+    try:
         main()
     except SystemExit as exc:
         _status[0] = _exit_code(exc.code)
         raise
     _status[0] = 0
+
+
+def _forwarded() -> set[signal.Signals]:
+    return {getattr(signal, name) for name in runtime.FORWARDED_AND_STOP if hasattr(signal, name)}
 
 
 # The command's exit status, for _exit_quickly (1 if it ends by an uncaught exception).

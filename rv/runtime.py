@@ -16,6 +16,13 @@ TYPE_CHECKING = False  # typing's own costs the front end an import; mypy reads 
 if TYPE_CHECKING:
     import subprocess
 
+# Signals the `rv` front end passes on to its served command (rv.entry), and which stay blocked in
+# the command's copy until it is ready to take them (rv.forkserver): a Ctrl-C typed in the first
+# milliseconds ends the command as one typed later does, never half-way through its setting up.
+# SIGTSTP also stops the front end.
+FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGWINCH", "SIGCONT", "SIGUSR1", "SIGUSR2")
+FORWARDED_AND_STOP = (*FORWARDED_SIGNALS, "SIGTSTP")
+
 # The first field of every request to the command server (rv.entry.encode_request,
 # rv.forkserver.decode_request): a server of another rv version refuses what it cannot read.
 COMMAND_PROTOCOL = b"rv-entry-1"

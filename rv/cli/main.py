@@ -41,14 +41,21 @@ class RvGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except KeyboardInterrupt:  # Ctrl-C as the command starts: an interrupt (130), as later on
+            click.echo("rv: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
     def invoke(self, ctx: click.Context) -> object:
         args = [*ctx.protected_args, *ctx.args]
         found = lookup(args[0]) if args else None
-        if found is not None and found.prewarm and not {"-h", "--help"} & set(args[1:]):
-            from rv.connect import prewarm
-
-            prewarm(ctx.params.get("profile"))
         try:
+            if found is not None and found.prewarm and not {"-h", "--help"} & set(args[1:]):
+                from rv.connect import prewarm
+
+                prewarm(ctx.params.get("profile"))  # inside: a Ctrl-C here is an interrupt (130)
             return super().invoke(ctx)
         except RvError as exc:
             if os.environ.get("RV_DEBUG") == "1":
