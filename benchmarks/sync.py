@@ -57,7 +57,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from rv.layout import RemoteLayout  # noqa: E402
 from rv.snapshot import make_snapshot  # noqa: E402
-from rv.transport import SSHTransport, resolve_target  # noqa: E402
+from rv.ssh import SSHTransport  # noqa: E402
+from rv.sshconfig import resolve_target  # noqa: E402
 
 WORDS = [
     "import", "torch", "model", "data", "loss", "step", "batch", "rank", "world", "size", "grad", "optimizer",

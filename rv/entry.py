@@ -6,14 +6,14 @@ forks a copy of itself per command; this front end passes it the command line, t
 environment and its own stdin/stdout/stderr (the file descriptors themselves, so terminals, pipes
 and prompts behave as they do in-process), forwards the signals it gets (Ctrl-C, SIGTERM, Ctrl-Z)
 and exits with the copy's exit status. It imports nothing Python had not already loaded but the C
-modules it needs, so it starts in a few milliseconds.
+modules it needs, rv.connect (which decides) and rv.commands (plain data), so it starts in a few
+milliseconds.
 
-Anything unusual runs the command in-process instead, exactly as ``python -m rv`` does: no server
-(this command then starts one for the next), a server from other rv code (the package was edited
-or upgraded: it says "stale" and exits), ``RV_WARM_SECONDS=0``, or a command that is not
-``SERVED``. The interactive ones (``rv ssh``, ``rv up``, ``rv init``, ``rv env set``'s hidden
-prompt, ``rv forward``) always run in-process: they need the terminal as their controlling
-terminal (job control, window size, /dev/tty).
+Whether a command is served is rv.connect's to say (in_process_reason): not the interactive
+commands, not with ``RV_COMMAND_SERVER=0`` or ``RV_WARM_SECONDS=0``. Anything unusual runs the command
+in-process too, exactly as ``python -m rv`` does: no server (this command then starts one for the
+next), or a server from other rv code (the package was edited or upgraded: it says "stale" and
+exits). ``RV_DEBUG=1`` says on stderr which way each command went, and why.
 """
 
 from __future__ import annotations
@@ -21,55 +21,8 @@ from __future__ import annotations
 import os
 import sys
 
-# Commands that a forked copy runs exactly as this process would. Aliases included.
-SERVED = frozenset(
-    {"ps", "ls", "status", "logs", "exec", "gpu", "run", "stop", "cancel", "cost", "ckpt", "gc", "sync"}
-    | {"venv"}
-)
-PROTOCOL = b"rv-entry-1"
-# Signals passed on to the command (its process group); SIGTSTP also stops this front end.
-_FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGWINCH", "SIGCONT", "SIGUSR1", "SIGUSR2")
-
-
-def command_of(argv: list[str]) -> str | None:
-    """The subcommand of ``rv [--profile P] COMMAND ...``; None for ``rv --help``, ``rv --version``
-    and anything the CLI itself should explain."""
-    args = iter(argv)
-    for arg in args:
-        if arg in ("-p", "--profile"):
-            next(args, None)
-        elif arg.startswith("--profile=") or (arg.startswith("-p") and not arg.startswith("--")):
-            continue
-        elif arg.startswith("-"):
-            return None
-        else:
-            return arg
-    return None
-
-
-def served(argv: list[str], environ: os._Environ[str] | dict[str, str]) -> bool:
-    raw = environ.get("RV_WARM_SECONDS", "")
-    try:
-        enabled = not raw or float(raw) > 0
-    except ValueError:
-        enabled = False  # the CLI reports the bad value
-    return enabled and os.name == "posix" and command_of(argv) in SERVED
-
-
-def server_key() -> str:
-    """Which server may run this command: same interpreter, same search path, same rv. (The server
-    also compares the files of its rv package on every request: an edit since it started makes it
-    stale.)"""
-    import zlib
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    # sys.path[0] is the folder of the script that started Python: not part of what is imported.
-    ident = "\0".join([sys.executable, here, *sys.path[1:]])
-    return f"{zlib.crc32(ident.encode('utf-8', 'surrogateescape')):08x}"
-
-
-def socket_path(runtime: str, key: str) -> str:
-    return os.path.join(runtime, f"cmd-{key}.sock")
+from rv import runtime
+from rv.connect import debug, in_process_reason
 
 
 def encode_request(
@@ -77,7 +30,7 @@ def encode_request(
 ) -> bytes:
     """NUL-separated fields (none of them can hold a NUL): protocol, key, cwd, the stdio encodings,
     then the counted argv and environment."""
-    fields = [PROTOCOL, key.encode(), os.fsencode(cwd)]
+    fields = [runtime.COMMAND_PROTOCOL, key.encode(), os.fsencode(cwd)]
     fields += [e.encode() for e in encodings]
     fields.append(str(len(argv)).encode())
     fields += [os.fsencode(a) for a in argv]
@@ -112,11 +65,9 @@ def _via_server(argv: list[str]) -> int:
     import _socket
     import array
 
-    from rv import runtime
-
-    key = server_key()
+    key = runtime.command_server_key()
     try:
-        path = socket_path(runtime.runtime_dir(), key)
+        path = runtime.command_socket(runtime.runtime_dir(), key)
         cwd = os.getcwd()
     except (OSError, runtime.NotPrivate) as exc:
         raise _Fallback(str(exc)) from None
@@ -138,8 +89,10 @@ def _via_server(argv: list[str]) -> int:
         raise _Fallback(answer.decode(errors="replace").strip() or "the server went away")
     # From here on the command runs: whatever happens, never run it again in-process.
     group = int(answer[2:])
+    debug(f"served by the command server (its copy: pid {group})")
     sock.settimeout(None)
     _forward_signals(group)
+    _signals(block=False)  # one that came meanwhile goes to the command now
     status = _read_line(sock)
     sock.close()
     if not status.startswith(b"X "):
@@ -155,6 +108,14 @@ def _via_server(argv: list[str]) -> int:
     return code
 
 
+def _signals(*, block: bool) -> None:
+    """Hold back (or let through) the signals the front end passes on."""
+    import _signal
+
+    wanted = [getattr(_signal, n) for n in runtime.FORWARDED_AND_STOP if hasattr(_signal, n)]
+    _signal.pthread_sigmask(_signal.SIG_BLOCK if block else _signal.SIG_UNBLOCK, wanted)
+
+
 def _forward_signals(group: int) -> None:
     import _signal
 
@@ -168,7 +129,7 @@ def _forward_signals(group: int) -> None:
         forward(signum, _frame)
         os.kill(os.getpid(), _signal.SIGSTOP)  # Ctrl-Z: the shell sees this front end stop
 
-    for name, handler in [*((n, forward) for n in _FORWARDED), ("SIGTSTP", stop)]:
+    for name, handler in [*((n, forward) for n in runtime.FORWARDED_SIGNALS), ("SIGTSTP", stop)]:
         signum = getattr(_signal, name, None)
         # One this process ignores (SIGINT in a job started with `&` by a script) stays ignored,
         # as it would be in-process.
@@ -178,19 +139,28 @@ def _forward_signals(group: int) -> None:
 
 def main() -> None:
     argv = sys.argv[1:]
-    if served(argv, os.environ):
+    why = in_process_reason(argv, os.environ)
+    if why is None:
+        # Until the command runs and its signals are passed on, they wait: a Ctrl-C typed now is
+        # the command's (or, if it runs here after all, this process's), never lost half-way.
+        _signals(block=True)
         try:
-            code = _via_server(argv)
-        except _Fallback:
-            code = None  # nothing ran: run it here
-        if code is not None:
-            sys.exit(code)
+            sys.exit(_via_server(argv))
+        except _Fallback as exc:  # nothing ran: run it here, and start a server for the next one
+            debug(f"in-process: no command server to take it ({exc})")
+        try:
+            _signals(block=False)
+        except KeyboardInterrupt:
+            sys.stderr.write("rv: interrupted\n")
+            sys.exit(130)
+    else:
+        debug(f"in-process: {why}")
     from rv.cli.main import main as cli_main
 
     try:
         cli_main()
     finally:
-        if served(argv, os.environ):
+        if why is None:
             from rv.forkserver import start_server
 
-            start_server(server_key())
+            start_server(runtime.command_server_key())

@@ -38,11 +38,13 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from rv import entry, runtime
+from rv import runtime
+from rv.commands import COMMANDS
 
 # Set in a forked copy: everything is imported, so a background process it starts (a warm
 # connection, rv.warm._spawn) is best forked from it too, rather than started afresh.
@@ -51,8 +53,10 @@ _LOCK_WAIT_S = 2.0
 # Modules that commands import lazily; loading them here is what the server is for. The served
 # commands' own modules (rv.cli.*) and everything they import at the top come along.
 _PRELOAD_EXTRA = (
+    "rv.connect",
     "rv.warm",
     "rv.transport",
+    "rv.sshconfig",
     "rv.ssh",
     "rv.snapshot",
     "rv.listing",
@@ -100,7 +104,7 @@ class BadRequest(Exception):
 def decode_request(body: bytes) -> tuple[str, str, list[str], list[str], dict[str, str]]:
     """(key, cwd, encodings, argv, environ) from rv.entry.encode_request's body (after the length)."""
     fields = body.split(b"\0")
-    if len(fields) < 10 or fields[0] != entry.PROTOCOL:
+    if len(fields) < 10 or fields[0] != runtime.COMMAND_PROTOCOL:
         raise BadRequest("not an rv command request (another rv version?)")
     key, cwd = fields[1].decode(), os.fsdecode(fields[2])
     encodings = [f.decode() for f in fields[3:9]]
@@ -136,22 +140,52 @@ def package_signature(root: Path | None = None) -> list[tuple[str, int, int]]:
 
 def start_server(key: str) -> None:
     """Start the server for ``key`` in the background, unless this user's runtime folder is not
-    private. Returns at once; a server already up makes the new one exit (the lock)."""
+    private. Returns at once; a server already up makes the new one exit (the lock).
+
+    With ``RV_DEBUG=1`` it waits for the server to listen, and says on stderr that it did or why
+    not (what the server wrote before it died: a module it could not import, say)."""
+    from rv.connect import debug
 
     try:
         folder = runtime.runtime_dir()
     except (OSError, runtime.NotPrivate) as exc:
-        if os.environ.get("RV_DEBUG") == "1":
-            print(f"rv: no command server: {exc}", file=sys.stderr)
+        debug(f"no command server: {exc}")
         return
-    spec = {"key": key, "folder": folder, "path": sys.path, "idle": _idle_seconds()}
-    runtime.spawn_python(_BOOT, spec)
+    base = runtime.command_socket(folder, key).removesuffix(".sock")
+    try:
+        logged = os.path.getsize(base + ".log")  # what the new server writes comes after this
+    except OSError:
+        logged = 0
+    spec = {"key": key, "folder": folder, "idle": _idle_seconds()}
+    proc = runtime.spawn_python(_BOOT, spec, log=base + ".log")
+    if os.environ.get("RV_DEBUG") == "1":
+        debug(_started(proc, base, logged))
 
 
-_BOOT = (
-    "import json,sys;d=json.loads(sys.stdin.buffer.read());sys.path[:]=d['path'];"
-    "import rv.forkserver as f;r=f.serve(d);r and f.run_command(r)"
-)
+def _started(proc: subprocess.Popen[bytes], base: str, logged: int, limit: float = 30.0) -> str:
+    """Whether the server ``proc`` came up (it writes its pid file once it listens), in words."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError, ValueError):
+            if int(Path(base + ".pid").read_text()) == proc.pid:
+                return f"started the command server (pid {proc.pid}; log: {base}.log)"
+        code = proc.poll()
+        if code is not None:
+            if code == 0:
+                return "a command server is up already (the new one left)"
+            with contextlib.suppress(OSError):
+                with open(base + ".log", "rb") as fh:
+                    fh.seek(logged)
+                    said = fh.read().decode("utf-8", "replace").strip().splitlines()
+                if said:
+                    return f"the command server did not start: {said[-1]} (log: {base}.log)"
+            return f"the command server did not start (exit {code}; log: {base}.log)"
+        time.sleep(0.02)
+    return f"the command server did not say it was up within {limit:g} s (log: {base}.log)"
+
+
+# After rv.runtime.BOOT_PREFIX (the data in `d`, the search path set).
+_BOOT = "import rv.forkserver as f;r=f.serve(d);r and f.run_command(r)"
 
 
 SERVER_IDLE_S = 1800.0
@@ -216,11 +250,8 @@ class _Server:
     def preload(self) -> None:
         import importlib
 
-        from rv.cli import main as cli_main
-
-        commands = cli_main.COMMANDS
-        wanted = [commands[name][0] for name in sorted(entry.SERVED) if name in commands]
-        for name in [*wanted, *_PRELOAD_EXTRA]:
+        wanted = [command.module for command in COMMANDS.values() if command.served]
+        for name in ["rv.cli.main", *wanted, *_PRELOAD_EXTRA]:
             try:
                 importlib.import_module(name)
             except ImportError as exc:  # an optional part missing: its commands import it themselves
@@ -286,7 +317,12 @@ class _Server:
                     request = self.take(conn)
                     if not isinstance(request, Request):
                         continue
+                    # The copy starts with the front end's signals held back: it lets them through
+                    # once it is the command (run_command), so none lands half-way through that.
+                    signal.pthread_sigmask(signal.SIG_BLOCK, _forwarded())
                     pid = os.fork()
+                    if pid != 0:
+                        signal.pthread_sigmask(signal.SIG_UNBLOCK, _forwarded())
                     if pid == 0:
                         signal.set_wakeup_fd(-1)
                         held = [listener, wake_r, wake_w, self.gone, self._gone_peer]
@@ -454,11 +490,21 @@ def run_command(request: Request) -> None:
     from rv.cli.main import main
 
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _forwarded())  # what came meanwhile is raised here
+    except KeyboardInterrupt:
+        sys.stderr.write("rv: interrupted\n")
+        _status[0] = 130
+        raise SystemExit(130) from None
+    try:
         main()
     except SystemExit as exc:
         _status[0] = _exit_code(exc.code)
         raise
     _status[0] = 0
+
+
+def _forwarded() -> set[signal.Signals]:
+    return {getattr(signal, name) for name in runtime.FORWARDED_AND_STOP if hasattr(signal, name)}
 
 
 # The command's exit status, for _exit_quickly (1 if it ends by an uncaught exception).

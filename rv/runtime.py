@@ -1,4 +1,5 @@
-"""The private folder where rv's background processes keep their sockets, pid and log files.
+"""The private folder where rv's background processes keep their sockets, pid and log files, and
+how those processes are started.
 
 Shared by the warm connections (rv.warm) and the command server (rv.entry, rv.forkserver). Imports
 only what Python has loaded before any of rv: the command server's client reads this on every
@@ -9,6 +10,22 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
+
+TYPE_CHECKING = False  # typing's own costs the front end an import; mypy reads any TYPE_CHECKING
+if TYPE_CHECKING:
+    import subprocess
+
+# Signals the `rv` front end passes on to its served command (rv.entry), and which stay blocked in
+# the command's copy until it is ready to take them (rv.forkserver): a Ctrl-C typed in the first
+# milliseconds ends the command as one typed later does, never half-way through its setting up.
+# SIGTSTP also stops the front end.
+FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGWINCH", "SIGCONT", "SIGUSR1", "SIGUSR2")
+FORWARDED_AND_STOP = (*FORWARDED_SIGNALS, "SIGTSTP")
+
+# The first field of every request to the command server (rv.entry.encode_request,
+# rv.forkserver.decode_request): a server of another rv version refuses what it cannot read.
+COMMAND_PROTOCOL = b"rv-entry-1"
 
 
 class NotPrivate(Exception):
@@ -42,29 +59,87 @@ def runtime_dir() -> str:
     return path
 
 
+def child_path() -> dict[str, object]:
+    """Where a background Python started by spawn_python finds what this one imports.
+
+    ``path``: this process's search path, made absolute (the child starts in /). ``user_site``: the
+    user's site-packages when this process read it (a ``pip install --user``): the child runs its
+    ``.pth`` files too. The system site's ``.pth`` files (a venv's) the child reads itself, as Python
+    does at every start: an import hook installed there (``pip install -e .``'s
+    ``__editable___rv_*_finder``) is how this process found rv, and can be the only way.
+    """
+    import site
+
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    return {
+        "path": [os.path.abspath(p) for p in sys.path],
+        "user_site": user if user and user in sys.path else None,
+    }
+
+
+# The first statements of every BOOT given to spawn_python: the data, then the search path.
+BOOT_PREFIX = (
+    "import json,sys;d=json.loads(sys.stdin.buffer.read());"
+    "d['user_site'] and __import__('site').addsitedir(d['user_site']);sys.path[:]=d['path'];"
+)
+
+
+def command_server_key() -> str:
+    """Which command server may run this process's commands: same interpreter, same search path,
+    same rv. (The server also compares the files of its rv package on every request: an edit since
+    it started makes it stale.)"""
+    import zlib
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    # sys.path[0] is the folder of the script that started Python: not part of what is imported.
+    ident = "\0".join([sys.executable, here, *sys.path[1:]])
+    return f"{zlib.crc32(ident.encode('utf-8', 'surrogateescape')):08x}"
+
+
+def command_socket(folder: str, key: str) -> str:
+    """The command server's socket for ``key`` in the runtime ``folder`` (its .pid, .log and .lock
+    files share the name)."""
+    return os.path.join(folder, f"cmd-{key}.sock")
+
+
 def spawn_python(
-    boot: str, data: object, *, args: tuple[str, ...] = (), pass_fds: tuple[int, ...] = ()
-) -> None:
-    """Start ``python -I -S -c BOOT ARGS...`` in a session of its own, in /, with no stdio but
-    ``data`` as JSON on its stdin, and return at once. ``-I -S``: no site processing (a venv's .pth
-    files, an editable install's finder) and no PYTHON* variables; whatever search path the process
-    needs comes in ``data``, as does anything else: never on the command line, which others see."""
+    boot: str,
+    data: dict[str, object],
+    *,
+    args: tuple[str, ...] = (),
+    pass_fds: tuple[int, ...] = (),
+    log: str | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``python -I -c BOOT_PREFIX+BOOT ARGS...`` in a session of its own, in /, with ``data``
+    (and child_path()'s keys) as JSON on its stdin, and return at once.
+
+    ``-I``: no PYTHON* variables and no user site from the environment; the search path comes in
+    ``data``, as does anything else: never on the command line, which others see. Site processing
+    stays on (no ``-S``, unless this process runs without it): an editable install's import hook
+    lives in a ``.pth`` file. What the child writes on stdout and stderr before it has a log of its
+    own (an import that fails) goes to ``log``, else nowhere."""
     import json
     import subprocess
-    import sys
 
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", boot, *args],
-        pass_fds=pass_fds,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        cwd="/",
-    )
+    flags = ["-I", "-S"] if sys.flags.no_site else ["-I"]
+    out = open_log(log) if log is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, *flags, "-c", BOOT_PREFIX + boot, *args],
+            pass_fds=pass_fds,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            cwd="/",
+        )
+    finally:
+        if isinstance(out, int) and out >= 0:
+            os.close(out)
     assert proc.stdin is not None
     with proc.stdin:
-        proc.stdin.write(json.dumps(data).encode())
+        proc.stdin.write(json.dumps({**data, **child_path()}).encode())
+    return proc
 
 
 def write_pid(path: str) -> None:

@@ -24,6 +24,7 @@ from rv.layout import RemoteLayout
 from rv.progress import Progress, ProgressCounter
 
 if TYPE_CHECKING:
+    from rv.transport import Transport
     from rv.treecache import StoreCache, TreeCache
 
 from rv.agent_client import call_agent, frame
@@ -306,7 +307,7 @@ def _speculative(payload: dict[str, Any]) -> list[Entry]:
 class _Shipping:
     """One upload's state across its calls (snap-put; rv.agent.store says what each reply means)."""
 
-    transport: Any
+    transport: Transport
     layout: RemoteLayout
     snap: LocalSnapshot
     store: StoreCache | None
@@ -344,7 +345,7 @@ class _Shipping:
 
 
 def upload_snapshot(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     snap: LocalSnapshot,
     *,
@@ -438,7 +439,7 @@ def upload_snapshot(
 
 
 def make_snapshot(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     path: str | Path = ".",
     *,

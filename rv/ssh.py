@@ -1,4 +1,4 @@
-"""One SSH connection in this process: the one module that imports paramiko.
+"""One SSH connection in this process: the one module that connects with paramiko.
 
 One :class:`SSHTransport` holds one connection; every command (an exec channel) and every file
 transfer (one SFTP session, opened once) reuses it. Most commands do not build one themselves: they
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from rv.errors import AuthError, ConnectError, HostKeyError, RemoteError
+from rv.sshconfig import SSHTarget
 from rv.transport import (
     _CHUNK,
     PRIVATE_MASK,
     RemoteTimeout,
-    SSHTarget,
     Stdin,
     TransferError,
     _chunks,
@@ -58,6 +58,7 @@ def _import_paramiko() -> Any:
 paramiko = _import_paramiko()
 
 ConfirmHostKey = Callable[[str, str, str], bool]  # (host, key type, fingerprint) -> accept?
+ParamikoTransport = Any  # paramiko.Transport: the connection under the channels (paramiko has no stubs)
 
 
 # A "hot" shell: the login shell starts (rc files, module systems: often 100-500 ms on a login node)
@@ -92,17 +93,17 @@ class _Spare:
     of time that waits on stdin for what to do (the agent; see rv.agent_client.hot_agent_command).
     """
 
-    def __init__(self, transport: Any, timeout: float, then: str | None = None) -> None:
+    def __init__(self, connection: ParamikoTransport, timeout: float, then: str | None = None) -> None:
         self.channel: Any = None
         self.ok = False
         self.framing = b""  # the ready byte: \001 NUL-terminated, \002 length-prefixed
         self.then = then
         self.ready = threading.Event()
-        threading.Thread(target=self._start, args=(transport, timeout), daemon=True).start()
+        threading.Thread(target=self._start, args=(connection, timeout), daemon=True).start()
 
-    def _start(self, transport: Any, timeout: float) -> None:
+    def _start(self, connection: ParamikoTransport, timeout: float) -> None:
         try:
-            channel = transport.open_session(timeout=timeout)
+            channel = connection.open_session(timeout=timeout)
             self.channel = channel
             channel.exec_command(HOT_SHELL)
             channel.settimeout(max(timeout, 60.0))  # a busy login node may take a while to start a shell
@@ -225,7 +226,9 @@ class SSHTransport(_Collecting):
         self._sftp: Any = None
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
-        self._hot = False  # keep a pre-started shell ready (see HOT_SHELL), and an agent in another
+        # What is kept started ahead of time (rv.connect.channels decides; see prestart).
+        self._hot = False  # a login shell ready for the next command (see HOT_SHELL)
+        self._agents = False  # rv's agents ready for the next agent calls (each in such a shell)
         self._spare: _Spare | None = None
         self._agent_spares: list[tuple[str, _Spare]] = []  # (the agent code's key, its spare)
         self.hot_commands = 0  # commands that ran in a pre-started shell
@@ -357,21 +360,22 @@ class SSHTransport(_Collecting):
             hop = hop._jump
         return True
 
-    def enable_hot_shell(self) -> None:
-        """Start each command in a shell started ahead of time (for a long-lived connection)."""
-        self._hot = True
+    def prestart(self, *, hot_shell: bool, agents: bool) -> None:
+        """Keep channels started ahead of time (for a long-lived connection): a login shell for the
+        next command (``hot_shell``) and rv's agents for the next agent calls (``agents``)."""
+        self._hot, self._agents = hot_shell, agents
         # One agent at first: a second, started beside the first command, would compete with it.
         # The refill after each command keeps AGENT_SPARES.
         self._refill(agents=1)
 
     def _refill(self, agents: int = AGENT_SPARES) -> None:
         with self._lock:
-            if not self._hot or not self.is_alive():
+            if not (self._hot or self._agents) or not self.is_alive():
                 return
             transport = self._client.get_transport()
-            if self._spare is None:
+            if self._hot and self._spare is None:
                 self._spare = _Spare(transport, self.target.connect_timeout)
-            if len(self._agent_spares) < agents:
+            if self._agents and len(self._agent_spares) < agents:
                 # rv's agent (python start-up, its modules loaded) waits too: an agent call then
                 # costs the command's own work, not a python start on the login node.
                 from rv.agent_client import agent_key, hot_agent_command
@@ -392,8 +396,11 @@ class SSHTransport(_Collecting):
             self._agent_spares.remove(held)
         from rv.agent_client import agent_request
 
-        channel = held[1].take(agent_request(agent["mode"], agent["args"]), self.target.connect_timeout)
-        if channel is not None:
+        spare = held[1]
+        channel = spare.take(agent_request(agent["mode"], agent["args"]), self.target.connect_timeout)
+        if channel is None and spare.ready.is_set() and not spare.ok:
+            self._hot = self._agents = False  # this login shell cannot do it (not bash): stop trying
+        elif channel is not None:
             self.hot_agents += 1
         return channel
 
@@ -404,13 +411,13 @@ class SSHTransport(_Collecting):
             return None
         channel = spare.take(command, self.target.connect_timeout)
         if channel is None and spare.ready.is_set() and not spare.ok:
-            self._hot = False  # this login shell cannot do it (not bash): stop trying
+            self._hot = self._agents = False  # this login shell cannot do it (not bash): stop trying
         elif channel is not None:
             self.hot_commands += 1
         return channel
 
     def close(self) -> None:
-        self._hot = False
+        self._hot = self._agents = False
         with self._lock:
             spare, self._spare = self._spare, None
             agents, self._agent_spares = self._agent_spares, []
@@ -437,11 +444,16 @@ class SSHTransport(_Collecting):
 
     # -- commands -------------------------------------------------------------------------------------
     def _open(self, command: str, agent: dict[str, Any] | None = None) -> Any:
-        if self._hot and agent is not None:
+        """A channel running ``command``: a pre-started agent for an agent call, the hot shell for
+        any other command, else a new exec channel."""
+        if self._agents and agent is not None:
             channel = self._take_agent(agent)
             if channel is not None:
                 return channel
-        if self._hot:
+        # An agent call with no agent for it takes a new channel, not the hot shell: the shell reads
+        # and evals the agent's ~30 kB command line, which measured slower than a channel of its own
+        # (benchmarks/cli.py, `rv ps` with RV_PRESTART_AGENTS=0: 0.19 s against 0.14 s).
+        if self._hot and agent is None:
             channel = self._take_spare(command)
             if channel is not None:
                 return channel
@@ -578,7 +590,7 @@ class SSHTransport(_Collecting):
             channel.close()
             if feeder is not None:
                 feeder.join(timeout=1)
-            if self._hot:
+            if self._hot or self._agents:
                 self._refill()  # after the command, so its shell start does not compete with it
 
     # -- channels for terminals and tunnels -------------------------------------------------------------
@@ -680,67 +692,3 @@ class SSHTransport(_Collecting):
 
 class Cancelled(Exception):
     """The caller went away while its command ran (see SSHTransport.stream's ``cancelled``)."""
-
-
-# --------------------------------------------------------------------------------------------------
-# ~/.ssh/config without OpenSSH
-
-
-def paramiko_lookup(path: Path | None, host: str, port: int | None, user: str | None) -> dict[str, list[str]]:
-    """What paramiko's parser makes of the SSH config, with ``Include`` expanded (paramiko ignores it).
-
-    Used only where no ``ssh`` binary is installed; keys and values as ``ssh -G`` would give them.
-    """
-    files = [path] if path is not None else [Path("~/.ssh/config").expanduser(), Path("/etc/ssh/ssh_config")]
-    text = "\n".join(
-        _with_includes(f, user_file=(f != Path("/etc/ssh/ssh_config"))) for f in files if f.exists()
-    )
-    if "exec" in text and paramiko.config.invoke is None:
-        with contextlib.suppress(ImportError):  # then paramiko names the missing invoke itself
-            import invoke
-
-            paramiko.config.invoke = invoke
-    cfg = paramiko.SSHConfig.from_text(text)
-    try:
-        entry = cfg.lookup(host)
-    except (paramiko.SSHException, ImportError, ValueError) as exc:
-        from rv.errors import ConfigError
-
-        raise ConfigError(
-            f"cannot read the SSH config for {host}: {exc}", hint="fix the line it names"
-        ) from exc
-    out: dict[str, list[str]] = {}
-    for key, value in entry.items():
-        out[key.lower()] = [str(v) for v in value] if isinstance(value, list) else [str(value)]
-    if port:
-        out["port"] = [str(port)]
-    if user:
-        out["user"] = [user]
-    if "user" not in out:
-        import getpass
-
-        out["user"] = [getpass.getuser()]  # as `ssh -G` reports (and as paramiko would log in)
-    return out
-
-
-def _with_includes(path: Path, *, user_file: bool, depth: int = 0) -> str:
-    """The file's text with every ``Include`` line replaced by the files it names (globs, in order)."""
-    import glob
-
-    if depth > 16:
-        from rv.errors import ConfigError
-
-        raise ConfigError(f"SSH config Include nesting is too deep at {path} (an Include loop?)")
-    base = Path("~/.ssh").expanduser() if user_file else Path("/etc/ssh")
-    lines = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        words = line.strip().split(None, 1)
-        if len(words) == 2 and words[0].lower() == "include":
-            for pattern in words[1].split():
-                pattern = os.path.expanduser(pattern)
-                full = pattern if os.path.isabs(pattern) else str(base / pattern)
-                for match in sorted(glob.glob(full)):
-                    lines.append(_with_includes(Path(match), user_file=user_file, depth=depth + 1))
-        else:
-            lines.append(line)
-    return "\n".join(lines)

@@ -36,6 +36,7 @@ from rv.snapshot import DEFAULT_MAX_FILE_SIZE, check_sizes
 from rv.units import human_size, parse_size
 
 if TYPE_CHECKING:
+    from rv.transport import Transport
     from rv.treecache import TreeCache
 
 # --------------------------------------------------------------------------------------------------
@@ -60,7 +61,7 @@ class RemoteListing:
 
 
 def scan_remote(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     remote_path: str,
     *,
@@ -245,7 +246,7 @@ def _is_workspace(remote: str, layout: RemoteLayout) -> bool:
 
 
 def push(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     local: str | Path | None = None,
     remote: str | None = None,
@@ -669,7 +670,7 @@ ON_CONFLICT = ("refuse", "force", "keep-local")
 
 
 def pull(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     remote: str,
     local: str | Path | None = None,
@@ -816,7 +817,7 @@ def pull(
 
 
 def _conflicts(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     remote: str,
     dest: Path,

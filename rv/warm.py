@@ -50,16 +50,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rv import __version__, errors
 from rv import runtime as rv_runtime
 from rv.errors import ConnectError, RemoteError, RvError
+from rv.sshconfig import SSHTarget
+
+if TYPE_CHECKING:
+    from rv.ssh import SSHTransport
+
 from rv.transport import (
     PRIVATE_MASK,
     RemoteTimeout,
     RunResult,
-    SSHTarget,
     Stdin,
     TransferError,
     _chunks,
@@ -70,28 +74,9 @@ from rv.transport import (
 )
 
 PROTOCOL = 1
-DEFAULT_IDLE_S = 300.0
 _START_WAIT_S = 10.0  # a new process is listening within milliseconds; this bounds a broken start
 _ACK_S = 5.0  # a live process acknowledges a request at once
 _HEADER = struct.Struct(">cI")
-
-
-def idle_seconds() -> float:
-    raw = os.environ.get("RV_WARM_SECONDS", "")
-    if not raw:
-        return DEFAULT_IDLE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise errors.ConfigError(
-            f"RV_WARM_SECONDS must be a number of seconds, not {raw!r}",
-            hint="e.g. RV_WARM_SECONDS=600, or 0 to connect afresh for every command",
-        ) from None
-    return max(0.0, value)
-
-
-def enabled() -> bool:
-    return os.name == "posix" and hasattr(socket, "AF_UNIX") and idle_seconds() > 0
 
 
 class WarmUnavailable(Exception):
@@ -146,10 +131,11 @@ def _stat_sig(path: str) -> list[int] | None:
 
 def _code_stamp() -> list[Any]:
     here = Path(__file__).parent
-    return [sys.executable, *(_stat_sig(str(here / n)) for n in ("warm.py", "ssh.py", "transport.py"))]
+    modules = ("warm.py", "ssh.py", "sshconfig.py", "transport.py")
+    return [sys.executable, *(_stat_sig(str(here / n)) for n in modules)]
 
 
-def identity(target: SSHTarget, mask: int) -> dict[str, Any]:
+def identity(target: SSHTarget, mask: int, channels: dict[str, bool]) -> dict[str, Any]:
     """Everything that decides what a connection is; two requests share one only if these are equal."""
     hops = []
     for hop in target.hops():
@@ -167,16 +153,11 @@ def identity(target: SSHTarget, mask: int) -> dict[str, Any]:
     return {
         "hops": hops,
         "mask": mask,
-        "hot_shell": hot_shell_enabled(),
+        "channels": channels,
         "rv": __version__,
         "protocol": PROTOCOL,
         "code": _code_stamp(),
     }
-
-
-def hot_shell_enabled() -> bool:
-    """``RV_HOT_SHELL=0`` starts every command's shell on demand (see rv.ssh.HOT_SHELL)."""
-    return os.environ.get("RV_HOT_SHELL", "1") != "0"
 
 
 def target_to_json(target: SSHTarget) -> dict[str, Any]:
@@ -206,7 +187,7 @@ def send_json(sock: socket.socket, kind: bytes, obj: Any) -> None:
     send_frame(sock, kind, json.dumps(obj).encode())
 
 
-class FrameReader:
+class SocketFrameReader:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = bytearray()
@@ -265,13 +246,18 @@ class WarmTransport(_Collecting):
         profile_key: str,
         confirm_host_key: Callable[[str, str, str], bool] | None = None,
         mask: int = PRIVATE_MASK,
+        idle: float,
+        channels: dict[str, bool],
     ) -> None:
+        """``idle``: how long the background process waits for the next command (seconds);
+        ``channels``: what it keeps started on the login node (rv.connect.channels)."""
         self.target = target
         self.mask = mask
+        self.idle = idle
         self._confirm = confirm_host_key
         self.key = _key(profile_key)
-        self.ident = identity(target, mask)
-        self._direct: Any = None
+        self.ident = identity(target, mask, channels)
+        self._direct: SSHTransport | None = None
         self.reused: bool | None = None  # did connect() find the connection already open?
         self.daemon_pid: int | None = None
         self.fallback_reason: str | None = None
@@ -329,6 +315,11 @@ class WarmTransport(_Collecting):
 
             self._direct = SSHTransport(self.target, self._confirm, mask=self.mask).connect()
 
+    def _fallen_back(self) -> SSHTransport:
+        """The direct connection, once _fall_back has made it."""
+        assert self._direct is not None, "only after _fall_back"
+        return self._direct
+
     def _socket(self) -> socket.socket:
         path, lock_path, log_path = self._paths()
         sock = _try_connect(path, self.target.connect_timeout)
@@ -355,7 +346,7 @@ class WarmTransport(_Collecting):
 
     def _start(self, path: Path, lock_path: Path, log_path: Path, *, wait: bool = True) -> None:
         """Start the background process, unless another rv is starting one (then wait for it)."""
-        import fcntl  # POSIX only, like the rest of this module's work (enabled() says so)
+        import fcntl  # POSIX only, like the rest of this module's work (rv.connect.use_warm says so)
 
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -387,7 +378,7 @@ class WarmTransport(_Collecting):
                 "target": target_to_json(self.target),
                 "ident": self.ident,
                 "mask": self.mask,
-                "idle": idle_seconds(),
+                "idle": self.idle,
             }
             try:
                 _spawn(spec, fd, ready_w)
@@ -437,7 +428,7 @@ class WarmTransport(_Collecting):
         on_stderr: Callable[[bytes], None] | None,
         timeout: float | None,
     ) -> dict[str, Any]:
-        reader = FrameReader(sock)
+        reader = SocketFrameReader(sock)
         try:
             send_json(sock, b"H", {"v": PROTOCOL, "ident": self.ident, **header})
         except OSError as exc:
@@ -591,7 +582,7 @@ class WarmTransport(_Collecting):
             except WarmUnavailable as exc:
                 self._fall_back(exc)
         return int(
-            self._direct.stream(
+            self._fallen_back().stream(
                 command,
                 on_stdout=on_stdout,
                 on_stderr=on_stderr,
@@ -626,7 +617,7 @@ class WarmTransport(_Collecting):
                 return RunResult(int(reply["exit_code"]), b"".join(out), b"".join(err))
             except WarmUnavailable as exc:
                 self._fall_back(exc)
-        result: RunResult = self._direct.run(command, stdin=stdin, timeout=timeout)
+        result: RunResult = self._fallen_back().run(command, stdin=stdin, timeout=timeout)
         return result
 
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
@@ -644,7 +635,7 @@ class WarmTransport(_Collecting):
                 return
             except WarmUnavailable as exc:
                 self._fall_back(exc)
-        self._direct.put_stream(chunks, remote_path, mode)
+        self._fallen_back().put_stream(chunks, remote_path, mode)
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         if self._direct is None:
@@ -657,7 +648,7 @@ class WarmTransport(_Collecting):
                 return
             except WarmUnavailable as exc:
                 self._fall_back(exc)
-        self._direct.get_file(remote_path, local_path)
+        self._fallen_back().get_file(remote_path, local_path)
 
     def close(self) -> None:
         if self._direct is not None:
@@ -676,12 +667,15 @@ def _stop_wedged(sock_path: Path) -> str:
 
     Only a process of this user whose command line is an rv one, named by the pid file it wrote
     itself in the private runtime folder; its socket goes too, so the next command starts afresh.
+    A process started by spawn_python runs rv.warm; one forked from the command server (_fork_daemon)
+    has the server's command line, rv.forkserver.
     """
     pid_path = sock_path.with_suffix(".pid")
     try:
         pid = int(pid_path.read_text())
         proc = Path(f"/proc/{pid}")
-        mine = proc.stat().st_uid == os.getuid() and b"rv.warm" in (proc / "cmdline").read_bytes()
+        cmdline = (proc / "cmdline").read_bytes()
+        mine = proc.stat().st_uid == os.getuid() and (b"rv.warm" in cmdline or b"rv.forkserver" in cmdline)
     except (OSError, ValueError):
         return "it could not be identified, so it was left alone"
     if not mine:
@@ -707,7 +701,7 @@ def _try_connect(path: Path, timeout: float) -> socket.socket | None:
 
 
 def _spawn(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
-    """Start the process: a fresh ``python -I -S`` running rv.warm, its own session, no terminal.
+    """Start the process: a fresh ``python -I`` running rv.warm, its own session, no terminal.
 
     Not a fork of this rv process: that would be ~40 ms quicker, but the fork's command line
     (visible in `ps`, to other users too) would be this command's, for minutes after it ended. The
@@ -719,10 +713,13 @@ def _spawn(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
     if _forks_daemon():
         _fork_daemon(spec, lock_fd, ready_w)
         return
-    # The path this process found rv and paramiko on comes along (the new one runs with -I -S).
-    path = [str(Path(__file__).resolve().parents[1]), *sys.path]
+    # The search path this process found rv and paramiko on comes along (rv.runtime.spawn_python).
     rv_runtime.spawn_python(
-        _BOOT, {"path": path, "spec": spec}, args=(str(lock_fd), str(ready_w)), pass_fds=(lock_fd, ready_w)
+        _BOOT,
+        {"spec": spec},
+        args=(str(lock_fd), str(ready_w)),
+        pass_fds=(lock_fd, ready_w),
+        log=spec["log"],
     )
 
 
@@ -743,10 +740,8 @@ def _fork_daemon(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
     os.waitpid(pid, 0)
 
 
-_BOOT = (
-    "import json,sys;d=json.loads(sys.stdin.buffer.read());sys.path[:0]=d['path'];"
-    "import rv.warm as w;sys.exit(w.main(d['spec'],int(sys.argv[1]),int(sys.argv[2])))"
-)
+# After rv.runtime.BOOT_PREFIX (the data in `d`, the search path set).
+_BOOT = "import rv.warm as w;sys.exit(w.main(d['spec'],int(sys.argv[1]),int(sys.argv[2])))"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -830,7 +825,7 @@ class Server:
         self.ident = spec["ident"]
         self.mask = int(spec["mask"])
         self.idle = float(spec["idle"])
-        self.ssh: Any = None
+        self.ssh: SSHTransport | None = None
         self.connect_error: dict[str, Any] | None = None
         # The early connection's failure and when it ended: told to the requests that were already
         # waiting for it (see ensure_connected), never to later ones.
@@ -842,6 +837,12 @@ class Server:
         self.stopping = threading.Event()
         self.listener: socket.socket | None = None
         self.ino: int | None = None
+
+    @property
+    def connection(self) -> SSHTransport:
+        """The SSH connection, once ensure_connected has made it."""
+        assert self.ssh is not None, "only once connected"
+        return self.ssh
 
     def log(self, message: str) -> None:
         sys.stderr.write(f"{time.strftime('%H:%M:%S')} [{os.getpid()}] {message}\n")
@@ -880,7 +881,7 @@ class Server:
                 continue
             with self.state:
                 idle = self.active == 0 and time.monotonic() - self.last > self.idle
-                dead = self.active == 0 and self.ssh is not None and not self.ssh.is_alive()
+                dead = self.active == 0 and self.ssh is not None and not self.connection.is_alive()
             if idle or dead:
                 self.log("idle, exiting" if idle else "connection lost, exiting")
                 break
@@ -927,7 +928,7 @@ class Server:
             if uid is not None and uid != os.getuid():
                 self.log(f"refused a connection from uid {uid}")
                 return
-            reader = FrameReader(conn)
+            reader = SocketFrameReader(conn)
             conn.settimeout(30)
             frame = reader.read()
             conn.settimeout(None)
@@ -949,7 +950,7 @@ class Server:
                 send_json(conn, b"E", {"message": "the warm connection stopped answering", "retry": True})
                 self.stop("the connection stopped answering")
                 return
-            if not self.ssh.host_keys_still_trusted():
+            if not self.connection.host_keys_still_trusted():
                 send_frame(conn, b"S")
                 self.stop("the host key is no longer in known_hosts")
                 return
@@ -1002,13 +1003,12 @@ class Server:
                 return
             self._connected(transport)
 
-    def _connected(self, transport: Any) -> None:
+    def _connected(self, transport: SSHTransport) -> None:
         self.ssh = transport
-        if self.ident.get("hot_shell"):
-            transport.enable_hot_shell()
+        transport.prestart(**self.ident["channels"])
         self.log(f"connected to {self.target.where}")
 
-    def ensure_connected(self, conn: socket.socket, reader: FrameReader) -> bool | None:
+    def ensure_connected(self, conn: socket.socket, reader: SocketFrameReader) -> bool | None:
         """Connect once (relaying a host key question to this client). True: it was already open."""
         asked = time.monotonic()
         with self.connect_lock:
@@ -1049,8 +1049,8 @@ class Server:
         with self.state:
             quiet = time.monotonic() - self.last
         if quiet < 30:
-            return bool(self.ssh.is_alive())
-        transport = self.ssh.client.get_transport()
+            return bool(self.connection.is_alive())
+        transport = self.connection.client.get_transport()
         answered = threading.Event()
 
         def ask() -> None:
@@ -1059,9 +1059,9 @@ class Server:
                 answered.set()
 
         threading.Thread(target=ask, daemon=True).start()
-        return answered.wait(min(5.0, self.target.connect_timeout)) and bool(self.ssh.is_alive())
+        return answered.wait(min(5.0, self.target.connect_timeout)) and bool(self.connection.is_alive())
 
-    def _stdin_frames(self, reader: FrameReader) -> Iterator[bytes]:
+    def _stdin_frames(self, reader: SocketFrameReader) -> Iterator[bytes]:
         while True:
             frame = reader.read()
             if frame is None:
@@ -1075,12 +1075,16 @@ class Server:
                 raise _ClientGone()
 
     def op_exec(
-        self, conn: socket.socket, reader: FrameReader, header: dict[str, Any], on_started: Callable[[], None]
+        self,
+        conn: socket.socket,
+        reader: SocketFrameReader,
+        header: dict[str, Any],
+        on_started: Callable[[], None],
     ) -> None:
         from rv.ssh import Cancelled, ChannelOpenError
 
         try:
-            code = self.ssh.stream(
+            code = self.connection.stream(
                 header["command"],
                 on_stdout=lambda d: send_frame(conn, b"1", d),
                 on_stderr=lambda d: send_frame(conn, b"2", d),
@@ -1107,9 +1111,9 @@ class Server:
             return
         send_frame(conn, b"X", str(code).encode())
 
-    def op_put(self, conn: socket.socket, reader: FrameReader, header: dict[str, Any]) -> None:
+    def op_put(self, conn: socket.socket, reader: SocketFrameReader, header: dict[str, Any]) -> None:
         try:
-            self.ssh.put_stream(self._stdin_frames(reader), header["remote"], int(header["mode"]))
+            self.connection.put_stream(self._stdin_frames(reader), header["remote"], int(header["mode"]))
         except RvError as exc:
             send_json(conn, b"E", _error_json(exc, retry=False))
             return
@@ -1117,7 +1121,7 @@ class Server:
 
     def op_get(self, conn: socket.socket, header: dict[str, Any]) -> None:
         try:
-            self.ssh.get_stream(header["remote"], lambda d: send_frame(conn, b"1", d))
+            self.connection.get_stream(header["remote"], lambda d: send_frame(conn, b"1", d))
         except RvError as exc:
             send_json(conn, b"E", _error_json(exc, retry=False))
             return

@@ -2,7 +2,7 @@
 
 Nothing here imports rich or paramiko at import time: `rv ps` on a warm connection must not pay for
 either. rich is loaded on the first styled message or progress bar on a terminal; paramiko only if
-the command has to connect directly (see rv.warm).
+the command has to connect directly (rv.connect decides).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
     from rv.job.records import RunStore
     from rv.progress import Progress, TransferProgress
+    from rv.ssh import SSHTransport
+    from rv.transport import Transport
 
 
 class _LazyConsole:
@@ -106,50 +109,13 @@ def confirm_host_key_interactively(host: str, key_type: str, fp: str) -> bool:
     return click.confirm("Trust it and remember it?", default=False, err=True)
 
 
-# (config file, profile name) -> the SSHTarget prewarm resolved, so the session need not ask ssh -G again
-_resolved: dict[tuple[str, str], Any] = {}
-
-
-def prewarm(profile_name: str | None) -> None:
-    """Start the profile's warm connection in the background, if it has none (see rv.warm).
-
-    Purely a head start: when anything stands in the way (no config yet, a bad profile, no private
-    runtime folder) nothing is started here, and the command meets and reports the same problem
-    when it connects, as it would have without this.
-    """
-    from rv import warm
-    from rv.errors import RvError
-
-    try:
-        if not warm.enabled():
-            return
-        config = load_config()
-        profile = config.profile(profile_name)
-        from rv.transport import resolve_target
-
-        target = resolve_target(
-            profile.host,
-            port=profile.port,
-            user=profile.user,
-            identity_file=profile.identity_file,
-            known_hosts=profile.known_hosts,
-        )
-        _resolved[(str(config.path), profile.name)] = target
-        from rv.transport import profile_mask
-
-        warm.WarmTransport(
-            target, profile_key=warm.profile_key(config.path, profile.name), mask=profile_mask(profile)
-        ).prewarm()
-    except (RvError, warm.WarmUnavailable, OSError):
-        return  # see the docstring: the command itself reports it
-
-
 @dataclass
 class Session:
     config: Config
     profile: Profile
-    direct: bool = False  # a connection of this process's own, not the warm one (see open_transport)
-    _transport: Any = field(default=None, repr=False)
+    direct: bool = False  # a connection of this process's own, not the warm one (rv.connect)
+    _transport: Transport | None = field(default=None, repr=False)
+    _connection: SSHTransport | None = field(default=None, repr=False)
     # The secrets sweep (see _sweep): a command whose one call to the cluster can carry it asks for
     # the ids with sweep_along() and hands the reply to swept(); then no second round trip is made.
     _sweep_pending: list[Any] = field(default_factory=list, repr=False)
@@ -157,18 +123,34 @@ class Session:
     _swept: bool = field(default=False, repr=False)
 
     @property
-    def transport(self) -> Any:  # -> rv.transport.Transport, connected on first use
+    def transport(self) -> Transport:
+        """The command's way to the cluster, connected on first use (rv.connect chooses it)."""
         if self._transport is None:
-            from rv.transport import open_transport
+            if self.direct:
+                self._transport = self.connection
+            else:
+                from rv.connect import open_transport
 
-            self._transport = open_transport(
-                self.profile,
-                confirm_host_key=confirm_host_key_interactively,
-                config_path=self.config.path,
-                target=_resolved.get((str(self.config.path), self.profile.name)),
-                direct=self.direct,
-            )
+                self._transport = open_transport(
+                    self.profile,
+                    confirm_host_key=confirm_host_key_interactively,
+                    config_path=self.config.path,
+                )
         return self._transport
+
+    @property
+    def connection(self) -> SSHTransport:
+        """A connection of this process's own (a session opened with ``direct``): what carries a
+        terminal (``open_pty``) or a tunnel (``open_tunnel``), which the warm one cannot."""
+        if not self.direct:
+            raise RuntimeError("a terminal or tunnel needs session(ctx, direct=True)")
+        if self._connection is None:
+            from rv.connect import direct_connection
+
+            self._connection = direct_connection(
+                self.profile, confirm_host_key=confirm_host_key_interactively, config_path=self.config.path
+            )
+        return self._connection
 
     @property
     def layout(self) -> RemoteLayout:
@@ -180,7 +162,7 @@ class Session:
     def connected(self) -> bool:
         return self._transport is not None
 
-    def reconnect(self) -> Any:  # -> the new transport
+    def reconnect(self) -> Transport:
         """A fresh connection, after the old one dropped (following a run survives that)."""
         self.close()
         return self.transport
@@ -214,6 +196,9 @@ class Session:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+        if self._connection is not None:
+            self._connection.close()  # closing it twice (it was the transport too) does nothing
+            self._connection = None
 
 
 def load_profile(ctx: click.Context) -> tuple[Config, Profile]:
@@ -276,6 +261,41 @@ def _sweep(s: Session) -> None:
         sweep_secrets(s.transport, run_store(), s.profile.name, s.layout.root, note)
     except RvError as exc:
         warn(f"could not check for leftover secrets of ended runs: {exc.message}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Starting a job (`rv run`, `rv up`)
+
+
+def prepare_local(  # type: ignore[no-untyped-def]
+    req,
+    profile: Profile,
+    *,
+    allow_large: bool,
+    env_choice: str,
+    requirements,
+    extras,
+    python,
+    system_site_packages,
+    max_file_size: str = "100MB",
+):
+    """rv.job.prepare.prepare_local for the folder the command was typed in, its warnings and notes
+    said on stderr. Returns ``(request, snapshot, environment plan)``."""
+    from rv.config import cache_dir
+    from rv.job.prepare import prepare_local as prepare
+    from rv.units import parse_size
+
+    prepared = prepare(
+        req, profile, allow_large=allow_large, max_file_size=parse_size(max_file_size),
+        env_choice=env_choice, requirements=requirements,
+        extras=extras, python=python, system_site_packages=system_site_packages, cache_dir=cache_dir(),
+        here=Path.cwd(),
+    )  # fmt: skip
+    for message in prepared.warnings:
+        warn(message)
+    for message in prepared.notes:
+        note(message)
+    return prepared.request, prepared.snapshot, prepared.env_plan
 
 
 # --------------------------------------------------------------------------------------------------

@@ -78,6 +78,14 @@ def build_with_progress(s, env_plan, setup: tuple[str, ...], *, force: bool = Fa
     return env
 
 
+def ensure_environment(s, env_plan, setup: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """The environment on the cluster, built now (in the foreground, with progress) if it must be;
+    None when the plan needs none (`rv run`, `rv up`)."""
+    if env_plan.spec is None and env_plan.use is None:
+        return None
+    return build_with_progress(s, env_plan, setup)
+
+
 def env_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options that choose a job's Python environment (`rv run`, `rv up`)."""
     options = [

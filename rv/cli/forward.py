@@ -55,7 +55,8 @@ def forward(ctx: click.Context, ports: str, run: str | None, node: int) -> None:
                 job = job_state(s.transport, rj.job_id)
                 return job is not None and job.state == "RUNNING"
 
-            fwd = Forwarder(listener, lambda: s.transport.open_tunnel(addr.reach, remote_port), on_error=warn)
+            connection = s.connection
+            fwd = Forwarder(listener, lambda: connection.open_tunnel(addr.reach, remote_port), on_error=warn)
             try:
                 fwd.serve(still_wanted=still_running)
             except KeyboardInterrupt:

@@ -91,7 +91,8 @@ def init(
 
     from rv.config import load_config, save_config
     from rv.setup import build_profile, check_remote_root, prepare_remote_root, probe
-    from rv.transport import GROUP_MASK, PRIVATE_MASK, check_host, resolve_target
+    from rv.sshconfig import check_host, resolve_target
+    from rv.transport import GROUP_MASK, PRIVATE_MASK
 
     interactive = not yes and sys.stdin.isatty()
     if host is None:

@@ -9,34 +9,8 @@ import sys
 import click
 
 from rv import __version__
+from rv.commands import COMMANDS, lookup
 from rv.errors import EXIT_INTERRUPTED, RvError
-
-# name -> (module, attribute, one-line help). The help lives here so `rv --help` needs no imports.
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "init": ("rv.cli.init", "init", "Connect rv to a cluster and save a profile."),
-    "exec": ("rv.cli.exec", "exec_", "Run a command on the login node."),
-    "run": ("rv.cli.run", "run", "Snapshot this repo and start a run (continued across jobs)."),
-    "ps": ("rv.cli.ps", "ps", "List your runs and jobs."),
-    "logs": ("rv.cli.logs", "logs", "Show or follow a run's output, every segment."),
-    "stop": ("rv.cli.stop", "stop", "Stop runs."),
-    "sweep": ("rv.cli.sweep", "sweep", "A sweep's results table, and a retry of its failed points."),
-    "metrics": ("rv.cli.sweep", "metrics", "A run's metrics ($RV_METRICS): last, best and trend."),
-    "up": ("rv.cli.up", "up", "A shell on a new allocation, released when the shell exits."),
-    "ssh": ("rv.cli.ssh", "ssh", "A shell, or a command, on a node of a running job."),
-    "gpu": ("rv.cli.gpu", "gpu", "What the GPUs of a running job are doing."),
-    "forward": ("rv.cli.forward", "forward", "Forward a port of a running job's node to this machine."),
-    "status": ("rv.cli.status", "status", "Connection, account, storage by kind, jobs and free GPUs."),
-    "ckpt": ("rv.cli.ckpt", "ckpt", "List and download a run's checkpoints."),
-    "gc": ("rv.cli.gc", "gc", "Remove what finished runs left on the cluster."),
-    "cost": ("rv.cli.cost", "cost", "Estimate the SU cost of a job."),
-    "env": ("rv.cli.env", "env", "Manage secrets passed to jobs."),
-    "venv": ("rv.cli.envs", "venv", "List, build and remove the Python environments jobs run in."),
-    "sync": ("rv.cli.sync", "sync", "Push, pull and watch files."),
-}
-ALIASES = {"ls": "ps", "cancel": "stop"}
-# Commands that only ever talk to the cluster (no local checks that could refuse first): their warm
-# connection is started as soon as the profile is known, so its start overlaps with their imports.
-PREWARM = frozenset({"ps", "status", "logs", "exec", "gpu"})
 
 
 def report_error(exc: RvError) -> None:
@@ -51,30 +25,37 @@ class RvGroup(click.Group):
         return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        name = ALIASES.get(cmd_name, cmd_name)
-        if name not in COMMANDS:
+        found = lookup(cmd_name)
+        if found is None:
             return None
-        module, attr, _ = COMMANDS[name]
         try:
-            command: click.Command = getattr(importlib.import_module(module), attr)
+            command: click.Command = getattr(importlib.import_module(found.module), found.attr)
             return command
         except ModuleNotFoundError as exc:
-            if exc.name != module:
+            if exc.name != found.module:
                 raise
             return None  # a command whose module is not written yet simply does not exist
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, help_) for name, (_, _, help_) in COMMANDS.items()]
+        rows = [(name, command.help) for name, command in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except KeyboardInterrupt:  # Ctrl-C as the command starts: an interrupt (130), as later on
+            click.echo("rv: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
     def invoke(self, ctx: click.Context) -> object:
         args = [*ctx.protected_args, *ctx.args]
-        if args and ALIASES.get(args[0], args[0]) in PREWARM and not {"-h", "--help"} & set(args[1:]):
-            from rv.cli.common import prewarm
-
-            prewarm(ctx.params.get("profile"))
+        found = lookup(args[0]) if args else None
         try:
+            if found is not None and found.prewarm and not {"-h", "--help"} & set(args[1:]):
+                from rv.connect import prewarm
+
+                prewarm(ctx.params.get("profile"))  # inside: a Ctrl-C here is an interrupt (130)
             return super().invoke(ctx)
         except RvError as exc:
             if os.environ.get("RV_DEBUG") == "1":

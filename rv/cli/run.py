@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from rv.cli.common import note, print_json, progress_renderer, run_store, session, warn
-from rv.cli.envs import env_options
+from rv.cli.common import note, prepare_local, print_json, progress_renderer, run_store, session, warn
+from rv.cli.envs import ensure_environment, env_options
+from rv.job.prepare import job_umask
 
 
 class _LayeredCommand(click.Command):
@@ -704,56 +705,6 @@ def option_words(command: click.Command) -> dict[str, bool]:
             for word in (*param.opts, *param.secondary_opts):
                 words[word] = takes_value
     return words
-
-
-def prepare_local(  # type: ignore[no-untyped-def]
-    req, profile, *, allow_large: bool, env_choice: str, requirements, extras, python, system_site_packages,
-    max_file_size: str = "100MB",
-):  # fmt: skip
-    """The local half `rv run` and `rv up` share, before any network call: the snapshot (listed with
-    the cache, size-checked, its warnings shown), the folder the program starts in, and the
-    environment plan. Returns ``(request, snapshot, environment plan)``."""
-    import dataclasses
-    import shlex
-
-    from rv.config import cache_dir
-    from rv.pyenv.plan import plan
-    from rv.snapshot import prepare_snapshot, snapshot_warnings
-
-    # The last listing of this repo is reused: a resubmit lists and hashes only what changed.
-    from rv.units import parse_size
-
-    snap = prepare_snapshot(
-        Path.cwd(), max_file_size=parse_size(max_file_size), allow_large=allow_large, cache_dir=cache_dir()
-    )
-    for message in snapshot_warnings(snap):
-        warn(message)
-    if snap.subdir:
-        # Typed in a subfolder: the snapshot is the whole repo, the program starts where the user was.
-        req = dataclasses.replace(req, setup=(*req.setup, f"cd {shlex.quote(snap.subdir)}"))
-    if system_site_packages is None:
-        system_site_packages = profile.system_site_packages
-    env_plan = plan(
-        snap, env_choice, requirements=requirements, extras=extras, python=python or profile.python,
-        system_site_packages=system_site_packages,
-    )  # fmt: skip
-    for message in env_plan.notes:
-        note(message)
-    return req, snap, env_plan
-
-
-def ensure_environment(s, env_plan, setup: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    """The environment on the cluster, built now (in the foreground, with progress) if it must be."""
-    if env_plan.spec is None and env_plan.use is None:
-        return None
-    from rv.cli.envs import build_with_progress
-
-    return build_with_progress(s, env_plan, setup)
-
-
-def job_umask(profile) -> str:  # type: ignore[no-untyped-def]
-    """What the job creates (work dir, logs, checkpoints) is as private as what rv uploads."""
-    return "027" if profile.share_with_group else "077"
 
 
 def follow_to_end(s, run_id: str, name: str, max_segments: int, *, output_to_stderr: bool = False) -> int:  # type: ignore[no-untyped-def]

@@ -56,7 +56,7 @@ def ssh(ctx: click.Context, run: str | None, node: int, tty: bool) -> None:
             from rv.terminal import relay, term_name, terminal_size
 
             cols, rows = terminal_size()
-            code = relay(s.transport.open_pty(line, term=term_name(), cols=cols, rows=rows))
+            code = relay(s.connection.open_pty(line, term=term_name(), cols=cols, rows=rows))
         else:
             err = SrunExitFilter(stream_writer(sys.stderr.buffer))
             try:

@@ -133,7 +133,9 @@ def up(
     for message in req.warnings:
         warn(message)
     secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
-    from rv.cli.run import ensure_environment, job_umask, prepare_local
+    from rv.cli.common import prepare_local
+    from rv.cli.envs import ensure_environment
+    from rv.job.prepare import job_umask
 
     # The shell starts in the folder rv up was typed in, as a run's program would.
     req, snap, env_plan = prepare_local(
@@ -186,7 +188,7 @@ def up(
             )
             line = attach_command(JobPlace(s.layout.root, run_id, record.job_id), node, None, pty=True)
             cols, rows = terminal_size()
-            code = relay(s.transport.open_pty(line, term=term_name(), cols=cols, rows=rows))
+            code = relay(s.connection.open_pty(line, term=term_name(), cols=cols, rows=rows))
             gone, why = session_up.release(dog)
             released = True
             _said_released(record.job_id, gone, why)

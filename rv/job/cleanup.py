@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rv.agent_client import call_agent
 from rv.job.records import RunRecord, RunStore
 from rv.slurm import commands
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class Stopped:
     error: str | None
 
 
-def stop_runs(transport: Any, root: str, runs: Sequence[tuple[str, str]]) -> list[Stopped]:
+def stop_runs(transport: Transport, root: str, runs: Sequence[tuple[str, str]]) -> list[Stopped]:
     """``rv stop``: STOP for each (run id, name), scancel of its live segments, its secrets gone."""
     names = dict(runs)
     reply = call_agent(
@@ -54,7 +57,7 @@ def pending_secrets(store: RunStore, profile: str, root: str) -> list[RunRecord]
 
 
 def sweep_secrets(
-    transport: Any, store: RunStore, profile: str, root: str, note: Callable[[str], None]
+    transport: Transport, store: RunStore, profile: str, root: str, note: Callable[[str], None]
 ) -> None:
     """Remove the secrets of runs no job is alive for; mark the rest of what is known."""
     pending = pending_secrets(store, profile, root)
@@ -86,7 +89,7 @@ def apply_sweep(
 
 
 def collect_garbage(
-    transport: Any, root: str, *, older_than: float, checkpoints: bool, dry_run: bool
+    transport: Transport, root: str, *, older_than: float, checkpoints: bool, dry_run: bool
 ) -> dict[str, Any]:
     """``rv gc``: the agent removes what finished runs left, then unreferenced snapshots and objects."""
     args = {
@@ -101,7 +104,7 @@ def collect_garbage(
     return call_agent(transport, "gc", args, timeout=600)
 
 
-def usage(transport: Any, root: str, *, older_than: float) -> dict[str, Any]:
+def usage(transport: Transport, root: str, *, older_than: float) -> dict[str, Any]:
     """What rv keeps under the root, by kind, and what ``rv gc`` (with these settings) would free."""
     args = {"root": root, "older_than": older_than, "checkpoints": False, "squeue": commands.squeue_user()}
     return call_agent(transport, "usage", args, timeout=300)

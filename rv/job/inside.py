@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rv.errors import RemoteError, UsageError
 from rv.gpustat import NODE_SCRIPT, NodeGpus, parse_report
@@ -27,6 +27,9 @@ from rv.layout import RemoteLayout
 from rv.slurm import commands
 from rv.slurm.parse import NodeAddress, QueuedJob, parse_node_addresses, parse_squeue
 from rv.slurm.script import JOB_ENV_FILE
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 # Run on the node by the step (bash -c ATTACH rv-ssh ENV_FILE WORK_DIR [COMMAND]): a shell, or one
 # command line, in the job's environment; a plain one in its work dir when the job saved none.
@@ -100,7 +103,9 @@ class RunningJob:
         return JobPlace(self.root, self.run.run_id, self.job_id)
 
 
-def running_job(transport: Any, store: RunStore, profile: str, root: str, ref: str | None) -> RunningJob:
+def running_job(
+    transport: Transport, store: RunStore, profile: str, root: str, ref: str | None
+) -> RunningJob:
     """RUN (a name, run id, job id, or None: the latest) with its running job; a clear error when
     the run is pending or over."""
     found = query.resolve(transport, store, profile, root, ref)
@@ -137,7 +142,7 @@ def attach_command(place: JobPlace, node: str, command: str | None, *, pty: bool
     return commands.shell(commands.srun_attach(place.job_id, node, words, pty=pty))
 
 
-def node_address(transport: Any, node: str) -> NodeAddress:
+def node_address(transport: Transport, node: str) -> NodeAddress:
     """Where ``node`` is reached, as Slurm says (``NodeAddr``, else ``NodeHostName``)."""
     result = transport.run(commands.shell(commands.scontrol_show_nodes([node])), timeout=60)
     result.check(f"asking Slurm for the address of node {node}")
@@ -147,7 +152,7 @@ def node_address(transport: Any, node: str) -> NodeAddress:
     return found
 
 
-def gpu_report(transport: Any, rj: RunningJob) -> list[NodeGpus]:
+def gpu_report(transport: Transport, rj: RunningJob) -> list[NodeGpus]:
     """nvidia-smi on every node of the job, in one step (one round trip)."""
     argv = commands.srun_each_node(rj.job_id, len(rj.nodes), ["bash", "-c", NODE_SCRIPT])
     result = transport.run(commands.shell(argv), timeout=120)
@@ -161,7 +166,7 @@ def gpu_report(transport: Any, rj: RunningJob) -> list[NodeGpus]:
     return report
 
 
-def job_state(transport: Any, job_id: str) -> QueuedJob | None:
+def job_state(transport: Transport, job_id: str) -> QueuedJob | None:
     """The job as squeue sees it now; None once it has left the queue."""
     result = transport.run(commands.shell(commands.squeue_job(job_id)), timeout=60)
     if result.exit_code != 0:

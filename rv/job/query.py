@@ -10,13 +10,16 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rv.agent_client import call_agent
 from rv.errors import NotFound
 from rv.job.records import ClusterRun, RunRecord, RunStore, parse_runs
 from rv.slurm import commands
 from rv.slurm.parse import AccountedJob, QueuedJob, parse_sacct, parse_squeue
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 FINISHED_DAYS = 7  # how far back `rv ps -a` looks
 
@@ -35,7 +38,7 @@ class RunsListing:
 
 
 def fetch(
-    transport: Any,
+    transport: Transport,
     root: str,
     *,
     ids: Sequence[str] = (),
@@ -90,7 +93,7 @@ def fetch(
 
 
 def listing(
-    transport: Any, root: str, *, finished: bool, sweep: Sequence[str] = (), sweeps: Sequence[str] = ()
+    transport: Transport, root: str, *, finished: bool, sweep: Sequence[str] = (), sweeps: Sequence[str] = ()
 ) -> RunsListing:
     """What `rv ps` shows: live runs (and, with ``finished``, those of the last week, and sacct), each
     sweep with all its points (one line sums them up); with ``sweeps``, every point of those."""
@@ -112,7 +115,13 @@ class Resolved:
 
 
 def resolve(
-    transport: Any, store: RunStore, profile: str, root: str, ref: str | None, *, sweep: Sequence[str] = ()
+    transport: Transport,
+    store: RunStore,
+    profile: str,
+    root: str,
+    ref: str | None,
+    *,
+    sweep: Sequence[str] = (),
 ) -> Resolved:
     """RUN as the user typed it: a run name, a run id, a job id of any segment, or None (the latest).
 
@@ -138,7 +147,7 @@ def resolve(
 
 
 def resolve_or_sweep(
-    transport: Any, store: RunStore, profile: str, root: str, ref: str
+    transport: Transport, store: RunStore, profile: str, root: str, ref: str
 ) -> tuple[list[ClusterRun], bool]:
     """RUN as :func:`resolve` finds it, or else the sweep of that name: (the runs, whether they are a
     sweep's points: the newest run of each point). One round trip either way."""

@@ -26,19 +26,22 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rv.agent_client import agent_command
 from rv.errors import ConnectError, RemoteError
 from rv.job.records import RunRecord
 from rv.job.submit import run_record, submit_args
-from rv.job.watch import FrameReader
+from rv.job.watch import FollowerFrameReader
 from rv.layout import RemoteLayout
 from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
 from rv.slurm.parse import QueuedJob, parse_squeue
 from rv.slurm.script import ScriptContext
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 HEARTBEAT_S = 5.0  # rv -> watchdog
 SILENCE_S = 60.0  # the watchdog cancels after this long without a word from rv
@@ -89,7 +92,7 @@ class SessionEnded(RemoteError):
 class Watchdog:
     """rv's end of the watchdog: a channel to the agent's ``up`` mode, its frames, and our lines."""
 
-    transport: Any
+    transport: Transport
     args: dict[str, Any]
     secrets: bytes
 
@@ -100,7 +103,7 @@ class Watchdog:
         self.stopped = threading.Event()
         self.job_id: str | None = None
         self.last: QueuedJob | None = None
-        self._reader = FrameReader()
+        self._reader = FollowerFrameReader()
         self._worker = threading.Thread(target=self._pump, daemon=True)
         self._beater = threading.Thread(target=self._beat, daemon=True)
 
@@ -179,7 +182,7 @@ class Watchdog:
 
 
 def start(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     req: JobRequest,
     ctx: ScriptContext,

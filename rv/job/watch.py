@@ -21,18 +21,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rv.agent_client import agent_command
 from rv.errors import ConnectError, NotFound, RemoteError
 from rv.slurm import commands
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 # A follower that sent nothing (not even a heartbeat) for this long is taken for a dead connection.
 SILENCE_S = 45.0
 MAX_BACKOFF_S = 30.0
 
 
-class FrameReader:
+class FollowerFrameReader:
     """Splits the follower's stdout into (header, data) frames; chunks may split frames anywhere."""
 
     def __init__(self) -> None:
@@ -166,11 +169,11 @@ def follow_run(
 
 
 def _one_follower(
-    transport: Any, args: dict[str, Any], pos: Position, view: FollowView, on_run: OnRun | None = None
+    transport: Transport, args: dict[str, Any], pos: Position, view: FollowView, on_run: OnRun | None = None
 ) -> Followed | None:
     """Run one follower to its end frame (returned) or until the connection fails (raises)."""
     frames: queue.Queue[tuple[str, Any]] = queue.Queue()
-    reader = FrameReader()
+    reader = FollowerFrameReader()
     errors: list[bytes] = []
 
     def on_stdout(chunk: bytes) -> None:

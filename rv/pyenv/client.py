@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rv.agent_client import agent_command, agent_reply, call_agent
 from rv.errors import RemoteError
 from rv.layout import RemoteLayout
 from rv.pyenv.spec import EnvSpec
 from rv.slurm import commands
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class _Lines:
 
 
 def ensure(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     *,
     setup: Sequence[str],
@@ -89,11 +92,13 @@ def ensure(
     )
 
 
-def list_envs(transport: Any, layout: RemoteLayout) -> list[dict[str, Any]]:
+def list_envs(transport: Transport, layout: RemoteLayout) -> list[dict[str, Any]]:
     reply = call_agent(transport, "venv-ls", {"root": layout.root, "squeue": commands.squeue_user()})
     return list(reply.get("envs") or [])
 
 
-def remove_env(transport: Any, layout: RemoteLayout, key: str, *, force: bool = False) -> dict[str, Any]:
+def remove_env(
+    transport: Transport, layout: RemoteLayout, key: str, *, force: bool = False
+) -> dict[str, Any]:
     args = {"root": layout.root, "key": key, "force": force, "squeue": commands.squeue_user()}
     return call_agent(transport, "venv-rm", args)

@@ -1,7 +1,11 @@
 """Fixtures for tests against the real loopback cluster (`scripts/testcluster up`).
 
-Nothing here is faked: a real sshd on 127.0.0.1, real Slurm daemons, the real `rv` CLI run as a
-subprocess. A missing cluster is a test failure, not a skip: a skipped integration test proves nothing.
+Nothing here is faked: a real sshd on 127.0.0.1, real Slurm daemons, the real `rv` program run as a
+subprocess, as a user types it: the installed entry point of this venv, whose front end hands each
+command to the command server (rv.entry, rv.forkserver), started by the session's first command and
+kept for the whole session. ``run_in_process`` runs ``python -m rv`` instead, for the tests that are
+about the CLI in one process. A missing cluster is a test failure, not a skip: a skipped integration
+test proves nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import pytest
 from rv.config import load_config, save_config
 
 REPO = Path(__file__).resolve().parents[2]
+# The `rv` program as installed in this venv (pyproject's [project.scripts]): what users run.
+RV_PROGRAM = Path(sys.executable).parent / "rv"
 # A test run started in the background by a non-interactive shell (`scripts/test &`) inherits SIGINT
 # ignored, and so would every rv it starts: the Ctrl-C tests need rv to see SIGINT as a user's would.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -131,7 +137,8 @@ def base_env(home: Path, config: Path) -> dict[str, str]:
 
 
 def warm_pids(runtime: Path = RUNTIME) -> dict[str, int]:
-    """The background connections alive under ``runtime``: socket key -> pid (from their pid files)."""
+    """rv's background processes alive under ``runtime``: socket key -> pid (from their pid files).
+    The command server's keys start with ``cmd-``; the others are warm connections."""
     pids = {}
     for f in runtime.glob("*.pid"):
         with contextlib.suppress(OSError, ValueError):
@@ -141,10 +148,11 @@ def warm_pids(runtime: Path = RUNTIME) -> dict[str, int]:
     return pids
 
 
-def stop_warm() -> None:
+def stop_warm(*, server: bool = False) -> None:
     """End every background connection and wait for it: tests run one at a time, so each test's
-    sessions on the cluster end with it and the next test sees only its own."""
-    pids = list(warm_pids().values())
+    sessions on the cluster end with it and the next test sees only its own. The command server
+    (which holds no connection) stays for the next test unless ``server``."""
+    pids = [pid for key, pid in warm_pids().items() if server or not key.startswith("cmd-")]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -173,11 +181,25 @@ def _alive(pid: int) -> bool:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    stop_warm()
+    stop_warm(server=True)
     shutil.rmtree(RUNTIME, ignore_errors=True)
 
 
 def run_cli(args, env, cwd=None, input=None, timeout=300) -> subprocess.CompletedProcess:
+    """``rv ARGS...``: the installed program (front end and command server, when one is up)."""
+    return subprocess.run(
+        [str(RV_PROGRAM), *args],
+        env=env,
+        cwd=cwd,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_in_process(args, env, cwd=None, input=None, timeout=300) -> subprocess.CompletedProcess:
+    """``python -m rv ARGS...``: the CLI in one process, never served."""
     return subprocess.run(
         [sys.executable, "-m", "rv", *args],
         env=env,
@@ -278,7 +300,8 @@ def run_rv_bare(bare_rv_env):
 
 
 def _transport(values: dict[str, str]):
-    from rv.transport import SSHTransport, resolve_target
+    from rv.ssh import SSHTransport
+    from rv.sshconfig import resolve_target
 
     target = resolve_target(
         "127.0.0.1",

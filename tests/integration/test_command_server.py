@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import STATES, wait_gone, warm_pids
+from conftest import RUNTIME, STATES, run_in_process, wait_gone, warm_pids
 from terminal import Terminal
 
 from rv.config import load_config, save_config
@@ -99,13 +99,27 @@ def test_a_served_command_behaves_as_in_process(rv_env, runtime):
 
     listed = front(env, "ps", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert json.loads(listed.stdout) == json.loads(front(env, "ps", "--json", RV_WARM_SECONDS="0").stdout)
+    # The cluster user is shared with whatever else runs on the loopback cluster: its jobs are in
+    # both listings, where their age may differ, and a job may come or go between the two.
+    served_rows, in_process_rows = (
+        _comparable(out) for out in (listed.stdout, front(env, "ps", "--json", RV_WARM_SECONDS="0").stdout)
+    )
+    both = served_rows.keys() & in_process_rows.keys()
+    assert [served_rows[k] for k in both] == [in_process_rows[k] for k in both]
 
     # All three went through the server (the in-process ones did not), with their exit codes.
     log = server_log(runtime)
     assert len(served(runtime, server, "exec")) == 1 and len(served(runtime, server, "ps")) == 2, log
     assert f"[{server}] command {served(runtime, server, 'exec')[0]}: exit 7" in log
     assert re.search(rf"\[{server}\] command \d+: exit 2", log), log
+
+
+def _comparable(listing: str) -> dict[str, dict]:
+    """`rv ps --json` rows by job id, without what changes from one second to the next."""
+    rows = json.loads(listing)
+    assert isinstance(rows, list)
+    volatile = ("elapsed_seconds", "state", "live")
+    return {str(row.get("job_id")): {k: v for k, v in row.items() if k not in volatile} for row in rows}
 
 
 def test_one_server_serves_each_callers_folder_environment_and_profile(
@@ -148,7 +162,7 @@ def test_ctrl_c_on_a_terminal_and_a_killed_front_end_end_the_command(rv_env, run
     try:
         copy = _wait_served(runtime, server, "exec", 1)
         term.send("\x03")  # Ctrl-C: the terminal signals its foreground group, the front end
-        assert term.wait(60) == 130
+        assert term.wait(60) == 130, term.text
         term.expect("rv: interrupted")
     finally:
         term.close()
@@ -270,3 +284,98 @@ def test_a_host_that_never_answers_is_tried_once(rv_env, runtime):
         assert attempts == 1
     finally:
         silent.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Every way users install rv gets the command server (issue 24: `pip install -e .` installs an
+# import hook, and a server started without site processing could not import rv at all).
+
+
+@pytest.fixture(scope="session")
+def installable(tmp_path_factory) -> tuple[Path, Path]:
+    """(a copy of this checkout's sources, a folder of rv's dependencies): what a fresh venv installs
+    rv from, without a network. The dependencies are this test venv's own, linked one by one, rv's
+    own entries left out, so nothing but the install under test can make rv importable."""
+    base = tmp_path_factory.mktemp("installable")
+    src = base / "src"
+    src.mkdir()
+    repo = Path(__file__).resolve().parents[2]
+    for name in ("rv", "rv_train"):
+        shutil.copytree(repo / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, src / name)
+    deps = base / "deps"
+    deps.mkdir()
+    import sysconfig
+
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name
+        if name in ("rv", "rv_train", "__pycache__") or name.startswith(("rv-", "__editable__")):
+            continue
+        if name.endswith(".pth"):
+            continue
+        (deps / name).symlink_to(entry)
+    return src, deps
+
+
+def fresh_install(installable: tuple[Path, Path], where: Path, editable: bool) -> Path:
+    """A new venv at ``where`` with rv installed by pip as a user would (``-e`` or not); its python."""
+    src, deps = installable
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    python = where / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    Path(purelib, "rv_test_deps.pth").write_text(f"{deps}\n")  # pip, setuptools, click, paramiko...
+    pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    done = subprocess.run([*pip, *(["-e"] if editable else []), str(src)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    finder = list(Path(purelib).glob("__editable__*finder*.py"))
+    assert bool(finder) == editable, "setuptools' default editable install is an import hook"
+    return python
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["pip install -e .", "pip install .", "a tool's venv on PATH"])
+def test_every_kind_of_install_gets_its_commands_served(how, rv_env, installable, runtime, tmp_path):
+    python = fresh_install(installable, tmp_path / "venv", editable=how == "pip install -e .")
+    env = dict(rv_env, RV_RUNTIME_DIR=str(runtime), RV_DEBUG="1")
+    rv = [str(python.parent / "rv")]
+    if how == "a tool's venv on PATH":
+        # pipx and `uv tool install`: the venv's `rv` linked into a folder on PATH, typed by name.
+        on_path = tmp_path / "bin"
+        on_path.mkdir()
+        (on_path / "rv").symlink_to(python.parent / "rv")
+        env["PATH"] = f"{on_path}:{env['PATH']}"
+        rv = ["rv"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*rv, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+
+    first = run("exec", "echo one")  # no server yet: runs in-process and starts one
+    assert (first.returncode, first.stdout) == (0, "one\n"), first.stderr
+    assert "rv: debug: started the command server" in first.stderr, first.stderr
+    server = server_pid(runtime)
+    second = run("exec", "echo two")
+    assert (second.returncode, second.stdout) == (0, "two\n"), second.stderr
+    assert "rv: debug: served by the command server" in second.stderr, second.stderr
+    assert len(served(runtime, server, "exec")) == 1, server_log(runtime)
+
+
+def test_the_integration_tests_run_the_rv_program_and_it_serves(run_rv, rv_env):
+    # conftest's run_rv (every integration test's way to rv) is the installed `rv` program: once the
+    # session's command server is up (the first served command of the session starts it), each
+    # command goes through it, as a user's does. `python -m rv` never does.
+    first = run_rv("exec", "true")
+    assert first.returncode == 0, first.stderr
+    server = server_pid(RUNTIME)
+    r = run_rv("exec", "echo served", env_extra={"RV_DEBUG": "1"})
+    assert (r.returncode, r.stdout) == (0, "served\n"), r.stderr
+    assert "rv: debug: served by the command server" in r.stderr, r.stderr
+    assert served(RUNTIME, server, "exec"), server_log(RUNTIME)
+    in_process = run_in_process(["exec", "echo here"], dict(rv_env, RV_DEBUG="1"))
+    assert (in_process.returncode, in_process.stdout) == (0, "here\n"), in_process.stderr
+    assert "served by the command server" not in in_process.stderr

@@ -43,8 +43,8 @@ def command_options(path: str) -> set[str]:
     words = path.split()
     command: click.Command = cli
     if words:
-        module, attr, _ = COMMANDS[words[0]]
-        command = getattr(importlib.import_module(module), attr)
+        found = COMMANDS[words[0]]
+        command = getattr(importlib.import_module(found.module), found.attr)
         for word in words[1:]:
             assert isinstance(command, click.Group)
             command = command.commands[word]

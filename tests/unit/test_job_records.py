@@ -12,7 +12,7 @@ import pytest
 from rv.errors import ConnectError, NotFound, UsageError
 from rv.job.records import RunRecord, RunStore, end_state, parse_runs, run_exit_code, run_views
 from rv.job.submit import FromRun, default_run_name
-from rv.job.watch import FrameReader, follow_run
+from rv.job.watch import FollowerFrameReader, follow_run
 from rv.slurm.parse import SQUEUE_FORMAT, parse_squeue
 
 
@@ -167,7 +167,7 @@ def test_frame_reader_handles_frames_split_anywhere():
         {"t": "end", "ended": None}
     )
     for cut in range(len(stream) + 1):
-        reader = FrameReader()
+        reader = FollowerFrameReader()
         got = list(reader.feed(stream[:cut])) + list(reader.feed(stream[cut:]))
         assert [h["t"] for h, _ in got] == ["data", "end"]
         assert got[0][1] == b"hello\n"

@@ -142,9 +142,9 @@ def cluster(request, tmp_path, monkeypatch):
     c, env = make_cluster(tmp_path, request.param)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    import rv.transport
+    import rv.connect
 
-    monkeypatch.setattr(rv.transport, "open_transport", lambda *a, **k: c.transport)
+    monkeypatch.setattr(rv.connect, "open_transport", lambda *a, **k: c.transport)
     return c
 
 
