@@ -13,7 +13,7 @@ setting, its value and its source (``rv run --dry-run`` shows them).
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,9 +83,16 @@ def option_keys(command: click.Command, exclude: Iterable[str] = ()) -> dict[str
 
 
 def apply_layers(
-    ctx: click.Context, layers: Iterable[Layer | None], *, exclude: Iterable[str] = ()
+    ctx: click.Context,
+    layers: Iterable[Layer | None],
+    *,
+    exclude: Iterable[str] = (),
+    only: Collection[str] | None = None,
 ) -> dict[str, str]:
     """Fill ``ctx.params`` for every option the user did not type from the first layer that has it.
+
+    With ``only`` (parameter names), a layer's other keys are skipped, unknown ones included: the
+    tables hold rv run's options, and rv run checks them (rv up takes a few of them).
 
     Returns ``{parameter name: source}`` for every option (the command line, a layer, or rv's own
     default). A layer's unknown key, or a value of the wrong type, is a :class:`ConfigError` naming
@@ -103,6 +110,8 @@ def apply_layers(
             continue
         for key, raw in layer.values.items():
             param = keys.get(key)
+            if only is not None and (param is None or param.name not in only):
+                continue
             if param is None:
                 valid = sorted({k.replace("_", "-") for k in keys if "_" not in k})
                 raise ConfigError(

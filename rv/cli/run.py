@@ -10,66 +10,12 @@ import click
 
 from rv.cli.common import note, prepare_local, print_json, progress_renderer, run_store, session, warn
 from rv.cli.envs import ensure_environment, env_options
+from rv.cli.layered import NOT_DEFAULTS, RunCommand, placement_options
 from rv.job.prepare import job_umask
 
 
-class _LayeredCommand(click.Command):
-    """A command whose options the user did not type come from the project's defaults
-    (``[tool.rv]`` in pyproject.toml, or .rv.toml), then the profile's, then rv's own (rv.defaults)."""
-
-    def invoke(self, ctx: click.Context) -> object:
-        ctx.meta["rv.sources"] = apply_run_defaults(ctx)
-        return super().invoke(ctx)
-
-
-# Options that say what this one command does, never defaults of a project. A sweep's values belong
-# to one command; how many of its points run at once (--parallel) may be a project's habit.
-NOT_DEFAULTS = ("name", "from_", "dry_run", "as_json", "sweep_options", "sweep_file")
-
-
-def apply_run_defaults(ctx: click.Context) -> dict[str, str]:
-    from rv.cli.common import load_profile
-    from rv.config import PLACEMENT_KEYS
-    from rv.defaults import Layer, apply_layers, project_layer
-    from rv.listing import Git, find_repo_top
-
-    _, profile = load_profile(ctx)
-    own = {k: v for k, v in profile.placement.items() if k in PLACEMENT_KEYS}
-    if profile.sbatch:
-        own["sbatch"] = list(profile.sbatch)
-    layers = [project_layer(find_repo_top(Path.cwd(), Git())), Layer(f"profile {profile.name}", own)]
-    return apply_layers(ctx, layers, exclude=NOT_DEFAULTS)
-
-
-def placement_options(f):  # type: ignore[no-untyped-def]
-    """Slurm's placement options, shared by rv run and rv up."""
-    for option in reversed(
-        [
-            click.option("--partition", help="Slurm partition (default: the GPU type's)."),
-            click.option("--qos", help="Slurm QoS, where the cluster requires or offers one."),
-            click.option("--constraint", help="Node features the job needs, e.g. ib or 'a100_80gb&ib'."),
-            click.option(
-                "--exclude", metavar="NODES", help="Nodes never to run on, e.g. gpu-07,gpu-[10-12]."
-            ),
-            click.option("--nodelist", metavar="NODES", help="Nodes to run on."),
-            click.option("--reservation", help="A Slurm reservation to run in."),
-            click.option("--account", help="Slurm account to charge (default: the profile's)."),
-            click.option(
-                "--sbatch",
-                "sbatch_options",
-                multiple=True,
-                metavar="OPT",
-                help="Any other sbatch option, as on an #SBATCH line, e.g. --sbatch=--begin=now+1hour "
-                "(repeatable). Options rv sets itself are refused with the rv flag to use.",
-            ),
-        ]
-    ):
-        f = option(f)
-    return f
-
-
 @click.command(
-    cls=_LayeredCommand,
+    cls=RunCommand,
     context_settings={"allow_interspersed_args": False},
 )
 @click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")

@@ -9,6 +9,7 @@ import click
 
 from rv.cli.common import note, run_store, session, warn
 from rv.cli.envs import env_options
+from rv.cli.layered import UpCommand, placement_options
 
 if TYPE_CHECKING:
     from rv.job.records import RunRecord
@@ -47,7 +48,7 @@ class _View:
         warn(message)
 
 
-@click.command()
+@click.command(cls=UpCommand)
 @click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")
 @click.option(
     "-t", "--type", "gpu_type", help="GPU type from the profile's catalog (`rv status` lists them)."
@@ -67,6 +68,7 @@ class _View:
     help="Keep the allocation when rv exits: attach with rv ssh, end it with rv stop.",
 )
 @env_options
+@placement_options
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
 @click.option(
     "--max-file-size", default="100MB", show_default=True, metavar="SIZE",
@@ -90,6 +92,14 @@ def up(
     extras: tuple[str, ...],
     system_site_packages: bool | None,
     python_: str | None,
+    partition: str | None,
+    qos: str | None,
+    constraint: str | None,
+    exclude: str | None,
+    nodelist: str | None,
+    reservation: str | None,
+    account: str | None,
+    sbatch_options: tuple[str, ...],
     allow_large: bool,
     max_file_size: str,
 ) -> None:
@@ -99,7 +109,8 @@ def up(
     `rv run` builds it), secrets (rv env), RV_* variables, caches, and the synced snapshot as its work
     dir. The allocation is released when the shell exits, on
     Ctrl-C while it waits, and when rv or its connection goes away; --detach keeps it until
-    `rv stop NAME` or its time limit.
+    `rv stop NAME` or its time limit. Placement (--qos, --constraint, ...), setup lines and the
+    environment options default to the project's and the profile's, as for rv run.
 
     \b
       rv up -g 1 -t a6000 --time 1h
@@ -129,6 +140,14 @@ def up(
         profile.gpu_catalog(), command=session_up.holder_command(), gpus=gpus, gpu_type=gpu_type, mig=mig,
         time=time_, mem=mem, cpus=cpus, name=name or job.default_run_name("up", run_id), nodes=nodes,
         setup=(*profile.setup, *setup), max_segments=1, each_node=True, partitions=profile.partitions,
+        partition=partition,
+    )  # fmt: skip
+    from rv.placement import build_placement
+
+    # A session is one job: nothing continues it, after a fault either (max_fault_retries=0).
+    place = build_placement(
+        partition=partition, qos=qos, constraint=constraint, exclude=exclude, nodelist=nodelist,
+        reservation=reservation, account=account, sbatch=sbatch_options, max_fault_retries=0,
     )  # fmt: skip
     for message in req.warnings:
         warn(message)
@@ -155,7 +174,7 @@ def up(
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
-            env_build=env_plan.lines(env.path) if env else (),
+            env_build=env_plan.lines(env.path) if env else (), placement=place,
         )  # fmt: skip
         view = _View()
         dog, record = session_up.start(

@@ -118,6 +118,34 @@ def test_a_projects_defaults_apply_under_the_command_line_and_the_dry_run_names_
     assert bad.returncode == 3 and "unknown rv run option 'gpus_total'" in bad.stderr, bad.stderr
 
 
+def test_rv_up_takes_placement_from_the_command_line_and_the_project_but_not_its_size(layout, tmp_path):
+    _, second = nodes_of(layout)
+    qos = "high" if layout.name == "default" else "normal"
+    # The project's runs are long and big; a shell on its nodes is not, but runs where they run.
+    pyproject = (
+        '[project]\nname = "p"\n\n[tool.rv]\nconstraint = "eth"\ntime = "2d"\nmax-segments = 3\n'
+        'sbatch = ["--comment=fromproject"]\n'
+    )
+    proj = git_project(tmp_path / "p", {"pyproject.toml": pyproject})
+    r = layout.run_rv(
+        "up", "--detach", "-g", "0", "--mem", "200M", "--qos", qos, "--name", "placed", cwd=proj
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    try:
+        shown = layout.run_rv("ssh", "placed", "--", "scontrol", "-o", "show", "job", "$SLURM_JOB_ID")
+        assert shown.returncode == 0, shown.stderr
+        show = shown.stdout
+        assert f" NodeList={second} " in show and " Features=eth " in show, show
+        assert " Comment=fromproject " in show and " TimeLimit=02:59:00 " in show, show
+        if layout.name == "default":
+            assert " QOS=high " in show, show
+    finally:
+        assert layout.run_rv("stop", "placed").returncode == 0
+    # A value Slurm refuses is said before anything is queued, as for rv run.
+    r = layout.run_rv("up", "--detach", "-g", "0", "--sbatch=--time=1:00", cwd=proj)
+    assert r.returncode == 2 and "rv sets --time itself" in r.stderr, r.stderr
+
+
 RAN = "import os; print('ran', os.environ['SLURM_JOB_ID'], os.environ['RV_GPU_TYPE'], flush=True)\n"
 
 

@@ -235,6 +235,31 @@ def test_a_bad_defaults_table_says_what_is_valid():
         run_tiny([], {"name": "x"}, {})  # what names one run is never a project's default
 
 
+def test_only_some_options_take_defaults_the_rest_are_left_to_rv_run():
+    @click.command()
+    @click.option("--time", "time_")
+    @click.option("--qos")
+    @click.pass_context
+    def shell(ctx, **_kw):
+        sources = apply_layers(ctx, [Layer("project", ctx.obj)], only=("qos",))
+        click.echo(repr((ctx.params, sources)))
+
+    # rv run's keys this command lacks (max-segments, even a misspelt one) are rv run's to refuse.
+    result = CliRunner().invoke(shell, [], obj={"time": "2d", "qos": "high", "max-segments": 3, "gpux": 1})
+    params, sources = eval(result.output)
+    assert params == {"time_": None, "qos": "high"} and sources["time_"] == BUILT_IN
+
+
+def test_rv_up_takes_placement_setup_and_environment_from_the_defaults_never_its_size():
+    from rv.cli.layered import UP_DEFAULTS
+    from rv.cli.up import up
+
+    names = {p.name for p in up.params}
+    assert set(UP_DEFAULTS) <= names  # each one an option of rv up
+    assert {"qos", "constraint", "exclude", "sbatch_options", "setup", "env_choice"} <= set(UP_DEFAULTS)
+    assert not {"gpus", "gpu_type", "time_", "nodes", "mem", "name", "detach"} & set(UP_DEFAULTS)
+
+
 def test_project_defaults_live_in_pyproject_or_rv_toml(tmp_path: Path):
     assert project_layer(tmp_path) is None
     (tmp_path / ".rv.toml").write_text('type = "a100,a6000"\n')

@@ -1,0 +1,86 @@
+"""Options a project or profile may set once: where `rv run` and `rv up` take their defaults from.
+
+What the user did not type comes from the project's defaults (``[tool.rv]`` in pyproject.toml, or
+.rv.toml), then the profile's, then rv's own (rv.defaults holds the layering; this module says which
+layers and which options). Slurm's placement options live here too: both commands take them, and a
+site that requires a QoS requires it of a shell as much as of a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+import click
+
+# Options that say what this one command does, never defaults of a project. A sweep's values belong
+# to one command; how many of its points run at once (--parallel) may be a project's habit.
+NOT_DEFAULTS = ("name", "from_", "dry_run", "as_json", "sweep_options", "sweep_file")
+
+# What `rv up` takes from the defaults: where it may run (placement) and what its shell has (setup
+# lines, the project's environment), so a session is the place a run's program would be. Not its
+# size or length: a project's `gpus = 8, time = "2d"` is for its runs; a shell is sized as typed.
+UP_DEFAULTS = (
+    "partition", "qos", "constraint", "exclude", "nodelist", "reservation", "account", "sbatch_options",
+    "setup", "env_choice", "requirements", "extras", "python_", "system_site_packages",
+)  # fmt: skip
+
+
+def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> dict[str, str]:
+    """Fill the options not typed from the project's and the profile's defaults (``only``: just
+    these parameters; the other keys are rv run's to check). Returns each option's source."""
+    from rv.cli.common import load_profile
+    from rv.config import PLACEMENT_KEYS
+    from rv.defaults import Layer, apply_layers, project_layer
+    from rv.listing import Git, find_repo_top
+
+    _, profile = load_profile(ctx)
+    own: dict[str, Any] = {k: v for k, v in profile.placement.items() if k in PLACEMENT_KEYS}
+    if profile.sbatch:
+        own["sbatch"] = list(profile.sbatch)
+    layers = [project_layer(find_repo_top(Path.cwd(), Git())), Layer(f"profile {profile.name}", own)]
+    return apply_layers(ctx, layers, exclude=NOT_DEFAULTS, only=only)
+
+
+class RunCommand(click.Command):
+    """`rv run`: every option but :data:`NOT_DEFAULTS` may come from the defaults."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        ctx.meta["rv.sources"] = apply_defaults(ctx)
+        return super().invoke(ctx)
+
+
+class UpCommand(click.Command):
+    """`rv up`: the options of :data:`UP_DEFAULTS` may come from the defaults."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        ctx.meta["rv.sources"] = apply_defaults(ctx, only=UP_DEFAULTS)
+        return super().invoke(ctx)
+
+
+def placement_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Slurm's placement options, shared by rv run and rv up."""
+    for option in reversed(
+        [
+            click.option("--partition", help="Slurm partition (default: the GPU type's)."),
+            click.option("--qos", help="Slurm QoS, where the cluster requires or offers one."),
+            click.option("--constraint", help="Node features the job needs, e.g. ib or 'a100_80gb&ib'."),
+            click.option(
+                "--exclude", metavar="NODES", help="Nodes never to run on, e.g. gpu-07,gpu-[10-12]."
+            ),
+            click.option("--nodelist", metavar="NODES", help="Nodes to run on."),
+            click.option("--reservation", help="A Slurm reservation to run in."),
+            click.option("--account", help="Slurm account to charge (default: the profile's)."),
+            click.option(
+                "--sbatch",
+                "sbatch_options",
+                multiple=True,
+                metavar="OPT",
+                help="Any other sbatch option, as on an #SBATCH line, e.g. --sbatch=--begin=now+1hour "
+                "(repeatable). Options rv sets itself are refused with the rv flag to use.",
+            ),
+        ]
+    ):
+        f = option(f)
+    return f
