@@ -516,18 +516,46 @@ rv_end_segment() {
     fi
 }
 
-# Copy each -o path from the work dir into $RV_OUTPUT_DIR; a missing one is a warning only.
+# Copy each -o path from the work dir into $RV_OUTPUT_DIR, where it keeps its place in the repo; a
+# missing one is a warning only. A path with * ? or [ is a pattern (bash's, with ** for any depth):
+# every match is copied, and a pattern that matches nothing is said as a missing path is.
 rv_keep_outputs() {
-    local path src dst
+    local path src match
+    local -a matches
     for path in ${rv_outputs[@]+"${rv_outputs[@]}"}; do
-        src="$RV_WORK_DIR/$path" dst="$RV_OUTPUT_DIR/$path"
-        if [ ! -e "$src" ] && [ ! -L "$src" ]; then
-            echo "rv: warning: output $path not found in the work dir; nothing copied"
-            continue
-        fi
-        mkdir -p -- "$(dirname -- "$dst")" && rm -rf -- "$dst" && cp -a -- "$src" "$dst" \
-            || echo "rv: warning: could not copy output $path"
+        case "$path" in
+            *[*?[]*)
+                # The pattern expanded where it was written (the work dir), never split on spaces;
+                # read NUL by NUL (not mapfile -d, which bash before 4.4 lacks).
+                matches=()
+                while IFS= read -r -d '' match; do matches+=("$match"); done < <(
+                    shopt -s nullglob globstar
+                    cd -- "$RV_WORK_DIR" || exit 0
+                    IFS=
+                    # shellcheck disable=SC2086  # the pattern is meant to expand
+                    for match in $path; do printf '%s\0' "$match"; done
+                )
+                if [ "${#matches[@]}" = 0 ]; then
+                    echo "rv: warning: output pattern $path matched nothing in the work dir; nothing copied"
+                fi
+                for match in ${matches[@]+"${matches[@]}"}; do rv_keep_output "$match"; done
+                ;;
+            *)
+                src="$RV_WORK_DIR/$path"
+                if [ ! -e "$src" ] && [ ! -L "$src" ]; then
+                    echo "rv: warning: output $path not found in the work dir; nothing copied"
+                    continue
+                fi
+                rv_keep_output "$path"
+                ;;
+        esac
     done
+}
+
+rv_keep_output() {  # rv_keep_output PATH (relative to the work dir)
+    local dst="$RV_OUTPUT_DIR/$1"
+    mkdir -p -- "$(dirname -- "$dst")" && rm -rf -- "$dst" && cp -a -- "$RV_WORK_DIR/$1" "$dst" \
+        || echo "rv: warning: could not copy output $1"
 }
 
 # --- the work dir --------------------------------------------------------------------------------

@@ -49,7 +49,8 @@ from rv.job.prepare import job_umask
     multiple=True,
     metavar="PATH",
     help="Copy PATH to $RV_OUTPUT_DIR at the end (repeatable). PATH is relative to the folder you type "
-    "rv run in, where the program starts; it keeps its place in the repo under $RV_OUTPUT_DIR.",
+    "rv run in, where the program starts; it keeps its place in the repo under $RV_OUTPUT_DIR. A pattern "
+    "(quoted: -o 'out/*.pt', ** for any depth) copies every match.",
 )
 @click.option(
     "--signal",

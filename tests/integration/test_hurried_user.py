@@ -140,3 +140,24 @@ def test_run_names_are_taken_as_typed_or_refused_before_anything_is_sent(run_rv,
     assert set(names) <= {row["name"] for row in json.loads(listed.stdout)}
     gone = run_rv("logs", "lr 0.1", cwd=project)
     assert gone.returncode == 9 and "no run can be named 'lr 0.1'" in gone.stderr, gone.stderr
+
+
+@pytest.mark.parametrize("layout", ["bare"], indirect=True)
+def test_an_output_pattern_copies_every_match_and_one_matching_nothing_is_said(layout, project):
+    make = (
+        "import os; os.makedirs('out/ep 1', exist_ok=True)\n"
+        "for n in ('a.pt', 'b.pt', 'log.txt', 'ep 1/c.pt'): open(os.path.join('out', n), 'w').write(n)\n"
+    )
+    (project / "make.py").write_text(make)
+    git(project, "add", ".")
+    git(project, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "make")
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "500M", "--name", "globs", "-o", "out/**/*.pt", "-o", "ckpt/*.bin",
+        "-f", "--", "python", "make.py", cwd=project,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "output pattern ckpt/*.bin matched nothing in the work dir" in r.stdout + r.stderr
+    (kept,) = Path(layout.remote_root, "outputs").glob("proj*/globs")  # proj-<hash of its path>
+    copied = sorted(str(p.relative_to(kept)) for p in kept.rglob("*.pt"))
+    assert copied == ["out/a.pt", "out/b.pt", "out/ep 1/c.pt"], copied
+    assert not (kept / "out" / "log.txt").exists()

@@ -533,6 +533,25 @@ def test_outputs_are_copied_even_when_the_program_fails(box):
     assert "rv: warning: output missing.txt not found" in result.stdout.decode()
 
 
+def test_output_patterns_copy_every_match_and_say_when_none_matched(box):
+    code = """
+        import os
+        os.makedirs("out/sub dir", exist_ok=True)
+        for name in ("a.pt", "b.pt", "notes.txt", "sub dir/c.pt"):
+            open(os.path.join("out", name), "w").write(name)
+    """
+    req = build_request(
+        CATALOG, command=program(code), gpu_type="a6000", outputs=["out/*.pt", "out/**/c.pt", "ckpt/*.bin"],
+        name="exp",
+    )  # fmt: skip
+    result, _ = box.run(render_script(req, box.ctx()))
+    assert result.returncode == 0, result.stderr.decode()
+    out = box.root / "outputs" / "proj" / "exp"
+    copied = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert copied == ["out/a.pt", "out/b.pt", "out/sub dir/c.pt"]  # a space in a match is no split
+    assert "rv: warning: output pattern ckpt/*.bin matched nothing in the work dir" in result.stdout.decode()
+
+
 def test_work_dir_is_a_private_copy_the_job_may_edit(box):
     # A job that makes its files writable and edits them changes neither the store nor other runs.
     code = """
