@@ -15,9 +15,12 @@ import shlex
 import struct
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rv.errors import NotFound, RemoteCommandMissing, RemoteError, RvError, UsageError
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 # The cluster-side agent is one program made of these modules of rv/agent/, in this order (each after
 # the ones it imports): each is compiled into a module of its own name there, so they import each
@@ -143,7 +146,7 @@ _AGENT_ERRORS: dict[str, type[RvError]] = {"usage": UsageError, "not-found": Not
 
 
 def call_agent(
-    transport: Any, mode: str, args: dict[str, Any], *, stdin: Any = None, timeout: float | None = None
+    transport: Transport, mode: str, args: dict[str, Any], *, stdin: Any = None, timeout: float | None = None
 ) -> dict[str, Any]:
     """Run one agent mode and return its reply; failures become rv errors with the remote's words.
 

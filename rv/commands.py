@@ -64,9 +64,9 @@ COMMANDS: dict[str, Command] = {
     "ckpt": Command("rv.cli.ckpt", "ckpt", "List and download a run's checkpoints.", served=True),
     "gc": Command("rv.cli.gc", "gc", "Remove what finished runs left on the cluster.", served=True),
     "cost": Command("rv.cli.cost", "cost", "Estimate the SU cost of a job.", served=True),
-    "env": Command("rv.cli.env", "env", "Manage secrets passed to jobs.", served=False),
+    "env": Command("rv.cli.secrets", "env", "Manage secrets passed to jobs.", served=False),
     "venv": Command(
-        "rv.cli.envs", "venv", "List, build and remove the Python environments jobs run in.", served=True
+        "rv.cli.venv", "venv", "List, build and remove the Python environments jobs run in.", served=True
     ),
     "sync": Command("rv.cli.sync", "sync", "Push, pull and watch files.", served=True),
 }

@@ -1,6 +1,8 @@
 """rv_train: a small GRPO trainer for DDP and FSDP under torchrun (CPU/gloo or GPU/NCCL).
 
-It runs on the cluster and never imports ``rv``. Entry points: ``python -m rv_train`` and
+It runs on the cluster, in the job's environment; of ``rv`` it imports only :mod:`rv.contract`
+(standard library only: the RV_* names, the stop protocol and the precision rule both sides follow),
+never the CLI or its dependencies. Entry points: ``python -m rv_train`` and
 ``examples/grpo/train.py``; see :mod:`rv_train.trainer`.
 
 Exit codes (the trainer's own; rv passes the remote code through):

@@ -14,7 +14,7 @@ RIVANNA_HOST = "login.hpc.virginia.edu"
 
 
 def _default_profile_name(host: str) -> str:
-    from rv.setup import is_rivanna
+    from rv.probe import is_rivanna
 
     return "rivanna" if is_rivanna(host) else host.split(".")[0] or "default"
 
@@ -90,7 +90,7 @@ def init(
     from pathlib import Path
 
     from rv.config import load_config, save_config
-    from rv.setup import build_profile, check_remote_root, prepare_remote_root, probe
+    from rv.probe import build_profile, check_remote_root, prepare_remote_root, probe
     from rv.sshconfig import check_host, resolve_target
     from rv.transport import GROUP_MASK, PRIVATE_MASK
 
@@ -189,7 +189,7 @@ def init(
         f"  host         {facts.user}@{target.hostname}:{target.port} ({latency_ms:.0f} ms to connect)"
     )
     click.echo(f"  account      {profile.account or '(none found: pass --account)'}")
-    from rv.setup import usable_lines
+    from rv.probe import usable_lines
 
     for label, text in usable_lines(facts.accounts, facts.associations, {}):  # partitions: below
         click.echo(f"  {label:<12} {text}")

@@ -43,19 +43,14 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
     return apply_layers(ctx, layers, exclude=NOT_DEFAULTS, only=only)
 
 
-class RunCommand(click.Command):
-    """`rv run`: every option but :data:`NOT_DEFAULTS` may come from the defaults."""
+class LayeredCommand(click.Command):
+    """A command whose options not typed come from the defaults: all but :data:`NOT_DEFAULTS`
+    (`rv run`), or only those named in ``only`` (`rv up`: :data:`UP_DEFAULTS`)."""
+
+    only: Collection[str] | None = None
 
     def invoke(self, ctx: click.Context) -> object:
-        ctx.meta["rv.sources"] = apply_defaults(ctx)
-        return super().invoke(ctx)
-
-
-class UpCommand(click.Command):
-    """`rv up`: the options of :data:`UP_DEFAULTS` may come from the defaults."""
-
-    def invoke(self, ctx: click.Context) -> object:
-        ctx.meta["rv.sources"] = apply_defaults(ctx, only=UP_DEFAULTS)
+        ctx.meta["rv.sources"] = apply_defaults(ctx, only=self.only)
         return super().invoke(ctx)
 
 

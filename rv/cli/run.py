@@ -9,13 +9,13 @@ from pathlib import Path
 import click
 
 from rv.cli.common import note, prepare_local, print_json, progress_renderer, run_store, session, warn
-from rv.cli.envs import ensure_environment, env_options
-from rv.cli.layered import NOT_DEFAULTS, RunCommand, placement_options
+from rv.cli.layered import NOT_DEFAULTS, LayeredCommand, placement_options
+from rv.cli.venv import ensure_environment, env_options
 from rv.job.prepare import job_umask
 
 
 @click.command(
-    cls=RunCommand,
+    cls=LayeredCommand,
     context_settings={"allow_interspersed_args": False},
 )
 @click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")

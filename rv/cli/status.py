@@ -30,7 +30,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for what, error in (("squeue", st.squeue_error), ("sinfo", st.sinfo_error)):
         if error:
             warn(f"{what} failed on the cluster, so what it tells is missing below: {error}")
-    from rv.setup import parse_associations, parse_partitions, usable_lines
+    from rv.probe import parse_associations, parse_partitions, usable_lines
 
     associations = parse_associations(st.associations_text)
     accounts = list(dict.fromkeys(a for a, *_ in associations))

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import click
 
 from rv.cli.common import note, run_store, session, warn
-from rv.cli.envs import env_options
-from rv.cli.layered import UpCommand, placement_options
+from rv.cli.layered import UP_DEFAULTS, LayeredCommand, placement_options
+from rv.cli.venv import env_options
 
 if TYPE_CHECKING:
     from rv.job.records import RunRecord
@@ -48,7 +48,26 @@ class _View:
         warn(message)
 
 
-@click.command(cls=UpCommand)
+class _UpCommand(LayeredCommand):
+    only = UP_DEFAULTS
+
+    def invoke(self, ctx: click.Context) -> object:
+        # Before the defaults are read: no profile or project makes a shell work without a terminal.
+        _require_terminal(detach=bool(ctx.params.get("detach")))
+        return super().invoke(ctx)
+
+
+def _require_terminal(*, detach: bool) -> None:
+    from rv.errors import UsageError
+
+    if not detach and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError(
+            "rv up needs a terminal for its shell, and this is not one",
+            hint="run it in a terminal, or: rv up --detach, then rv ssh NAME -- COMMAND",
+        )
+
+
+@click.command(cls=_UpCommand)
 @click.option("-g", "--gpu", "gpus", type=int, default=None, help="GPUs in total (default 1; 0: CPU only).")
 @click.option(
     "-t", "--type", "gpu_type", help="GPU type from the profile's catalog (`rv status` lists them)."
@@ -119,7 +138,6 @@ def up(
 
     from rv.cli.common import load_profile
     from rv.config import cache_dir
-    from rv.errors import UsageError
     from rv.job import submit as job
     from rv.job import up as session_up
     from rv.request import build_request
@@ -127,11 +145,6 @@ def up(
     from rv.snapshot import upload_snapshot
     from rv.treecache import StoreCache
 
-    if not detach and not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise UsageError(
-            "rv up needs a terminal for its shell, and this is not one",
-            hint="run it in a terminal, or: rv up --detach, then rv ssh NAME -- COMMAND",
-        )
     _, profile = load_profile(ctx)
     run_id = job.new_run_id()
     # Validated here, before the first network call, as rv run validates. The holder is one plain
@@ -153,7 +166,7 @@ def up(
         warn(message)
     secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
     from rv.cli.common import prepare_local
-    from rv.cli.envs import ensure_environment
+    from rv.cli.venv import ensure_environment
     from rv.job.prepare import job_umask
 
     # The shell starts in the folder rv up was typed in, as a run's program would.

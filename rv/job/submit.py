@@ -22,7 +22,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rv.agent_client import call_agent
 from rv.errors import RemoteError, UsageError
@@ -36,6 +36,9 @@ from rv.slurm import commands
 from rv.slurm.parse import ArrayLimits, SubmitLimit, parse_array_limits, parse_submit_limit
 from rv.slurm.script import ScriptContext, render_script, run_paths, runtime_files
 from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, ArrayPart, Point, Sweep
+
+if TYPE_CHECKING:
+    from rv.transport import Transport
 
 
 def new_run_id() -> str:
@@ -81,7 +84,7 @@ class Check:
 
 
 def check(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     *,
     project: str,
@@ -283,7 +286,7 @@ def run_record(
 
 
 def submit(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     req: JobRequest,
     ctx: ScriptContext,
@@ -327,7 +330,7 @@ class SweepCheck:
 
 
 def check_sweep(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     *,
     project: str,
@@ -487,7 +490,7 @@ def retry_payload(
 
 
 def submit_sweep(
-    transport: Any,
+    transport: Transport,
     layout: RemoteLayout,
     *,
     project: str,

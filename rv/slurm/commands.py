@@ -1,8 +1,12 @@
-"""Every Slurm command rv runs, built in one place: argv lists in, nothing executed here.
+"""The Slurm commands rv runs from Python, built in one place: argv lists in, nothing executed here.
 
-Three kinds of caller use them: the cluster-side agent (argv lists, run without a shell), the
-batch script (rendered to shell text with :func:`shell`), and shell lines sent over SSH. Keeping
-the formats here means one ``squeue`` format for the whole program, parsed by :mod:`rv.slurm.parse`.
+Two kinds of caller use them: the cluster-side agent (argv lists, run without a shell; the laptop
+hands them over in its arguments) and shell lines sent over SSH (:func:`shell`). Keeping the formats
+here means one ``squeue`` format for the whole program, parsed by :mod:`rv.slurm.parse`.
+
+The job's runtime (rv/agent/job.sh) runs a few of its own, on its own job only: the next segment's
+``sbatch`` (with the options of :func:`sbatch`; a unit test holds the two together), ``scancel`` of
+a run's other candidates, and ``scontrol``/``sinfo``/``squeue`` about its nodes and end time.
 
 ``USER`` in an argv is a placeholder: the agent puts the login name in its place, and :func:`shell`
 writes ``"$(id -un)"``. ``squeue --me`` would be simpler but needs Slurm 20.11.
@@ -16,21 +20,6 @@ from collections.abc import Iterable, Sequence
 from rv.slurm.parse import SACCT_FORMAT, SINFO_NODE_FORMAT, SQUEUE_FORMAT
 
 USER = "{user}"
-# A word of an argv that is shell text, not a literal: :func:`shell` leaves it unquoted. Only this
-# module makes them, for the batch script (``"$SLURM_JOB_ID"``).
-_RAW = "\0raw:"
-
-
-def raw(text: str) -> str:
-    """Mark ``text`` as shell text for :func:`shell` (a variable the batch script expands)."""
-    return _RAW + text
-
-
-def _joined(prefix: str, value: str) -> str:
-    """``prefix`` + ``value`` as one word, still raw when ``value`` is."""
-    if value.startswith(_RAW):
-        return raw(shlex.quote(prefix) + value[len(_RAW) :])
-    return prefix + value
 
 
 # squeue and sacct print times as SLURM_TIME_FORMAT says; a user's `relative` would break parsing.
@@ -38,16 +27,8 @@ _STANDARD_TIME = ["env", "SLURM_TIME_FORMAT=standard"]
 
 
 def shell(argv: Sequence[str]) -> str:
-    """One shell line for ``argv``: literals quoted once, placeholders and raw words as shell text."""
-    words = []
-    for word in argv:
-        if word == USER:
-            words.append('"$(id -un)"')
-        elif word.startswith(_RAW):
-            words.append(word[len(_RAW) :])
-        else:
-            words.append(shlex.quote(word))
-    return " ".join(words)
+    """One shell line for ``argv``: literals quoted once, the ``USER`` placeholder as shell text."""
+    return " ".join('"$(id -un)"' if word == USER else shlex.quote(word) for word in argv)
 
 
 def squeue_user() -> list[str]:
@@ -107,24 +88,8 @@ def sacctmgr_qos_submit_limits() -> list[str]:
     return ["sacctmgr", "-nP", "show", "qos", "format=name,maxsubmitjobsperuser"]
 
 
-def scancel(job_ids: Iterable[str], signal: str | None = None) -> list[str]:
-    argv = ["scancel"]
-    if signal:
-        argv.append(_joined("--signal=", signal))
-    return argv + list(job_ids)
-
-
-def scontrol_show_job(job_id: str) -> list[str]:
-    """One line of ``Key=Value`` words (``JobState=``, ``Reason=``, ``Restarts=``, ``EndTime=``, ...)."""
-    return ["scontrol", "-o", "show", "job", job_id]
-
-
-def scontrol_hostnames(nodelist: str) -> list[str]:
-    return ["scontrol", "show", "hostnames", nodelist]
-
-
-def scontrol_show_node(node: str) -> list[str]:
-    return ["scontrol", "show", "node", node]
+def scancel(job_ids: Iterable[str]) -> list[str]:
+    return ["scancel", *job_ids]
 
 
 def sbatch(script: str, *, after: str | None = None) -> list[str]:
@@ -136,18 +101,13 @@ def sbatch(script: str, *, after: str | None = None) -> list[str]:
     """
     argv = ["sbatch", "--parsable"]
     if after is not None:
-        argv += [_joined("--dependency=afterany:", after), "--kill-on-invalid-dep=yes"]
+        argv += [f"--dependency=afterany:{after}", "--kill-on-invalid-dep=yes"]
     return [*argv, script]
 
 
 def sbatch_test_only() -> list[str]:
     """Judge the script on stdin without submitting it: when and where it would start, or why not."""
     return ["sbatch", "--test-only"]
-
-
-def squeue_end_time(job_id: str) -> list[str]:
-    """When the job's time runs out, as Slurm now thinks (``2026-11-23T12:27:33``, or N/A)."""
-    return [*_STANDARD_TIME, "squeue", "-h", "-j", job_id, "-o", "%e"]
 
 
 def scontrol_show_nodes(nodes: Sequence[str]) -> list[str]:

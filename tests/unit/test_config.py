@@ -250,7 +250,7 @@ def test_state_and_cache_follow_the_platform_folders(tmp_path, monkeypatch):
 
 def test_a_builtin_type_overlaid_by_the_profile_keeps_its_facts_and_saves_only_the_change(tmp_path):
     # What `rv init` writes for Rivanna: the nodes' CPUs and memory per GPU over the built-in a6000.
-    from rv.setup import per_gpu_from_nodes
+    from rv.probe import per_gpu_from_nodes
 
     found = {"a6000": GpuType("a6000", "gpu-a6000", "a6000", 8, cpus_per_gpu=6, mem_per_gpu="32125M")}
     overlay = per_gpu_from_nodes(RIVANNA, found)

@@ -312,7 +312,7 @@ def test_one_reason_for_every_type_is_said_once():
 
 def test_what_one_may_ask_for_in_one_line_each():
     from rv.catalog import Partition
-    from rv.setup import usable_lines
+    from rv.probe import usable_lines
 
     assoc = (("rv", "", "normal", ("normal", "high")), ("rv", "gpu-v100", "", ("normal",)))
     parts = {"a": Partition("a", default=True), "b": Partition("b")}

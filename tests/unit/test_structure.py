@@ -87,3 +87,32 @@ def test_the_shared_formats_import_nothing_of_the_agent():
         path = RV.parent / (name.replace(".", "/") + ".py")
         if path.exists():
             assert not {m for m in imported_modules(path) if m.startswith("rv.")}, name
+
+
+def test_the_trainer_takes_from_rv_only_the_contract_which_needs_nothing_else():
+    # rv_train runs in the job's environment, where rv's laptop dependencies (click, paramiko) need not
+    # be: what it shares with rv is rv.contract, standard library only (as rv_train/__init__ says).
+    from_rv = {
+        name
+        for path in sorted((RV.parent / "rv_train").rglob("*.py"))
+        for name in imported_modules(path)
+        if name == "rv" or name.startswith("rv.")
+    }
+    assert from_rv <= {"rv", "rv.contract"}, from_rv
+    contract = imported_modules(RV / "contract.py")
+    assert {m.split(".")[0] for m in contract} <= STDLIB | {"__future__"}, contract
+
+
+def test_the_jobs_own_chaining_sbatch_keeps_the_options_of_rv_slurm_commands():
+    # job.sh queues a run's next segment itself; the agent's first submission and a sweep's retries
+    # use rv.slurm.commands.sbatch. Both must chain alike: one option changed in one place only would
+    # make the two kinds of segment behave differently when their dependency cannot be met.
+    from rv.slurm import commands
+
+    argv = commands.sbatch("SCRIPT", after="JOB")
+    chain = next(line for line in (AGENT / "job.sh").read_text().splitlines() if "exec sbatch" in line)
+    words = chain.split("exec ", 1)[1].split()
+    assert words[0] == argv[0] == "sbatch"
+    for option in argv[1:-1]:  # every option between the program and the script
+        as_in_job = option.replace("JOB", '"$3"')
+        assert as_in_job in words, (option, chain)
