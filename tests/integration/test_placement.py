@@ -9,19 +9,10 @@ import json
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-
-
-def git_project(path: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
-        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=path, check=True)
-    return path
+from projects import git_project, wait_for
 
 
 def nodes_of(layout) -> tuple[str, str]:
@@ -42,16 +33,6 @@ def runs_json(layout) -> list[dict]:
     r = layout.run_rv("ps", "-a", "--json")
     assert r.returncode == 0, r.stderr
     return [row for row in json.loads(r.stdout) if row["run_id"]]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 SHOW = "echo node=$SLURMD_NODENAME; scontrol -o show job $SLURM_JOB_ID"

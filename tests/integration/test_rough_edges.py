@@ -5,18 +5,9 @@ the folder the program starts in, the snapshot's warnings on stderr."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-
-def git_project(path: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
-        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=path, check=True)
-    return path
-
+from projects import git_project
 
 JOB = "echo made-in-exp > out.txt; echo to-stdout; echo to-stderr >&2"
 

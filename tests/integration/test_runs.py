@@ -17,22 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from projects import git_project, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-
-
-def git_project(path: Path, files: dict[str, str]) -> Path:
-    path.mkdir(parents=True, exist_ok=True)  # grpo_project has copied files into it already
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"]):
-        subprocess.run(["git", *args], cwd=path, check=True)
-    subprocess.run(
-        ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], cwd=path, check=True
-    )
-    return path
 
 
 def grpo_project(tmp_path: Path) -> Path:
@@ -55,16 +43,6 @@ def runs_json(run_rv, all_: bool = True) -> dict[str, dict]:
     r = run_rv("ps", *(["-a"] if all_ else []), "--json")
     assert r.returncode == 0, r.stderr
     return {row["name"]: row for row in json.loads(r.stdout) if row["run_id"]}
-
-
-def wait_for(predicate, timeout: float, what: str, step: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def run_dir_of(remote_root: str, name: str) -> Path:

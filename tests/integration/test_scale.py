@@ -15,18 +15,12 @@ import re
 import subprocess
 from pathlib import Path
 
+from projects import git_project
+
 SUBMIT = (
     "for i in $(seq {n}); do "
     "sbatch --hold --parsable -J rv-scale-held -t 1 --mem 10M -o /dev/null --wrap true || exit 1; done"
 )
-
-
-def git_project(path: Path) -> Path:
-    path.mkdir()
-    (path / "hello.sh").write_text("echo hello-at-scale\n")
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "init"]):
-        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=path, check=True)
-    return path
 
 
 def add_old_runs(remote_root: str, user: str, state: Path, count: int) -> None:
@@ -60,7 +54,7 @@ def add_old_runs(remote_root: str, user: str, state: Path, count: int) -> None:
 def test_ps_status_and_logs_with_2000_queued_jobs_and_500_runs(
     run_rv_bare, bare_rv_env, bare_remote_root, bare_cluster, tmp_path
 ):
-    proj = git_project(tmp_path / "proj")
+    proj = git_project(tmp_path / "proj", {"hello.sh": "echo hello-at-scale\n"})
     r = run_rv_bare(
         "run", "-g", "0", "--mem", "200M", "--name", "probe", "-f", "--", "sh", "hello.sh", cwd=proj
     )

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from rv.errors import RemoteCommandMissing, UsageError
-from rv.secrets import SecretStore, mask, parse_dotenv, render_env_file
 from rv.probe import facts_from_probe
+from rv.secrets import SecretStore, mask, parse_dotenv, render_env_file
 
 PROBE = """\
 @@user

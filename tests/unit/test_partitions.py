@@ -13,8 +13,8 @@ import pytest
 from rv.catalog import Partition
 from rv.config import load_config, parse_config, render_config, save_config
 from rv.errors import ConfigError, UsageError
-from rv.request import build_request
 from rv.probe import build_profile, facts_from_probe, parse_partitions
+from rv.request import build_request
 
 # sinfo as a site with a 3-day CPU partition prints it: one row per partition and node state (so
 # `standard` comes twice), '*' on the default, the job size as MIN-MAX nodes.
