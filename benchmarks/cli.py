@@ -50,13 +50,14 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from loopback import read_env, stop_warm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAUSE_S = 1.0  # between a command and the "warm" case: a person reads the output before typing again
@@ -71,16 +72,6 @@ MECHANISMS: dict[str, tuple[str, dict[str, str]]] = {
     "no command server": ("bench", {"RV_COMMAND_SERVER": "0"}),
     "no warm connection (and so no server)": ("bench", {"RV_WARM_SECONDS": "0"}),
 }
-
-
-def read_env(path: Path) -> dict[str, str]:
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.removeprefix("export ").strip()
-        if "=" in line and not line.startswith("#"):
-            k, _, v = line.partition("=")
-            out[k] = v.strip("'\"")
-    return out
 
 
 def run_ok(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -128,25 +119,6 @@ def wait_server(runtime: Path) -> None:
             return
         time.sleep(0.01)
     raise SystemExit(f"the command server did not start (see {runtime}/cmd-*.log)")
-
-
-def stop_warm(runtime: Path, *, server: bool = False) -> None:
-    """Stop the background connections this benchmark's rv commands started (by their pid files),
-    and with ``server`` the command server too."""
-    for f in runtime.glob("*.pid"):
-        if f.name.startswith("cmd-") and not server:
-            continue
-        try:
-            pid = int(f.read_text())
-            os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError):
-            continue
-        for _ in range(200):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.01)
 
 
 def imported(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list[str]]:
@@ -294,7 +266,7 @@ def main() -> None:
                 stop_warm(runtime, server=True)
                 row[f"rv {cmd}, cold"] = timed([*rv, cmd], env)
                 wait_server(runtime)
-                stop_warm(runtime)
+                stop_warm(runtime, server=False)
                 row[f"rv {cmd}, cold connection"] = timed([*rv, cmd], env)
                 row[f"rv {cmd}, warm at once"] = timed([*rv, cmd], env)
                 time.sleep(PAUSE_S)

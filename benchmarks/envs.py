@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli import read_env, stop_warm, timed
+from cli import timed
+from loopback import read_env, stop_warm
 
 # A small real project: pure-Python packages and binary wheels (numpy, pandas), no torch.
 REQUIREMENTS = """\
@@ -107,7 +108,7 @@ def main() -> None:
         assert second.returncode == 0 and "building" not in second.stderr, second.stderr
         for name, value in row.items():
             rows.setdefault(name, []).append(value)
-    stop_warm(runtime)
+    stop_warm(runtime, server=False)
     subprocess.run([*rv, "stop", "--all"], env=env, cwd=repo, capture_output=True)
     print(f"{args.runs} rounds, medians (min-max):")
     for name, values in rows.items():

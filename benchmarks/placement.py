@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from loopback import read_env
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORK_S = 10
 PROGRAM = f"import time; print('first line', flush=True); time.sleep({WORK_S})\n"
@@ -55,16 +57,6 @@ from rv.cli.main import main
 sys.argv[0] = "rv"
 main()
 """
-
-
-def read_env(path: Path) -> dict[str, str]:
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.removeprefix("export ").strip()
-        if "=" in line and not line.startswith("#"):
-            k, _, v = line.partition("=")
-            out[k] = v.strip("'\"")
-    return out
 
 
 class Bench:

@@ -20,13 +20,14 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from loopback import read_env, stop_warm
 
 HELD = "sbatch --hold --parsable -J rv-bench-held -t 1 --mem 10M -o /dev/null --wrap true"
 # Run on the cluster as its user (python3, stdlib): N runs that ended a day ago, as jobs write them.
@@ -49,16 +50,6 @@ for i in range(n):
 """
 
 
-def read_env(path: Path) -> dict[str, str]:
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.removeprefix("export ").strip()
-        if "=" in line and not line.startswith("#"):
-            k, _, v = line.partition("=")
-            out[k] = v.strip("'\"")
-    return out
-
-
 def run(cmd: list[str], env: dict[str, str], cwd: Path | None = None, timeout: float = 600) -> str:
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
@@ -70,14 +61,6 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     run(cmd, env)
     return time.perf_counter() - start
-
-
-def stop_warm(runtime: Path) -> None:
-    for f in runtime.glob("*.pid"):
-        try:
-            os.kill(int(f.read_text()), signal.SIGTERM)
-        except (OSError, ValueError):
-            continue
 
 
 def main() -> None:
@@ -175,7 +158,7 @@ def main() -> None:
         gone = subprocess.run([*rv, "exec", f"chmod -R u+w {q} && rm -rf {q}"], env=env, capture_output=True)
         if gone.returncode != 0:
             print(f"note: could not remove {root}: {gone.stderr.decode()[-300:]}", file=sys.stderr)
-        stop_warm(runtime)
+        stop_warm(runtime, server=True)
         shutil.rmtree(work, ignore_errors=True)
 
     print(

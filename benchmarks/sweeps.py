@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from loopback import read_env
+
 PROGRAM = """\
 import json, os, sys
 for step in (1, 2, 3):
@@ -57,16 +59,6 @@ from rv.cli.main import main
 sys.argv[0] = "rv"
 main()
 """
-
-
-def read_env(path: Path) -> dict[str, str]:
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.removeprefix("export ").strip()
-        if "=" in line and not line.startswith("#"):
-            k, _, v = line.partition("=")
-            out[k] = v.strip("'\"")
-    return out
 
 
 class Bench:

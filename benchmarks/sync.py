@@ -43,7 +43,6 @@ import os
 import random
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from loopback import read_env, stop_warm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -66,16 +67,6 @@ WORDS = [
     "reward", "policy", "value", "advantage", "clip", "ratio", "kl", "beta",
 ]  # fmt: skip
 REPO_FORMAT = 2  # bump when make_repo changes, so a kept --repo-dir is rebuilt
-
-
-def read_env(path: Path) -> dict[str, str]:
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.removeprefix("export ").strip()
-        if "=" in line and not line.startswith("#"):
-            k, _, v = line.partition("=")
-            out[k] = v.strip("'\"")
-    return out
 
 
 class TextMaker:
@@ -145,22 +136,6 @@ def prepared_repo(repo_dir: Path | None, work: Path, files: int, mb: int) -> tup
     size, text_files = make_repo(repo, files, mb)
     stamp.write_text(f"{want} {size}")
     return repo, size, text_files
-
-
-def stop_warm(runtime: Path) -> None:
-    """Stop the background connections this benchmark's rv commands started (by their pid files)."""
-    for f in runtime.glob("*.pid"):
-        try:
-            pid = int(f.read_text())
-            os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError):
-            continue
-        for _ in range(200):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.01)
 
 
 class Bench:
@@ -275,7 +250,7 @@ class Bench:
         )
 
     def close(self) -> None:
-        stop_warm(self.runtime)
+        stop_warm(self.runtime, server=True)
         q = shlex.quote(self.base)
         self.remote(f"if [ -d {q} ]; then chmod -R u+w {q} && rm -rf {q}; fi")
         self.transport.close()
