@@ -37,3 +37,25 @@ def stop_warm(runtime: Path, *, server: bool) -> None:
             except ProcessLookupError:
                 break
             time.sleep(0.01)
+
+
+# `rv` in-process with every agent call counted: its modes are printed at exit on stderr, in a line
+# `AGENT_CALLS mode,mode,...` (each call is one round trip to the cluster).
+COUNTED_RV = """
+import atexit, sys
+import rv.agent_client as agent_client
+calls = []
+real = agent_client.call_agent
+def counted(transport, mode, *a, **kw):
+    calls.append(mode)
+    return real(transport, mode, *a, **kw)
+agent_client.call_agent = counted
+for name in ("rv.job.submit", "rv.job.query", "rv.job.cleanup", "rv.snapshot", "rv.pyenv.client"):
+    module = __import__(name, fromlist=["x"])
+    if hasattr(module, "call_agent"):
+        module.call_agent = counted
+atexit.register(lambda: sys.stderr.write("AGENT_CALLS " + ",".join(calls) + "\\n"))
+from rv.cli.main import main
+sys.argv[0] = "rv"
+main()
+"""

@@ -33,30 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from loopback import read_env
+from loopback import COUNTED_RV, read_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORK_S = 10
 PROGRAM = f"import time; print('first line', flush=True); time.sleep({WORK_S})\n"
-# `rv` in-process with every agent call and transport round trip counted (printed at exit).
-COUNTED_RV = """
-import atexit, sys
-import rv.agent_client as agent_client
-calls = []
-real = agent_client.call_agent
-def counted(transport, mode, *a, **kw):
-    calls.append(mode)
-    return real(transport, mode, *a, **kw)
-agent_client.call_agent = counted
-for name in ("rv.job.submit", "rv.snapshot", "rv.pyenv.client"):
-    module = __import__(name, fromlist=["x"])
-    if hasattr(module, "call_agent"):
-        module.call_agent = counted
-atexit.register(lambda: sys.stderr.write("AGENT_CALLS " + ",".join(calls) + "\\n"))
-from rv.cli.main import main
-sys.argv[0] = "rv"
-main()
-"""
 
 
 class Bench:

@@ -32,32 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from loopback import read_env
+from loopback import COUNTED_RV, read_env
 
 PROGRAM = """\
 import json, os, sys
 for step in (1, 2, 3):
     with open(os.environ["RV_METRICS"], "a") as fh:
         fh.write(json.dumps({"step": step, "loss": float(sys.argv[1]) / step}) + "\\n")
-"""
-# `rv` with every agent call counted (printed at exit): the modules that bound call_agent at import.
-COUNTED_RV = """
-import atexit, sys
-import rv.agent_client as agent_client
-calls = []
-real = agent_client.call_agent
-def counted(transport, mode, *a, **kw):
-    calls.append(mode)
-    return real(transport, mode, *a, **kw)
-agent_client.call_agent = counted
-for name in ("rv.job.submit", "rv.job.query", "rv.job.cleanup", "rv.snapshot", "rv.pyenv.client"):
-    module = __import__(name, fromlist=["x"])
-    if hasattr(module, "call_agent"):
-        module.call_agent = counted
-atexit.register(lambda: sys.stderr.write("AGENT_CALLS " + ",".join(calls) + "\\n"))
-from rv.cli.main import main
-sys.argv[0] = "rv"
-main()
 """
 
 

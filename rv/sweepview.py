@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from rv.errors import UsageError
+from rv.timespec import format_elapsed
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -337,16 +338,6 @@ def fmt_value(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def duration(seconds: int | None) -> str:
-    """As ``rv ps`` writes elapsed time: [D-]H:MM:SS."""
-    if seconds is None:
-        return "-"
-    d, rest = divmod(int(seconds), 86400)
-    h, rest = divmod(rest, 3600)
-    m, s = divmod(rest, 60)
-    return (f"{d}-" if d else "") + f"{h:d}:{m:02d}:{s:02d}"
-
-
 def sparkline(values: Sequence[float], width: int = 16) -> str:
     """``values`` as at most ``width`` block characters, lowest ▁ to highest █ (each a bucket's mean)."""
     finite = [v for v in values if math.isfinite(v)]
@@ -400,7 +391,7 @@ def results_table(
             *(r.params.get(n, "") for n in params),
             r.state,
             str(r.segments),
-            duration(r.wall_seconds),
+            format_elapsed(r.wall_seconds),
             *(fmt_value(r.metrics.get(n)) for n in shown),
         ]
         if sort is not None:
@@ -661,9 +652,9 @@ def point_lines(points: Sequence[PointRun], views: Mapping[str, RunView]) -> lis
             continue
         why = v.reason if v.reason and v.state not in ("RUNNING", "COMPLETED") else ""
         rows.append(
-            [str(p.index), *(p.params.get(n, "") for n in params), f"{v.segment}/{v.max_segments}", v.state,
-             "-" if v.exit_code is None else str(v.exit_code), v.job_id or "-", duration(v.elapsed_seconds),
-             f"({why})" if why else ""]
+            [str(p.index), *(p.params.get(n, "") for n in params), v.segments_text(), v.state,
+             "-" if v.exit_code is None else str(v.exit_code), v.job_id or "-",
+             format_elapsed(v.elapsed_seconds), f"({why})" if why else ""]
         )  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return ["  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip() for r in rows]

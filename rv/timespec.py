@@ -109,6 +109,16 @@ def parse_duration(text: str, *, flag: str = "--time", allow_zero: bool = False)
     return result
 
 
+def format_elapsed(seconds: int | None) -> str:
+    """Elapsed time as `rv ps` shows it, Slurm's way: [D-]H:MM:SS; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    d, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return (f"{d}-" if d else "") + f"{h:d}:{m:02d}:{s:02d}"
+
+
 def format_slurm_time(seconds: int) -> str:
     """``D-HH:MM:SS`` from one day up, else ``HH:MM:SS``: forms every Slurm version reads the same way."""
     if seconds < 0:

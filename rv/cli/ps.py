@@ -8,25 +8,7 @@ from collections.abc import Sequence
 import click
 
 from rv.cli.common import note, print_json, run_store, session, warn
-
-
-def duration(seconds: int | None) -> str:
-    if seconds is None:
-        return "-"
-    d, rest = divmod(int(seconds), 86400)
-    h, rest = divmod(rest, 3600)
-    m, s = divmod(rest, 60)
-    return (f"{d}-" if d else "") + f"{h:d}:{m:02d}:{s:02d}"
-
-
-def segments_cell(v) -> str:  # type: ignore[no-untyped-def]
-    """SEG: a live run's segment of at most N (``2/10``); an ended run's count of segments (``1``).
-
-    ``1/10`` for a run that finished in one segment read as "stopped after 1 of 10": the ten is a
-    ceiling for continuing, not a plan, and means nothing once the run is over."""
-    if not v.run_id:
-        return f"{v.points}pt" if v.points else "-"  # a sweep's line: how many points it sums up
-    return f"{v.segment}/{v.max_segments}" if v.live else str(v.segment)
+from rv.timespec import format_elapsed
 
 
 def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows in, lines out
@@ -39,8 +21,8 @@ def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows
         # A sweep's line (its points) always says how many points are in which state.
         shown = v.reason and (v.points or v.state not in ("RUNNING", "COMPLETED"))
         why = f"  ({v.reason})" if shown else ""
-        rows.append((v.name, segments_cell(v), v.state, code, v.job_id or "-", gpus, str(v.nodes),
-                     duration(v.elapsed_seconds), f"{v.source}{why}"))  # fmt: skip
+        rows.append((v.name, v.segments_text(), v.state, code, v.job_id or "-", gpus, str(v.nodes),
+                     format_elapsed(v.elapsed_seconds), f"{v.source}{why}"))  # fmt: skip
     head = ("NAME", "SEG", "STATE", "EXIT", "JOB", "GPUS", "NODES", "ELAPSED", "SOURCE")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
     right = {1, 3, 6, 7}  # numbers line up on the right

@@ -302,6 +302,15 @@ class RunView:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def segments_text(self) -> str:
+        """SEG: a live run's segment of at most N (``2/10``); an ended run's count of segments (``1``).
+
+        ``1/10`` for a run that finished in one segment read as "stopped after 1 of 10": the ten is
+        a ceiling for continuing, not a plan, and means nothing once the run is over."""
+        if not self.run_id:
+            return f"{self.points}pt" if self.points else "-"  # a sweep's line: the points it sums up
+        return f"{self.segment}/{self.max_segments}" if self.live else str(self.segment)
+
 
 def _source(meta: Mapping[str, Any]) -> str:
     commit = meta.get("commit")
