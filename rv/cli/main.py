@@ -5,12 +5,22 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 
 import click
 
 from rv import __version__
 from rv.commands import COMMANDS, lookup
 from rv.errors import EXIT_INTERRUPTED, RvError
+
+
+def _remaining_args(ctx: click.Context) -> list[str]:
+    """The command's name and its words. Click 8 keeps the name apart in ``protected_args`` (which it
+    deprecates: Click 9 drops it and keeps every word in ``args``); read it only where it exists."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        protected = getattr(ctx, "protected_args", None) or []
+    return [*protected, *ctx.args]
 
 
 def report_error(exc: RvError) -> None:
@@ -49,7 +59,7 @@ class RvGroup(click.Group):
             ctx.exit(EXIT_INTERRUPTED)
 
     def invoke(self, ctx: click.Context) -> object:
-        args = [*ctx.protected_args, *ctx.args]
+        args = _remaining_args(ctx)
         found = lookup(args[0]) if args else None
         try:
             if found is not None and found.prewarm and not {"-h", "--help"} & set(args[1:]):
