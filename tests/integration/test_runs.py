@@ -55,6 +55,9 @@ def run_dir_of(remote_root: str, name: str) -> Path:
 # --- a chain of segments, to the end, with nobody watching ------------------------------------------
 
 
+# A busy machine starts each segment's four ranks slowly (20 s of a segment's 20 s of training, at a
+# load of 4 on two cores): then many more segments, each a minute, than pytest's 10 minutes allow.
+@pytest.mark.timeout(1800)
 def test_grpo_on_two_nodes_runs_as_a_chain_of_segments_to_its_last_step(run_rv_bare, tmp_path):
     proj = grpo_project(tmp_path)
     # 1-minute jobs (Slurm's shortest), the stop 40 s before the limit: each segment trains about
