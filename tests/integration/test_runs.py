@@ -81,7 +81,14 @@ def test_grpo_on_two_nodes_runs_as_a_chain_of_segments_to_its_last_step(run_rv_b
     separators = re.findall(r"── rv: segment (\d+)/30 · job (\d+)", out)
     assert [int(k) for k, _ in separators] == list(range(1, len(separators) + 1)) and len(separators) >= 2
     err = run_rv_bare("logs", name, "--err", cwd=proj)
-    assert "Traceback" not in err.stdout and "SignalException" not in err.stdout, err.stdout[-3000:]
+    # torchrun's agents meet at an exit barrier in a store the first node's agent holds; when that
+    # agent is gone first, the other logs the error with a traceback and still exits 0 (a race in
+    # torch, pytorch/pytorch#69520, seen here under load). Only the program's own tracebacks count.
+    agent_log = "torch/distributed/elastic/agent/server/api.py:"
+    agents = [line for line in err.stdout.splitlines() if agent_log in line]
+    assert not agents or "Error waiting on exit barrier" in "\n".join(agents), agents[:20]
+    program = "\n".join(line for line in err.stdout.splitlines() if line not in agents)
+    assert "Traceback" not in program and "SignalException" not in program, program[-3000:]
     # Without accounting (sacct fails here) and long after slurmctld forgot the jobs, rv ps -a shows
     # the chain from its own records.
     time.sleep(12)
