@@ -511,7 +511,9 @@ def train(run: Run, stop: StopSignals) -> int:
             )
 
         reason, code = None, EXIT_OK
-        if received:
+        # A signal during the last step changes nothing: the run is done, and a PREEMPTED marker
+        # would have rv start one more job only to find nothing left to train.
+        if received and step < cfg.steps:
             reason = f"signal {signal.Signals(received).name}"
         elif cfg.breaker_steps and state.zero_reward_streak >= cfg.breaker_steps:
             reason, code = "zero reward", EXIT_ZERO_REWARD

@@ -18,6 +18,7 @@ from train_helpers import (
     summary,
 )
 
+from rv.contract import PREEMPTED
 from rv_train import EXIT_USAGE, EXIT_ZERO_REWARD
 from rv_train import checkpoint as ckpt
 from rv_train.checkpoint import COMPLETE
@@ -91,6 +92,18 @@ def test_skip_final_save_still_saves_on_a_stop_signal(tmp_path):
     assert main(args) == 0
     result = summary(tmp_path)
     assert result["reason"] == "signal SIGUSR2" and result["step"] == 2
+    assert (tmp_path / "checkpoints" / "step_0000002" / COMPLETE).is_file()
+
+
+def test_a_stop_signal_during_the_last_step_finishes_the_run_with_no_marker(tmp_path):
+    # Seen in a chain on the loopback cluster: the signal came while step 300 of 300 ran, the
+    # trainer wrote PREEMPTED, and rv started one more job that found nothing left to do.
+    args = ["--task", f"{HELPERS}:SignalAtStep2", "--signals", "SIGUSR2", "--steps", "2",
+            "--save-every", "0", "--output-dir", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    result = summary(tmp_path)
+    assert result["reason"] == "completed" and result["step"] == 2
+    assert not (tmp_path / "checkpoints" / PREEMPTED).exists()
     assert (tmp_path / "checkpoints" / "step_0000002" / COMPLETE).is_file()
 
 
