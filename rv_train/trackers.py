@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+
 def known_trackers() -> tuple[str, ...]:
     """Accelerate's tracker names (imported here only: Accelerate costs about half a second to load)."""
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS
