@@ -21,8 +21,8 @@ folder:
 
 A resumed run continues the same tracker run: TensorBoard writes into the same folder, with a purge step
 so that the steps a killed segment logged after its checkpoint are dropped from view; W&B reuses the run
-id kept in the checkpoint (``resume="allow"``). The configuration is stored once, when the run starts
-fresh.
+id kept in the checkpoint (``resume="allow"``). The configuration is stored once, when the tracker run
+starts.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class Trackers:
             else:
                 tracker = tracker_class(project, **kwargs)
             tracker.start()
-            if not resume_step:
+            if not resume_step or (name in run_ids and name not in saved_ids):  # a new tracker run
                 tracker.store_init_configuration(_plain_config(config))
             trackers.append(tracker)
         return cls(trackers, run_ids)

@@ -37,6 +37,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NoReturn
@@ -353,16 +354,8 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         ckpt.clear_preempted(checkpoint_dir)
 
     log = MetricsLog(output_dir, env.is_main, state.step)
-    if env.is_main and cfg.log_with:
-        log.trackers = Trackers.start(
-            cfg.log_with,
-            folder=tracker_folder(output_dir),
-            project=cfg.tracker_project,
-            config=dataclasses.asdict(cfg),
-            resume_step=state.step,
-            saved_ids=tracker_ids,
-            run_name=os.environ.get("RV_RUN_NAME"),
-        )
+    if cfg.log_with:
+        log.trackers = _start_trackers(cfg, env, output_dir, state.step, tracker_ids)
     log.info(
         f"rv_train: {env.world_size} rank(s), {env.backend} on {env.device.type}, strategy {cfg.strategy}"
     )
@@ -411,6 +404,33 @@ _FREE_ON_RESUME = {
     "max_nonfinite_steps", "stop_at_reward", "signals", "log_samples_every", "log_with", "tracker_project",
     "threads", "dist_timeout",
 }  # fmt: skip
+
+
+def _start_trackers(
+    cfg: Config, env: DistEnv, output_dir: Path, resume_step: int, saved_ids: dict[str, str]
+) -> Trackers:
+    """Rank 0 starts the trackers; every rank learns whether that worked, so a tracker that fails to
+    start (W&B told to go online from a node without internet) ends every rank now, not rank 0 alone
+    with the others waiting in the next collective until the timeout."""
+    trackers, failure = Trackers([], {}), None
+    if env.is_main:
+        try:
+            trackers = Trackers.start(
+                cfg.log_with,
+                folder=tracker_folder(output_dir),
+                project=cfg.tracker_project,
+                config=dataclasses.asdict(cfg),
+                resume_step=resume_step,
+                saved_ids=saved_ids,
+                run_name=os.environ.get("RV_RUN_NAME"),
+            )
+        except Exception as err:
+            traceback.print_exc()  # the whole story on rank 0's stderr; the one line below on every rank
+            failure = f"{type(err).__name__}: {err}"
+    failure = broadcast_object(failure, env)
+    if failure is not None:
+        raise SystemExit(f"rv_train: --log-with: a tracker failed to start: {failure}")
+    return trackers
 
 
 def _job_output() -> str | None:

@@ -83,6 +83,15 @@ def test_wandb_runs_offline_in_the_output_folder_and_a_resume_keeps_its_run_id(t
         assert b"reward_mean" in data and b"grad_norm" in data
 
 
+def test_a_tracker_that_fails_to_start_ends_every_rank_at_once(tmp_path):
+    # Rank 0 alone starts trackers; without telling the others they would wait in a collective.
+    proc = torchrun(2, *FEW, "--steps", "2", "--log-with", "wandb", "--output-dir", str(tmp_path),
+                    timeout=120, extra_env={"WANDB_MODE": "not-a-mode"})  # fmt: skip
+    assert proc.returncode == 1, explain(proc)
+    assert proc.stderr.count("rv_train: --log-with: a tracker failed to start: ") == 2, explain(proc)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
 def test_unknown_or_missing_trackers_are_named_before_training(monkeypatch):
     assert check_trackers(()) == []
     (problem,) = check_trackers(("tensorbord",))
