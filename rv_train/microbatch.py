@@ -12,7 +12,8 @@ ranks agree on every trial (one all-reduce of "did it fit"), so they settle on t
 is kept in the checkpoint and a resumed run uses it without trying again.
 
 Test hook: ``RV_TRAIN_TEST_OOM_ABOVE=N`` makes every forward of more than N sequences raise
-``torch.OutOfMemoryError``, so the halving can be tested on a CPU. Only tests set it.
+``torch.OutOfMemoryError``, so the halving can be tested on a CPU; with ``RV_TRAIN_TEST_OOM_RANK=R`` only
+on rank R, so that the ranks' agreement is tested too. Only tests set them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 AUTO = "auto"
 TEST_OOM_VARIABLE = "RV_TRAIN_TEST_OOM_ABOVE"
+TEST_OOM_RANK_VARIABLE = "RV_TRAIN_TEST_OOM_RANK"
 
 
 class NothingFits(RuntimeError):
@@ -47,6 +49,9 @@ def parse_micro_batch_size(text: str) -> int | str:
 def raise_if_test_oom(rows: int) -> None:
     """The test hook (module doc): a forward of more rows than RV_TRAIN_TEST_OOM_ABOVE is out of memory."""
     limit = os.environ.get(TEST_OOM_VARIABLE)
+    only_rank = os.environ.get(TEST_OOM_RANK_VARIABLE)
+    if only_rank and only_rank != os.environ.get("RANK", "0"):
+        return
     if limit and rows > int(limit):
         # The text ends as CUDA's does (" out of memory."), which Accelerate recognises too.
         raise torch.OutOfMemoryError(

@@ -18,6 +18,7 @@ from train_helpers import (
 
 from rv_train.microbatch import (
     AUTO,
+    TEST_OOM_RANK_VARIABLE,
     TEST_OOM_VARIABLE,
     NothingFits,
     is_out_of_memory,
@@ -123,12 +124,13 @@ def test_auto_under_fsdp_is_refused(tmp_path, capsys):
 @pytest.mark.slow
 def test_two_ranks_agree_on_the_settled_size(tmp_path):
     out = tmp_path / "run"
+    # Only rank 1 runs out of memory: rank 0 (which logs and writes the summary) must still halve with it.
     proc = torchrun(
         2, *ARGS, "--steps", "2", "--micro-batch-size", "auto", "--output-dir", str(out),
-        extra_env={TEST_OOM_VARIABLE: "20"},
+        extra_env={TEST_OOM_VARIABLE: "20", TEST_OOM_RANK_VARIABLE: "1"},
     )  # fmt: skip
     assert proc.returncode == 0, explain(proc)
     result = summary(out)
-    assert result["micro_batch_size"] == 16  # each rank's 64 sequences: 64 and 32 ran out of memory
+    assert result["micro_batch_size"] == 16  # each rank's 64 sequences: 64 and 32 ran out of memory on rank 1
     assert len(set(result["param_checksums"])) == 1
     assert proc.stdout.count("micro-batch: auto settled on 16 sequences") == 1  # said by rank 0 alone
