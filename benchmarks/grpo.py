@@ -5,6 +5,7 @@ rv_train's built-in model on 1 against 2 ranks. Prints medians over seeds with t
     python benchmarks/grpo.py --suite trl --seeds 0 # rv_train vs TRL only, one seed
     python benchmarks/grpo.py --suite builtin       # built-in model only (no TRL needed)
     python benchmarks/grpo.py --json                # also every run as a JSON line
+    python benchmarks/grpo.py --suite trl --baseline /tmp/base  # + rv_train of another checkout ("before")
 
 The TRL comparison needs TRL, installed for the benchmark only (never a dependency of rv):
 ``pip install -r benchmarks/requirements-trl.txt`` (it pins torch to 2.13.0 so pip keeps the installed
@@ -26,6 +27,11 @@ interleaved call by call): ``generate`` (Hugging Face ``generate`` on G copies o
 before the shared prefill and still the fallback), ``copies`` (rv_train's decoding loop, each copy
 prefilled) and ``shared`` (one prefill per prompt, the cache repeated), at the task's prompt length and
 at 64 tokens, where the prefill weighs more.
+
+``--baseline DIR`` adds a third trainer to the TRL comparison: rv_train from another checkout of this
+repository (``git worktree add /tmp/base main``, or ``git archive main | tar -x -C /tmp/base``), run the
+same way from that folder and interleaved with the others, so a change is measured before and after in
+one run; its rows are ``base`` and ``rv/base``.
 
 The built-in comparison: steps and seconds to a mean reward of 0.9 on digit reversal, and completion
 tokens per second, for 1 and 2 ranks on the same global batch. "Train seconds" sums the logged step
@@ -59,6 +65,7 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.9, help="built-in: the reward to reach")
     parser.add_argument("--max-steps", type=int, default=300, help="built-in: give up after this")
     parser.add_argument("--json", action="store_true", help="also print every run as a JSON line")
+    parser.add_argument("--baseline", type=Path, help="TRL suite: also rv_train from this checkout (before)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         if args.suite in ("all", "trl"):
@@ -86,10 +93,12 @@ def versus_trl(args, tmp: Path) -> None:
         model_dir, prompts = build_qwen(tmp / f"qwen-s{seed}", seed), tmp / f"prompts-s{seed}.jsonl"
         write_prompts(prompts, model_dir, seed, args.steps)
         for ranks in args.ranks:
-            order = ("rv_train", "TRL") if (seed + ranks) % 2 == 0 else ("TRL", "rv_train")
-            for trainer in order:
+            trainers = ["rv_train", "TRL", *(["base"] if args.baseline else [])]
+            turn = (seed + ranks) % len(trainers)  # who goes first rotates, seed by seed
+            for trainer in trainers[turn:] + trainers[:turn]:
                 out = tmp / f"{trainer}-r{ranks}-s{seed}"
-                r = run_hf(trainer, ranks, seed, args.steps, model_dir, prompts, out)
+                root = args.baseline.resolve() if trainer == "base" else REPO
+                r = run_hf(trainer, ranks, seed, args.steps, model_dir, prompts, out, root)
                 results.append(r)
                 if args.json:
                     print(json.dumps(r), flush=True)
@@ -107,7 +116,8 @@ def versus_trl(args, tmp: Path) -> None:
     table = []
     for ranks in args.ranks:
         mine = [r for r in results if r["ranks"] == ranks]
-        by = {t: [r for r in mine if r["trainer"] == t] for t in ("rv_train", "TRL")}
+        by = {t: [r for r in mine if r["trainer"] == t] for t in ("rv_train", "base", "TRL")}
+        by = {t: runs for t, runs in by.items() if runs}
         for trainer, runs in by.items():
             table.append(
                 [str(ranks), trainer, _spread([r["s_per_step"] for r in runs], "{:.3f}"),
@@ -115,16 +125,18 @@ def versus_trl(args, tmp: Path) -> None:
                  _spread([r["peak_mem_gb"] * 1024 for r in runs], "{:.0f}"),
                  *(_spread([r["reward_at"][str(n)] for r in runs], "{:.3f}") for n in at)]
             )  # fmt: skip
-        pairs = list(zip(by["rv_train"], by["TRL"], strict=True))  # the same seeds, in the same order
-        table.append(
-            [str(ranks), "rv/TRL", _spread([a["s_per_step"] / b["s_per_step"] for a, b in pairs], "×{:.2f}"),
-             _spread([a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs], "×{:.2f}"),
-             _spread([a["peak_mem_gb"] / b["peak_mem_gb"] for a, b in pairs], "×{:.2f}"),
-             *(_spread([a["reward_at"][str(n)] - b["reward_at"][str(n)] for a, b in pairs], "{:+.3f}")
-               for n in at)]
-        )  # fmt: skip
+        for other in [t for t in ("TRL", "base") if t in by]:
+            pairs = list(zip(by["rv_train"], by[other], strict=True))  # the same seeds, in the same order
+            table.append(
+                [str(ranks), f"rv/{other}",
+                 _spread([a["s_per_step"] / b["s_per_step"] for a, b in pairs], "×{:.2f}"),
+                 _spread([a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs], "×{:.2f}"),
+                 _spread([a["peak_mem_gb"] / b["peak_mem_gb"] for a, b in pairs], "×{:.2f}"),
+                 *(_spread([a["reward_at"][str(n)] - b["reward_at"][str(n)] for a, b in pairs], "{:+.3f}")
+                   for n in at)]
+            )  # fmt: skip
     _print_table(header, table)
-    print("(reward columns of the rv/TRL rows: rv_train's reward minus TRL's, per seed)")
+    print("(reward columns of the rv/X rows: rv_train's reward minus X's, per seed)")
     samplers_alone(build_qwen(tmp / "qwen-sampling", args.seeds[0]))
 
 
@@ -209,8 +221,11 @@ def write_prompts(path: Path, model_dir: Path, seed: int, steps: int) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def run_hf(trainer: str, ranks: int, seed: int, steps: int, model: Path, prompts: Path, out: Path) -> dict:
-    if trainer == "rv_train":
+def run_hf(
+    trainer: str, ranks: int, seed: int, steps: int, model: Path, prompts: Path, out: Path, root: Path = REPO
+) -> dict:
+    """One run; ``root`` is the checkout rv_train runs from (``base``: the --baseline folder)."""
+    if trainer in ("rv_train", "base"):
         args = ["-m", "rv_train", "--model", str(model), "--task", "copy", "--task-option",
                 f"digits={COPY_DIGITS}", "--chat-template", "off", "--seed", str(seed), "--steps", str(steps),
                 "--lr", "3e-3", "--beta", "0.04", "--save-every", "0", "--skip-final-save",
@@ -219,11 +234,11 @@ def run_hf(trainer: str, ranks: int, seed: int, steps: int, model: Path, prompts
         args = [str(REPO / "benchmarks" / "grpo_trl.py"), "--model", str(model), "--prompts", str(prompts),
                 "--steps", str(steps), "--seed", str(seed), "--max-new-tokens", str(COPY_DIGITS + 1),
                 "--lr", "3e-3", "--beta", "0.04", "--output-dir", str(out)]  # fmt: skip
-    _launch(ranks, args, f"{trainer}, {ranks} rank(s), seed {seed}")
+    _launch(ranks, args, f"{trainer}, {ranks} rank(s), seed {seed}", root=root)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     if [r["step"] for r in rows] != list(range(1, steps + 1)):
         raise SystemExit(f"{trainer} logged steps {[r['step'] for r in rows][:5]}…, expected 1…{steps}")
-    if trainer == "rv_train":
+    if trainer in ("rv_train", "base"):
         peak = rows[-1]["peak_mem_gb"]  # all-reduced max over ranks
     else:
         peak = max(json.loads(p.read_text())["peak_mem_gb"] for p in out.glob("peak_rank*.json"))
@@ -306,14 +321,15 @@ def run_builtin(ranks: int, seed: int, target: float, max_steps: int, workdir: P
 # helpers
 
 
-def _launch(ranks: int, args: list[str], what: str, torchrun: bool = False) -> None:
-    """One run: plain python for one process (as a user runs either trainer), torchrun for more."""
+def _launch(ranks: int, args: list[str], what: str, torchrun: bool = False, root: Path = REPO) -> None:
+    """One run: plain python for one process (as a user runs either trainer), torchrun for more.
+    ``root``: the checkout whose rv_train runs (cwd and PYTHONPATH), this one unless --baseline."""
     launcher = [sys.executable]
     if ranks > 1 or torchrun:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(root)}
     env = {k: v for k, v in env.items() if not k.startswith(("RV_", "ACCELERATE_"))}
-    proc = subprocess.run([*launcher, *args], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run([*launcher, *args], cwd=root, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 

@@ -24,8 +24,10 @@ makes no autocast and no scaler (measured: outputs stay fp32, ``accelerator.scal
 an FSDP plugin under two gloo ranks it wraps the model in DDP instead. The generation recipe also needs
 FSDP2's ``unshard()`` on every unit, and the resume needs our atomic checkpoint layout, neither of which
 ``prepare``/``save_state`` offer. What Accelerate still does: ``transformers`` relies on it for
-memory-light loading of pretrained weights, and we honour its ``ACCELERATE_MIXED_PRECISION`` variable,
-so an ``accelerate launch --mixed_precision`` config means the same here. Everything it would have
+memory-light loading of pretrained weights; its trackers take the metrics (``--log-with``, trackers.py);
+its ``find_executable_batch_size`` halves the micro-batch until it fits (``--micro-batch-size auto``,
+microbatch.py); and we honour its ``ACCELERATE_MIXED_PRECISION`` variable, so an ``accelerate launch
+--mixed_precision`` config means the same here. Everything it would have
 hidden is a few lines of plain torch below.
 """
 

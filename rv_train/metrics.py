@@ -1,5 +1,5 @@
-"""Rank-0 logging: one line per step on stdout, the same as JSON lines in the output folder, and
-Weights & Biases when it is installed and ``--wandb`` asks for it. Other ranks log nothing.
+"""Rank-0 logging: one line per step on stdout, the same as JSON lines in the output folder, and the
+experiment trackers ``--log-with`` names (trackers.py). Other ranks log nothing.
 
 Files in the output folder: ``metrics.jsonl`` (one object per step), ``samples.jsonl`` (a few prompts,
 completions and rewards every ``--log-samples-every`` steps), ``summary.json`` (how the run ended).
@@ -14,6 +14,8 @@ import math
 import os
 import sys
 from pathlib import Path
+
+from rv_train.trackers import Trackers
 
 
 def format_line(m: dict) -> str:
@@ -35,9 +37,9 @@ def format_line(m: dict) -> str:
 
 
 class MetricsLog:
-    def __init__(self, output_dir: Path, is_main: bool, resume_step: int, wandb_run=None) -> None:
+    def __init__(self, output_dir: Path, is_main: bool, resume_step: int) -> None:
         self.is_main = is_main
-        self.wandb_run = wandb_run
+        self.trackers = Trackers([], {})  # set by the trainer on rank 0 when --log-with names some
         named = os.environ.get("RV_METRICS")
         self.metrics_path = Path(named) if named else output_dir / "metrics.jsonl"
         self.samples_path = output_dir / "samples.jsonl"
@@ -64,8 +66,7 @@ class MetricsLog:
         finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}
         with self.metrics_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(finite) + "\n")
-        if self.wandb_run is not None:
-            self.wandb_run.log(metrics, step=metrics["step"])
+        self.trackers.log(metrics)
 
     def samples(self, rows: list[dict]) -> None:
         if self.is_main and rows:
@@ -74,19 +75,7 @@ class MetricsLog:
                     f.write(json.dumps(row) + "\n")
 
     def close(self) -> None:
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
-
-
-def start_wandb(project: str, config: dict, is_main: bool):
-    """A W&B run on rank 0, or an error at start-up if --wandb was asked for and wandb is missing."""
-    if not is_main:
-        return None
-    try:
-        import wandb
-    except ImportError:
-        raise SystemExit("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
-    return wandb.init(project=project, config=config)
+        self.trackers.finish()
 
 
 def _truncate_after(path: Path, step: int) -> None:

@@ -19,7 +19,9 @@ signals.py, exit codes in ``rv_train/__init__.py``.
 
 Environment: ``RV_OUTPUT_DIR`` is the default output folder (else ``$RV_JOB_DIR/output``, else
 ``outputs/grpo``); ``RV_CHECKPOINT_DIR`` the default checkpoint folder (else ``<output>/checkpoints``);
-``RV_PRECISION`` / ``ACCELERATE_MIXED_PRECISION`` ask for a precision (dist.py); torchrun sets
+``RV_PRECISION`` / ``ACCELERATE_MIXED_PRECISION`` ask for a precision (dist.py); ``RV_METRICS`` is where
+metrics.jsonl goes (metrics.py); trackers (``--log-with``) write under ``RV_OUTPUT_DIR`` when it is set
+(trackers.py); ``RV_TRAIN_TEST_OOM_ABOVE`` is a test hook (microbatch.py); torchrun sets
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``. A run always resumes from the newest complete checkpoint in
 its checkpoint folder: resubmitting the same command continues it; a fresh folder starts over.
 """
@@ -35,6 +37,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NoReturn
@@ -65,7 +68,15 @@ from rv_train.dist import (
     unwrap,
     wrap_model,
 )
-from rv_train.metrics import MetricsLog, start_wandb
+from rv_train.metrics import MetricsLog
+from rv_train.microbatch import (
+    AUTO,
+    NothingFits,
+    is_out_of_memory,
+    largest_that_fits,
+    parse_micro_batch_size,
+    raise_if_test_oom,
+)
 from rv_train.model import build_tiny, describe, forward_logits, load_hf
 from rv_train.objective import (
     LOSS_TYPES,
@@ -92,6 +103,7 @@ from rv_train.rollout import (
 )
 from rv_train.signals import StopSignals, default_signals, parse_signals
 from rv_train.tasks import Example, TaskContext, get_task, prompt_indices
+from rv_train.trackers import Trackers, check_trackers, tracker_folder
 
 
 def _opt(default, help: str, **argparse_kwargs):
@@ -102,7 +114,9 @@ def _opt(default, help: str, **argparse_kwargs):
 class Config:
     # what to train
     task: str = _opt("reversal", "task name (reversal, copy, gsm8k) or module:Class or file.py:Class")
-    task_option: tuple[str, ...] = _opt((), "KEY=VALUE passed to the task (repeatable), e.g. digits=8")
+    task_option: tuple[str, ...] = _opt(
+        (), "KEY=VALUE passed to the task (repeatable), e.g. digits=8", metavar="KEY=VALUE"
+    )
     data_path: str | None = _opt(None, "data file for tasks that read one (gsm8k: a JSONL file)")
     model: str = _opt("tiny", "'tiny' (built-in, from scratch) or a Hugging Face model folder or hub id")
     tiny_dim: int = _opt(64, "built-in model: width")
@@ -120,7 +134,13 @@ class Config:
         None, "completion limit (default: the task's, K+1 for reversal)", type=int
     )
     temperature: float = _opt(1.0, "sampling temperature; log-probs use the same")
-    micro_batch_size: int = _opt(0, "sequences per forward/backward (0 = the whole local batch)")
+    micro_batch_size: int | str = _opt(
+        0,
+        "sequences per forward/backward (0 = the whole local batch; auto = the largest that fits, halving "
+        "on out-of-memory; the effective batch stays the same)",
+        type=parse_micro_batch_size,
+        metavar="N|auto",
+    )
     # objective
     lr: float = _opt(3e-3, "AdamW learning rate (1e-6 for a 0.5B model)")
     weight_decay: float = _opt(0.0, "AdamW weight decay")
@@ -165,8 +185,13 @@ class Config:
         ",".join(default_signals()), "signals that save and stop (default: RV_STOP_SIGNAL, USR1, USR2, TERM)"
     )
     log_samples_every: int = _opt(10, "write a few samples to samples.jsonl every N steps (0: never)")
-    wandb: bool = _opt(False, "log to Weights & Biases (needs the wandb package)")
-    wandb_project: str = _opt("rv-grpo", "W&B project")
+    log_with: tuple[str, ...] = _opt(
+        (),
+        "also send every step's metrics to this Accelerate tracker (repeatable): tensorboard, wandb (offline "
+        "unless WANDB_MODE says otherwise), mlflow, ...; files under RV_OUTPUT_DIR, else the output folder",
+        metavar="TRACKER",
+    )
+    tracker_project: str = _opt("rv-grpo", "--log-with: the W&B project, MLflow experiment or folder name")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = meta.pop("help")
         if f.default is False:
             parser.add_argument(flag, action="store_true", help=help_text)
-        elif f.name == "task_option":
-            parser.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=help_text)
+        elif isinstance(f.default, tuple):  # repeatable: --task-option, --log-with
+            parser.add_argument(flag, action="append", default=[], help=help_text, **meta)
         else:
             kind = meta.pop("type", None) or (str if f.default is None else type(f.default))
             parser.add_argument(flag, type=kind, default=f.default, help=help_text, **meta)
@@ -189,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> Config:
     ns = build_parser().parse_args(argv)
-    return Config(**{**vars(ns), "task_option": tuple(ns.task_option)})
+    repeated = {f.name: tuple(getattr(ns, f.name)) for f in fields(Config) if isinstance(f.default, tuple)}
+    return Config(**{**vars(ns), **repeated})
 
 
 def usage_error(message: str) -> NoReturn:
@@ -208,6 +234,7 @@ class TrainState:
     nonfinite_streak: int = 0
     skipped_steps: int = 0
     resumes: int = 0
+    micro_batch_size: int = 0  # what --micro-batch-size auto settled on (0: not yet), kept across resumes
 
 
 @dataclass
@@ -304,6 +331,7 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     scaler = make_scaler(precision, cfg.strategy, env.device)
 
     state = TrainState()
+    tracker_ids: dict[str, str] = {}
     if env.is_main:
         for partial in ckpt.remove_partial(checkpoint_dir):
             print(f"removed a half-written checkpoint: {partial}", flush=True)
@@ -315,6 +343,7 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         state.resumes += 1
         if scaler is not None and saved.get("scaler"):
             scaler.load_state_dict(saved["scaler"])
+        tracker_ids = saved.get("tracker_runs") or {}
         changed = {
             k: (v, getattr(cfg, k))
             for k, v in saved["config"].items()
@@ -324,8 +353,9 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     if latest is not None and env.is_main:
         ckpt.clear_preempted(checkpoint_dir)
 
-    wandb_run = start_wandb(cfg.wandb_project, dataclasses.asdict(cfg), env.is_main) if cfg.wandb else None
-    log = MetricsLog(output_dir, env.is_main, state.step, wandb_run)
+    log = MetricsLog(output_dir, env.is_main, state.step)
+    if cfg.log_with:
+        log.trackers = _start_trackers(cfg, env, output_dir, state.step, tracker_ids)
     log.info(
         f"rv_train: {env.world_size} rank(s), {env.backend} on {env.device.type}, strategy {cfg.strategy}"
     )
@@ -336,8 +366,12 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     with generation_model(model) as gen_model, autocast(precision, env.device):
         sampler = choose_sampler(gen_model)
     log.info(f"sampling: {sampler.description}")
+    if cfg.log_with:
+        log.info(f"trackers: {', '.join(dict.fromkeys(cfg.log_with))}, under {tracker_folder(output_dir)}")
     if latest is not None:
         log.info(f"resumed from {latest} at step {state.step} (data position {state.prompts_seen})")
+        if cfg.micro_batch_size == AUTO and state.micro_batch_size:
+            log.info(f"micro-batch: {state.micro_batch_size} sequences (auto, settled before the checkpoint)")
         for key, (old, new) in changed.items():
             log.warn(f"--{key.replace('_', '-')} was {old!r} in the checkpoint, now {new!r}")
     if env.is_main:
@@ -367,9 +401,36 @@ def setup(cfg: Config, env: DistEnv) -> Run:
 # Options that do not change what is learned: changing them on a resume deserves no warning.
 _FREE_ON_RESUME = {
     "steps", "output_dir", "checkpoint_dir", "save_every", "skip_final_save", "keep_last", "breaker_steps",
-    "max_nonfinite_steps", "stop_at_reward", "signals", "log_samples_every", "wandb", "wandb_project",
+    "max_nonfinite_steps", "stop_at_reward", "signals", "log_samples_every", "log_with", "tracker_project",
     "threads", "dist_timeout",
 }  # fmt: skip
+
+
+def _start_trackers(
+    cfg: Config, env: DistEnv, output_dir: Path, resume_step: int, saved_ids: dict[str, str]
+) -> Trackers:
+    """Rank 0 starts the trackers; every rank learns whether that worked, so a tracker that fails to
+    start (W&B told to go online from a node without internet) ends every rank now, not rank 0 alone
+    with the others waiting in the next collective until the timeout."""
+    trackers, failure = Trackers([], {}), None
+    if env.is_main:
+        try:
+            trackers = Trackers.start(
+                cfg.log_with,
+                folder=tracker_folder(output_dir),
+                project=cfg.tracker_project,
+                config=dataclasses.asdict(cfg),
+                resume_step=resume_step,
+                saved_ids=saved_ids,
+                run_name=os.environ.get("RV_RUN_NAME"),
+            )
+        except Exception as err:
+            traceback.print_exc()  # the whole story on rank 0's stderr; the one line below on every rank
+            failure = f"{type(err).__name__}: {err}"
+    failure = broadcast_object(failure, env)
+    if failure is not None:
+        raise SystemExit(f"rv_train: --log-with: a tracker failed to start: {failure}")
+    return trackers
 
 
 def _job_output() -> str | None:
@@ -400,6 +461,11 @@ def _validate(cfg: Config, env: DistEnv) -> None:
         problems.append("--temperature must be > 0 for training (log-probs divide by it)")
     if cfg.num_iterations < 1:
         problems.append("--num-iterations must be >= 1")
+    if cfg.micro_batch_size == AUTO and cfg.strategy == "fsdp":
+        # Under FSDP a forward all-gathers each block: a rank that runs out of memory in the middle of
+        # one leaves the others waiting in that all-gather, so the trial cannot be made safely.
+        problems.append("--micro-batch-size auto works with --strategy ddp; under fsdp give a number")
+    problems += check_trackers(cfg.log_with)
     if problems:
         usage_error("\n".join(problems))
 
@@ -477,7 +543,7 @@ def train(run: Run, stop: StopSignals) -> int:
         advantages = group_advantages(rewards, g, cfg.scale_rewards, batch_std)  # [B]
 
         # 4. Old (μ > 1) and reference (β > 0) log-probs, without gradients.
-        micro = _micro_batches(len(rewards), cfg.micro_batch_size)
+        micro = _micro_batches(len(rewards), _micro_batch_size(run, rollout))
         old_logp = _logprobs(run.model, rollout, micro, run) if cfg.num_iterations > 1 else None  # [B, L]
         ref_logp = _logprobs(run.ref, rollout, micro, run) if run.ref is not None else None  # [B, L]
 
@@ -683,8 +749,62 @@ def _micro_batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+def _micro_batch_size(run: Run, rollout: Rollout) -> int:
+    """--micro-batch-size as a number: given, or settled by ``auto`` on the run's first step."""
+    if run.cfg.micro_batch_size != AUTO:
+        return int(run.cfg.micro_batch_size)
+    if not run.state.micro_batch_size:
+        local = len(rollout.finished)
+        worst = _longest_rollout(rollout, run.max_new_tokens, run.tokenizer.pad_id)
+        try:
+            size = largest_that_fits(lambda n: _try_micro_batch(run, worst, n), local)
+        except NothingFits as err:
+            raise SystemExit(
+                f"rv_train: --micro-batch-size auto: {err}; use a smaller model, --gradient-checkpointing, "
+                "or fewer --max-new-tokens"
+            ) from err
+        run.state.micro_batch_size = size
+        run.log.info(
+            f"micro-batch: auto settled on {size} sequences "
+            f"({math.ceil(local / size)} accumulation steps over this rank's {local} per step)"
+        )
+    return run.state.micro_batch_size
+
+
+def _longest_rollout(rollout: Rollout, max_new_tokens: int, pad_id: int) -> Rollout:
+    """The rollout with every completion as long as the run allows: the most memory a step can need."""
+    extra = max_new_tokens - rollout.completion_ids.shape[1]
+    ids = torch.nn.functional.pad(rollout.completion_ids, (0, extra), value=pad_id)  # [B, max_new_tokens]
+    full = torch.ones_like(ids, dtype=torch.bool)
+    return Rollout(rollout.prompt_ids, rollout.prompt_mask, ids, full, rollout.finished)
+
+
+def _try_micro_batch(run: Run, rollout: Rollout, size: int) -> None:
+    """A training forward and backward of ``size`` sequences; out of memory on every rank if on any.
+
+    Changes nothing: no gradient sync (DDP's no_sync: no collective inside), gradients dropped after,
+    the RNG forked. The ranks then agree on the outcome, so every rank halves, or none does.
+    """
+    ran_out = False
+    devices = [run.env.device] if run.env.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), gradient_sync(run.model, enabled=False):
+        try:
+            with autocast(run.precision, run.env.device):
+                logits = _completion_logits(run.model, rollout, slice(0, size))
+            token_logprobs(logits, rollout.completion_ids[:size], run.cfg.temperature).sum().backward()
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            ran_out = True  # said below, on every rank, once the ranks agree
+        finally:
+            run.optimizer.zero_grad(set_to_none=True)
+    if all_reduce_max({"ran_out": float(ran_out)}, run.env.device)["ran_out"] > 0:
+        raise torch.OutOfMemoryError(f"a micro-batch of {size} sequences ran out of memory.")
+
+
 def _completion_logits(model: nn.Module, rollout: Rollout, idx: slice) -> Tensor:
     """Logits that predict each completion token: [b, L, V] (position t predicts token t+1)."""
+    raise_if_test_oom(len(rollout.finished[idx]))
     length = rollout.completion_ids.shape[1]
     logits = forward_logits(
         model, rollout.input_ids[idx], rollout.attention_mask[idx], rollout.position_ids[idx], keep=length + 1
@@ -718,6 +838,7 @@ def _save(run: Run) -> Path:
         "train_state": dataclasses.asdict(run.state),
         "scaler": run.scaler.state_dict() if run.scaler is not None else None,
         "config": {k: _jsonable(v) for k, v in dataclasses.asdict(run.cfg).items()},
+        "tracker_runs": run.log.trackers.run_ids,  # rank 0's (it writes state.json): a resume continues them
     }
     path = ckpt.save_checkpoint(
         run.checkpoint_dir, run.state.step, run.model, run.optimizer, state, run.cfg.keep_last
@@ -802,6 +923,8 @@ def _finish(run: Run, reason: str, code: int, path: Path | None, metrics: dict |
             "world_size": env.world_size,
             "strategy": cfg.strategy,
             "precision": run.precision.name,
+            # auto's settled size, else the number given (0: the whole local batch)
+            "micro_batch_size": state.micro_batch_size or cfg.micro_batch_size,
             "param_checksums": checksums,
             "final_model": str(exported) if exported else None,
         }

@@ -86,11 +86,13 @@ def torchrun_cmd(nproc: int, *trainer_args: str, signals: bool = False) -> list[
     return [*cmd, "-m", "rv_train", "--dist-timeout", "60", *trainer_args]
 
 
-def torchrun(nproc: int, *trainer_args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def torchrun(
+    nproc: int, *trainer_args: str, timeout: float = 300, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         torchrun_cmd(nproc, *trainer_args),
         cwd=REPO,
-        env=env_for_ranks(),
+        env={**env_for_ranks(), **(extra_env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
