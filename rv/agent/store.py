@@ -154,10 +154,21 @@ def resolve_manifest(root, sid, payload):
     by it, and gc cannot remove them while the caller holds the store lock) and ``over``: None, or
     ``(its chain, its manifest, {path: row or None})``: the changes to it (see :func:`layer_chain`).
     """
-    if "entries" in payload:
-        rows = payload["entries"]
-        check_rows(rows)
-        text = manifest.manifest_text(rows)
+    if "text" in payload or "entries" in payload:
+        if "text" in payload:
+            # The manifest's own text: hashed and parsed in C, never encoded again line by line
+            # (a second of Python at 50,000 files). Its rows must come sorted and once each, as
+            # manifest_text would write them: later splices find lines by binary search.
+            text = payload["text"].encode("ascii")
+            rows = manifest.manifest_rows(text)
+            check_rows(rows)
+            keys = [manifest.enc(r[0]) for r in rows]
+            if any(keys[i] >= keys[i + 1] for i in range(len(keys) - 1)):  # (no itertools.pairwise in 3.6)
+                raise common.AgentError("the manifest sent is not sorted by path", "usage")
+        else:
+            rows = payload["entries"]
+            check_rows(rows)
+            text = manifest.manifest_text(rows)
         if manifest.text_id(text) != sid:
             raise common.AgentError("the manifest sent does not hash to snapshot id %s" % sid, "remote")
         return {"text": text, "files": len(rows), "bytes": sum(r[3] for r in rows), "new": rows, "over": None}
@@ -182,10 +193,11 @@ def resolve_manifest(root, sid, payload):
     return {"text": text, "files": files, "bytes": size, "new": upsert, "over": (chain, base_text, changes)}
 
 
-def missing_objects(root, entries):
+def missing_objects(root, entries, present=()):
+    """``{oid: size}`` of the rows' objects not in the store (``present``: known to be there)."""
     missing = {}
     for _path, _mode, oid, size in entries:
-        if oid not in missing and not os.path.exists(object_path(root, oid)):
+        if oid not in missing and oid not in present and not os.path.exists(object_path(root, oid)):
             missing[oid] = size
     return missing
 
@@ -215,43 +227,53 @@ def mode_snap_query(args):
 def receive_objects(root):
     """Read ``O <oid:20> <size:8> <content>`` frames until ``E``; each lands by rename when correct.
 
-    An object already stored is read past, not written again (the client may send a few small ones
-    without asking first).
+    Returns (objects stored, their bytes, ids that did not match their content, ids now present).
+    An object already stored is read past, not written again (the client sends small ones without
+    asking first). Per new object: one stat, one create, the writes, one rename; the temp file is
+    unlinked only when it did not become the object.
     """
     tmpdir = common.join(root, b"tmp")
     common.makedirs(tmpdir)
+    objects = common.join(root, b"objects")
     fans = set()  # objects/xx folders known to exist: a failing mkdir per object adds up
-    received, received_bytes, bad = 0, 0, []
+    received, received_bytes, bad, present = 0, 0, [], set()
     while True:
         tag = common.read_exact(1)
         if tag == b"E":
-            return received, received_bytes, bad
+            return received, received_bytes, bad, present
         if tag != b"O":
             raise common.AgentError("corrupt upload stream (tag %r)" % tag)
-        oid = common.read_exact(20).hex()
-        (size,) = struct.unpack(">Q", common.read_exact(8))
-        dest = object_path(root, oid)
-        if os.path.exists(dest):
+        head = common.read_exact(28)
+        oid = head[:20].hex()
+        (size,) = struct.unpack(">Q", head[20:])
+        fan = common.join(objects, oid[:2].encode("ascii"))
+        dest = common.join(fan, oid.encode("ascii"))
+        if oid in present or os.path.exists(dest):
             skip(size)
+            present.add(oid)
             continue
         tmp = common.temp_name(tmpdir, oid)
         common._cleanup.add(tmp)
+        renamed = False
         try:
             hasher = manifest.blob_hasher(size)
             common.receive_into(tmp, size, hasher, 0o444)
-            if hasher.hexdigest() == oid:
-                if oid[:2] not in fans:
-                    common.makedirs(os.path.dirname(dest))
-                    fans.add(oid[:2])
-                os.rename(tmp, dest)
-                received += 1
-                received_bytes += size
-            else:
+            if hasher.hexdigest() != oid:
                 bad.append(oid)  # the local file changed while it was read: never store it
+                continue
+            if fan not in fans:
+                common.makedirs(fan)
+                fans.add(fan)
+            os.rename(tmp, dest)
+            renamed = True
+            received += 1
+            received_bytes += size
+            present.add(oid)
         finally:
             common._cleanup.discard(tmp)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if not renamed:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
 
 
 def skip(size):
@@ -518,15 +540,19 @@ def layer_base(root, sid):
 def mode_snap_put(args):
     """Receive objects, then make the snapshot when everything it needs is here.
 
-    A header without provenance asks only: nothing is built, the reply lists what is missing (maybe
-    nothing), and the client calls again with the provenance.
+    A header without ``build`` asks only: nothing is built, the reply lists what is missing (maybe
+    nothing), and the client calls again. With ``build``, a frame holding the provenance follows the
+    objects' ``E`` (the client's ``git diff`` runs while the objects travel).
     """
     root = common.root_path(args["root"])
     payload = common.read_header()
     sid = payload["id"]
     clean_stale_temps(root)
     with locks.store_lock(root, exclusive=False):
-        received, received_bytes, bad = receive_objects(root)
+        received, received_bytes, bad, present = receive_objects(root)
+        if payload.get("build"):
+            # The provenance follows the objects: the client makes it (git diff) while they travel.
+            payload["provenance"] = common.read_header()["provenance"]
         result = {"received": received, "received_bytes": received_bytes, "bad": bad}
         if snapshot_exists(root, sid):
             touch(snapshot_dir(root, sid) + b".json")  # "last used": gc measures age from here
@@ -536,7 +562,7 @@ def mode_snap_put(args):
         if resolved is None:
             result["status"] = "need-full"
             return result
-        missing = missing_objects(root, resolved["new"])
+        missing = missing_objects(root, resolved["new"], present)
         if missing or "provenance" not in payload:
             result.update(status="missing", missing=sorted(missing))
             return result
