@@ -14,6 +14,7 @@ Imports nothing of the agent: laptop modules import this one (and :mod:`rv.agent
 
 import hashlib
 import json
+import re
 
 MODE_FILE = 0o100644
 
@@ -50,9 +51,16 @@ MANIFEST_TAG = b"rv-snapshot-2\n"
 
 _LINE = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
 
+# A path of printable ASCII without a quote or a backslash is its own JSON string: such lines are
+# formatted directly, the JSON encoder (a third of a 50,000-file listing's Python time) is for others.
+_PLAIN = re.compile(r"[ !#-\[\]-~]*\Z")
+
 
 def manifest_line(row):
-    return _LINE.encode([row[0], row[1], row[2], row[3]]).encode("ascii") + b"\n"
+    path, mode, oid, size = row[0], row[1], row[2], row[3]
+    if _PLAIN.match(path) and type(mode) is int and type(size) is int:
+        return ('["%s",%d,"%s",%d]\n' % (path, mode, oid, size)).encode("ascii")
+    return _LINE.encode([path, mode, oid, size]).encode("ascii") + b"\n"
 
 
 def manifest_text(rows):

@@ -17,11 +17,14 @@ Rules every mode keeps:
 
 import contextlib
 import errno
+import functools
 import json
 import os
+import queue
 import re
 import shutil
 import struct
+import threading
 import time
 
 from rv.agent import common, locks, manifest
@@ -224,56 +227,155 @@ def mode_snap_query(args):
         return {"status": "missing", "missing": sorted(missing), "bytes": sum(missing.values())}
 
 
+# Threads that create objects and link snapshot trees. On a loaded file system, creating a file
+# waits on the journal (1 ms an open on the loopback cluster's disk under load, against 0.15 ms of
+# writing 40 kB): several creations in flight let it commit them together, as NFS and Lustre
+# clients overlap their metadata round trips. The syscalls release the GIL.
+WRITERS = 4
+
+POOL_MAX = 1 << 20  # objects up to this size are read whole and handed to a writer thread
+
+LINK_RUN = 256  # rows a writer thread links at a time when a snapshot's tree is built
+
+
+class Writers(object):
+    """A few threads running jobs; the first error is raised by ``put`` or ``finish``."""
+
+    def __init__(self, n=None):
+        n = n or WRITERS
+        self.jobs = queue.Queue(n * 8)
+        self.errors = []
+        self.threads = [threading.Thread(target=self._run) for _ in range(n)]
+        for t in self.threads:
+            t.daemon = True
+            t.start()
+
+    def _run(self):
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if self.errors:
+                continue  # failed already: drain without working
+            try:
+                job()
+            except BaseException as exc:  # handed to the reading thread by put/finish, never dropped
+                self.errors.append(exc)
+
+    def put(self, job):
+        if self.errors:
+            raise self.errors[0]
+        self.jobs.put(job)
+
+    def finish(self, check=True):
+        """Wait for every job; raise the first error unless ``check`` is false (already failing)."""
+        for _ in self.threads:
+            self.jobs.put(None)
+        for t in self.threads:
+            t.join()
+        if check and self.errors:
+            raise self.errors[0]
+
+
+def _store_object(tmpdir, fan, dest, oid, data, fans, done):
+    """Write ``data`` as a temp file and rename it to ``dest`` if it is the object ``oid``."""
+    hasher = manifest.blob_hasher(len(data))
+    hasher.update(data)
+    if hasher.hexdigest() != oid:
+        done.append((oid, -1))  # the local file changed while it was read: never store it
+        return
+    tmp = common.temp_name(tmpdir, oid)
+    common._cleanup.add(tmp)
+    renamed = False
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, common.private(0o444))
+        try:
+            common.write_all(fd, data)
+        finally:
+            os.close(fd)
+        if fan not in fans:
+            common.makedirs(fan)
+            fans.add(fan)
+        os.rename(tmp, dest)
+        renamed = True
+        done.append((oid, len(data)))
+    finally:
+        common._cleanup.discard(tmp)
+        if not renamed:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _store_streamed(tmpdir, fan, dest, oid, size, fans, done):
+    """A large object straight from stdin into a temp file, renamed to ``dest`` when correct."""
+    tmp = common.temp_name(tmpdir, oid)
+    common._cleanup.add(tmp)
+    renamed = False
+    try:
+        hasher = manifest.blob_hasher(size)
+        common.receive_into(tmp, size, hasher, 0o444)
+        if hasher.hexdigest() != oid:
+            done.append((oid, -1))
+            return
+        if fan not in fans:
+            common.makedirs(fan)
+            fans.add(fan)
+        os.rename(tmp, dest)
+        renamed = True
+        done.append((oid, size))
+    finally:
+        common._cleanup.discard(tmp)
+        if not renamed:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 def receive_objects(root):
     """Read ``O <oid:20> <size:8> <content>`` frames until ``E``; each lands by rename when correct.
 
     Returns (objects stored, their bytes, ids that did not match their content, ids now present).
     An object already stored is read past, not written again (the client sends small ones without
-    asking first). Per new object: one stat, one create, the writes, one rename; the temp file is
-    unlinked only when it did not become the object.
+    asking first). Small objects are written by Writers threads while the next ones are read; each
+    is a temp file until it is complete and checked, and a temp file that did not become an object
+    is removed (by its writer, or by the exit cleanup when stdin ends early).
     """
     tmpdir = common.join(root, b"tmp")
     common.makedirs(tmpdir)
     objects = common.join(root, b"objects")
     fans = set()  # objects/xx folders known to exist: a failing mkdir per object adds up
-    received, received_bytes, bad, present = 0, 0, [], set()
-    while True:
-        tag = common.read_exact(1)
-        if tag == b"E":
-            return received, received_bytes, bad, present
-        if tag != b"O":
-            raise common.AgentError("corrupt upload stream (tag %r)" % tag)
-        head = common.read_exact(28)
-        oid = head[:20].hex()
-        (size,) = struct.unpack(">Q", head[20:])
-        fan = common.join(objects, oid[:2].encode("ascii"))
-        dest = common.join(fan, oid.encode("ascii"))
-        if oid in present or os.path.exists(dest):
-            skip(size)
-            present.add(oid)
-            continue
-        tmp = common.temp_name(tmpdir, oid)
-        common._cleanup.add(tmp)
-        renamed = False
-        try:
-            hasher = manifest.blob_hasher(size)
-            common.receive_into(tmp, size, hasher, 0o444)
-            if hasher.hexdigest() != oid:
-                bad.append(oid)  # the local file changed while it was read: never store it
+    done = []  # (oid, size, or -1 when the content was not the id), appended by the writers
+    present = set()
+    writers = Writers()
+    try:
+        while True:
+            tag = common.read_exact(1)
+            if tag == b"E":
+                break
+            if tag != b"O":
+                raise common.AgentError("corrupt upload stream (tag %r)" % tag)
+            head = common.read_exact(28)
+            oid = head[:20].hex()
+            (size,) = struct.unpack(">Q", head[20:])
+            fan = common.join(objects, oid[:2].encode("ascii"))
+            dest = common.join(fan, oid.encode("ascii"))
+            if oid in present or os.path.exists(dest):
+                skip(size)
+                present.add(oid)
                 continue
-            if fan not in fans:
-                common.makedirs(fan)
-                fans.add(fan)
-            os.rename(tmp, dest)
-            renamed = True
-            received += 1
-            received_bytes += size
-            present.add(oid)
-        finally:
-            common._cleanup.discard(tmp)
-            if not renamed:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+            present.add(oid)  # written now (or refused: then it is in ``bad``, and never used)
+            if size <= POOL_MAX:
+                data = common.read_exact(size) if size else b""
+                writers.put(functools.partial(_store_object, tmpdir, fan, dest, oid, data, fans, done))
+            else:
+                _store_streamed(tmpdir, fan, dest, oid, size, fans, done)
+    except BaseException:
+        writers.finish(check=False)
+        raise
+    writers.finish()
+    bad = [oid for oid, size in done if size < 0]
+    present.difference_update(bad)
+    stored = [size for _oid, size in done if size >= 0]
+    return len(stored), sum(stored), bad, present
 
 
 def skip(size):
@@ -316,15 +418,28 @@ def exec_object(root, oid):
 
 def place(root, tree, row, made):
     """Put one manifest row into the folder ``tree`` being built (``made``: its folders so far)."""
-    path, mode, oid = row[0], row[1], row[2]
-    pb = manifest.enc(path)
+    _folders(tree, manifest.enc(row[0]), made)
+    _put(root, tree, row)
+
+
+def _folders(tree, pb, made):
     parts = pb.split(b"/")
     for i in range(1, len(parts)):
         d = b"/".join(parts[:i])
         if d not in made:
             os.mkdir(common.join(tree, d), 0o700)
             made.add(d)
-    dst = common.join(tree, pb)
+
+
+def _put_rows(root, tree, rows):
+    for row in rows:
+        _put(root, tree, row)
+
+
+def _put(root, tree, row):
+    """Link (or copy) one row's object into ``tree``, whose folders exist."""
+    mode, oid = row[1], row[2]
+    dst = common.join(tree, manifest.enc(row[0]))
     if mode == manifest.MODE_LINK:
         with open(object_path(root, oid), "rb") as fh:
             os.symlink(fh.read(), dst)
@@ -377,7 +492,17 @@ def build_snapshot(root, sid, text, provenance, files=None, size=None):
     try:
         made = set()
         for row in rows:
-            place(root, build, row, made)
+            _folders(build, manifest.enc(row[0]), made)
+        # The links, by Writers threads (as the objects' files: metadata operations in flight
+        # together), in runs of rows; the folders all exist already.
+        writers = Writers()
+        try:
+            for i in range(0, len(rows), LINK_RUN):
+                writers.put(functools.partial(_put_rows, root, build, rows[i : i + LINK_RUN]))
+        except BaseException:
+            writers.finish(check=False)
+            raise
+        writers.finish()
         _read_only(build, made)
         common.write_atomic(snapshot_dir(root, sid) + b".manifest", text, 0o444)
     except BaseException:
