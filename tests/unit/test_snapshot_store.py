@@ -708,3 +708,35 @@ def test_snapshots_of_the_earlier_format_are_still_used_by_jobs_and_collected(tm
     backdate(layout, old_id, 30)
     report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
     assert [r["id"] for r in report["removed"]] == [old_id] and report["objects_removed"] == 1
+
+
+# What a delta may add to the changed files' bytes: per object its frame (tag, 20-byte id, 8-byte
+# size) and its manifest row (path, mode, id, size; zlib-compressed JSON, ~70 B for the paths
+# below); per call the header's id and base, the provenance frame (no diff: the edits are
+# committed) and the end tag.
+FRAMING_PER_FILE = 29 + 80
+FRAMING_PER_CALL = 2048
+
+
+@pytest.mark.parametrize("edited", [1, 40, 400])
+def test_an_edit_of_n_files_sends_their_bytes_plus_bounded_framing_in_one_round_trip(
+    tmp_path, transport, layout, edited
+):
+    files = {f"src/pkg{i % 9}/mod_{i:04d}.py": f"# module {i}\n" + "x = 1\n" * (i % 50) for i in range(1000)}
+    repo = new_repo(tmp_path / "repo", files)
+    cache_dir = tmp_path / "cache"
+    make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    names = sorted(files)[:: 1000 // edited][:edited]
+    for name in names:
+        with open(repo / name, "a") as fh:
+            fh.write(f"y = {name!r}\n" * 20)
+    git(repo, "commit", "-qam", "edits")
+    changed = sum((repo / name).stat().st_size for name in names)
+    transport.calls.clear()
+    result = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert len(transport.calls) == 1  # the objects went with the manifest, unasked
+    assert (result.new_objects, result.new_bytes) == (edited, changed)
+    framing = result.sent_bytes - result.new_bytes
+    assert 0 < framing <= edited * FRAMING_PER_FILE + FRAMING_PER_CALL, framing
+    work = job_copy(layout, result.id, tmp_path / "work")
+    assert all((work / name).read_bytes() == (repo / name).read_bytes() for name in names)
