@@ -102,7 +102,7 @@ def find_line(text, key, lo=0):
         if start < lo:
             start = lo
         end = text.index(b"\n", start) + 1
-        k = enc(parse_line(text[start:end])[0])
+        k = line_key(text, start, end)
         if k < key:
             lo = end
         elif k > key:
@@ -110,6 +110,16 @@ def find_line(text, key, lo=0):
         else:
             return start, end, True
     return lo, lo, False
+
+
+def line_key(text, start, end):
+    """The path's bytes of the line ``text[start:end]``. A line without a backslash holds its path
+    verbatim between its first two quotes (JSON escapes quotes and non-ASCII with backslashes): no
+    JSON parse, which made a search of a 50,000-line manifest cost 16 of them."""
+    close = text.find(b'"', start + 2, end)
+    if close < 0 or text.find(b"\\", start, close) >= 0:
+        return enc(parse_line(text[start:end])[0])
+    return text[start + 2 : close]
 
 
 def row_at(text, path):
