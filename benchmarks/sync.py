@@ -35,9 +35,11 @@ per-round ratios with their min-max. Targets (issue 29): (a) every rv method <= 
 is warm for everyone: the repo was just written or read.
 
 ``--code DIR`` measures the rv of another checkout (say main, as a git worktree) with this same
-benchmark: its `rv` program and its make_snapshot, through PYTHONPATH. A connection the loopback
-cluster drops under the rv api (other tests share the machine) is opened again and that sample
-taken again; the count is printed.
+benchmark: its `rv` program and its make_snapshot, through PYTHONPATH. ``--compare DIR`` adds that
+checkout's whole `rv sync snapshot` ("main warm", its own command server and connection) to every
+round, interleaved with the others, so a change is measured against main under the same load. A
+connection the loopback cluster drops under the rv api (other tests share the machine) is opened
+again and that sample taken again; the count is printed.
 """
 
 from __future__ import annotations
@@ -150,8 +152,9 @@ def prepared_repo(repo_dir: Path | None, work: Path, files: int, mb: int) -> tup
 class Bench:
     RV_METHODS = ("rv warm", "rv cold", "rv dry")
 
-    def __init__(self, env: dict[str, str], repo: Path, workdir: Path) -> None:
+    def __init__(self, env: dict[str, str], repo: Path, workdir: Path, compare: Path | None = None) -> None:
         self.env = env
+        self.compare = compare
         self.repo = repo
         self.workdir = workdir
         self.port = env["RV_TESTCLUSTER_SSH_PORT"]
@@ -188,8 +191,12 @@ class Bench:
         if CODE != REPO_ROOT:
             env["PYTHONPATH"] = str(CODE)
         envs = {}
-        for method in self.RV_METHODS:
+        for method in (*self.RV_METHODS, *(("main warm",) if self.compare else ())):
             name = method.replace(" ", "-")
+            if method == "main warm":
+                # The other checkout's rv, with a command server and warm connection of its own.
+                (self.workdir / "run-main").mkdir(mode=0o700)
+                env = dict(env, PYTHONPATH=str(self.compare), RV_RUNTIME_DIR=str(self.workdir / "run-main"))
             init = subprocess.run(
                 [
                     sys.executable, "-m", "rv", "init", "--profile", name, "--host", "127.0.0.1",
@@ -256,6 +263,9 @@ class Bench:
     def rv_cold(self) -> None:
         self._rv("rv cold", ["sync", "snapshot"])
 
+    def main_warm(self) -> None:
+        self._rv("main warm", ["sync", "snapshot"])
+
     def rv_dry(self) -> None:
         self._rv("rv dry", ["run", "--dry-run", "-g", "1", "-t", "a6000", "--", "python", "train.py"])
 
@@ -280,6 +290,8 @@ class Bench:
 
     def close(self) -> None:
         stop_warm(self.runtime, server=True)
+        if self.compare:
+            stop_warm(self.workdir / "run-main", server=True)
         q = shlex.quote(self.base)
         self.remote(f"if [ -d {q} ]; then chmod -R u+w {q} && rm -rf {q}; fi")
         self.transport.close()
@@ -316,6 +328,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write every sample to this file")
     ap.add_argument("--code", type=Path, help="measure the rv of this checkout instead (see above)")
     ap.add_argument(
+        "--compare", type=Path, help="also time `rv sync snapshot` of this checkout (say main), interleaved"
+    )
+    ap.add_argument(
         "--cluster-env", default=os.environ.get("RV_TESTCLUSTER_DIR", "/tmp/rv-testcluster") + "/env"
     )
     args = ap.parse_args()
@@ -342,11 +357,13 @@ def main() -> None:
             f"repo: {n_files:,} files, {size / 1e6:.0f} MB ({time.perf_counter() - t0:.1f} s to prepare)",
             flush=True,
         )
-        bench = Bench(env, repo, work)
+        bench = Bench(env, repo, work, args.compare.resolve() if args.compare else None)
         methods = {
             "rsync": bench.rsync, "tar": bench.tar, "rv warm": bench.rv_warm, "rv cold": bench.rv_cold,
             "rv dry": bench.rv_dry, "rv api": bench.rv_api,
         }  # fmt: skip
+        if args.compare:
+            methods["main warm"] = bench.main_warm
         n_changed = max(1, args.files // 100)
         phases = [p for p in "abcd" if p in args.phases]
         results: dict[str, dict[str, list[float]]] = {p: {} for p in phases}
