@@ -409,7 +409,8 @@ class _Shipping:
         self, header: bytes, sends: list[Entry], progress: ProgressCounter | None, build: bool
     ) -> Iterator[bytes]:
         """The call's stdin: header, objects, and (to build) the provenance after them."""
-        yield from _read_ahead(_object_stream(self.snap.tree.root, header, sends, progress, self.sent))
+        chunks = _object_stream(self.snap.tree.root, header, sends, progress, self.sent)
+        yield from _read_ahead(chunks) if sends else chunks  # no thread for a header alone
         if build:
             trailer = frame({"provenance": self.provenance()})
             self.sent[0] += len(trailer)

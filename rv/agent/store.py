@@ -345,7 +345,7 @@ def receive_objects(root):
     fans = set()  # objects/xx folders known to exist: a failing mkdir per object adds up
     done = []  # (oid, size, or -1 when the content was not the id), appended by the writers
     present = set()
-    writers = Writers()
+    writers = None  # started at the first object to write: a resubmit sends none, or a few
     try:
         while True:
             tag = common.read_exact(1)
@@ -365,13 +365,16 @@ def receive_objects(root):
             present.add(oid)  # written now (or refused: then it is in ``bad``, and never used)
             if size <= POOL_MAX:
                 data = common.read_exact(size) if size else b""
+                writers = writers or Writers()
                 writers.put(functools.partial(_store_object, tmpdir, fan, dest, oid, data, fans, done))
             else:
                 _store_streamed(tmpdir, fan, dest, oid, size, fans, done)
     except BaseException:
-        writers.finish(check=False)
+        if writers is not None:
+            writers.finish(check=False)
         raise
-    writers.finish()
+    if writers is not None:
+        writers.finish()
     bad = [oid for oid, size in done if size < 0]
     present.difference_update(bad)
     stored = [size for _oid, size in done if size >= 0]
@@ -495,7 +498,7 @@ def build_snapshot(root, sid, text, provenance, files=None, size=None):
             _folders(build, manifest.enc(row[0]), made)
         # The links, by Writers threads (as the objects' files: metadata operations in flight
         # together), in runs of rows; the folders all exist already.
-        writers = Writers()
+        writers = Writers(min(WRITERS, 1 + len(rows) // LINK_RUN))
         try:
             for i in range(0, len(rows), LINK_RUN):
                 writers.put(functools.partial(_put_rows, root, build, rows[i : i + LINK_RUN]))
