@@ -518,7 +518,7 @@ def build_snapshot(root, sid, text, provenance, files=None, size=None):
         "created": time.time(),
         "files": len(rows) if files is None else files,
         "bytes": sum(r[3] for r in rows) if size is None else size,
-        "provenance": provenance,
+        "provenance": provenance() if callable(provenance) else provenance,
     }
     return _finish(root, sid, build, snapshot_dir(root, sid), meta)
 
@@ -620,7 +620,7 @@ def build_layer(root, sid, resolved, provenance, over):
             "upsert": [layer[p] for p in sorted(layer, key=manifest.enc) if layer[p] is not None],
             "remove": [p for p in sorted(layer, key=manifest.enc) if layer[p] is None],
         },
-        "provenance": provenance,
+        "provenance": provenance() if callable(provenance) else provenance,
     }
     return _finish(root, sid, build, snapshot_dir(root, sid) + b".layer", meta)
 
@@ -676,25 +676,38 @@ def mode_snap_put(args):
     payload = common.read_header()
     sid = payload["id"]
     clean_stale_temps(root)
+    build = bool(payload.get("build")) or "provenance" in payload
+    trailer = []
+
+    def provenance():
+        """The provenance frame after the objects (read once, when first needed): the client makes
+        it (git diff) while the objects travel, and the tree is built while it is made; only the
+        meta file, written last, holds it."""
+        if not trailer:
+            trailer.append(
+                common.read_header()["provenance"] if payload.get("build") else payload.get("provenance")
+            )
+        return trailer[0]
+
     with locks.store_lock(root, exclusive=False):
         received, received_bytes, bad, present = receive_objects(root)
-        if payload.get("build"):
-            # The provenance follows the objects: the client makes it (git diff) while they travel.
-            payload["provenance"] = common.read_header()["provenance"]
         result = {"received": received, "received_bytes": received_bytes, "bad": bad}
         if snapshot_exists(root, sid):
+            provenance()  # read before replying, as every reply but "created" does: stdin stays whole
             touch(snapshot_dir(root, sid) + b".json")  # "last used": gc measures age from here
             result.update(status="exists", base=layer_base(root, sid))
             return result
         resolved = resolve_manifest(root, sid, payload)
         if resolved is None:
+            provenance()
             result["status"] = "need-full"
             return result
         missing = missing_objects(root, resolved["new"], present)
-        if missing or "provenance" not in payload:
+        if missing or not build:
+            provenance()
             result.update(status="missing", missing=sorted(missing))
             return result
-        status, base = make_tree(root, sid, resolved, payload["provenance"])
+        status, base = make_tree(root, sid, resolved, provenance)
         result.update(status=status, base=base if status == "created" else layer_base(root, sid))
         return result
 

@@ -740,3 +740,42 @@ def test_an_edit_of_n_files_sends_their_bytes_plus_bounded_framing_in_one_round_
     assert 0 < framing <= edited * FRAMING_PER_FILE + FRAMING_PER_CALL, framing
     work = job_copy(layout, result.id, tmp_path / "work")
     assert all((work / name).read_bytes() == (repo / name).read_bytes() for name in names)
+
+
+class DropLast(LocalTransport):
+    """Delivers the second snap-put stream (the one with the objects) without its last chunk (the
+    provenance frame), then closes stdin."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.puts = 0
+
+    def run(self, command, *, stdin=None, timeout=None):
+        if "snap-put" in command:
+            self.puts += 1
+            if self.puts == 2:
+                stdin = self._all_but_last(stdin)
+        return super().run(command, stdin=stdin, timeout=timeout)
+
+    @staticmethod
+    def _all_but_last(chunks):
+        held = None
+        for chunk in chunks:
+            if held is not None:
+                yield held
+            held = chunk
+
+
+def test_a_client_gone_before_the_provenance_leaves_objects_but_no_snapshot(tmp_path, layout):
+    # The cluster builds the tree while the client still makes the provenance (it follows the
+    # objects); a client gone before sending it must leave no snapshot and no build folder.
+    repo = sample_repo(tmp_path)
+    with pytest.raises(RemoteError, match="snap-put failed"):
+        make_snapshot(DropLast(env=local_python_first()), layout, repo)
+    assert objects_are_sound(layout) == 7
+    snapshots = Path(layout.snapshots)
+    assert not snapshots.exists() or not [p for p in snapshots.iterdir() if p.is_dir()]
+    assert leftover_temps(layout) == []
+    result = make_snapshot(LocalTransport(env=local_python_first()), layout, repo)
+    assert result.created and result.new_objects == 0
+    assert json.loads(Path(result.meta_path).read_text())["provenance"]["dirty"] is True
