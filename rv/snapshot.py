@@ -305,6 +305,8 @@ def _object_stream(
 
 _END = object()
 
+READ_AHEAD_MIN = 16  # objects to send before a thread reads them ahead of the connection
+
 
 def _read_ahead(chunks: Iterator[bytes], depth: int = 8) -> Iterator[bytes]:
     """``chunks``, made on a thread of their own up to ``depth`` ahead of the one sending them.
@@ -410,7 +412,8 @@ class _Shipping:
     ) -> Iterator[bytes]:
         """The call's stdin: header, objects, and (to build) the provenance after them."""
         chunks = _object_stream(self.snap.tree.root, header, sends, progress, self.sent)
-        yield from _read_ahead(chunks) if sends else chunks  # no thread for a header alone
+        # A thread to read ahead pays only with more than a few files to read.
+        yield from _read_ahead(chunks) if len(sends) > READ_AHEAD_MIN else chunks
         if build:
             trailer = frame({"provenance": self.provenance()})
             self.sent[0] += len(trailer)

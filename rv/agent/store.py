@@ -237,6 +237,8 @@ POOL_MAX = 1 << 20  # objects up to this size are read whole and handed to a wri
 
 LINK_RUN = 256  # rows a writer thread links at a time when a snapshot's tree is built
 
+INLINE_OBJECTS = 16  # the first objects of a call are written by the reading thread itself
+
 
 class Writers(object):
     """A few threads running jobs; the first error is raised by ``put`` or ``finish``."""
@@ -365,8 +367,12 @@ def receive_objects(root):
             present.add(oid)  # written now (or refused: then it is in ``bad``, and never used)
             if size <= POOL_MAX:
                 data = common.read_exact(size) if size else b""
+                job = functools.partial(_store_object, tmpdir, fan, dest, oid, data, fans, done)
+                if writers is None and len(present) <= INLINE_OBJECTS:
+                    job()  # a few edited files: starting threads would cost more than it saves
+                    continue
                 writers = writers or Writers()
-                writers.put(functools.partial(_store_object, tmpdir, fan, dest, oid, data, fans, done))
+                writers.put(job)
             else:
                 _store_streamed(tmpdir, fan, dest, oid, size, fans, done)
     except BaseException:

@@ -22,7 +22,7 @@ from conftest import RV_PROGRAM
 from projects import git_project, wait_for
 
 FILES = 3000  # small files: a first upload of them takes a few seconds on the loopback cluster
-KILLS = 8
+KILLS = 6
 
 STORE_CHECK = r"""
 import hashlib, json, os, sys
@@ -78,13 +78,15 @@ def test_a_first_upload_killed_at_random_points_leaves_the_store_sound_and_the_r
     want = {blob_id(text.encode()) for text in files.values()}
     objects = Path(layout.remote_root) / "objects"
     kills = []
-    for attempt in range(KILLS):
+    for attempt in range(3 * KILLS):  # an upload that ends before its kill empties the store (below)
+        if len(kills) == KILLS:
+            break
         before = landed(objects)
         # A third of the kills at a random moment from the start (listing, the query, the first
         # objects), the rest once a random share of the objects still missing has landed (small
         # enough that every attempt has some left to kill).
         by_count = attempt % 3 != 0
-        target = before + rng.randint(1, max(1, (len(want) - before) // (KILLS - attempt + 1)))
+        target = before + rng.randint(1, max(1, (len(want) - before) // (KILLS - len(kills) + 1)))
         delay = rng.uniform(0.0, 1.0)
         proc = subprocess.Popen(
             [str(RV_PROGRAM), "sync", "snapshot"], cwd=repo, env=layout.rv_env,
@@ -95,11 +97,10 @@ def test_a_first_upload_killed_at_random_points_leaves_the_store_sound_and_the_r
             if landed(objects) >= target if by_count else time.monotonic() - start >= delay:
                 break
             time.sleep(0.005)
-        if proc.poll() is not None:
-            break  # it finished first: the rest of the checks still hold
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        kills.append(landed(objects))
+        finished = proc.poll() is not None
+        if not finished:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         # The cluster side sees its input end and removes its partial file; nothing else changes.
         state = wait_for(
             lambda: (s := store_state(layout.ssh, layout.remote_root))["temps"] == [] and s,
@@ -107,10 +108,19 @@ def test_a_first_upload_killed_at_random_points_leaves_the_store_sound_and_the_r
         )  # fmt: skip
         assert state["bad"] == [], f"seed {seed}: objects whose content is not their id: {state['bad']}"
         assert set(state["objects"]) <= want, f"seed {seed}"
-        if state["snapshots"]:
-            break  # the upload had already finished when the kill came
+        if finished or state["snapshots"]:
+            # The upload ended before the kill (the command server's side of a killed command
+            # stops at its next look, a fraction of a second later): start again from nothing.
+            q = shlex.quote(layout.remote_root)
+            layout.ssh.run(
+                f"chmod -R u+w {q}/objects {q}/snapshots && rm -rf {q}/objects {q}/snapshots"
+            ).check("emptying the store")
+            continue
+        kills.append(len(state["objects"]))
     print(f"seed {seed}: objects in the store after each kill: {kills} of {len(want)}")
-    assert len(kills) >= 3, f"seed {seed}: only {len(kills)} uploads were killed before one finished: {kills}"
+    assert len(kills) == KILLS, (
+        f"seed {seed}: only {len(kills)} uploads were killed before they ended: {kills}"
+    )
     # Whatever a killed command's cluster side was still doing has ended (no temp files above); the
     # rerun sends exactly what the store lacks now.
     present = set(store_state(layout.ssh, layout.remote_root)["objects"])
