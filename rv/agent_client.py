@@ -137,8 +137,14 @@ def agent_request(mode: str, args: dict[str, Any]) -> bytes:
     return struct.pack(">I", len(data)) + data
 
 
+# Frames larger than this are compressed at level 1: a 50,000-file manifest (4.4 MB of JSON) took
+# 0.14 s of CPU at level 6 and 0.05 s at level 1, for 5% more bytes (and it may travel twice).
+FAST_FRAME = 1 << 20
+
+
 def frame(obj: Any) -> bytes:
-    data = zlib.compress(json.dumps(obj, ensure_ascii=True).encode("ascii"), 6)
+    raw = json.dumps(obj, ensure_ascii=True).encode("ascii")
+    data = zlib.compress(raw, 1 if len(raw) > FAST_FRAME else 6)
     return struct.pack(">I", len(data)) + data
 
 

@@ -2,15 +2,18 @@
 
 Shipping (see :mod:`rv.agent.store` for the cluster side) costs one round trip when the snapshot
 already exists and usually one when it does not: the manifest travels as the changes since a
-snapshot this machine knows the store holds, with small new files sent unasked; when more is
-missing, ``snap-put`` streams only those objects and the tree (or a layer over a full tree) is built
-by hard links. make_snapshot starts the cluster side while the files are listed.
+snapshot this machine knows the store holds, with the new files (up to SPECULATE_BYTES) sent
+unasked; when more is missing, ``snap-put`` streams only those objects and the tree (or a layer over
+a full tree) is built by hard links. make_snapshot starts the cluster side while the files are
+listed; the provenance's ``git diff`` runs while the manifest and objects travel (it follows them);
+the files are read on a thread of their own while the connection sends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -69,7 +72,19 @@ def manifest_payload(tree: LocalTree, known: Sequence[str], texts: TreeCache | N
                 break
     if delta is not None and len(delta[1]) + len(delta[2]) < max(1, tree.files // 2):
         return {"base": delta[0], "upsert": delta[1], "remove": delta[2]}
-    return {"entries": manifest.manifest_rows(tree.manifest)}
+    return full_payload(tree)
+
+
+def full_payload(tree: LocalTree) -> dict[str, Any]:
+    """The whole manifest as its text: the cluster hashes and parses it in C, nothing re-encoded."""
+    return {"text": tree.manifest.decode("ascii")}
+
+
+def payload_rows(payload: dict[str, Any]) -> list[list[Any]]:
+    """The rows a payload may need objects for: a delta's new rows, or every row of a full list."""
+    if "text" in payload:
+        return list(manifest.manifest_rows(payload["text"].encode("ascii")))
+    return list(payload.get("upsert", payload.get("entries", [])))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -254,12 +269,12 @@ def _object_stream(
         else:
             left = e.size
             try:
-                fh = open(full, "rb")  # noqa: SIM115 (closed below; the generator may pause mid-file)
+                fd = os.open(full, os.O_RDONLY)  # a bare descriptor: no file object per small file
             except OSError:
-                fh = None
+                fd = -1
             try:
                 while left:
-                    data = fh.read(min(READ_CHUNK, left)) if fh else b""
+                    data = os.read(fd, min(READ_CHUNK, left)) if fd >= 0 else b""
                     if not data:
                         # Gone or shrunk since it was hashed: keep the frame's length; the cluster
                         # will find the id wrong and refuse the object.
@@ -273,8 +288,8 @@ def _object_stream(
                     if progress:
                         progress.add(len(data))
             finally:
-                if fh:
-                    fh.close()
+                if fd >= 0:
+                    os.close(fd)
         if progress:
             progress.add(files=1)
         if len(buf) >= READ_CHUNK:
@@ -288,10 +303,63 @@ def _object_stream(
         progress.done()
 
 
-# New objects this small go with the first call, unasked: cheaper than a round trip to ask (the
-# cluster reads past any it has already).
-SPECULATE_BYTES = 1 << 20
-SPECULATE_FILES = 64
+_END = object()
+
+READ_AHEAD_MIN = 16  # objects to send before a thread reads them ahead of the connection
+
+
+def _read_ahead(chunks: Iterator[bytes], depth: int = 8) -> Iterator[bytes]:
+    """``chunks``, made on a thread of their own up to ``depth`` ahead of the one sending them.
+
+    The connection encrypts and sends on the caller's thread; reading the files (page cache copies,
+    outside the GIL) then overlaps with it. Closing this generator stops the reader.
+    """
+    ready: queue.Queue[Any] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not put(chunk):
+                    return
+            put(_END)
+        except BaseException as exc:  # handed to the sending side below, never dropped
+            put(exc)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
+    reader = threading.Thread(target=produce, daemon=True, name="rv-read-ahead")
+    reader.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+# New objects of a delta go with the first call, unasked, up to this much: cheaper than a round
+# trip to ask (the cluster reads past any it has already). A branch switch or a formatter run
+# touches hundreds of files; their bytes are new to the store unless the same content was sent
+# before, so what this can waste is bounded by these figures, while asking first always costs a
+# second agent start and round trip (and the manifest sent twice).
+SPECULATE_BYTES = 16 << 20
+SPECULATE_FILES = 4096
 
 
 def _speculative(payload: dict[str, Any]) -> list[Entry]:
@@ -314,34 +382,47 @@ class _Shipping:
     on_progress: Progress | None = None
     payload: dict[str, Any] = field(default_factory=dict)
     sent: list[int] = field(default_factory=lambda: [0])
-    stored_provenance: dict[str, Any] | None = None
     known: list[str] = field(default_factory=list)
+    _provenance: Soon | None = None
 
-    def first(self) -> tuple[bytes, list[Entry]]:
-        """The first call's header and the objects that go with it unasked."""
+    def first(self) -> tuple[bytes, list[Entry], bool]:
+        """The first call's header, the objects that go with it unasked, and whether it builds."""
         self.known = self.store.known(self.snap.project) if self.store else []
         self.payload = manifest_payload(self.snap.tree, self.known, self.snap.texts)
-        header: dict[str, Any] = {"id": self.snap.id, **self.payload}
-        if self.snap.id not in self.known:
-            header["provenance"] = self.provenance()  # probably new: let it be built in this call
-        return frame(header), _speculative(self.payload) if "provenance" in header else []
+        build = self.snap.id not in self.known  # probably new: let it be built in this call
+        if build:
+            self.start_provenance()
+        header = frame({"id": self.snap.id, **self.payload, "build": build})
+        return header, _speculative(self.payload) if build else [], build
+
+    def start_provenance(self) -> None:
+        """Start ``git diff`` for the provenance: it runs while the manifest and objects travel."""
+        if self._provenance is None:
+            snap = self.snap
+            args = (snap.tree, snap.project, snap.subdir, snap.git)
+            self._provenance = Soon(provenance, *args, cache=snap.texts)
 
     def provenance(self) -> dict[str, Any]:
-        if self.stored_provenance is None:
-            snap = self.snap
-            self.stored_provenance = provenance(
-                snap.tree, snap.project, snap.subdir, snap.git, cache=snap.texts
-            )
-        return self.stored_provenance
+        self.start_provenance()
+        assert self._provenance is not None
+        return dict(self._provenance.result())
 
-    def stream(self, header: bytes, sends: list[Entry], progress: ProgressCounter | None) -> Iterator[bytes]:
-        return _object_stream(self.snap.tree.root, header, sends, progress, self.sent)
+    def stream(
+        self, header: bytes, sends: list[Entry], progress: ProgressCounter | None, build: bool
+    ) -> Iterator[bytes]:
+        """The call's stdin: header, objects, and (to build) the provenance after them."""
+        chunks = _object_stream(self.snap.tree.root, header, sends, progress, self.sent)
+        # A thread to read ahead pays only with more than a few files to read.
+        yield from _read_ahead(chunks) if len(sends) > READ_AHEAD_MIN else chunks
+        if build:
+            trailer = frame({"provenance": self.provenance()})
+            self.sent[0] += len(trailer)
+            yield trailer
 
     def call(self, sends: list[Entry], progress: ProgressCounter | None = None) -> dict[str, Any]:
-        header = frame({"id": self.snap.id, **self.payload, "provenance": self.provenance()})
-        return call_agent(
-            self.transport, "snap-put", self.layout.agent_args(), stdin=self.stream(header, sends, progress)
-        )
+        header = frame({"id": self.snap.id, **self.payload, "build": True})
+        stdin = self.stream(header, sends, progress, True)
+        return call_agent(self.transport, "snap-put", self.layout.agent_args(), stdin=stdin)
 
 
 def upload_snapshot(
@@ -363,8 +444,9 @@ def upload_snapshot(
     """
     if _first is None:
         ship = _Shipping(transport, layout, snap, cache, on_progress)
-        header, spec = ship.first()
-        reply = call_agent(transport, "snap-put", layout.agent_args(), stdin=ship.stream(header, spec, None))
+        header, spec, build = ship.first()
+        stdin = ship.stream(header, spec, None, build)
+        reply = call_agent(transport, "snap-put", layout.agent_args(), stdin=stdin)
     else:
         ship, spec, reply = _first
     new_objects = new_bytes = 0
@@ -386,17 +468,15 @@ def upload_snapshot(
             # The base is gone from the store (rv gc) or is not what this machine remembers.
             if cache is not None and "base" in ship.payload:
                 cache.forget(snap.project, ship.payload["base"])
-            ship.payload = {"entries": manifest.manifest_rows(snap.tree.manifest)}
+            ship.payload = full_payload(snap.tree)
             spec = []
             reply = ship.call([])
             continue
         missing = list(reply["missing"])
-        rows = ship.payload.get("upsert", ship.payload.get("entries"))
-        by_oid = {r[2]: r for r in rows or ()}
+        by_oid = {r[2]: r for r in payload_rows(ship.payload)}
         if any(o not in by_oid for o in missing):
             by_oid = {r[2]: r for r in manifest.manifest_rows(snap.tree.manifest)}
-        by_oid = {o: Entry(*by_oid[o]) for o in missing}
-        spec = [by_oid[o] for o in missing]
+        spec = [Entry(*by_oid[o]) for o in missing]
         if summary is None and on_summary:
             summary = summary_line(snap, new_objects + len(spec), new_bytes + sum(e.size for e in spec))
             on_summary(summary)
@@ -467,14 +547,14 @@ def make_snapshot(
 
         store = StoreCache(cache_dir, cache_key or layout.root)
     ready = threading.Event()
-    first: list[tuple[bytes, list[Entry]] | None] = []
+    first: list[tuple[bytes, list[Entry], bool] | None] = []
     ship: _Shipping | None = None
 
     def first_stdin() -> Iterator[bytes]:
         ready.wait()
         if first[0] is not None:
             assert ship is not None
-            yield from ship.stream(first[0][0], first[0][1], None)
+            yield from ship.stream(*first[0][:2], None, first[0][2])
 
     early = Soon(call_agent, transport, "snap-put", layout.agent_args(), stdin=first_stdin())
     try:
@@ -484,14 +564,14 @@ def make_snapshot(
         if on_prepared:
             on_prepared(snap)
         ship = _Shipping(transport, layout, snap, store, on_progress)
-        header, spec = ship.first()
+        header, spec, build = ship.first()
     except BaseException:
         first.append(None)  # the early command reads an empty stdin and exits
         ready.set()
         with contextlib.suppress(Exception):
             early.result()
         raise
-    first.append((header, spec))
+    first.append((header, spec, build))
     ready.set()
     reply = early.result()
     return upload_snapshot(

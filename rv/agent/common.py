@@ -14,6 +14,7 @@ import shutil
 import stat
 import struct
 import sys
+import threading
 import zlib
 
 from rv.agent import manifest
@@ -114,10 +115,19 @@ def makedirs(path, mode=0o755):
             raise
 
 
+_TEMP = [os.urandom(6).hex().encode(), 0]  # this process's random part, drawn once, and a serial
+
+_TEMP_LOCK = threading.Lock()  # writer threads (rv.agent.store.Writers) take names too
+
+
 def temp_name(directory, tag):
-    return join(
-        directory, b".rv-tmp-" + manifest.enc(tag) + b"-%d-" % os.getpid() + os.urandom(6).hex().encode()
-    )
+    """A name no other writer uses: the pid and a random salt for this process, then a serial
+    (os.urandom per file showed in profiles of a 50,000-file upload)."""
+    with _TEMP_LOCK:
+        _TEMP[1] += 1
+        serial = _TEMP[1]
+    name = b".rv-tmp-" + manifest.enc(tag) + b"-%d-" % os.getpid() + _TEMP[0] + b"-%d" % serial
+    return join(directory, name)
 
 
 def force_rmtree(path):
@@ -152,15 +162,25 @@ def write_atomic(path, data, mode):
 def receive_into(tmp, size, hasher, mode=0o600):
     """Copy ``size`` bytes of stdin into a new file ``tmp`` (created with ``mode``), feeding ``hasher``."""
     left = size
-    # Created with its final mode: the descriptor stays writable, and no chmod is needed after.
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, private(mode)), "wb") as fh:
+    # Created with its final mode, written through the bare descriptor: no chmod after, and no
+    # buffered-file object per file (tens of thousands of small objects on a first sync).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, private(mode))
+    try:
         while left:
             data = stdin().read(min(CHUNK, left))
             if not data:
                 raise Truncated()
             hasher.update(data)
-            fh.write(data)
+            write_all(fd, data)
             left -= len(data)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def remove_counted(path, freed, dry):

@@ -14,6 +14,7 @@ Imports nothing of the agent: laptop modules import this one (and :mod:`rv.agent
 
 import hashlib
 import json
+import re
 
 MODE_FILE = 0o100644
 
@@ -50,9 +51,16 @@ MANIFEST_TAG = b"rv-snapshot-2\n"
 
 _LINE = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
 
+# A path of printable ASCII without a quote or a backslash is its own JSON string: such lines are
+# formatted directly, the JSON encoder (a third of a 50,000-file listing's Python time) is for others.
+_PLAIN = re.compile(r"[ !#-\[\]-~]*\Z")
+
 
 def manifest_line(row):
-    return _LINE.encode([row[0], row[1], row[2], row[3]]).encode("ascii") + b"\n"
+    path, mode, oid, size = row[0], row[1], row[2], row[3]
+    if _PLAIN.match(path) and type(mode) is int and type(size) is int:
+        return ('["%s",%d,"%s",%d]\n' % (path, mode, oid, size)).encode("ascii")
+    return _LINE.encode([path, mode, oid, size]).encode("ascii") + b"\n"
 
 
 def manifest_text(rows):
@@ -94,7 +102,7 @@ def find_line(text, key, lo=0):
         if start < lo:
             start = lo
         end = text.index(b"\n", start) + 1
-        k = enc(parse_line(text[start:end])[0])
+        k = line_key(text, start, end)
         if k < key:
             lo = end
         elif k > key:
@@ -102,6 +110,16 @@ def find_line(text, key, lo=0):
         else:
             return start, end, True
     return lo, lo, False
+
+
+def line_key(text, start, end):
+    """The path's bytes of the line ``text[start:end]``. A line without a backslash holds its path
+    verbatim between its first two quotes (JSON escapes quotes and non-ASCII with backslashes): no
+    JSON parse, which made a search of a 50,000-line manifest cost 16 of them."""
+    close = text.find(b'"', start + 2, end)
+    if close < 0 or text.find(b"\\", start, close) >= 0:
+        return enc(parse_line(text[start:end])[0])
+    return text[start + 2 : close]
 
 
 def row_at(text, path):

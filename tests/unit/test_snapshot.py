@@ -257,7 +257,7 @@ def test_manifest_payload_is_a_delta_against_a_snapshot_the_store_holds(tmp_path
     tree = LocalTree.of(tmp_path, [Entry(*r) for r in changed])
     texts = TreeCache()
     texts.put_text(old.id, old.manifest)
-    assert manifest_payload(tree, [], texts) == {"entries": manifest.manifest_rows(tree.manifest)}
+    assert manifest_payload(tree, [], texts) == {"text": tree.manifest.decode("ascii")}
     assert manifest_payload(tree, [tree.id], texts) == {"base": tree.id, "upsert": [], "remove": []}
     delta = manifest_payload(tree, ["gone", old.id], texts)  # no manifest kept for "gone"
     assert delta["base"] == old.id
@@ -268,7 +268,7 @@ def test_manifest_payload_is_a_delta_against_a_snapshot_the_store_holds(tmp_path
     # Against an unrelated tree a delta is no smaller: the full list goes.
     unrelated = LocalTree.of(tmp_path, [Entry(f"g{i}", MODE_FILE, blob_id(b"x"), 1) for i in range(100)])
     texts.put_text(unrelated.id, unrelated.manifest)
-    assert "entries" in manifest_payload(tree, [unrelated.id], texts)
+    assert "text" in manifest_payload(tree, [unrelated.id], texts)
 
 
 def test_manifest_text_splices_like_a_rebuild():

@@ -708,3 +708,74 @@ def test_snapshots_of_the_earlier_format_are_still_used_by_jobs_and_collected(tm
     backdate(layout, old_id, 30)
     report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
     assert [r["id"] for r in report["removed"]] == [old_id] and report["objects_removed"] == 1
+
+
+# What a delta may add to the changed files' bytes: per object its frame (tag, 20-byte id, 8-byte
+# size) and its manifest row (path, mode, id, size; zlib-compressed JSON, ~70 B for the paths
+# below); per call the header's id and base, the provenance frame (no diff: the edits are
+# committed) and the end tag.
+FRAMING_PER_FILE = 29 + 80
+FRAMING_PER_CALL = 2048
+
+
+@pytest.mark.parametrize("edited", [1, 40, 400])
+def test_an_edit_of_n_files_sends_their_bytes_plus_bounded_framing_in_one_round_trip(
+    tmp_path, transport, layout, edited
+):
+    files = {f"src/pkg{i % 9}/mod_{i:04d}.py": f"# module {i}\n" + "x = 1\n" * (i % 50) for i in range(1000)}
+    repo = new_repo(tmp_path / "repo", files)
+    cache_dir = tmp_path / "cache"
+    make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    names = sorted(files)[:: 1000 // edited][:edited]
+    for name in names:
+        with open(repo / name, "a") as fh:
+            fh.write(f"y = {name!r}\n" * 20)
+    git(repo, "commit", "-qam", "edits")
+    changed = sum((repo / name).stat().st_size for name in names)
+    transport.calls.clear()
+    result = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert len(transport.calls) == 1  # the objects went with the manifest, unasked
+    assert (result.new_objects, result.new_bytes) == (edited, changed)
+    framing = result.sent_bytes - result.new_bytes
+    assert 0 < framing <= edited * FRAMING_PER_FILE + FRAMING_PER_CALL, framing
+    work = job_copy(layout, result.id, tmp_path / "work")
+    assert all((work / name).read_bytes() == (repo / name).read_bytes() for name in names)
+
+
+class DropLast(LocalTransport):
+    """Delivers the second snap-put stream (the one with the objects) without its last chunk (the
+    provenance frame), then closes stdin."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.puts = 0
+
+    def run(self, command, *, stdin=None, timeout=None):
+        if "snap-put" in command:
+            self.puts += 1
+            if self.puts == 2:
+                stdin = self._all_but_last(stdin)
+        return super().run(command, stdin=stdin, timeout=timeout)
+
+    @staticmethod
+    def _all_but_last(chunks):
+        held = None
+        for chunk in chunks:
+            if held is not None:
+                yield held
+            held = chunk
+
+
+def test_a_client_gone_before_the_provenance_leaves_objects_but_no_snapshot(tmp_path, layout):
+    # The cluster builds the tree while the client still makes the provenance (it follows the
+    # objects); a client gone before sending it must leave no snapshot and no build folder.
+    repo = sample_repo(tmp_path)
+    with pytest.raises(RemoteError, match="snap-put failed"):
+        make_snapshot(DropLast(env=local_python_first()), layout, repo)
+    assert objects_are_sound(layout) == 7
+    snapshots = Path(layout.snapshots)
+    assert not snapshots.exists() or not [p for p in snapshots.iterdir() if p.is_dir()]
+    assert leftover_temps(layout) == []
+    result = make_snapshot(LocalTransport(env=local_python_first()), layout, repo)
+    assert result.created and result.new_objects == 0
+    assert json.loads(Path(result.meta_path).read_text())["provenance"]["dirty"] is True

@@ -67,7 +67,7 @@ def test_every_agent_module_parses_as_python_3_6(path):
 STDLIB = {
     "argparse", "ast", "base64", "contextlib", "errno", "fcntl", "hashlib", "io", "json", "marshal", "os",
     "platform", "pwd", "re", "select", "shutil", "signal", "site", "socket", "stat", "struct", "subprocess",
-    "sys", "sysconfig", "tempfile", "time", "types", "zlib", "rv",
+    "sys", "sysconfig", "tempfile", "time", "types", "zlib", "rv", "functools", "queue", "threading",
 }  # fmt: skip
 
 
