@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,7 +134,8 @@ _DIFF = [
 ]  # fmt: skip
 _DIFF_PATHS_MAX = 20_000  # more changed paths than this: one diff of everything, no pathspec list
 _DIFF_BATCH = 1_000  # paths per git call, far below any system's limit on a command line
-_DIFF_SPEC_MAX = 256  # more files to diff than this: one `git diff HEAD` of everything, split (below)
+_DIFF_SPEC_MAX = 256  # more files to diff by pathspec than this: one `git diff HEAD` of everything
+_DIFF_INDEX_MIN = 16  # more files to diff than this: through an index of their own (see _diff_by_index)
 
 
 def diff_head(tree: LocalTree, git: Git, cache: TreeCache | None = None) -> bytes:
@@ -172,12 +174,19 @@ def diff_head(tree: LocalTree, git: Git, cache: TreeCache | None = None) -> byte
     else:
         keys = {p: manifest.row_at(tree.manifest, p) for p in paths}
     todo = [p for p in changed if p in subs or p not in files or files[p][0] != keys[p]]
-    if len(todo) > _DIFF_SPEC_MAX:
+    fresh: dict[str, bytes] | None = {}
+    if len(todo) > _DIFF_INDEX_MIN:
+        fresh, todo_left = _diff_by_index(git, repo.top, [p for p in todo if p not in subs])
+        todo_left += [p for p in todo if p in subs]
+    else:
+        todo_left = todo
+    if fresh is not None and len(todo_left) > _DIFF_SPEC_MAX:
         # git matches every index entry against every pathspec: with 500 paths of a 50,000-file
         # repo that took 1.5-1.9 s, the whole `git diff HEAD` 0.8-0.95 s (its parts are split below).
         fresh = _diff_parts(git.out(_DIFF, repo.top))
-    else:
-        fresh = _diff_parts(_diff_of(git, repo.top, todo)) if todo else {}
+    elif fresh is not None and todo_left:
+        more = _diff_parts(_diff_of(git, repo.top, todo_left))
+        fresh = None if more is None else {**fresh, **more}
     if fresh is None:  # a header this code cannot read: the plain diff, nothing kept
         return _diff_of(git, repo.top, changed)
     parts = {p: fresh.get(p, b"") if p in todo else files[p][1] for p in changed}
@@ -185,6 +194,38 @@ def diff_head(tree: LocalTree, git: Git, cache: TreeCache | None = None) -> byte
         repo.top, {"head": repo.commit, "sid": tree.id, "files": {p: [keys[p], parts[p]] for p in keys}}
     )
     return b"".join(parts[p] for p in sorted(parts, key=manifest.enc))
+
+
+def _diff_by_index(git: Git, top: Path, paths: Sequence[str]) -> tuple[dict[str, bytes] | None, list[str]]:
+    """The parts of ``git diff HEAD`` for ``paths``, by a diff of the work tree against an index of
+    their own holding only HEAD's entries for them: git then looks at those files alone.
+
+    A pathspec list costs git a match of every index entry against every path (1.5-1.9 s for 500
+    paths of a 50,000-file repo) and the whole `git diff HEAD` stats and diffs every dirty file
+    (0.73 s with 1,500 dirty); this took 0.15 s for 500 paths, with the same bytes for each file.
+    Returns (parts, the paths HEAD has no file for: new in the index, or a submodule), or
+    (None, []) when a part cannot be read.
+    """
+    want = set(paths)
+    listing = git.out(["ls-tree", "-r", "-z", "--full-tree", "HEAD"], top)
+    records, found = [], set()
+    for record in listing.split(b"\0"):
+        meta, _, raw = record.partition(b"\t")
+        path = manifest.dec(raw) if raw else ""
+        if path in want and not meta.startswith(b"160000"):  # a submodule's entry: by pathspec
+            records.append(record)
+            found.add(path)
+    rest = [p for p in paths if p not in found]
+    if not records:
+        return {}, rest
+    with tempfile.TemporaryDirectory(prefix="rv-diff-") as tmp:
+        # Private to this run (0700): the index names the user's files. No split or sparse index
+        # for it, which would write shared files into the repository's own .git.
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        config = ["-c", "core.splitIndex=false", "-c", "index.sparse=false"]
+        git.out([*config, "update-index", "-z", "--index-info"], top, input=b"\0".join(records) + b"\0", env=env)
+        out = git.out([*config, *(a for a in _DIFF if a != "HEAD")], top, env=env)
+    return _diff_parts(out), rest
 
 
 def _diff_of(git: Git, top: Path, paths: Sequence[str]) -> bytes:

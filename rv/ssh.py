@@ -523,7 +523,9 @@ class SSHTransport(_Collecting):
                         channel.close()
                         return
                     try:
-                        channel.sendall(chunk)
+                        # A view: paramiko's sendall slices what is left after each 32 KiB packet,
+                        # and slicing bytes copies the rest of the chunk every time.
+                        channel.sendall(memoryview(chunk))
                     except (OSError, EOFError, paramiko.SSHException):
                         return  # the command stopped reading (it exited): its exit code says why
                 with contextlib.suppress(OSError, EOFError, paramiko.SSHException):

@@ -367,3 +367,52 @@ def test_an_rvignore_in_a_folder_that_holds_only_folders_applies(tmp_path):
         tree = scan_tree(repo, cache=cache)
         assert "pkg/sub/weights.bin" not in tree.paths and "pkg/sub/model.py" in tree.paths
         assert tree.ignored == (("pkg/sub/weights.bin", 100),)
+
+
+def test_many_files_to_diff_go_through_an_index_of_their_own_with_gits_bytes(tmp_path, monkeypatch):
+    # Past a few files, the parts come from diffing the work tree against an index holding only
+    # HEAD's entries for them: no pathspec per file (git matches each against every index entry)
+    # and no diff of every dirty file again. Each part must be exactly what `git diff HEAD` says.
+    names = [f"d{i % 4}/f{i}.py" for i in range(60)] + ['odd "name"\t.py', "ünï.py", "link"]
+    files = {n: f"x = {i}\n" for i, n in enumerate(names) if n != "link"}
+    repo = new_repo(tmp_path / "repo", files)
+    os.symlink("d0/f0.py", repo / "link")
+    git(repo, "add", "link")
+    git(repo, "commit", "-q", "-m", "a link")
+    git(repo, "config", "core.splitIndex", "true")  # the diff's own index must not split into .git
+    cache = TreeCache(tmp_path / "cache")
+    for i in range(0, 40):
+        write(repo / f"d{i % 4}/f{i}.py", f"x = 'edited {i}'\n")
+    (repo / "d1/f41.py").unlink()  # deleted
+    (repo / "d2/f42.py").chmod(0o755)  # mode only
+    write(repo / "d3/f43.py", "x = 'staged'\n")
+    git(repo, "add", "d3/f43.py")
+    write(repo / "d3/f43.py", "x = 'staged, then edited'\n")
+    write(repo / "new.py", "x = 'new, staged'\n")  # not in HEAD: by pathspec
+    git(repo, "add", "new.py")
+    write(repo / 'odd "name"\t.py', "quoted\n")
+    write(repo / "ünï.py", "unicode\n")
+    (repo / "link").unlink()
+    os.symlink("d1/f1.py", repo / "link")
+    before = set(os.listdir(repo / ".git"))
+    diffed: list[list[str]] = []
+    real = Git.out
+
+    def out(self, args, cwd, **kw):
+        if "diff" in args:
+            what = list(args[args.index("--") + 1 :]) if "--" in args else ["<all>"]
+            diffed.append(what if "HEAD" in args else ["<own index>"])
+        return real(self, args, cwd, **kw)
+
+    monkeypatch.setattr(Git, "out", out)
+    tree = scan_tree(repo, cache=cache)
+    want = git(repo, "-c", "diff.noprefix=false", *GIT_DIFF)
+    assert provenance.diff_head(tree, Git(), cache).decode() == want
+    assert sorted(diffed) == [["<own index>"], ["new.py"]]
+    assert set(os.listdir(repo / ".git")) == before  # nothing written into the repository
+    diffed.clear()
+    write(repo / "d0/f0.py", "x = 'again'\n")
+    assert provenance.diff_head(scan_tree(repo, cache=cache), Git(), cache).decode() == git(
+        repo, "-c", "diff.noprefix=false", *GIT_DIFF
+    )
+    assert diffed == [["d0/f0.py"]]  # a few files: by pathspec, the rest from the cache
