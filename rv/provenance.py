@@ -206,16 +206,15 @@ def _diff_by_index(git: Git, top: Path, paths: Sequence[str]) -> tuple[dict[str,
     Returns (parts, the paths HEAD has no file for: new in the index, or a submodule), or
     (None, []) when a part cannot be read.
     """
-    want = set(paths)
+    want = {manifest.enc(p) for p in paths}  # compared as bytes: no decoding of every HEAD path
     listing = git.out(["ls-tree", "-r", "-z", "--full-tree", "HEAD"], top)
     records, found = [], set()
     for record in listing.split(b"\0"):
         meta, _, raw = record.partition(b"\t")
-        path = manifest.dec(raw) if raw else ""
-        if path in want and not meta.startswith(b"160000"):  # a submodule's entry: by pathspec
+        if raw in want and not meta.startswith(b"160000"):  # a submodule's entry: by pathspec
             records.append(record)
-            found.add(path)
-    rest = [p for p in paths if p not in found]
+            found.add(raw)
+    rest = [p for p in paths if manifest.enc(p) not in found]
     if not records:
         return {}, rest
     with tempfile.TemporaryDirectory(prefix="rv-diff-") as tmp:
@@ -223,7 +222,8 @@ def _diff_by_index(git: Git, top: Path, paths: Sequence[str]) -> tuple[dict[str,
         # for it, which would write shared files into the repository's own .git.
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
         config = ["-c", "core.splitIndex=false", "-c", "index.sparse=false"]
-        git.out([*config, "update-index", "-z", "--index-info"], top, input=b"\0".join(records) + b"\0", env=env)
+        entries = b"\0".join(records) + b"\0"
+        git.out([*config, "update-index", "-z", "--index-info"], top, input=entries, env=env)
         out = git.out([*config, *(a for a in _DIFF if a != "HEAD")], top, env=env)
     return _diff_parts(out), rest
 
