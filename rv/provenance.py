@@ -135,7 +135,9 @@ _DIFF = [
 _DIFF_PATHS_MAX = 20_000  # more changed paths than this: one diff of everything, no pathspec list
 _DIFF_BATCH = 1_000  # paths per git call, far below any system's limit on a command line
 _DIFF_SPEC_MAX = 256  # more files to diff by pathspec than this: one `git diff HEAD` of everything
-_DIFF_INDEX_MIN = 16  # more files to diff than this: through an index of their own (see _diff_by_index)
+# Through an index of their own (see _diff_by_index) when git would match more index entries
+# against pathspecs than this (files to diff × files in the tree): three git calls instead of one.
+_DIFF_INDEX_MATCHES = 1_000_000
 
 
 def diff_head(tree: LocalTree, git: Git, cache: TreeCache | None = None) -> bytes:
@@ -175,7 +177,7 @@ def diff_head(tree: LocalTree, git: Git, cache: TreeCache | None = None) -> byte
         keys = {p: manifest.row_at(tree.manifest, p) for p in paths}
     todo = [p for p in changed if p in subs or p not in files or files[p][0] != keys[p]]
     fresh: dict[str, bytes] | None = {}
-    if len(todo) > _DIFF_INDEX_MIN:
+    if len(todo) * tree.files > _DIFF_INDEX_MATCHES:
         fresh, todo_left = _diff_by_index(git, repo.top, [p for p in todo if p not in subs])
         todo_left += [p for p in todo if p in subs]
     else:
