@@ -26,6 +26,10 @@ Methods, interleaved within each round so that load on this shared machine hits 
              resubmit (listing, id, script), no network
   rv api     make_snapshot() on an open connection: what `rv run` pays inside its own process
 
+Before each method of (a) the page cache's dirty data is written back (``sync``, untimed; the loopback
+disk writes tens of MB/s, and what one method left to write slowed the next one's writes), and a
+round's destinations are moved aside, not deleted, until the end (see Bench.fresh).
+
 Each rv method has its own remote root and its own local cache folder (RV_CACHE_DIR), so each sees
 the edit of a round for the first time, as a user would. Printed per situation: the median and the
 spread (min-max) of wall seconds, and the ratios to rsync (and to tar for (a)) as the median of the
@@ -336,6 +340,7 @@ def main() -> None:
     ap.add_argument("--first-rounds", type=int, default=3, help="samples of (a) per method")
     ap.add_argument("--phases", default="abcd", help="which situations to measure (default abcd)")
     ap.add_argument("--tar-everywhere", action="store_true", help="time the tar stream in (b)-(d) too")
+    ap.add_argument("--no-flush", action="store_true", help="(a): no sync before each method")
     ap.add_argument("--repo-dir", type=Path, help="keep the synthetic repo here and reuse it next time")
     ap.add_argument("--json", type=Path, help="also write every sample to this file")
     ap.add_argument("--code", type=Path, help="measure the rv of this checkout instead (see above)")
@@ -396,6 +401,11 @@ def main() -> None:
                 fn = methods[name]
                 if name == "tar" and phase != "a" and not args.tar_everywhere:
                     continue
+                if phase == "a" and not args.no_flush:
+                    # The last method's hundreds of MB still being written back would slow this
+                    # one's writes (the loopback disk writes at tens of MB/s): start every first
+                    # sync with nothing dirty, untimed.
+                    subprocess.run(["sync"], check=True)
                 results[phase].setdefault(name, []).append(timed(fn))
 
         failure = None
