@@ -179,8 +179,13 @@ def target_from_json(data: dict[str, Any]) -> SSHTarget:
 # Frames
 
 
+# A frame longer than this (an upload's stdin, 1 MiB at a time) is sent and received without the
+# copies that suit small ones: no header glued in front, no growing of the reader's buffer.
+_LARGE_FRAME = 1 << 16
+
+
 def send_frame(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
-    if len(payload) > 1 << 16:  # stdin of an upload: no copy of each MiB to put the header before it
+    if len(payload) > _LARGE_FRAME:
         sock.sendall(_HEADER.pack(kind, len(payload)))
         sock.sendall(payload)
     else:
@@ -210,9 +215,9 @@ class SocketFrameReader:
             return None
         kind, n = _HEADER.unpack(bytes(self.buf[: _HEADER.size]))
         del self.buf[: _HEADER.size]
-        if len(self.buf) < n and n > 1 << 16:
-            # A large frame (stdin of an upload, 1 MiB): received straight into its own buffer,
-            # not grown 64 KiB at a time and then sliced out (three copies of every byte sent).
+        if len(self.buf) < n and n > _LARGE_FRAME:
+            # Received straight into its own buffer, not grown 64 KiB at a time and then sliced
+            # out (three copies of every byte sent).
             payload = bytearray(n)
             have = len(self.buf)
             payload[:have] = self.buf
