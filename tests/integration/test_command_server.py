@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import RUNTIME, STATES, run_in_process, wait_gone, warm_pids
+from projects import git_project
 from terminal import Terminal
 
 from rv.config import load_config, save_config
@@ -318,8 +319,9 @@ def installable(tmp_path_factory) -> tuple[Path, Path]:
     return src, deps
 
 
-def fresh_install(installable: tuple[Path, Path], where: Path, editable: bool) -> Path:
-    """A new venv at ``where`` with rv installed by pip as a user would (``-e`` or not); its python."""
+def fresh_install(installable: tuple[Path, Path], where: Path, editable: bool, wheel: bool = False) -> Path:
+    """A new venv at ``where`` with rv installed by pip as a user would (``-e``, from the source folder,
+    or from a wheel built first); its python."""
     src, deps = installable
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     python = where / "bin" / "python"
@@ -328,8 +330,19 @@ def fresh_install(installable: tuple[Path, Path], where: Path, editable: bool) -
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     Path(purelib, "rv_test_deps.pth").write_text(f"{deps}\n")  # pip, setuptools, click, paramiko...
-    pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
-    done = subprocess.run([*pip, *(["-e"] if editable else []), str(src)], capture_output=True, text=True)
+    pip = [str(python), "-m", "pip", "-q"]
+    target = str(src)
+    if wheel:  # built first, then installed from the .whl file, as a wheel from PyPI would be
+        wheels = where.parent / "wheels"
+        built = subprocess.run(
+            [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert built.returncode == 0, built.stderr
+        (found,) = wheels.glob("rv-*.whl")
+        target = str(found)
+    install = [*pip, "install", "--no-deps", "--no-build-isolation", "--no-index"]
+    done = subprocess.run([*install, *(["-e"] if editable else []), target], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     finder = list(Path(purelib).glob("__editable__*finder*.py"))
     assert bool(finder) == editable, "setuptools' default editable install is an import hook"
@@ -337,9 +350,13 @@ def fresh_install(installable: tuple[Path, Path], where: Path, editable: bool) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["pip install -e .", "pip install .", "a tool's venv on PATH"])
-def test_every_kind_of_install_gets_its_commands_served(how, rv_env, installable, runtime, tmp_path):
-    python = fresh_install(installable, tmp_path / "venv", editable=how == "pip install -e .")
+@pytest.mark.parametrize(
+    "how", ["pip install -e .", "pip install .", "a built wheel", "a tool's venv on PATH"]
+)
+def test_every_kind_of_install_serves_commands_and_runs_a_job(how, rv_env, installable, runtime, tmp_path):
+    python = fresh_install(
+        installable, tmp_path / "venv", editable=how == "pip install -e .", wheel=how == "a built wheel"
+    )
     env = dict(rv_env, RV_RUNTIME_DIR=str(runtime), RV_DEBUG="1")
     rv = [str(python.parent / "rv")]
     if how == "a tool's venv on PATH":
@@ -363,6 +380,16 @@ def test_every_kind_of_install_gets_its_commands_served(how, rv_env, installable
     assert (second.returncode, second.stdout) == (0, "two\n"), second.stderr
     assert "rv: debug: served by the command server" in second.stderr, second.stderr
     assert len(served(runtime, server, "exec")) == 1, server_log(runtime)
+    # A real job, to its end: `rv run` renders the sbatch script from files of the installed package
+    # (rv/agent/job.sh), which a wheel holds only when the package data names them (issue 33).
+    hello = "import os\nprint('hello from', os.environ['RV_RUN_NAME'])\n"
+    proj = git_project(tmp_path / "proj", {"hello.py": hello})
+    job = subprocess.run(
+        [*rv, "run", "-g", "0", "--mem", "200M", "--name", "installed", "-f", "--", "python3", "hello.py"],
+        env=env, cwd=proj, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "hello from installed" in job.stdout, job.stdout
 
 
 def test_the_integration_tests_run_the_rv_program_and_it_serves(run_rv, rv_env):
