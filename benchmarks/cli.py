@@ -8,7 +8,7 @@ program, as a user types it): run it with the Python of the install you mean to 
 `pip install -e .`, say). The cluster is the loopback one of ``RV_TESTCLUSTER_DIR`` (the bare layout:
 ``RV_TESTCLUSTER_DIR=/tmp/rv-testcluster-bare``), as its user.
 
-The mechanisms (rv.connect draws the path; each can be switched off alone):
+The mechanisms (rv.remote.connect draws the path; each can be switched off alone):
 
   command server   the `rv` front end hands the command to a process with rv imported, which forks
                    a copy for it (off: RV_COMMAND_SERVER=0, the command runs in the rv process)

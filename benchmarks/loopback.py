@@ -43,14 +43,14 @@ def stop_warm(runtime: Path, *, server: bool) -> None:
 # `AGENT_CALLS mode,mode,...` (each call is one round trip to the cluster).
 COUNTED_RV = """
 import atexit, sys
-import rv.agent_client as agent_client
+import rv.remote.agent_client as agent_client
 calls = []
 real = agent_client.call_agent
 def counted(transport, mode, *a, **kw):
     calls.append(mode)
     return real(transport, mode, *a, **kw)
 agent_client.call_agent = counted
-for name in ("rv.job.submit", "rv.job.query", "rv.job.cleanup", "rv.snapshot", "rv.pyenv.client"):
+for name in ("rv.job.submit", "rv.job.query", "rv.job.cleanup", "rv.files.snapshot", "rv.pyenv.client"):
     module = __import__(name, fromlist=["x"])
     if hasattr(module, "call_agent"):
         module.call_agent = counted

@@ -15,7 +15,7 @@ Reading the results, once every point has ended (median of --results-rounds):
   rv sweep results   one command, one round trip: every point's state and last metrics
   rv metrics loop    `rv metrics loop-i` for each run of the loop, what one does without a sweep
 
-Printed: wall time and round trips to the cluster, counted at the agent calls (rv.agent_client) in
+Printed: wall time and round trips to the cluster, counted at the agent calls (rv.remote.agent_client) in
 each rv process; for the loops, their sum over the loop.
 """
 

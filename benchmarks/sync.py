@@ -71,10 +71,10 @@ CODE = Path(sys.argv[sys.argv.index("--code") + 1]).resolve() if "--code" in sys
 sys.path.insert(0, str(CODE))
 
 from rv.errors import ConnectError  # noqa: E402
+from rv.files.snapshot import make_snapshot  # noqa: E402
 from rv.layout import RemoteLayout  # noqa: E402
-from rv.snapshot import make_snapshot  # noqa: E402
-from rv.ssh import SSHTransport  # noqa: E402
-from rv.sshconfig import resolve_target  # noqa: E402
+from rv.remote.ssh import SSHTransport  # noqa: E402
+from rv.remote.sshconfig import resolve_target  # noqa: E402
 
 WORDS = [
     "import", "torch", "model", "data", "loss", "step", "batch", "rank", "world", "size", "grad", "optimizer",

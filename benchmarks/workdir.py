@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 from sync import make_repo  # noqa: E402
 
+from rv.files.snapshot import make_snapshot  # noqa: E402
 from rv.layout import RemoteLayout  # noqa: E402
-from rv.snapshot import make_snapshot  # noqa: E402
-from rv.transport import LocalTransport  # noqa: E402
+from rv.remote.transport import LocalTransport  # noqa: E402
 
 LINKS = 'cp -al -- "$1" "$2" && find "$2" -type d -exec chmod u+w {} +'
 COPY = 'cp -R -P --preserve=mode,timestamps --reflink=auto -- "$1" "$2" && chmod -R u+w -- "$2"'

@@ -1,7 +1,7 @@
 """rv's commands, written once: the module of each, its help line, and how it reaches the cluster.
 
 Read by the CLI (rv.cli.main: the group and `rv --help`), by the front end (rv.entry, through
-rv.connect: which commands the command server runs) and by the command server (rv.forkserver: what
+rv.remote.connect: which commands the command server runs) and by the command server (rv.forkserver: what
 it imports ahead of time). Plain data with no imports: the front end reads it before anything else
 is loaded.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 class Command:
     """One command of the `rv` group.
 
-    ``served``: the command server may run it in a forked copy (see rv.connect.in_process_reason).
+    ``served``: the command server may run it in a forked copy (see rv.remote.connect.in_process_reason).
     Not the interactive ones: they need the terminal as their controlling terminal (job control,
     window size, a hidden prompt on /dev/tty).
     ``prewarm``: it only ever talks to the cluster (no local check that could refuse first), so its
-    warm connection is started as soon as the profile is known (rv.connect.prewarm).
+    warm connection is started as soon as the profile is known (rv.remote.connect.prewarm).
     """
 
     __slots__ = ("attr", "help", "module", "prewarm", "served")

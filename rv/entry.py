@@ -6,10 +6,10 @@ forks a copy of itself per command; this front end passes it the command line, t
 environment and its own stdin/stdout/stderr (the file descriptors themselves, so terminals, pipes
 and prompts behave as they do in-process), forwards the signals it gets (Ctrl-C, SIGTERM, Ctrl-Z)
 and exits with the copy's exit status. It imports nothing Python had not already loaded but the C
-modules it needs, rv.connect (which decides) and rv.commands (plain data), so it starts in a few
+modules it needs, rv.remote.connect (which decides) and rv.commands (plain data), so it starts in a few
 milliseconds.
 
-Whether a command is served is rv.connect's to say (in_process_reason): not the interactive
+Whether a command is served is rv.remote.connect's to say (in_process_reason): not the interactive
 commands, not with ``RV_COMMAND_SERVER=0`` or ``RV_WARM_SECONDS=0``. Anything unusual runs the command
 in-process too, exactly as ``python -m rv`` does: no server (this command then starts one for the
 next), or a server from other rv code (the package was edited or upgraded: it says "stale" and
@@ -22,7 +22,7 @@ import os
 import sys
 
 from rv import runtime
-from rv.connect import debug, in_process_reason
+from rv.remote.connect import debug, in_process_reason
 
 
 def encode_request(

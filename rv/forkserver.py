@@ -1,7 +1,7 @@
 """The command server: one background process per user and rv install, with rv imported, that forks
 a copy of itself for each command the `rv` front end (rv.entry) hands it.
 
-Rules it keeps (the same as the warm connections', rv.warm):
+Rules it keeps (the same as the warm connections', rv.remote.warm):
 
 * **Private.** Its socket is in the user's private runtime folder (rv.runtime), mode 0600, and the
   peer's uid is checked on every connection.
@@ -18,7 +18,7 @@ Rules it keeps (the same as the warm connections', rv.warm):
 * **Nothing outlives its command.** The copy runs in its own process group, which the front end
   signals; if the front end goes away without a word (SIGKILL), the server kills that group, as
   the in-process command would have died with it. (The server watches, not a thread in the copy:
-  the copy stays single-threaded, so it too can fork, see rv.warm._spawn.)
+  the copy stays single-threaded, so it too can fork, see rv.remote.warm._spawn.)
 
 What the copy does before running the command: its stdin, stdout and stderr become the front end's
 (passed as file descriptors), it moves to the front end's folder and takes its environment and
@@ -47,26 +47,26 @@ from rv import runtime
 from rv.commands import COMMANDS
 
 # Set in a forked copy: everything is imported, so a background process it starts (a warm
-# connection, rv.warm._spawn) is best forked from it too, rather than started afresh.
+# connection, rv.remote.warm._spawn) is best forked from it too, rather than started afresh.
 in_copy = False
 _LOCK_WAIT_S = 2.0
 # Modules that commands import lazily; loading them here is what the server is for. The served
 # commands' own modules (rv.cli.*) and everything they import at the top come along.
 _PRELOAD_EXTRA = (
-    "rv.connect",
-    "rv.warm",
-    "rv.transport",
-    "rv.sshconfig",
-    "rv.ssh",
-    "rv.snapshot",
-    "rv.listing",
-    "rv.provenance",
-    "rv.sync",
-    "rv.progress",
-    "rv.logview",
-    "rv.agent_client",
+    "rv.remote.connect",
+    "rv.remote.warm",
+    "rv.remote.transport",
+    "rv.remote.sshconfig",
+    "rv.remote.ssh",
+    "rv.files.snapshot",
+    "rv.files.listing",
+    "rv.files.provenance",
+    "rv.files.sync",
+    "rv.files.progress",
+    "rv.cli.logview",
+    "rv.remote.agent_client",
     "rv.agent.manifest",
-    "rv.treecache",
+    "rv.files.treecache",
     "rv.job.cleanup",
     "rv.job.query",
     "rv.job.submit",
@@ -144,7 +144,7 @@ def start_server(key: str) -> None:
 
     With ``RV_DEBUG=1`` it waits for the server to listen, and says on stderr that it did or why
     not (what the server wrote before it died: a module it could not import, say)."""
-    from rv.connect import debug
+    from rv.remote.connect import debug
 
     try:
         folder = runtime.runtime_dir()
@@ -256,7 +256,7 @@ class _Server:
                 importlib.import_module(name)
             except ImportError as exc:  # an optional part missing: its commands import it themselves
                 self.log(f"preload: {name}: {exc}")
-        from rv.agent_client import agent_key
+        from rv.remote.agent_client import agent_key
 
         agent_key()  # the agent's sources, read and compressed once (a stale check guards them)
         self.signature = package_signature()

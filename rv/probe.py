@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from rv.catalog import BUILTIN_CATALOGS, GpuType, Partition
 from rv.config import Profile, remote_root_problem
 from rv.errors import RemoteCommandMissing, UsageError
+from rv.remote.transport import Transport
 from rv.slurm.commands import SINFO_PARTITION_FORMAT
 from rv.slurm.parse import (
     SINFO_NODE_FORMAT,
@@ -19,7 +20,6 @@ from rv.slurm.parse import (
     parse_sinfo_nodes,
 )
 from rv.timespec import format_slurm_time, parse_slurm_time
-from rv.transport import Transport
 
 REQUIRED_COMMANDS = ("sbatch", "squeue", "sacct")
 _OPTIONAL_COMMANDS = ("sinfo", "scontrol", "sacctmgr", "allocations", "python3")

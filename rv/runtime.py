@@ -1,7 +1,7 @@
 """The private folder where rv's background processes keep their sockets, pid and log files, and
 how those processes are started.
 
-Shared by the warm connections (rv.warm) and the command server (rv.entry, rv.forkserver). Imports
+Shared by the warm connections (rv.remote.warm) and the command server (rv.entry, rv.forkserver). Imports
 only what Python has loaded before any of rv: the command server's client reads this on every
 command, before anything else is imported.
 """

@@ -1,7 +1,7 @@
 """Sizes typed on the command line (`--max-file-size 100MB`) and shown (`1.5 MB`); durations are
 rv.timespec's.
 
-A module of its own so that option parsing imports nothing else (rv.sync is heavy to import).
+A module of its own so that option parsing imports nothing else (rv.files.sync is heavy to import).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Everything rv runs on the cluster, and nothing else: one stdlib-only program, the agent.
 
 rv installs nothing on the cluster. Each cluster-side step runs these modules as one
-``python3 -I -S -c`` program over the SSH connection (see :mod:`rv.agent_client`); bulk data travels
+``python3 -I -S -c`` program over the SSH connection (see :mod:`rv.remote.agent_client`); bulk data travels
 on the same command's stdin or stdout, so a step is one round trip however much it moves. The mode
 table is in :mod:`rv.agent.__main__`; the job's shell runtime (``job.sh``) and the rank labeller
 (``ranklabel.py``) are shipped beside it into the remote root, once per content.

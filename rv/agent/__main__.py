@@ -56,7 +56,7 @@ def main(argv):
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, _on_signal)
     mode, raw = argv[1], argv[2]
-    if raw.startswith("z:"):  # rv.agent_client.encode_args: long arguments come compressed
+    if raw.startswith("z:"):  # rv.remote.agent_client.encode_args: long arguments come compressed
         raw = zlib.decompress(base64.b64decode(raw[2:])).decode("utf-8")
     args = json.loads(raw)
     common.UMASK = int(args.get("umask", 0o077)) & 0o777

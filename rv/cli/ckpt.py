@@ -16,8 +16,8 @@ def ckpt() -> None:
 
 
 def _listing(s, ref: str | None):  # type: ignore[no-untyped-def]
-    from rv.agent_client import call_agent
     from rv.job import query
+    from rv.remote.agent_client import call_agent
 
     found = query.resolve(s.transport, run_store(), s.profile.name, s.layout.root, ref)
     meta = found.run.meta
@@ -70,9 +70,9 @@ def ls(ctx: click.Context, run: str | None, as_json: bool) -> None:
 @click.pass_context
 def pull(ctx: click.Context, spec: str, local: str | None) -> None:
     """Download RUN's newest complete checkpoint (at or before STEP) to LOCAL (default ./checkpoints/RUN/)."""
-    from rv import sync as core
     from rv.cli.sync import progress_after
     from rv.errors import NotFound
+    from rv.files import sync as core
     from rv.job.submit import FromRun
     from rv.layout import RemoteLayout
 

@@ -2,7 +2,7 @@
 
 Nothing here imports rich or paramiko at import time: `rv ps` on a warm connection must not pay for
 either. rich is loaded on the first styled message or progress bar on a terminal; paramiko only if
-the command has to connect directly (rv.connect decides).
+the command has to connect directly (rv.remote.connect decides).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from rv.layout import RemoteLayout
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from rv.files.progress import Progress, TransferProgress
     from rv.job.records import RunStore
-    from rv.progress import Progress, TransferProgress
-    from rv.ssh import SSHTransport
-    from rv.transport import Transport
+    from rv.remote.ssh import SSHTransport
+    from rv.remote.transport import Transport
 
 
 class _LazyConsole:
@@ -113,7 +113,7 @@ def confirm_host_key_interactively(host: str, key_type: str, fp: str) -> bool:
 class Session:
     config: Config
     profile: Profile
-    direct: bool = False  # a connection of this process's own, not the warm one (rv.connect)
+    direct: bool = False  # a connection of this process's own, not the warm one (rv.remote.connect)
     _transport: Transport | None = field(default=None, repr=False)
     _connection: SSHTransport | None = field(default=None, repr=False)
     # The secrets sweep (see _sweep): a command whose one call to the cluster can carry it asks for
@@ -124,12 +124,12 @@ class Session:
 
     @property
     def transport(self) -> Transport:
-        """The command's way to the cluster, connected on first use (rv.connect chooses it)."""
+        """The command's way to the cluster, connected on first use (rv.remote.connect chooses it)."""
         if self._transport is None:
             if self.direct:
                 self._transport = self.connection
             else:
-                from rv.connect import open_transport
+                from rv.remote.connect import open_transport
 
                 self._transport = open_transport(
                     self.profile,
@@ -145,7 +145,7 @@ class Session:
         if not self.direct:
             raise RuntimeError("a terminal or tunnel needs session(ctx, direct=True)")
         if self._connection is None:
-            from rv.connect import direct_connection
+            from rv.remote.connect import direct_connection
 
             self._connection = direct_connection(
                 self.profile, confirm_host_key=confirm_host_key_interactively, config_path=self.config.path
@@ -304,7 +304,7 @@ def prepare_local(  # type: ignore[no-untyped-def]
 
 @contextmanager
 def progress_renderer(what: str, *, delay: float = 1.0) -> Iterator[Progress]:
-    """A progress callback for the core's transfers (see rv.progress): a rich bar on a terminal.
+    """A progress callback for the core's transfers (see rv.files.progress): a rich bar on a terminal.
 
     The bar appears only once a transfer has run ``delay`` seconds (short ones stay silent) and
     shows files, bytes, rate and time left; on a pipe or file nothing is drawn at all.

@@ -6,7 +6,7 @@ import sys
 from typing import Any, TextIO
 
 from rv.cli.common import err_console
-from rv.logview import LineCollapser
+from rv.cli.logview import LineCollapser
 
 
 def separator(segment: int, max_segments: int, job_id: str, record: dict[str, Any] | None) -> str:

@@ -33,7 +33,7 @@ def forward(ctx: click.Context, ports: str, run: str | None, node: int) -> None:
       rv forward 8888:18888               Jupyter of the latest run at http://127.0.0.1:18888
     """
     from rv.job.inside import job_state, node_address, running_job
-    from rv.tunnel import Forwarder, bind_local, parse_ports
+    from rv.remote.tunnel import Forwarder, bind_local, parse_ports
 
     remote_port, local_port = parse_ports(ports)
     listener = bind_local(local_port)  # a busy port fails here, before any connection

@@ -91,8 +91,8 @@ def init(
 
     from rv.config import load_config, save_config
     from rv.probe import build_profile, check_remote_root, prepare_remote_root, probe
-    from rv.sshconfig import check_host, resolve_target
-    from rv.transport import GROUP_MASK, PRIVATE_MASK
+    from rv.remote.sshconfig import check_host, resolve_target
+    from rv.remote.transport import GROUP_MASK, PRIVATE_MASK
 
     interactive = not yes and sys.stdin.isatty()
     if host is None:
@@ -133,7 +133,7 @@ def init(
 
     target = resolve_target(host, port=port, user=user, identity_file=identity_file, known_hosts=known_hosts)
     started = time.monotonic()
-    from rv.ssh import SSHTransport
+    from rv.remote.ssh import SSHTransport
 
     mask = GROUP_MASK if share_with_group else PRIVATE_MASK
     with SSHTransport(target, confirm, mask=mask).connect() as transport:

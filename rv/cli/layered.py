@@ -1,7 +1,7 @@
 """Options a project or profile may set once: where `rv run` and `rv up` take their defaults from.
 
 What the user did not type comes from the project's defaults (``[tool.rv]`` in pyproject.toml, or
-.rv.toml), then the profile's, then rv's own (rv.defaults holds the layering; this module says which
+.rv.toml), then the profile's, then rv's own (rv.cli.defaults holds the layering; this module says which
 layers and which options). Slurm's placement options live here too: both commands take them, and a
 site that requires a QoS requires it of a shell as much as of a run.
 """
@@ -31,9 +31,9 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
     """Fill the options not typed from the project's and the profile's defaults (``only``: just
     these parameters; the other keys are rv run's to check). Returns each option's source."""
     from rv.cli.common import load_profile
+    from rv.cli.defaults import Layer, apply_layers, project_layer
     from rv.config import PLACEMENT_KEYS
-    from rv.defaults import Layer, apply_layers, project_layer
-    from rv.listing import Git, find_repo_top
+    from rv.files.listing import Git, find_repo_top
 
     _, profile = load_profile(ctx)
     own: dict[str, Any] = {k: v for k, v in profile.placement.items() if k in PLACEMENT_KEYS}

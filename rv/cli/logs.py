@@ -149,7 +149,7 @@ class JsonView:
     def _add(self, source: str, text: str) -> None:
         import re
 
-        from rv.logview import rank_of
+        from rv.cli.logview import rank_of
 
         m = re.search(r"-node(\d+)\.(?:out|err)$", source)
         lines = self._current()["lines"]
@@ -158,7 +158,7 @@ class JsonView:
             lines.append({"node": int(m.group(1)) if m else None, "rank": rank, "text": line})
 
     def output(self, stream: str, data: bytes, source: str = "") -> None:
-        from rv.logview import LineCollapser
+        from rv.cli.logview import LineCollapser
 
         collapser = self._collapsers.get(source)
         if collapser is None:

@@ -63,7 +63,7 @@ class RvGroup(click.Group):
         found = lookup(args[0]) if args else None
         try:
             if found is not None and found.prewarm and not {"-h", "--help"} & set(args[1:]):
-                from rv.connect import prewarm
+                from rv.remote.connect import prewarm
 
                 prewarm(ctx.params.get("profile"))  # inside: a Ctrl-C here is an interrupt (130)
             return super().invoke(ctx)

@@ -203,7 +203,7 @@ def run(
     start_dir = _start_dir(Path.cwd())
     if name is None and command:
         run_name = job.default_run_name(default_name(command), run_id)
-    from rv.defaults import COMMAND_LINE
+    from rv.cli.defaults import COMMAND_LINE
 
     sources = ctx.meta.get("rv.sources", {})
     sweep = read_sweep(
@@ -250,8 +250,8 @@ def run(
 
     secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
     from rv.config import cache_dir
-    from rv.snapshot import upload_snapshot
-    from rv.treecache import StoreCache
+    from rv.files.snapshot import upload_snapshot
+    from rv.files.treecache import StoreCache
 
     # The file list, hashes and size guard are local: a refused file fails before we connect.
     req, snap, env_plan = prepare_local(
@@ -492,8 +492,8 @@ def run_sweep(  # type: ignore[no-untyped-def]
             note(f"sweep {name} exists: point(s) {_indexes(resumed)} resume from their checkpoints")
         env = ensure_environment(s, env_plan, (*profile.setup, *setup))
         from rv.config import cache_dir
-        from rv.snapshot import upload_snapshot
-        from rv.treecache import StoreCache
+        from rv.files.snapshot import upload_snapshot
+        from rv.files.treecache import StoreCache
 
         cache = StoreCache(cache_dir(), f"{profile.name}:{s.layout.root}")
         with progress_renderer("uploading") as bar:
@@ -605,7 +605,7 @@ def choose_candidates(reqs, estimates):  # type: ignore[no-untyped-def]
 
 def settings_of(ctx: click.Context, sources: dict[str, str]) -> dict[str, dict[str, object]]:
     """Each setting that is not rv's own default: its value and where it came from."""
-    from rv.defaults import BUILT_IN
+    from rv.cli.defaults import BUILT_IN
 
     out: dict[str, dict[str, object]] = {}
     for param in ctx.command.params:
@@ -687,7 +687,7 @@ def follow_to_end(s, run_id: str, name: str, max_segments: int, *, output_to_std
 
 def _start_dir(here: Path) -> str:
     """The folder the program will start in, relative to the repo top ("" at the top or outside a repo)."""
-    from rv.listing import Git, find_repo_top
+    from rv.files.listing import Git, find_repo_top
 
     top = find_repo_top(here, Git())
     if top is None:

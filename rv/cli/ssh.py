@@ -53,7 +53,7 @@ def ssh(ctx: click.Context, run: str | None, node: int, tty: bool) -> None:
         rj = running_job(s.transport, run_store(), s.profile.name, s.layout.root, run)
         line = attach_command(rj.place, rj.node(node), command, pty=pty)
         if pty:
-            from rv.terminal import relay, term_name, terminal_size
+            from rv.remote.terminal import relay, term_name, terminal_size
 
             cols, rows = terminal_size()
             code = relay(s.connection.open_pty(line, term=term_name(), cols=cols, rows=rows))

@@ -15,7 +15,7 @@ from typing import IO, Any
 import click
 
 from rv.cli.common import note, print_json, session, warn
-from rv.sweepview import (
+from rv.cli.sweepview import (
     DEFAULT_SERIES_POINTS,
     PointRow,
     RunMetrics,
@@ -84,8 +84,8 @@ def results(ctx: click.Context, name: str, sort_: str | None, as_json: bool, as_
 
 def _fetch_results(s: Any, name: str, sort: SortKey | None) -> list[PointRow]:
     """One round trip: the sweep's runs, squeue and each point's metrics."""
+    from rv.cli.sweepview import parse_metrics_reply
     from rv.job import query
-    from rv.sweepview import parse_metrics_reply
 
     metrics = {"series": [sort.metric] if sort else False, "points": DEFAULT_SERIES_POINTS}
     snap = query.fetch(s.transport, s.layout.root, sweeps=[name], metrics=metrics)
@@ -99,9 +99,9 @@ def _fetch_results(s: Any, name: str, sort: SortKey | None) -> list[PointRow]:
 
 def _points_and_views(snap: Any, name: str) -> tuple[list[Any], dict[str, Any]]:
     """The sweep's points (the newest run of each) and each run's row as rv ps has it."""
+    from rv.cli.sweepview import point_runs
     from rv.errors import NotFound
     from rv.job.records import run_views
-    from rv.sweepview import point_runs
 
     points = point_runs(snap.runs, name)
     if not points:
@@ -126,11 +126,11 @@ def retry(ctx: click.Context, name: str, parallel: int | None, dry_run: bool) ->
     """Run again the points of SWEEP that failed or were cancelled (one job array), each as a new run of
     its name (so from its checkpoint, if it saved one), with the same snapshot, environment and command."""
     from rv.cli.common import run_store
+    from rv.cli.sweepview import retry_points
     from rv.job import query
     from rv.job import submit as job
     from rv.secrets import job_secrets
     from rv.sweep import check_limits, plan_arrays
-    from rv.sweepview import retry_points
 
     with session(ctx) as s:
         # One round trip for what to retry and how: the sweep's runs, squeue, MaxArraySize, limits.
@@ -223,9 +223,9 @@ def metrics(
     import time
 
     from rv.cli.common import run_store
+    from rv.cli.sweepview import parse_metrics_reply
     from rv.errors import NotFound
     from rv.job import query
-    from rv.sweepview import parse_metrics_reply
 
     if follow and as_json:
         raise click.UsageError("-f redraws a table; --json prints one summary: pick one")

@@ -88,7 +88,7 @@ def push(
     Files are chosen as for a snapshot (tracked plus untracked-not-ignored, minus .rvignore).
     Files gone here are deleted there, except what .gitignore/.rvignore match (job outputs survive).
     """
-    from rv import sync as core
+    from rv.files import sync as core
 
     with session(ctx) as s, progress_renderer("uploading") as bar:
         result = core.push(
@@ -144,9 +144,9 @@ def pull(
     the pull stops before changing anything and lists them; --force overwrites them, --keep-local
     keeps them and pulls everything else. Each file lands whole (temp file, then rename).
     """
-    from rv import sync as core
     from rv.config import state_dir
     from rv.errors import UsageError
+    from rv.files import sync as core
 
     if force and keep_local:
         raise UsageError("--force and --keep-local contradict each other", hint="pick one")
@@ -205,7 +205,7 @@ def watch(
     allow_large: bool,
 ) -> None:
     """Push now and again on every change, until Ctrl-C (same arguments as push)."""
-    from rv import sync as core
+    from rv.files import sync as core
 
     with session(ctx) as s:
 
@@ -267,7 +267,7 @@ def snapshot(ctx: click.Context, path: str, max_file_size: int, allow_large: boo
     The cluster side starts while the files are listed; a file over the size limit still stops it
     before anything is sent.
     """
-    from rv.snapshot import make_snapshot, snapshot_warnings
+    from rv.files.snapshot import make_snapshot, snapshot_warnings
 
     def prepared(snap: Any) -> None:
         for w in snapshot_warnings(snap):

@@ -138,12 +138,12 @@ def up(
 
     from rv.cli.common import load_profile
     from rv.config import cache_dir
+    from rv.files.snapshot import upload_snapshot
+    from rv.files.treecache import StoreCache
     from rv.job import submit as job
     from rv.job import up as session_up
     from rv.request import build_request
     from rv.secrets import job_secrets
-    from rv.snapshot import upload_snapshot
-    from rv.treecache import StoreCache
 
     _, profile = load_profile(ctx)
     run_id = job.new_run_id()
@@ -211,7 +211,7 @@ def up(
                 )
                 return
             from rv.job.inside import JobPlace, attach_command
-            from rv.terminal import relay, term_name, terminal_size
+            from rv.remote.terminal import relay, term_name, terminal_size
 
             node = ready.node_list[0]
             note(

@@ -195,8 +195,8 @@ def build(
     from rv.cli.common import load_profile
     from rv.config import cache_dir
     from rv.errors import UsageError
+    from rv.files.snapshot import prepare_snapshot
     from rv.pyenv.plan import plan
-    from rv.snapshot import prepare_snapshot
 
     _, profile = load_profile(ctx)
     snap = prepare_snapshot(Path.cwd(), allow_large=True, cache_dir=cache_dir())

@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rv.agent_client import call_agent
 from rv.job.records import RunRecord, RunStore
+from rv.remote.agent_client import call_agent
 from rv.slurm import commands
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
+    from rv.remote.transport import Transport
 
 
 @dataclass(frozen=True)

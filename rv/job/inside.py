@@ -29,7 +29,7 @@ from rv.slurm.parse import NodeAddress, QueuedJob, parse_node_addresses, parse_s
 from rv.slurm.script import JOB_ENV_FILE
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
+    from rv.remote.transport import Transport
 
 # Run on the node by the step (bash -c ATTACH rv-ssh ENV_FILE WORK_DIR [COMMAND]): a shell, or one
 # command line, in the job's environment; a plain one in its work dir when the job saved none.

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rv.config import Profile
+    from rv.files.snapshot import LocalSnapshot
     from rv.pyenv.plan import EnvPlan
     from rv.request import JobRequest
-    from rv.snapshot import LocalSnapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +43,8 @@ def prepare_local(
     here: Path,
 ) -> Prepared:
     """The snapshot of the repo around ``here`` and the job's environment plan, for ``req``."""
+    from rv.files.snapshot import prepare_snapshot, snapshot_warnings
     from rv.pyenv.plan import plan
-    from rv.snapshot import prepare_snapshot, snapshot_warnings
 
     # The last listing of this repo is reused: a resubmit lists and hashes only what changed.
     snap = prepare_snapshot(here, max_file_size=max_file_size, allow_large=allow_large, cache_dir=cache_dir)

@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rv.agent_client import call_agent
 from rv.errors import NotFound
 from rv.job.records import ClusterRun, RunRecord, RunStore, parse_runs
+from rv.remote.agent_client import call_agent
 from rv.slurm import commands
 from rv.slurm.parse import AccountedJob, QueuedJob, parse_sacct, parse_squeue
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
+    from rv.remote.transport import Transport
 
 FINISHED_DAYS = 7  # how far back `rv ps -a` looks
 

@@ -6,7 +6,7 @@ Then, over the session's one connection:
 1. :func:`check` (one round trip, before anything is sent): a live run of this name is refused with
    its job id; what the run's checkpoint folder holds (to say "resuming N from step k"), and the
    ``--from`` run's.
-2. The snapshot upload (rv.snapshot), which sends only what the cluster lacks.
+2. The snapshot upload (rv.files.snapshot), which sends only what the cluster lacks.
 3. :func:`submit` (one round trip): under the name's lock, the run's folder, run.json, the script,
    the secrets (on stdin, written 0600; never on a command line), the ``--from`` checkpoint, and
    ``sbatch`` of segment 1. If sbatch refuses, nothing of the run stays behind.
@@ -24,12 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from rv.agent_client import call_agent
 from rv.errors import RemoteError, UsageError
 from rv.job.records import ClusterRun, RunRecord
 from rv.layout import RemoteLayout
 from rv.names import point_name
 from rv.placement import Estimate, Placement, parse_test_only
+from rv.remote.agent_client import call_agent
 from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
@@ -38,7 +38,7 @@ from rv.slurm.script import ScriptContext, render_script, run_paths, runtime_fil
 from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, ArrayPart, Point, Sweep
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
+    from rv.remote.transport import Transport
 
 
 def new_run_id() -> str:

@@ -28,12 +28,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rv.agent_client import agent_command
 from rv.errors import ConnectError, RemoteError
 from rv.job.records import RunRecord
 from rv.job.submit import run_record, submit_args
 from rv.job.watch import FollowerFrameReader
 from rv.layout import RemoteLayout
+from rv.remote.agent_client import agent_command
 from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
@@ -41,7 +41,7 @@ from rv.slurm.parse import QueuedJob, parse_squeue
 from rv.slurm.script import ScriptContext
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
+    from rv.remote.transport import Transport
 
 HEARTBEAT_S = 5.0  # rv -> watchdog
 SILENCE_S = 60.0  # the watchdog cancels after this long without a word from rv

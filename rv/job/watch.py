@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rv.agent_client import agent_command
 from rv.errors import ConnectError, NotFound, RemoteError
+from rv.remote.agent_client import agent_command
 from rv.slurm import commands
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
+    from rv.remote.transport import Transport
 
 # A follower that sent nothing (not even a heartbeat) for this long is taken for a dead connection.
 SILENCE_S = 45.0

@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rv.agent_client import agent_command, agent_reply, call_agent
 from rv.errors import RemoteError
 from rv.layout import RemoteLayout
 from rv.pyenv.spec import EnvSpec
+from rv.remote.agent_client import agent_command, agent_reply, call_agent
 from rv.slurm import commands
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
+    from rv.remote.transport import Transport
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rv.remote.transport import Transport
 from rv.slurm import commands
 from rv.slurm.parse import NodeInfo, QueuedJob, parse_sinfo_nodes, parse_squeue
-from rv.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def cluster_status(
     ``older_than`` is the age `rv gc` would remove ended runs at; ``sweep`` the run ids whose leftover
     secrets this call removes too (see rv.job.cleanup).
     """
-    from rv.agent_client import call_agent
+    from rv.remote.agent_client import call_agent
 
     args: dict[str, Any] = {
         "root": remote_root,

@@ -115,7 +115,7 @@ def bare_cluster() -> dict[str, str]:
     return _load_cluster("bare")
 
 
-# Warm connections (rv.warm) of every test's rv commands: sockets in one short private folder for the
+# Warm connections (rv.remote.warm) of every test's rv commands: sockets in one short private folder for the
 # session, each background process gone a minute after its test's last command (and stopped, by the
 # pid it wrote, when the session ends). The socket path must stay short (sun_path is ~100 bytes).
 RUNTIME = Path(tempfile.mkdtemp(prefix="rv-it-", dir="/tmp"))
@@ -300,8 +300,8 @@ def run_rv_bare(bare_rv_env):
 
 
 def _transport(values: dict[str, str]):
-    from rv.ssh import SSHTransport
-    from rv.sshconfig import resolve_target
+    from rv.remote.ssh import SSHTransport
+    from rv.remote.sshconfig import resolve_target
 
     target = resolve_target(
         "127.0.0.1",

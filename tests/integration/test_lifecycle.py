@@ -251,7 +251,7 @@ def rv_started_processes(user: str) -> list[str]:
         if owner != user or comm.startswith("sshd"):
             continue  # sshd's own per-session process belongs to the connection, not to rv's commands
         if "__rv_cmd" in args and pid not in parents:
-            continue  # an idle pre-started shell of a warm connection (rv.ssh.HOT_SHELL), not a command
+            continue  # an idle pre-started shell of a warm connection (rv.remote.ssh.HOT_SHELL), no command
         if "H=sys.stdin.buffer;b=H.read(4)" in args and pid not in parents:
             continue  # rv's agent started ahead by a warm connection, waiting; it ends with it
         up, seen = ppid, 0

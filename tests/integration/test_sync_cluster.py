@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import warm_pids
 
-from rv.ssh import AGENT_SPARES
+from rv.remote.ssh import AGENT_SPARES
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "protocol.file.allow=always"]
 
@@ -319,8 +319,8 @@ def test_api_snapshot_overlaps_its_query_and_survives_a_local_error(tmp_path, ss
     # make_snapshot (what `rv run` calls) starts its query before listing: over real SSH, a size
     # error must abandon it cleanly and leave the connection usable.
     from rv.errors import UsageError
+    from rv.files.snapshot import make_snapshot
     from rv.layout import RemoteLayout
-    from rv.snapshot import make_snapshot
 
     repo, intended = awkward_repo(tmp_path)
     layout = RemoteLayout(remote_root)

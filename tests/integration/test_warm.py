@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import RUNTIME, base_env, run_cli, wait_gone, warm_pids
 
-from rv import warm
+from rv.remote import warm
 
 CONNECTION = 'echo "$SSH_CONNECTION"'
 
@@ -173,7 +173,7 @@ def test_a_stdin_watchdog_ends_when_its_follower_is_killed(
         f"""
         import sys
         from rv.config import load_config
-        from rv.connect import open_transport
+        from rv.remote.connect import open_transport
         cfg = load_config()
         t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
         assert t._direct is None, "not through the background process"
@@ -203,7 +203,7 @@ def test_streams_stdin_exit_codes_and_files_through_the_background_process(
         f"""
         import hashlib, os, stat, sys
         from rv.config import load_config
-        from rv.connect import open_transport
+        from rv.remote.connect import open_transport
         cfg = load_config()
         t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
         assert type(t).__name__ == "WarmTransport" and t._direct is None, t.fallback_reason
@@ -240,8 +240,8 @@ def test_an_upload_read_error_surfaces_instead_of_hanging(run_rv, rv_env, cluste
     script = textwrap.dedent(
         f"""
         from rv.config import load_config
-        from rv.connect import open_transport
-        from rv.transport import TransferError
+        from rv.remote.connect import open_transport
+        from rv.remote.transport import TransferError
         cfg = load_config()
         t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
         def data():

@@ -1,4 +1,4 @@
-"""The `rv` front end's pure parts: which commands the command server runs (rv.connect decides, from
+"""The `rv` front end's pure parts: which commands the command server runs (rv.remote.connect decides, from
 the one command table, rv.commands), the request format, and how background processes start."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rv import commands, connect, entry, forkserver, runtime
+from rv import commands, entry, forkserver, runtime
 from rv.cli.main import cli
+from rv.remote import connect
 
 
 @pytest.mark.parametrize(
@@ -48,7 +49,7 @@ def test_only_non_interactive_commands_are_served() -> None:
 
 @pytest.mark.parametrize("value", ["0", "0.0", "-1", "soon"])
 def test_warm_seconds_zero_or_invalid_runs_in_process(value: str) -> None:
-    # Invalid: the in-process CLI reports it (rv.connect.warm_seconds), the server never sees it.
+    # Invalid: the in-process CLI reports it (rv.remote.connect.warm_seconds), the server never sees it.
     assert connect.in_process_reason(["ps"], {"RV_WARM_SECONDS": value}) is not None
 
 
@@ -103,7 +104,14 @@ def test_the_front_end_imports_almost_nothing() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     # __future__ may already be loaded at start-up (an editable install's .pth hook imports it).
-    assert set(eval(out)) - {"__future__"} == {"rv", "rv.commands", "rv.connect", "rv.entry", "rv.runtime"}
+    assert set(eval(out)) - {"__future__"} == {
+        "rv",
+        "rv.commands",
+        "rv.remote",
+        "rv.remote.connect",
+        "rv.entry",
+        "rv.runtime",
+    }
 
 
 def test_package_signature_changes_when_a_module_is_edited_or_added(tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ def import_graph() -> dict[str, set[str]]:
             else:
                 source = node.module or ""
             deps |= with_packages(source)
-            for alias in node.names:  # `from rv import warm` imports the module rv.warm
+            for alias in node.names:  # `from rv import warm` imports the module rv.remote.warm
                 deps |= {f"{source}.{alias.name}"} & modules.keys()
         deps.discard(name)
         graph[name] = deps
@@ -131,16 +131,18 @@ def test_the_check_sees_lazy_imports_and_skips_type_checking_ones() -> None:
     # The check itself: a lazy import inside a function closes a cycle; a TYPE_CHECKING one does not.
     lazy = ast.parse("def f():\n    from rv import warm\n")
     assert [type(n).__name__ for n in _imports(lazy)] == ["ImportFrom"]
-    typing_only = ast.parse("if TYPE_CHECKING:\n    from rv import warm\nelse:\n    import rv.ssh\n")
-    assert [ast.unparse(n) for n in _imports(typing_only)] == ["import rv.ssh"]
+    typing_only = ast.parse("if TYPE_CHECKING:\n    from rv import warm\nelse:\n    import rv.remote.ssh\n")
+    assert [ast.unparse(n) for n in _imports(typing_only)] == ["import rv.remote.ssh"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = import_graph()
-    assert "rv.ssh" in graph["rv.connect"] and "rv.warm" in graph["rv.connect"]  # lazy, in functions
-    assert "rv.sshconfig" in graph["rv.ssh"]
+    assert (
+        "rv.remote.ssh" in graph["rv.remote.connect"] and "rv.remote.warm" in graph["rv.remote.connect"]
+    )  # lazy, in functions
+    assert "rv.remote.sshconfig" in graph["rv.remote.ssh"]
 
 
 def test_the_transport_api_imports_neither_of_the_modules_built_on_it() -> None:
-    # rv.connect chooses a route; rv.transport is the API every route speaks, below all of them.
+    # rv.remote.connect chooses a route; rv.remote.transport is the API every route speaks, below all of them.
     graph = import_graph()
-    assert not {"rv.ssh", "rv.warm", "rv.connect"} & graph["rv.transport"]
-    assert "rv.connect" not in graph["rv.warm"] | graph["rv.ssh"]
+    assert not {"rv.remote.ssh", "rv.remote.warm", "rv.remote.connect"} & graph["rv.remote.transport"]
+    assert "rv.remote.connect" not in graph["rv.remote.warm"] | graph["rv.remote.ssh"]

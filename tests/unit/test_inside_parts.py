@@ -17,9 +17,9 @@ from rv.cli.ssh import SrunExitFilter
 from rv.errors import UsageError
 from rv.gpustat import GpuProcess, NodeGpus, parse_apps, parse_gpus, parse_report
 from rv.job.inside import ATTACH, JobPlace, attach_command
+from rv.remote.tunnel import Forwarder, bind_local, parse_ports
 from rv.slurm import commands
 from rv.slurm.parse import NodeAddress, parse_node_addresses
-from rv.tunnel import Forwarder, bind_local, parse_ports
 
 CAPTURED = Path(__file__).resolve().parent.parent / "captured"
 

@@ -1,4 +1,4 @@
-from rv.logview import LineCollapser, collapse_line, collapse_progress
+from rv.cli.logview import LineCollapser, collapse_line, collapse_progress
 
 
 def test_collapse_keeps_last_redraw():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rv.agent import metrics
-from rv.agent_client import agent_command
+from rv.remote.agent_client import agent_command
 
 
 def write_lines(path: Path, objects, tail: str = "") -> Path:
@@ -219,7 +219,7 @@ def test_read_runs_finds_each_runs_file_in_its_output_folder(tmp_path):
 
 
 def test_the_mode_as_the_agent_program_runs_it(tmp_path):
-    """The agent program exactly as the laptop sends it (rv.agent_client.agent_command: every module
+    """The agent program exactly as the laptop sends it (rv.remote.agent_client.agent_command: every module
     of AGENT_MODULES, the one mode table) answers ``metrics``, reply encoding and errors included."""
     root = tmp_path / "remote"
     make_run(root, "r1", "proj", "grid/0")

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from rv.catalog import RIVANNA, GpuType, memory_gb_for
-from rv.defaults import BUILT_IN, COMMAND_LINE, Layer, apply_layers, project_layer
+from rv.cli.defaults import BUILT_IN, COMMAND_LINE, Layer, apply_layers, project_layer
 from rv.errors import ConfigError, UsageError
 from rv.job.records import parse_runs, run_views
 from rv.placement import (

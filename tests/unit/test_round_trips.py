@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from rv.cli.main import cli
-from rv.transport import LocalTransport
+from rv.remote.transport import LocalTransport
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 
@@ -142,9 +142,9 @@ def cluster(request, tmp_path, monkeypatch):
     c, env = make_cluster(tmp_path, request.param)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    import rv.connect
+    import rv.remote.connect
 
-    monkeypatch.setattr(rv.connect, "open_transport", lambda *a, **k: c.transport)
+    monkeypatch.setattr(rv.remote.connect, "open_transport", lambda *a, **k: c.transport)
     return c
 
 

@@ -13,12 +13,12 @@ import pytest
 from test_snapshot import git, new_repo, write
 from test_snapshot_store import local_python_first, tree_state
 
+from rv.files.listing import redact_url
+from rv.files.progress import TransferProgress
+from rv.files.snapshot import make_snapshot
+from rv.files.sync import PullConflict, PullLedger, pull, push
 from rv.layout import RemoteLayout
-from rv.listing import redact_url
-from rv.progress import TransferProgress
-from rv.snapshot import make_snapshot
-from rv.sync import PullConflict, PullLedger, pull, push
-from rv.transport import LocalTransport, TransferError
+from rv.remote.transport import LocalTransport, TransferError
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 
@@ -260,7 +260,7 @@ def test_a_local_read_error_mid_upload_stops_the_command(tmp_path):
 
 
 def test_the_agent_is_compiled_once_and_a_damaged_cache_is_rebuilt(tmp_path, transport, layout):
-    from rv.sync import scan_remote
+    from rv.files.sync import scan_remote
 
     cache = Path(os.environ["HOME"]) / ".cache" / "rv" / "agent"
     (Path(layout.root) / "d").mkdir(parents=True)

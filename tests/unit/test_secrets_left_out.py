@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from test_snapshot import git, new_repo, write
 
-from rv import listing
-from rv.listing import scan_tree
-from rv.treecache import TreeCache
+from rv.files import listing
+from rv.files.listing import scan_tree
+from rv.files.treecache import TreeCache
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 

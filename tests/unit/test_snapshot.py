@@ -12,13 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from rv import agent_client, listing
 from rv.agent import manifest
 from rv.errors import UsageError
-from rv.listing import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, LocalTree, blob_id, scan_tree, snapshot_id
-from rv.provenance import project_key, provenance
-from rv.snapshot import check_sizes, manifest_payload, prepare_snapshot
-from rv.treecache import TreeCache
+from rv.files import listing
+from rv.files.listing import (
+    MODE_EXEC,
+    MODE_FILE,
+    MODE_LINK,
+    Entry,
+    LocalTree,
+    blob_id,
+    scan_tree,
+    snapshot_id,
+)
+from rv.files.provenance import project_key, provenance
+from rv.files.snapshot import check_sizes, manifest_payload, prepare_snapshot
+from rv.files.treecache import TreeCache
+from rv.remote import agent_client
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -14,10 +14,10 @@ import subprocess
 import pytest
 from test_snapshot import git, new_repo, write
 
-from rv import listing, provenance
 from rv.agent import manifest
-from rv.listing import Git, scan_tree
-from rv.treecache import RACY_NS, TreeCache, stat_key
+from rv.files import listing, provenance
+from rv.files.listing import Git, scan_tree
+from rv.files.treecache import RACY_NS, TreeCache, stat_key
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 

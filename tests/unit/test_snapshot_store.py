@@ -23,15 +23,15 @@ from test_snapshot import git, new_repo, write
 from rv.agent.manifest import manifest_text as agent_text
 from rv.agent.manifest import text_id
 from rv.agent.store import LAYER_DEPTH
-from rv.agent_client import frame
 from rv.errors import RemoteError, UsageError
+from rv.files.listing import blob_id
+from rv.files.snapshot import make_snapshot, prepare_snapshot
+from rv.files.treecache import StoreCache, TreeCache
 from rv.job.cleanup import collect_garbage
 from rv.layout import RemoteLayout
-from rv.listing import blob_id
+from rv.remote.agent_client import frame
+from rv.remote.transport import LocalTransport
 from rv.slurm.script import work_dir_script
-from rv.snapshot import make_snapshot, prepare_snapshot
-from rv.transport import LocalTransport
-from rv.treecache import StoreCache, TreeCache
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from rv.errors import ConfigError, UsageError
-from rv.sshconfig import parse_ssh_g, resolve_target
+from rv.remote.sshconfig import parse_ssh_g, resolve_target
 
 SSH_CONFIG = """
 Host uva

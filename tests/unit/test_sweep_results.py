@@ -14,10 +14,7 @@ from rv.agent import metrics as agent_metrics
 from rv.agent import runs as agent_runs
 from rv.agent.segment import ended_record, segment_record
 from rv.cli.sweep import emit_metrics, emit_results, sweep
-from rv.errors import UsageError
-from rv.job.records import parse_runs, run_views
-from rv.slurm.parse import SQUEUE_FORMAT, parse_squeue
-from rv.sweepview import (
+from rv.cli.sweepview import (
     BEST_MARK,
     SPARK,
     PointRow,
@@ -40,6 +37,9 @@ from rv.sweepview import (
     sweep_counts,
     sweep_summary,
 )
+from rv.errors import UsageError
+from rv.job.records import parse_runs, run_views
+from rv.slurm.parse import SQUEUE_FORMAT, parse_squeue
 
 NOW = 1_800_000_000.0
 

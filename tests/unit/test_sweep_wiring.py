@@ -20,20 +20,20 @@ import pytest
 from rv.agent import gc as agent_gc
 from rv.agent import runs as agent_runs
 from rv.agent.common import AgentError
-from rv.agent_client import agent_command, encode_args
 from rv.catalog import RIVANNA
 from rv.cli.ps import render_table
+from rv.cli.sweepview import fold_sweeps
 from rv.errors import UsageError
 from rv.job.records import RunView
 from rv.job.submit import SweepCheck, check_existing_points, script_context, submit_args
 from rv.layout import RemoteLayout
 from rv.names import check_run_name, lookup_hint, point_name, split_point_name
+from rv.remote.agent_client import agent_command, encode_args
 from rv.request import build_request
 from rv.slurm import commands
 from rv.slurm.parse import ArrayLimits, SubmitLimit, parse_array_limits, parse_squeue, parse_submit_limit
 from rv.slurm.script import render_script
 from rv.sweep import build_sweep
-from rv.sweepview import fold_sweeps
 
 ROOT = "/scratch/u/rv"
 

@@ -13,8 +13,8 @@ from test_snapshot import git, new_repo, write
 from test_snapshot_store import local_python_first, tree_state
 
 from rv.errors import NotFound, UsageError
-from rv.listing import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id
-from rv.sync import (
+from rv.files.listing import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id
+from rv.files.sync import (
     PullLedger,
     PushPlan,
     RemoteEntry,
@@ -27,8 +27,8 @@ from rv.sync import (
     tree_id,
     watch,
 )
-from rv.transport import LocalTransport
-from rv.treecache import TreeCache
+from rv.files.treecache import TreeCache
+from rv.remote.transport import LocalTransport
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 

@@ -21,8 +21,8 @@ from rv.catalog import RIVANNA
 from rv.job import up
 from rv.job.submit import script_context
 from rv.layout import RemoteLayout
+from rv.remote.transport import LocalTransport
 from rv.request import build_request
-from rv.transport import LocalTransport
 
 JOB = "777"
 STUBS = {

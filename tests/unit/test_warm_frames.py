@@ -1,4 +1,4 @@
-"""The frames between an rv command and its warm connection's process (rv.warm): what goes in comes
+"""The frames between an rv command and its warm connection's process (rv.remote.warm): what goes in comes
 out, whole, in order, whatever the sizes; a frame cut short reads as the other side gone."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 
-from rv.warm import _HEADER, SocketFrameReader, send_frame
+from rv.remote.warm import _HEADER, SocketFrameReader, send_frame
 
 
 def read_all(reader: SocketFrameReader) -> list[tuple[bytes, bytes]]:

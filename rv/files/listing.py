@@ -21,7 +21,7 @@ Blob ids are git's (sha1 over ``blob <size>\\0`` + content) for every file, so c
 cost nothing: their ids come from git's index, trusted only where git's own stat check says the file
 is unchanged and no checkout conversion (filters, ``eol=crlf``, autocrlf, ident, encodings) could make
 the working tree differ from the blob. Everything else is hashed here. With a cache
-(rv.treecache), the last listing is reused: see scan_tree.
+(rv.files.treecache), the last listing is reused: see scan_tree.
 
 Why git decides what is ignored: a second implementation of gitignore semantics (negation, folder
 patterns, ``**``, nested files, case folding) would disagree with git somewhere, and the user's only
@@ -47,7 +47,7 @@ from rv.agent import manifest
 from rv.errors import NotFound, RvError, UsageError
 
 if TYPE_CHECKING:
-    from rv.treecache import TreeCache
+    from rv.files.treecache import TreeCache
 
 MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
 READ_CHUNK = 1 << 20
@@ -686,7 +686,7 @@ class _Hasher:
 
     ``before`` is the last listing's ``hashed``: path -> [index ids, stat key, stamp, result].
     ``hashed`` collects what the next listing may reuse: path -> (stat key, stamp, result), where
-    the stamp is when hashing began (see rv.treecache.RACY_NS for when an id can be reused).
+    the stamp is when hashing began (see rv.files.treecache.RACY_NS for when an id can be reused).
     """
 
     def __init__(self, root: Path, before: dict[str, Any]) -> None:
@@ -695,7 +695,7 @@ class _Hasher:
         self.hashed: dict[str, tuple[Any, int, Any]] = {}
 
     def one(self, path: str) -> tuple[int, str, int] | None:
-        from rv import treecache
+        from rv.files import treecache
 
         full = os.path.join(self.root, path)
         stamp = treecache.now_ns()
@@ -738,7 +738,7 @@ def scan_tree(
 ) -> LocalTree:
     """List and hash what a snapshot of ``path``'s repository (or plain folder) would hold.
 
-    With a ``cache`` (rv.treecache.TreeCache: a folder, or memory as `rv sync watch` keeps), the last
+    With a ``cache`` (rv.files.treecache.TreeCache: a folder, or memory as `rv sync watch` keeps), the last
     listing of the repo is reused: while git's index is the one it was made from, only the files git
     reports as modified, untracked files, and those it listed last time are looked at again, and
     files are hashed only when their stat data changed. ``with_mtimes`` adds each file's mtime (push
@@ -873,7 +873,7 @@ class _HeadQuestions:
 class _Scan:
     """One listing of a repository and everything inside it (submodules, nested repositories).
 
-    The cache state it keeps (rv.treecache) per repository: ``repos`` (each one's folder, git folder,
+    The cache state it keeps (rv.files.treecache) per repository: ``repos`` (each one's folder, git folder,
     index signature and config), ``structure`` (submodules and nested repos, checked out or not),
     ``attrs`` and ``rvignore`` (what decides conversions and .rvignore exclusions), ``dirs`` (every
     folder holding a listed file), ``fixed`` (tracked files always hashed: links, conflicts,

@@ -26,18 +26,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rv.agent import manifest
-from rv.agent_client import call_agent, frame
 from rv.errors import NotFound, RemoteError, UsageError
+from rv.files.listing import MODE_EXEC, Entry, Git, LocalTree, blob_id, hash_path, ignored_paths, scan_tree
+from rv.files.progress import Progress, ProgressCounter
+from rv.files.provenance import project_key
+from rv.files.snapshot import DEFAULT_MAX_FILE_SIZE, check_sizes
 from rv.layout import RemoteLayout
-from rv.listing import MODE_EXEC, Entry, Git, LocalTree, blob_id, hash_path, ignored_paths, scan_tree
-from rv.progress import Progress, ProgressCounter
-from rv.provenance import project_key
-from rv.snapshot import DEFAULT_MAX_FILE_SIZE, check_sizes
+from rv.remote.agent_client import call_agent, frame
 from rv.units import human_size, parse_size
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
-    from rv.treecache import TreeCache
+    from rv.files.treecache import TreeCache
+    from rv.remote.transport import Transport
 
 # --------------------------------------------------------------------------------------------------
 # Remote listings
@@ -852,7 +852,7 @@ def _conflicts(
 
 
 def _send_command(layout: RemoteLayout, remote: str) -> str:
-    from rv.agent_client import agent_command
+    from rv.remote.agent_client import agent_command
 
     return agent_command("send", layout.agent_args(path=remote))
 
@@ -887,7 +887,7 @@ def watch(
     interrupted (Ctrl-C raises KeyboardInterrupt out of ``sleep``) or ``max_pushes`` pushes.
     """
     state = WatchState()
-    from rv.treecache import TreeCache
+    from rv.files.treecache import TreeCache
 
     cache = TreeCache()  # in memory: the listing and hashes of the last look, reused by the next
 

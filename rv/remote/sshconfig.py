@@ -3,7 +3,7 @@
 :func:`resolve_target` asks ``ssh -G`` (``Include``, ``Match``, tokens, every hop of a ``ProxyJump``
 chain mean what they mean to OpenSSH); only where no ``ssh`` binary is installed does paramiko's
 parser read the files (:func:`paramiko_lookup`, with ``Include`` expanded by us). Nothing here
-connects: rv.ssh does, with the :class:`SSHTarget` this module gives.
+connects: rv.remote.ssh does, with the :class:`SSHTarget` this module gives.
 """
 
 from __future__ import annotations
@@ -353,7 +353,7 @@ def _with_includes(path: Path, *, user_file: bool, depth: int = 0) -> str:
 
 
 def _paramiko() -> Any:
-    # Only where no ssh binary is installed; rv.ssh imports paramiko for connecting (without invoke,
+    # Only where no ssh binary is installed; rv.remote.ssh imports paramiko for connecting (without invoke,
     # which only `Match exec` needs: loaded above when the config has such a line).
     import paramiko
 

@@ -1,6 +1,6 @@
 """This terminal, joined to a remote one: what `rv up` and `rv ssh` do once their shell is running.
 
-The channel (rv.ssh.SSHTransport.open_pty) carries a terminal of its own on the cluster, so keys go
+The channel (rv.remote.ssh.SSHTransport.open_pty) carries a terminal of its own on the cluster, so keys go
 there raw, one by one: Ctrl-C, Ctrl-D, arrows and tab completion reach the remote shell, never rv
 itself. The local terminal is put in raw mode for that time and always restored, and a resize of
 the window is passed on. No paramiko here: any object with ``recv``, ``sendall``, ``resize_pty``,

@@ -11,15 +11,15 @@
                           │
       rv.cli.common     Session.transport, on its first use ─▶ open_transport() here
         │  warm?        use_warm(): RV_WARM_SECONDS > 0 and no terminal or tunnel wanted
-        ├── yes ──────▶ rv.warm.WarmTransport ── Unix socket ──▶ the profile's background process
+        ├── yes ──────▶ rv.remote.warm.WarmTransport ── Unix socket ──▶ the profile's background process
         │                                          (forked from the command server, or started)
-        │                                          holding an rv.ssh.SSHTransport
-        └── no ───────▶ rv.ssh.SSHTransport     a connection of this process's own (direct)
+        │                                          holding an rv.remote.ssh.SSHTransport
+        └── no ───────▶ rv.remote.ssh.SSHTransport     a connection of this process's own (direct)
                           │
-      rv.ssh            which channel, channels(): for an agent call, a pre-started agent; else a
+      rv.remote.ssh            which channel, channels(): for an agent call, a pre-started agent; else a
                         pre-started login shell (the hot shell); else a new exec channel
 
-The transports share one API (rv.transport.Transport); nothing below this module chooses a route,
+The transports share one API (rv.remote.transport.Transport); nothing below this module chooses a route,
 and nothing here moves a byte. Each mechanism can be switched off alone (benchmarks/cli.py measures
 what each earns): ``RV_COMMAND_SERVER=0`` runs every command in the rv process, ``RV_WARM_SECONDS=0``
 connects directly every time (and so runs in the rv process: the server would only fork a copy
@@ -43,9 +43,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from rv.config import Profile
-    from rv.ssh import SSHTransport
-    from rv.sshconfig import SSHTarget
-    from rv.transport import Transport
+    from rv.remote.ssh import SSHTransport
+    from rv.remote.sshconfig import SSHTarget
+    from rv.remote.transport import Transport
 
 DEFAULT_WARM_S = 300.0
 
@@ -128,7 +128,7 @@ def use_warm(*, direct: bool = False) -> bool:
 
 
 def channels() -> dict[str, bool]:
-    """What a warm connection keeps started on the login node for the next commands (rv.ssh):
+    """What a warm connection keeps started on the login node for the next commands (rv.remote.ssh):
     ``hot_shell``, a login shell (its rc files already read); ``agents``, rv's agent, python
     started and its modules loaded (it waits in such a shell, so it needs ``hot_shell``)."""
     hot_shell = os.environ.get("RV_HOT_SHELL", "1") != "0"
@@ -137,7 +137,7 @@ def channels() -> dict[str, bool]:
 
 def profile_mask(profile: Profile) -> int:
     """What the profile lets others read of what rv writes on the cluster."""
-    from rv.transport import GROUP_MASK, PRIVATE_MASK
+    from rv.remote.transport import GROUP_MASK, PRIVATE_MASK
 
     return GROUP_MASK if profile.share_with_group else PRIVATE_MASK
 
@@ -151,7 +151,7 @@ def target_for(profile: Profile, config_path: Path | str | None) -> SSHTarget:
     found = _resolved.get((str(config_path), profile.name))
     if found is not None:
         return found
-    from rv.sshconfig import resolve_target
+    from rv.remote.sshconfig import resolve_target
 
     target = resolve_target(
         profile.host,
@@ -175,7 +175,7 @@ def open_transport(
     if not use_warm():
         debug("connection: direct (RV_WARM_SECONDS=0)")
         return direct_connection(profile, confirm_host_key=confirm_host_key, config_path=config_path)
-    from rv import warm
+    from rv.remote import warm
 
     transport = warm.WarmTransport(
         target_for(profile, config_path),
@@ -200,14 +200,14 @@ def direct_connection(
 ) -> SSHTransport:
     """A connection of this process's own: what open_transport falls back to, and what carries
     terminals (``rv up``, ``rv ssh``) and tunnels (``rv forward``), which the warm one cannot."""
-    from rv.ssh import SSHTransport
+    from rv.remote.ssh import SSHTransport
 
     target = target_for(profile, config_path)
     return SSHTransport(target, confirm_host_key, mask=profile_mask(profile)).connect()
 
 
 def prewarm(profile_name: str | None) -> None:
-    """Start the profile's warm connection in the background, if it has none (see rv.warm).
+    """Start the profile's warm connection in the background, if it has none (see rv.remote.warm).
 
     Purely a head start: when anything stands in the way (no config yet, a bad profile, no private
     runtime folder) nothing is started here, and the command meets and reports the same problem
@@ -220,8 +220,8 @@ def prewarm(profile_name: str | None) -> None:
             return
     except RvError:
         return  # the command reports the bad value
-    from rv import warm
     from rv.config import load_config
+    from rv.remote import warm
 
     try:
         config = load_config()

@@ -3,7 +3,7 @@
 Three things, all under the cache folder (``rv.config.cache_dir()``) and all safe to delete (the
 next command is then as slow as a first one, never wrong):
 
-* ``trees/<repo>``: the last listing of each repository (see rv.listing.scan_tree): the index
+* ``trees/<repo>``: the last listing of each repository (see rv.files.listing.scan_tree): the index
   signature it was made from, the files it hashed with their stat data, and the id of its manifest.
 * ``texts/<id>``: manifests by snapshot id (rv.agent.manifest's text format).
 * ``stores/<store>``: per remote store and project, the snapshots known to be there (the bases a

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rv.errors import NotFound, RemoteCommandMissing, RemoteError, RvError, UsageError
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
+    from rv.remote.transport import Transport
 
 # The cluster-side agent is one program made of these modules of rv/agent/, in this order (each after
 # the ones it imports): each is compiled into a module of its own name there, so they import each
@@ -29,7 +29,7 @@ AGENT_MODULES = (
     "manifest", "segment", "common", "locks", "store", "transfer", "metrics", "runs", "follow", "up", "envs",
     "gc", "__main__",
 )  # fmt: skip
-_AGENT_DIR = Path(__file__).resolve().parent / "agent"
+_AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 
 
 @functools.cache

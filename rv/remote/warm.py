@@ -55,12 +55,12 @@ from typing import TYPE_CHECKING, Any
 from rv import __version__, errors
 from rv import runtime as rv_runtime
 from rv.errors import ConnectError, RemoteError, RvError
-from rv.sshconfig import SSHTarget
+from rv.remote.sshconfig import SSHTarget
 
 if TYPE_CHECKING:
-    from rv.ssh import SSHTransport
+    from rv.remote.ssh import SSHTransport
 
-from rv.transport import (
+from rv.remote.transport import (
     PRIVATE_MASK,
     RemoteTimeout,
     RunResult,
@@ -274,7 +274,7 @@ class WarmTransport(_Collecting):
         channels: dict[str, bool],
     ) -> None:
         """``idle``: how long the background process waits for the next command (seconds);
-        ``channels``: what it keeps started on the login node (rv.connect.channels)."""
+        ``channels``: what it keeps started on the login node (rv.remote.connect.channels)."""
         self.target = target
         self.mask = mask
         self.idle = idle
@@ -335,7 +335,7 @@ class WarmTransport(_Collecting):
             if exc is not None:
                 self.fallback_reason = str(exc)
                 sys.stderr.write(f"rv: note: connecting directly ({exc})\n")
-            from rv.ssh import SSHTransport
+            from rv.remote.ssh import SSHTransport
 
             self._direct = SSHTransport(self.target, self._confirm, mask=self.mask).connect()
 
@@ -370,7 +370,7 @@ class WarmTransport(_Collecting):
 
     def _start(self, path: Path, lock_path: Path, log_path: Path, *, wait: bool = True) -> None:
         """Start the background process, unless another rv is starting one (then wait for it)."""
-        import fcntl  # POSIX only, like the rest of this module's work (rv.connect.use_warm says so)
+        import fcntl  # POSIX only, like the rest of this module's work (rv.remote.connect.use_warm says so)
 
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -620,8 +620,8 @@ class WarmTransport(_Collecting):
         self, mode: str, args: dict[str, Any], *, stdin: Stdin = None, timeout: float | None = None
     ) -> RunResult:
         """rv's agent in ``mode``: served by the agent the background process started ahead of time
-        when it has one of this code, else as any command (rv.agent_client.call_agent uses this)."""
-        from rv.agent_client import agent_command, agent_key
+        when it has one of this code, else as any command (rv.remote.agent_client.call_agent uses this)."""
+        from rv.remote.agent_client import agent_command, agent_key
 
         command = agent_command(mode, args)
         if self._direct is None:
@@ -691,7 +691,7 @@ def _stop_wedged(sock_path: Path) -> str:
 
     Only a process of this user whose command line is an rv one, named by the pid file it wrote
     itself in the private runtime folder; its socket goes too, so the next command starts afresh.
-    A process started by spawn_python runs rv.warm; one forked from the command server (_fork_daemon)
+    A process started by spawn_python runs rv.remote.warm; one forked from the command server (_fork_daemon)
     has the server's command line, rv.forkserver.
     """
     pid_path = sock_path.with_suffix(".pid")
@@ -699,7 +699,9 @@ def _stop_wedged(sock_path: Path) -> str:
         pid = int(pid_path.read_text())
         proc = Path(f"/proc/{pid}")
         cmdline = (proc / "cmdline").read_bytes()
-        mine = proc.stat().st_uid == os.getuid() and (b"rv.warm" in cmdline or b"rv.forkserver" in cmdline)
+        mine = proc.stat().st_uid == os.getuid() and (
+            b"rv.remote.warm" in cmdline or b"rv.forkserver" in cmdline
+        )
     except (OSError, ValueError):
         return "it could not be identified, so it was left alone"
     if not mine:
@@ -725,7 +727,7 @@ def _try_connect(path: Path, timeout: float) -> socket.socket | None:
 
 
 def _spawn(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
-    """Start the process: a fresh ``python -I`` running rv.warm, its own session, no terminal.
+    """Start the process: a fresh ``python -I`` running rv.remote.warm, its own session, no terminal.
 
     Not a fork of this rv process: that would be ~40 ms quicker, but the fork's command line
     (visible in `ps`, to other users too) would be this command's, for minutes after it ended. The
@@ -765,7 +767,7 @@ def _fork_daemon(spec: dict[str, Any], lock_fd: int, ready_w: int) -> None:
 
 
 # After rv.runtime.BOOT_PREFIX (the data in `d`, the search path set).
-_BOOT = "import rv.warm as w;sys.exit(w.main(d['spec'],int(sys.argv[1]),int(sys.argv[2])))"
+_BOOT = "import rv.remote.warm as w;sys.exit(w.main(d['spec'],int(sys.argv[1]),int(sys.argv[2])))"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1007,7 +1009,7 @@ class Server:
         Nobody can be asked about an unknown host key yet: then the first request connects again,
         relaying the question. Any other failure is kept and told to the first request.
         """
-        from rv.ssh import SSHTransport, UnknownHostKey
+        from rv.remote.ssh import SSHTransport, UnknownHostKey
 
         with self.connect_lock:
             if self.ssh is not None or self.connect_error is not None:
@@ -1050,7 +1052,7 @@ class Server:
                 answer = reader.read()
                 return answer is not None and answer[0] == b"k" and bool(json.loads(answer[1]).get("accept"))
 
-            from rv.ssh import SSHTransport
+            from rv.remote.ssh import SSHTransport
 
             transport = SSHTransport(self.target, confirm, mask=self.mask)
             try:
@@ -1105,7 +1107,7 @@ class Server:
         header: dict[str, Any],
         on_started: Callable[[], None],
     ) -> None:
-        from rv.ssh import Cancelled, ChannelOpenError
+        from rv.remote.ssh import Cancelled, ChannelOpenError
 
         try:
             code = self.connection.stream(

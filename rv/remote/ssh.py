@@ -2,7 +2,7 @@
 
 One :class:`SSHTransport` holds one connection; every command (an exec channel) and every file
 transfer (one SFTP session, opened once) reuses it. Most commands do not build one themselves: they
-talk to the warm background process (:mod:`rv.warm`), which holds an SSHTransport for them across
+talk to the warm background process (:mod:`rv.remote.warm`), which holds an SSHTransport for them across
 invocations; `rv init`, the fallback when that process is unavailable, and the process itself use
 this class directly.
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rv.errors import AuthError, ConnectError, HostKeyError, RemoteError
-from rv.sshconfig import SSHTarget
-from rv.transport import (
+from rv.remote.sshconfig import SSHTarget
+from rv.remote.transport import (
     _CHUNK,
     PRIVATE_MASK,
     RemoteTimeout,
@@ -90,7 +90,7 @@ class _Spare:
     """One pre-started hot shell on its own channel, waiting for a command.
 
     With ``then``, the shell is given that command as soon as it is ready: a program started ahead
-    of time that waits on stdin for what to do (the agent; see rv.agent_client.hot_agent_command).
+    of time that waits on stdin for what to do (the agent; see rv.remote.agent_client.hot_agent_command).
     """
 
     def __init__(self, connection: ParamikoTransport, timeout: float, then: str | None = None) -> None:
@@ -226,7 +226,7 @@ class SSHTransport(_Collecting):
         self._sftp: Any = None
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
-        # What is kept started ahead of time (rv.connect.channels decides; see prestart).
+        # What is kept started ahead of time (rv.remote.connect.channels decides; see prestart).
         self._hot = False  # a login shell ready for the next command (see HOT_SHELL)
         self._agents = False  # rv's agents ready for the next agent calls (each in such a shell)
         self._spare: _Spare | None = None
@@ -378,7 +378,7 @@ class SSHTransport(_Collecting):
             if self._agents and len(self._agent_spares) < agents:
                 # rv's agent (python start-up, its modules loaded) waits too: an agent call then
                 # costs the command's own work, not a python start on the login node.
-                from rv.agent_client import agent_key, hot_agent_command
+                from rv.remote.agent_client import agent_key, hot_agent_command
 
                 key, command = agent_key(), hot_agent_command()
                 while len(self._agent_spares) < agents:
@@ -394,7 +394,7 @@ class SSHTransport(_Collecting):
                 return None  # none yet, or of other code: the command starts its own
             held = next((h for h in mine if h[1].ready.is_set()), mine[0])
             self._agent_spares.remove(held)
-        from rv.agent_client import agent_request
+        from rv.remote.agent_client import agent_request
 
         spare = held[1]
         channel = spare.take(agent_request(agent["mode"], agent["args"]), self.target.connect_timeout)
@@ -598,7 +598,7 @@ class SSHTransport(_Collecting):
     # -- channels for terminals and tunnels -------------------------------------------------------------
     def open_pty(self, command: str, *, term: str, cols: int, rows: int) -> Any:
         """A channel running ``command`` on a terminal of its own (an interactive shell, ``srun
-        --pty``); the caller relays it (rv.terminal). Never a pre-started shell: it has no terminal."""
+        --pty``); the caller relays it (rv.remote.terminal). Never a pre-started shell: it has no terminal."""
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise ChannelOpenError(

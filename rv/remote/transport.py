@@ -1,15 +1,15 @@
 """The transport API: run a command, stream one, put and get files, on the cluster or locally.
 
 What every part of rv that talks to the cluster is given is a :class:`Transport`; which one, and how
-it got there, is decided in rv.connect (the only module that chooses a route). The three:
+it got there, is decided in rv.remote.connect (the only module that chooses a route). The three:
 
-* rv.warm.WarmTransport: through the profile's warm background connection.
-* rv.ssh.SSHTransport: one paramiko connection in this process (and in that background process).
+* rv.remote.warm.WarmTransport: through the profile's warm background connection.
+* rv.remote.ssh.SSHTransport: one paramiko connection in this process (and in that background process).
 * :class:`LocalTransport` (here): local bash and files, the one fake seam for unit tests.
 
 Here too: the result type, the errors every transport raises, the upload and download helpers they
 share, and the file-mode rule (private by default). This module imports neither paramiko nor any
-rv module that does: where to connect is rv.sshconfig, connecting is rv.ssh.
+rv module that does: where to connect is rv.remote.sshconfig, connecting is rv.remote.ssh.
 """
 
 from __future__ import annotations

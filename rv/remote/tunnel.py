@@ -1,7 +1,7 @@
 """A local port that reaches a port on the cluster, through the SSH connection (`rv forward`).
 
 Each TCP connection accepted on the local port becomes one ``direct-tcpip`` channel of the one SSH
-connection (rv.ssh.SSHTransport.open_tunnel, what ``ssh -L`` does): the login node connects to the
+connection (rv.remote.ssh.SSHTransport.open_tunnel, what ``ssh -L`` does): the login node connects to the
 job's node and the bytes flow both ways until either side closes. Nothing runs on the cluster for
 it and nothing logs in again. The local port is bound on 127.0.0.1 only: never reachable from
 another machine.

@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from rv.agent import manifest
 from rv.errors import RemoteError, UsageError
+from rv.files.progress import Progress, ProgressCounter
 from rv.layout import RemoteLayout
-from rv.progress import Progress, ProgressCounter
 
 if TYPE_CHECKING:
-    from rv.transport import Transport
-    from rv.treecache import StoreCache, TreeCache
+    from rv.files.treecache import StoreCache, TreeCache
+    from rv.remote.transport import Transport
 
-from rv.agent_client import call_agent, frame
-from rv.listing import LARGE_FLOOR, READ_CHUNK, Entry, Git, LocalTree, Soon, scan_tree
-from rv.provenance import project_key, provenance
+from rv.files.listing import LARGE_FLOOR, READ_CHUNK, Entry, Git, LocalTree, Soon, scan_tree
+from rv.files.provenance import project_key, provenance
+from rv.remote.agent_client import call_agent, frame
 from rv.units import human_size
 
 DEFAULT_MAX_FILE_SIZE = 100 * 1000 * 1000  # 100 MB
@@ -175,7 +175,7 @@ def prepare_snapshot(
     git = git or Git()
     texts = None
     if cache_dir is not None:
-        from rv.treecache import TreeCache
+        from rv.files.treecache import TreeCache
 
         texts = TreeCache(cache_dir)
     tree = scan_tree(path, git=git, cache=texts)
@@ -438,7 +438,7 @@ def upload_snapshot(
     """Make ``snap`` exist on the cluster: one round trip when it does already or differs from a
     snapshot known to be there by a few small files (sent along unasked), two otherwise.
 
-    ``cache`` (rv.treecache.StoreCache) remembers which snapshots the store holds: the manifest then
+    ``cache`` (rv.files.treecache.StoreCache) remembers which snapshots the store holds: the manifest then
     travels as a delta against one of them. (``_first``: the shipping, the objects sent with its
     first call and that call's reply, when make_snapshot made it already.)
     """
@@ -543,7 +543,7 @@ def make_snapshot(
     """
     store = None
     if cache_dir is not None:
-        from rv.treecache import StoreCache
+        from rv.files.treecache import StoreCache
 
         store = StoreCache(cache_dir, cache_key or layout.root)
     ready = threading.Event()

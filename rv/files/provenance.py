@@ -18,9 +18,9 @@ from rv import __version__
 from rv.agent import manifest
 
 if TYPE_CHECKING:
-    from rv.treecache import TreeCache
+    from rv.files.treecache import TreeCache
 
-from rv.listing import Git, LocalTree, RepoInfo
+from rv.files.listing import Git, LocalTree, RepoInfo
 
 DIFF_LIMIT = 1 << 20  # provenance keeps at most 1 MiB of a dirty tree's diff
 
