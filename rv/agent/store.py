@@ -27,7 +27,7 @@ import struct
 import threading
 import time
 
-from rv.agent import common, locks, manifest
+from rv.agent import common, layout, locks, manifest
 
 VERSION = 1
 
@@ -35,11 +35,11 @@ STALE_BUILD_S = 86400
 
 
 def object_path(root, oid):
-    return common.join(root, b"objects", manifest.enc(oid[:2]), manifest.enc(oid))
+    return common.under(root, layout.object_file(oid))
 
 
 def clean_stale_temps(root):
-    tmpdir = common.join(root, b"tmp")
+    tmpdir = common.under(root, layout.TMP)
     now = time.time()
     with contextlib.suppress(OSError):
         for name in os.listdir(tmpdir):
@@ -62,21 +62,21 @@ CHAIN_BROKEN = 4 * LAYER_DEPTH  # more links than this: a loop or a damaged stor
 def snapshot_dir(root, sid):
     if not re.match(r"^[0-9a-f]{24}$", sid):
         raise common.AgentError("bad snapshot id %r" % sid, "usage")
-    return common.join(root, b"snapshots", manifest.enc(sid))
+    return common.under(root, layout.snapshot(sid))
 
 
 def snapshot_exists(root, sid):
     path = snapshot_dir(root, sid)
-    return os.path.isdir(path) or os.path.isdir(path + b".layer")
+    return os.path.isdir(path) or os.path.isdir(common.under(root, layout.snapshot_layer(sid)))
 
 
 def read_meta(root, sid):
-    with open(snapshot_dir(root, sid) + b".json", "rb") as fh:
+    with open(common.under(root, layout.snapshot_meta(sid)), "rb") as fh:
         return json.loads(fh.read().decode("ascii"))
 
 
 def read_manifest(root, sid):
-    with open(snapshot_dir(root, sid) + b".manifest", "rb") as fh:
+    with open(common.under(root, layout.snapshot_manifest(sid)), "rb") as fh:
         return fh.read()
 
 
@@ -218,7 +218,7 @@ def mode_snap_query(args):
     sid = payload["id"]
     with locks.store_lock(root, exclusive=False):
         if snapshot_exists(root, sid):
-            touch(snapshot_dir(root, sid) + b".json")  # "last used": gc measures age from here
+            touch(common.under(root, layout.snapshot_meta(sid)))  # "last used": gc measures age from here
             return {"status": "exists"}
         resolved = resolve_manifest(root, sid, payload)
         if resolved is None:
@@ -342,9 +342,9 @@ def receive_objects(root):
     is a temp file until it is complete and checked, and a temp file that did not become an object
     is removed (by its writer, or by the exit cleanup when stdin ends early).
     """
-    tmpdir = common.join(root, b"tmp")
+    tmpdir = common.under(root, layout.TMP)
     common.makedirs(tmpdir)
-    objects = common.join(root, b"objects")
+    objects = common.under(root, layout.OBJECTS)
     fans = set()  # objects/xx folders known to exist: a failing mkdir per object adds up
     done = []  # (oid, size, or -1 when the content was not the id), appended by the writers
     present = set()
@@ -413,7 +413,7 @@ def exec_object(root, oid):
     plain = object_path(root, oid)
     path = plain + b".x"
     if not os.path.exists(path):
-        tmp = common.temp_name(common.join(root, b"tmp"), oid + ".x")
+        tmp = common.temp_name(common.under(root, layout.TMP), oid + ".x")
         common._cleanup.add(tmp)
         try:
             shutil.copyfile(plain, tmp)
@@ -460,7 +460,7 @@ def _put(root, tree, row):
 
 
 def _building(root, sid):
-    snaps = common.join(root, b"snapshots")
+    snaps = common.under(root, layout.SNAPSHOTS)
     common.makedirs(snaps)
     build = common.join(
         snaps, b".tmp-" + manifest.enc(sid) + b"-%d-" % os.getpid() + os.urandom(4).hex().encode()
@@ -474,7 +474,9 @@ def _finish(root, sid, build, final, meta):
     """Write the meta file, then move the complete folder into place: "created", or "exists"."""
     try:
         common.write_atomic(
-            snapshot_dir(root, sid) + b".json", json.dumps(meta, ensure_ascii=True).encode("ascii"), 0o444
+            common.under(root, layout.snapshot_meta(sid)),
+            json.dumps(meta, ensure_ascii=True).encode("ascii"),
+            0o444,
         )
         try:
             os.rename(build, final)
@@ -514,7 +516,7 @@ def build_snapshot(root, sid, text, provenance, files=None, size=None):
             raise
         writers.finish()
         _read_only(build, made)
-        common.write_atomic(snapshot_dir(root, sid) + b".manifest", text, 0o444)
+        common.write_atomic(common.under(root, layout.snapshot_manifest(sid)), text, 0o444)
     except BaseException:
         common._cleanup.discard(build)
         common.force_rmtree(build)
@@ -610,7 +612,7 @@ def build_layer(root, sid, resolved, provenance, over):
         for name in (b"remove", b"base"):
             os.chmod(common.join(build, name), common.private(0o444))
         os.chmod(build, common.private(0o555))
-        common.write_atomic(snapshot_dir(root, sid) + b".manifest", resolved["text"], 0o444)
+        common.write_atomic(common.under(root, layout.snapshot_manifest(sid)), resolved["text"], 0o444)
     except BaseException:
         common._cleanup.discard(build)
         common.force_rmtree(build)
@@ -629,7 +631,7 @@ def build_layer(root, sid, resolved, provenance, over):
         },
         "provenance": provenance() if callable(provenance) else provenance,
     }
-    return _finish(root, sid, build, snapshot_dir(root, sid) + b".layer", meta)
+    return _finish(root, sid, build, common.under(root, layout.snapshot_layer(sid)), meta)
 
 
 def make_tree(root, sid, resolved, provenance):
@@ -701,7 +703,7 @@ def mode_snap_put(args):
         result = {"received": received, "received_bytes": received_bytes, "bad": bad}
         if snapshot_exists(root, sid):
             provenance()  # read before replying, as every reply but "created" does: stdin stays whole
-            touch(snapshot_dir(root, sid) + b".json")  # "last used": gc measures age from here
+            touch(common.under(root, layout.snapshot_meta(sid)))  # "last used": gc measures age from here
             result.update(status="exists", base=layer_base(root, sid))
             return result
         resolved = resolve_manifest(root, sid, payload)
@@ -740,7 +742,7 @@ def collect_garbage(root, in_use, args, freed, dry):
     grace = float(args.get("grace", 900))
     report = {"removed": [], "kept": [], "objects_removed": 0}
     warnings = []
-    snaps = common.join(root, b"snapshots")
+    snaps = common.under(root, layout.SNAPSHOTS)
     with locks.store_lock(root, exclusive=True, wait=float(args.get("lock_wait", 120))):
         now = time.time()
         names = os.listdir(snaps) if os.path.isdir(snaps) else []
@@ -761,8 +763,8 @@ def collect_garbage(root, in_use, args, freed, dry):
             if b"" not in have and b".layer" not in have:
                 continue  # a meta or manifest left without its tree: see below
             path = snapshot_dir(root, sid)
-            meta_path = path + b".json"
-            folder = path if b"" in have else path + b".layer"
+            meta_path = common.under(root, layout.snapshot_meta(sid))
+            folder = path if b"" in have else common.under(root, layout.snapshot_layer(sid))
             used = os.lstat(meta_path).st_mtime if b".json" in have else os.lstat(folder).st_mtime
             age = now - used
             if sid in in_use:
@@ -820,7 +822,7 @@ def collect_garbage(root, in_use, args, freed, dry):
         if referenced is not None:
             # In a dry run the removed snapshots still exist: their links are counted as removed by
             # _remove above, so the objects they share are counted as freed here, as they would be.
-            objects = common.join(root, b"objects")
+            objects = common.under(root, layout.OBJECTS)
             for fan in sorted(os.listdir(objects)) if os.path.isdir(objects) else []:
                 fan_path = common.join(objects, fan)
                 if fan.startswith(b".") or not os.path.isdir(fan_path):

@@ -497,7 +497,7 @@ def upload_snapshot(
     base = reply.get("base")
     return SnapshotResult(
         id=snap.id,
-        remote_path=layout.snapshot(snap.id) + (".layer" if base else ""),
+        remote_path=layout.snapshot_layer(snap.id) if base else layout.snapshot(snap.id),
         meta_path=layout.snapshot_meta(snap.id),
         project=snap.project,
         branch=snap.branch,
