@@ -21,6 +21,7 @@ test holds its spellings to these). rv_train writes the checkpoint layout; it im
     seg/<k>.job, seg/<k>.json   segment k's job id (written by its submitter) and record (by the job);
     seg/<k>.candidates, .claim  the jobs sent for it once per GPU type; who follows it (`rv logs`)
     STOP, ENDED                 `rv stop` was asked; the run is over (JSON: why, exit code)
+    faults                      GPU faults the run continued after: "<segment> <node> <what>" lines
     work/                       RV_WORK_DIR: the run's private copy of its snapshot
     jobs/<job id>/              RV_JOB_DIR: per Slurm job (node exit codes, stop deliveries)
     jobs/<job id>/env.sh        the program's environment, for `rv ssh`/`rv up` shells (0600, holds
@@ -89,6 +90,7 @@ SUBMIT_ENV = "submit.env"
 SECRETS = "secrets.env"
 STOP = "STOP"
 ENDED = "ENDED"
+FAULTS = "faults"
 SEG = "seg"
 WORK = "work"
 JOBS = "jobs"

@@ -73,7 +73,7 @@ def pull(ctx: click.Context, spec: str, local: str | None) -> None:
     from rv.agent import layout as remote_layout
     from rv.cli.sync import progress_after
     from rv.errors import NotFound
-    from rv.files import sync as core
+    from rv.files import pull as core
     from rv.job.submit import FromRun
     from rv.layout import RemoteLayout
 
