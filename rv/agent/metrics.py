@@ -270,7 +270,7 @@ def read_runs(root, run_ids, series=True, limit=DEFAULT_POINTS):
         if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id.startswith("."):
             out.append({"run_id": run_id, "error": "bad run id"})
             continue
-        meta = _read_json(common.under(root, layout.run_dir(run_id), layout.RUN_FILE))
+        meta = common.read_json(common.under(root, layout.run_dir(run_id), layout.RUN_FILE))
         if not isinstance(meta, dict):
             out.append({"run_id": run_id, "error": "no such run"})
             continue
@@ -284,14 +284,6 @@ def read_runs(root, run_ids, series=True, limit=DEFAULT_POINTS):
                 row["error"] = "%s: %s" % (exc.strerror or exc, manifest.dec(path))
         out.append(row)
     return out
-
-
-def _read_json(path):
-    try:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read().decode("utf-8", "replace"))
-    except (OSError, ValueError):
-        return None
 
 
 def mode_metrics(args):
