@@ -100,7 +100,6 @@ def test_the_job_runtime_names_a_runs_files_as_the_layout_does():
     assert set(kinds) == set(names.SEGMENT_FILES), kinds
     assert f"scripts=({names.SCRIPT})" in JOB_SH  # a run of one type: its batch script
     assert f"RV_JOB_ENV_FILE={names.JOB_ENV}\n" in JOB_SH
-    assert f'RV_METRICS="${{RV_METRICS:-$RV_OUTPUT_DIR/{names.METRICS_FILE}}}"' in JOB_SH
 
 
 def test_the_job_runtime_reads_the_checkpoint_layout_as_rv_does():
