@@ -22,9 +22,9 @@ def wait(ctx: click.Context, runs: tuple[str, ...], until: str, as_json: bool) -
     """Wait until RUNs (names, run ids, job ids; a sweep's name: all its points) end, and exit with
     the run's exit code (several: 0 when all finished, else the first one's that did not). A dropped
     connection is retried; --notify desktop runs are told on this machine when they end."""
+    from rv.agent.segment import end_state
     from rv.job import query
     from rv.job import wait as core
-    from rv.agent.segment import end_state
 
     store = run_store()
     with session(ctx) as s:

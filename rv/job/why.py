@@ -42,7 +42,7 @@ from rv.slurm.pending import (
     reason,
     tres_value,
 )
-from rv.timespec import format_elapsed, format_slurm_time
+from rv.timespec import format_elapsed
 
 if TYPE_CHECKING:
     from rv.job.query import RunsListing
@@ -238,6 +238,18 @@ def explain_pending(
     return out
 
 
+def rv_minutes(minutes: int) -> str:
+    """A duration as `rv run --time` takes it: ``9m``, ``2h30m``, ``1d4h``."""
+    days, rest = divmod(minutes, 1440)
+    hours, mins = divmod(rest, 60)
+    parts = [
+        f"{days}d" if days else "",
+        f"{hours}h" if hours else "",
+        f"{mins}m" if mins and not days else "",
+    ]
+    return "".join(parts) or "0m"
+
+
 def _suggestions(
     run: ClusterRun, w: Waiting, ahead: Sequence[QueueEntry], *, now: float,
     catalog: Mapping[str, GpuType], allowed_qos: Sequence[str], limit_seconds: int | None, window: int,
@@ -257,7 +269,7 @@ def _suggestions(
             )  # fmt: skip
             out.append(
                 Suggestion(
-                    change=f"--time {format_slurm_time(minutes * 60)}",
+                    change=f"--time {rv_minutes(minutes)}",
                     why=f"the longest time that {before}: the scheduler may fit it in now (for a program "
                     "that checkpoints: rv continues it in later segments)",
                     script=w.script,

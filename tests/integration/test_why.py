@@ -178,3 +178,36 @@ def test_why_a_run_held_by_a_qos_limit_names_it_with_its_value(layout, slurm, tm
         judged = slurm.as_user("sbatch", "--test-only", *s["options"], str(rdir / s["script"]), check=False)
         assert judged.returncode == 0, (s, judged.stderr)
     assert "held by a limit of its QoS: running jobs per user" in layout.run_rv("ps").stdout
+
+
+# --- rv wait ------------------------------------------------------------------------------------------
+
+WAITED = """\
+import sys, time
+time.sleep(float(sys.argv[1]))
+print("done waiting", flush=True)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_rv_wait_exits_with_the_programs_code(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"w.py": WAITED})
+    failing, _ = submitted(
+        layout.run_rv("run", "-g", "0", "--mem", "100M", "--", "python3", "w.py", "8", "7", cwd=proj)
+    )
+    fine, _ = submitted(
+        layout.run_rv("run", "-g", "0", "--mem", "100M", "--", "python3", "w.py", "3", "0", cwd=proj)
+    )
+    # --until running returns once both have started (neither has ended yet, or has finished).
+    started = layout.run_rv("wait", "--until", "running", failing, fine, timeout=300)
+    assert started.returncode in (0, 7), started.stderr[-2000:]
+    alone = layout.run_rv("wait", fine, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    both = layout.run_rv("wait", fine, failing, "--json", timeout=300)
+    assert both.returncode == 7, both.stderr[-2000:]  # the program's own exit code
+    rows = {row["name"]: row for row in json.loads(both.stdout)}
+    assert (rows[failing]["state"], rows[failing]["exit_code"]) == ("FAILED", 7)
+    assert (rows[fine]["state"], rows[fine]["exit_code"]) == ("COMPLETED", 0)
+    # A run that is not on the cluster: an error before any wait, with the way to find runs.
+    missing = layout.run_rv("wait", "no-such-run-xyz")
+    assert missing.returncode == 9 and "rv ps -a" in missing.stderr, missing.stderr
