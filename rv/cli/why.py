@@ -33,7 +33,10 @@ def render(why) -> list[str]:  # type: ignore[no-untyped-def]  # rv.job.why.Why;
         for note in w.notes:
             lines.append(f"    note: {note}")
         for s in w.suggestions:
-            at = f"; its estimate: start {s.estimate}" if s.estimate else ""
+            at = ""
+            if s.sooner and s.estimate is not None and w.expected_start is not None:
+                gain = format_elapsed(max(0, w.expected_start - s.estimate))
+                at = f", and expects it to start {gain} sooner"
             lines.append(f"    try {s.change}: {s.why} (sbatch --test-only accepts it{at})")
         if not w.suggestions:
             lines.append("    nothing rv can suggest that sbatch --test-only accepts")

@@ -10,9 +10,10 @@ For a pending run, every job it waits as (one per GPU type when it was sent for 
    now; for programs that checkpoint, which rv continues), fewer GPUs, another GPU type, another
    QoS the user may use, another partition (a CPU run).
 3. Each suggestion judged by ``sbatch --test-only`` on the run's own batch script with that one
-   option changed (rv/agent/why.py): one that sbatch refuses is never shown. Slurm 22.05's estimate
-   for a job in a partition where others pend is often a day away (past its backfill window) whatever
-   the job asks, so the estimate is shown as sbatch's, and the reasoning as rv's.
+   option changed (rv/agent/why.py): one that sbatch refuses is never shown. Its estimate is shown
+   only when it is sooner than Slurm's plan for the run: Slurm 22.05 answers a start a backfill
+   window away (a day) for any job of a partition where another job pends, whatever the job asks, so
+   that reasoning is rv's, from the scheduler's plan (the jobs ahead and their planned starts).
 
 Three round trips: the run (rv.job.query), what Slurm says of its jobs, the probes. Pure apart from
 :func:`gather` and :func:`check`.
@@ -61,8 +62,8 @@ class Suggestion:
     script: str  # the run's batch script it was judged on
     options: tuple[str, ...]  # sbatch options the probe adds
     accepted: bool | None = None  # sbatch --test-only's word (None: not asked yet)
-    estimate: str | None = None  # its expected start, in the cluster's time
-    refusal: str | None = None
+    estimate: int | None = None  # sbatch's expected start, epoch seconds
+    sooner: bool | None = None  # sbatch expects it to start before Slurm's plan for the run
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,9 @@ def judged(waiting: Sequence[Waiting], replies: Sequence[Mapping[str, Any]]) -> 
                 continue
             estimate = parse_test_only("", int(reply.get("code", 1)), str(reply.get("text") or ""))
             if estimate.error is None:
-                kept.append(replace(s, accepted=True, estimate=estimate.start))
+                start = int(estimate.start) if (estimate.start or "").isdigit() else None
+                sooner = None if start is None or w.expected_start is None else start < w.expected_start
+                kept.append(replace(s, accepted=True, estimate=start, sooner=sooner))
         out.append(replace(w, suggestions=tuple(kept)))
     return out
 
@@ -333,7 +336,7 @@ def check(transport: Transport, root: str, run_id: str, waiting: Sequence[Waitin
         return list(waiting)
     reply = call_agent(
         transport, "why-probe",
-        {"root": root, "run_id": run_id, "probes": asked, "test_only": commands.sbatch_test_only()},
+        {"root": root, "run_id": run_id, "probes": asked, "test_only": commands.sbatch_test_only(epoch=True)},
         timeout=120,
     )  # fmt: skip
     return judged(waiting, reply.get("probes") or [])

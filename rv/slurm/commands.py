@@ -108,9 +108,10 @@ def sbatch(script: str, *, after: str | None = None) -> list[str]:
     return [*argv, script]
 
 
-def sbatch_test_only() -> list[str]:
-    """Judge the script on stdin without submitting it: when and where it would start, or why not."""
-    return ["sbatch", "--test-only"]
+def sbatch_test_only(*, epoch: bool = False) -> list[str]:
+    """Judge the script on stdin without submitting it: when and where it would start, or why not.
+    ``epoch``: the start as epoch seconds (rv why compares it with the scheduler's plan)."""
+    return [*(_EPOCH_TIME if epoch else []), "sbatch", "--test-only"]
 
 
 def scontrol_show_nodes(nodes: Sequence[str]) -> list[str]:

@@ -77,7 +77,8 @@ def parse_scontrol_jobs(text: str) -> list[SlurmJob]:
             SlurmJob(
                 job_id=job_id,
                 state=f.get("JobState", ""),
-                reason=_blank(f.get("Reason", "")),
+                # scontrol writes "ReqNodeNotAvail,_UnavailableNodes:node2" where squeue has a space.
+                reason=_blank(f.get("Reason", "").replace(",_", ", ")),
                 priority=_int(f.get("Priority", "")),
                 partition=f.get("Partition", ""),
                 qos=_blank(f.get("QOS", "")),

@@ -201,3 +201,26 @@ def test_mail_is_asked_of_slurm_once_per_run_by_the_job_that_ends_it(layout, tmp
     assert f"Job_id={last} " in mail and "Ended" in mail, mail
     time.sleep(3)
     assert mails() == [mail]
+
+
+@pytest.mark.parametrize("layout", ["default"], indirect=True)  # no job: one layout says it all
+def test_a_bad_target_is_refused_before_anything_is_sent_and_the_project_key_counts(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"a.py": "print(1)\n"})
+    r = layout.run_rv("run", "-g", "0", "--notify", "secret:NO_SUCH_HOOK", "--", "python3", "a.py", cwd=proj)
+    assert (
+        r.returncode == 2
+        and "there is no secret NO_SUCH_HOOK" in r.stderr
+        and "rv env set NO_SUCH_HOOK" in r.stderr
+    )
+    assert not (Path(layout.remote_root) / "runs").exists()  # nothing reached the cluster
+    assert layout.run_rv("env", "set", "TEAM_HOOK=https://hooks.example.org/x").returncode == 0
+    (proj / ".rv.toml").write_text('notify = ["secret:TEAM_HOOK", "mail:me@example.org"]\n')
+    dry = layout.run_rv("run", "-g", "0", "--dry-run", "--", "python3", "a.py", cwd=proj)
+    assert dry.returncode == 0, dry.stderr
+    assert "rv_notify_mail=me@example.org rv_notify_hooks=TEAM_HOOK" in dry.stdout
+    assert "hooks.example.org" not in dry.stdout + dry.stderr
+    assert "--notify secret:TEAM_HOOK mail:me@example.org (.rv.toml)" in dry.stderr
+    plain = layout.run_rv(
+        "run", "-g", "0", "--notify", "none", "--dry-run", "--", "python3", "a.py", cwd=proj
+    )
+    assert plain.returncode == 0 and "rv_notify" not in plain.stdout

@@ -214,3 +214,21 @@ def test_end_words():
         "rv: r FAILED",
         "crashed (exit code 3, 2 segments)",
     )
+
+
+# --- the profile's key -------------------------------------------------------------------------------
+
+
+def test_the_profile_key_notify_is_read_kept_and_checked(tmp_path):
+    from rv.config import parse_config, render_config
+    from rv.errors import ConfigError
+
+    path = tmp_path / "config.toml"
+    text = '[profiles.lab]\nhost = "h"\nnotify = ["mail:me@example.org", "desktop"]\n'
+    cfg = parse_config(text, path)
+    assert cfg.profile("lab").notify == ("mail:me@example.org", "desktop")
+    assert parse_config(render_config(cfg), path).profile("lab").notify == ("mail:me@example.org", "desktop")
+    with pytest.raises(ConfigError, match="notify must be a list of strings"):
+        parse_config('[profiles.lab]\nhost = "h"\nnotify = [1]\n', path)
+    with pytest.raises(ConfigError, match="notify"):
+        parse_config('[profiles.lab]\nhost = "h"\nnotify = "desktop"\n', path)
