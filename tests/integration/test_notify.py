@@ -224,3 +224,23 @@ def test_a_bad_target_is_refused_before_anything_is_sent_and_the_project_key_cou
         "run", "-g", "0", "--notify", "none", "--dry-run", "--", "python3", "a.py", cwd=proj
     )
     assert plain.returncode == 0 and "rv_notify" not in plain.stdout
+
+
+def test_a_run_that_waited_in_the_queue_says_when_it_starts_and_when_it_ends(layout, receiver, tmp_path):
+    hook = receiver.url("ok")
+    assert layout.run_rv("env", "set", f"START_HOOK={hook}").returncode == 0
+    proj = git_project(tmp_path / "p", {"a.py": "print('ran')\n"})
+    # Held in the queue for 70 s by its begin time: a start worth telling (a minute or more of waiting).
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "100M", "--notify", "secret:START_HOOK", "--sbatch=--begin=now+70", "--",
+        "python3", "a.py", cwd=proj,
+    )  # fmt: skip
+    name = submitted_name(r.stderr)
+    waited = layout.run_rv("wait", name, timeout=400)
+    assert waited.returncode == 0, waited.stderr[-2000:]
+    messages = wait_for(
+        lambda: receiver.to(hook) if len(receiver.to(hook)) >= 2 else None, 60, "two messages"
+    )
+    assert [m["rv"]["event"] for m in messages] == ["started", "end"], messages
+    assert messages[0]["rv"]["waited_seconds"] >= 60 and "in the queue" in messages[0]["text"]
+    assert messages[1]["rv"]["state"] == "COMPLETED"

@@ -208,6 +208,12 @@ def test_rv_wait_exits_with_the_programs_code(layout, tmp_path):
     rows = {row["name"]: row for row in json.loads(both.stdout)}
     assert (rows[failing]["state"], rows[failing]["exit_code"]) == ("FAILED", 7)
     assert (rows[fine]["state"], rows[fine]["exit_code"]) == ("COMPLETED", 0)
+    # rv why of an ended run: why it ended, segment by segment.
+    ended = layout.run_rv("why", failing, "--json")
+    assert ended.returncode == 0, ended.stderr[-2000:]
+    answer = json.loads(ended.stdout)
+    assert (answer["state"], answer["summary"], answer["exit_code"]) == ("FAILED", "ended: crashed", 7)
+    assert answer["waiting"] == [] and answer["details"][0].endswith(": crashed, exit code 7")
     # A run that is not on the cluster: an error before any wait, with the way to find runs.
     missing = layout.run_rv("wait", "no-such-run-xyz")
     assert missing.returncode == 9 and "rv ps -a" in missing.stderr, missing.stderr
