@@ -63,6 +63,16 @@ def find_repo(path: Path, git: Git) -> tuple[Path, str] | None:
     return None
 
 
+def objects_dir(git_dir: str) -> str:
+    """The object folder of a repository's git folder (a linked worktree's is its main one's)."""
+    try:
+        with open(os.path.join(git_dir, "commondir"), encoding="utf-8") as fh:
+            common = fh.read().strip()
+    except OSError:
+        common = ""
+    return os.path.normpath(os.path.join(git_dir, common, "objects"))
+
+
 def find_repo_top(path: Path, git: Git) -> Path | None:
     found = find_repo(path, git)
     return found[0] if found else None

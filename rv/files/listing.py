@@ -55,6 +55,7 @@ from rv.files.gitrepo import (
     find_repo,
     find_repo_top,
     index_signature,
+    objects_dir,
     redact_url,
 )
 from rv.files.tree import (
@@ -733,7 +734,8 @@ class _Scan:
             warnings = [*warnings, said]
         tree = LocalTree(
             self.top, text, files, total, large, ignored, tuple(warnings), info, previous=previous,
-            secrets=tuple(sorted(secrets)),
+            secrets=tuple(sorted(secrets)), unindexed=frozenset(state["hashed"]),
+            object_dirs=tuple(objects_dir(r[1]) for r in state["repos"]),
         )  # fmt: skip
         if sid is not None:
             tree.__dict__["id"] = sid  # known already: the text is the one listed last time

@@ -143,6 +143,10 @@ class LocalTree:
     # (id of the manifest this machine listed before, {path: row or None} since then): lets an
     # upload send a delta against it without comparing the two manifests.
     previous: tuple[str, dict[str, list[Any] | None]] | None = field(default=None, compare=False, repr=False)
+    # The paths whose ids were hashed here rather than taken from git's index (None: every path):
+    # only their blobs may be missing from the repository's object folders, listed in object_dirs.
+    unindexed: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    object_dirs: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def of(cls, root: Path, entries: Iterable[Entry], **kw: Any) -> LocalTree:
