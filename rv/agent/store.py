@@ -462,7 +462,7 @@ def mode_snap_put(args):
             result.update(packs=packs, received_bytes=received)
             if error is not None:
                 provenance()
-                result.update(status="bad-pack", error=error)
+                result.update(status="bad-pack", refused=error)
                 return result
         had = resolve(store, sid)
         missing = missing_objects(store, commit)
@@ -515,9 +515,12 @@ def _only_reached_by(store, drop, keep):
     """(count, bytes on disk) of the objects the commits ``drop`` reach and ``keep`` do not."""
     if not drop:
         return 0, 0
-    args = ["rev-list", "--objects"] + sorted(drop) + (["--not"] + sorted(keep) if keep else [])
+    # Snapshot commits have no parents: only the aggressive edge walk leaves out all ``keep`` reach.
+    args = (
+        ["rev-list", "--objects-edge-aggressive"] + sorted(drop) + (["--not"] + sorted(keep) if keep else [])
+    )
     _rc, out, _err = run_git(store, args, ok=None)
-    oids = b"".join(line[:40] + b"\n" for line in out.splitlines() if len(line) >= 40)
+    oids = b"".join(line[:40] + b"\n" for line in out.splitlines() if len(line) >= 40 and line[:1] != b"-")
     _rc, sizes, _err = run_git(store, ["cat-file", "--batch-check=%(objectsize:disk)"], stdin=oids, ok=None)
     found = [int(s) for s in sizes.split() if s.isdigit()]
     return len(found), sum(found)

@@ -471,7 +471,7 @@ def _finish_upload(
         if status == "bad-pack":
             if not call.sends.bases:
                 raise RemoteError(
-                    f"the cluster's store refused a pack of snapshot {snap.id}: {reply.get('error')}"
+                    f"the cluster's store refused a pack of snapshot {snap.id}: {reply.get('refused')}"
                 )
             # A thin pack whose bases the store no longer holds (rv gc, a purge): send whole objects.
             if cache is not None:
