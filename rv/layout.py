@@ -2,7 +2,7 @@
 
 <root>/store.git/               the snapshot store: a bare git repository (rv.agent.store); each
                                 snapshot a commit held by refs/rv/snapshots/<id>
-<root>/snapshots/<id>.json      the snapshot's provenance, touched at every use (gc's age)
+<root>/snapshots/<id>.git.json  the snapshot's provenance, touched at every use (gc's age)
 <root>/objects/.lock            the store's lock (gc exclusive, uploads shared)
 <root>/objects/, snapshots/<id>/    the store of earlier rv versions (rv.agent.oldstore): kept while
                                 runs it queued use it, then collected by rv gc
@@ -78,7 +78,7 @@ class RemoteLayout:
         return self._join("snapshots", snapshot_id)
 
     def snapshot_meta(self, snapshot_id: str) -> str:
-        return self._join("snapshots", snapshot_id + ".json")
+        return self._join("snapshots", snapshot_id + ".git.json")
 
     def snapshot_layer(self, snapshot_id: str) -> str:
         return self._join("snapshots", snapshot_id + ".layer")

@@ -41,14 +41,6 @@ def read_manifest(root, sid):
         return fh.read()
 
 
-def _is_git_meta(path):
-    try:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read().decode("ascii")).get("version", 0) >= 4
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def clean_stale_temps(root):
     tmpdir = common.join(root, b"tmp")
     now = time.time()
@@ -86,8 +78,7 @@ def _snapshot_objects(root, sid, meta):
 def collect_garbage(root, in_use, args, freed, dry):
     """Old snapshots no kept run uses and unused for ``older_than``, then objects none of them needs.
 
-    A kept layer keeps the snapshot it sits on, and that one its own, down to a full snapshot. The
-    meta files of the git store's snapshots (version 4, no folder) are not this store's.
+    A kept layer keeps the snapshot it sits on, and that one its own, down to a full snapshot.
     """
     older_than = float(args["older_than"])
     grace = float(args.get("grace", 900))
@@ -105,7 +96,7 @@ def collect_garbage(root, in_use, args, freed, dry):
                     common.remove_counted(path, freed, dry)
                 continue
             m = _SNAP_NAME.match(name)
-            if m and (m.group(2) != b".json" or not _is_git_meta(path)):
+            if m:  # (the git store's meta files, <id>.git.json, are not this store's)
                 parts.setdefault(manifest.dec(m.group(1)), set()).add(m.group(2) or b"")
         metas = {}
         kept, doomed = {}, []

@@ -3,7 +3,7 @@
 A snapshot is a git commit: its tree holds the snapshot's files (git's modes keep exec bits and
 symlinks), its message names the snapshot, and nothing else goes into it, so the same files always
 make the same commit. ``refs/rv/snapshots/<id>`` holds it while a run, a cache or rv's laptop needs
-it; ``snapshots/<id>.json`` beside the store keeps the provenance and says when it was last used.
+it; ``snapshots/<id>.git.json`` beside the store keeps the provenance and says when it was last used.
 
 Mode ``snap-put`` receives what the laptop's store sent (:mod:`rv.files.packs`): whole packs made by
 ``git pack-objects``, each taken in by ``git index-pack --fix-thin`` (a thin pack's bases come from
@@ -92,7 +92,9 @@ def store_path(root):
 
 
 def meta_path(root, sid):
-    return common.join(root, b"snapshots", manifest.enc(check_sid(sid)) + b".json")
+    # Not <id>.json: that is the meta file of the same snapshot in the store of earlier rv versions,
+    # which an older rv (its jobs, its gc) may still read beside this one.
+    return common.join(root, b"snapshots", manifest.enc(check_sid(sid)) + b".git.json")
 
 
 # -- git ---------------------------------------------------------------------------------------------
@@ -582,8 +584,9 @@ def _collect(root, store, in_use, older_than, grace, report, freed, dry):
         for sid in drop:
             with contextlib.suppress(OSError):
                 common.remove_counted(meta_path(root, sid), freed, dry)
-    # Unreachable objects older than the grace period go; the packs are rewritten into one.
-    prune = "--prune=%d.seconds.ago" % int(grace)
-    run_git(store, ["-c", "gc.autoDetach=false", "gc", "--quiet", prune])
+    if drop:
+        # Unreachable objects older than the grace period go; the packs are rewritten into one.
+        prune = "--prune=%d.seconds.ago" % int(grace)
+        run_git(store, ["-c", "gc.autoDetach=false", "gc", "--quiet", prune])
     freed.extra += max(0, before - _du(store))  # measured: what git's repack and prune freed
     return report

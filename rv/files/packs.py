@@ -321,25 +321,23 @@ class LocalStore:
             count = len(sends.blobs) + len(sends.structure)
             # --shallow: pack-objects' walk with aggressive edges, as above (its plain --thin one
             # leaves out only what a parent reaches).
-            yield from self._pack(["--revs", "--thin", "--shallow"], revs.encode(), count, progress)
-            if progress:
-                progress.add(files=len(sends.blobs))
+            shown = _Shown(progress, sends.blob_bytes)
+            yield from self._pack(["--revs", "--thin", "--shallow"], revs.encode(), count, shown)
+            shown.finish(len(sends.blobs))
         else:
             blobs = {o.oid for o in sends.blobs}
             for chunk in _chunks(sends):
                 listing = b"".join(
                     o.oid.encode() + b" " + _enc(o.path).replace(b"\n", b" ") + b"\n" for o in chunk
                 )
-                yield from self._pack([], listing, len(chunk), progress)
-                if progress:
-                    progress.add(files=sum(1 for o in chunk if o.oid in blobs))
+                shown = _Shown(progress, sum(o.size for o in chunk if o.oid in blobs))
+                yield from self._pack([], listing, len(chunk), shown)
+                shown.finish(sum(1 for o in chunk if o.oid in blobs))
         yield PACKS_END
         if progress:
             progress.done()
 
-    def _pack(
-        self, how: list[str], listing: bytes, count: int, progress: ProgressCounter | None
-    ) -> Iterator[bytes]:
+    def _pack(self, how: list[str], listing: bytes, count: int, shown: _Shown) -> Iterator[bytes]:
         window = 10 if "--thin" in how and count <= DELTA_OBJECTS else 0
         args = [
             "-c", f"pack.compression={PACK_COMPRESSION}", "pack-objects", "--stdout", "-q",
@@ -363,8 +361,7 @@ class LocalStore:
                 if not data:
                     break
                 yield PACK_DATA + struct.pack(">I", len(data)) + data
-                if progress:
-                    progress.add(len(data))
+                shown.add(len(data))
             err = proc.stderr.read()
             if proc.wait() != 0:
                 raise GitError(
@@ -375,6 +372,25 @@ class LocalStore:
                 proc.kill()
                 proc.wait()
         yield PACK_END
+
+
+class _Shown:
+    """Progress in the blobs' bytes: a pack's bytes count as they go, up to its blobs' bytes (headers
+    and trees add a little, deltas take some away), and the rest when the pack ends."""
+
+    def __init__(self, progress: ProgressCounter | None, blob_bytes: int) -> None:
+        self.progress, self.left = progress, blob_bytes
+
+    def add(self, n: int) -> None:
+        if self.progress is not None and self.left > 0:
+            step = min(n, self.left)
+            self.left -= step
+            self.progress.add(step)
+
+    def finish(self, files: int) -> None:
+        if self.progress is not None:
+            self.progress.add(self.left, files=files)
+            self.left = 0
 
 
 def _chunks(sends: Sends) -> list[list[Obj]]:

@@ -698,6 +698,45 @@ def test_a_requeue_keeps_secrets_and_work_dir_and_the_rerun_finds_them(box):
     assert box.ended()["exit_code"] == 0 and not secrets.exists()
 
 
+def test_a_requeue_restores_work_dir_files_a_purge_took(box):
+    # The run's work dir lives on the scratch filesystem too: a file purged between two attempts (or
+    # segments) comes back from the store before the program starts again.
+    code = "import os; print('data', open('pkg/data.txt').read().strip(), len(os.listdir('.')))"
+    req = build_request(CATALOG, command=program(code), gpu_type="a6000")
+    script = render_script(req, box.ctx())
+    first, job_id = box.run(script, FAKE_RESTARTS="1")
+    assert "data from the snapshot" in first.stdout.decode()
+    (box.run_dir / "work" / "pkg" / "data.txt").unlink()
+    again, _ = box.run(script, JOB_ID=str(job_id), SLURM_RESTART_COUNT="1", FAKE_RESTARTS="1")
+    assert "data from the snapshot" in again.stdout.decode(), again.stderr.decode()
+    assert "1 file(s) of the snapshot are missing from the work dir" in again.stderr.decode()
+
+
+def test_a_store_that_lost_a_file_stops_the_job_before_its_program(box):
+    # A purge took the loose object of one file (the Sandbox's store keeps objects loose): the job
+    # names the file and the fix, and never starts the program.
+    oid = box.git("rev-parse", "refs/rv/snapshots/snap01:pkg/data.txt")
+    (box.store / "objects" / oid[:2] / oid[2:]).unlink()
+    req = build_request(CATALOG, command=program("print('the program ran')"), gpu_type="a6000")
+    result, _ = box.run(render_script(req, box.ctx()))
+    err = result.stderr.decode()
+    assert result.returncode != 0 and "the program ran" not in result.stdout.decode()
+    assert "the store lost 1 file(s) of snapshot snap01" in err and "pkg/data.txt" in err, err
+    assert "run `rv run` again from your machine" in err
+    assert "the store lost 1 file(s)" in box.record()["reason"]
+    assert not (box.run_dir / "work").exists()  # no work dir with a hole is left for a later attempt
+
+
+def test_a_store_that_lost_a_folder_listing_stops_the_job_too(box):
+    oid = box.git("rev-parse", "refs/rv/snapshots/snap01:pkg")  # the tree of pkg/
+    (box.store / "objects" / oid[:2] / oid[2:]).unlink()
+    req = build_request(CATALOG, command=program("print('the program ran')"), gpu_type="a6000")
+    result, _ = box.run(render_script(req, box.ctx()))
+    err = result.stderr.decode()
+    assert result.returncode != 0 and "the program ran" not in result.stdout.decode()
+    assert "the store lost 1 object(s) of snapshot snap01, its folders' listings among them" in err, err
+
+
 STOPPER = """
     import json, os, signal, sys, time
     ckpt = os.environ["RV_CHECKPOINT_DIR"]

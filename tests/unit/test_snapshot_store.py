@@ -707,3 +707,88 @@ def test_a_client_gone_before_the_provenance_leaves_objects_but_no_snapshot(tmp_
     result = make_snapshot(LocalTransport(env=local_python_first()), layout, repo)
     assert result.created and result.new_objects == 0
     assert json.loads(Path(result.meta_path).read_text())["provenance"]["dirty"] is True
+
+
+# -- the store of the previous rv -----------------------------------------------------------------
+
+PREVIOUS = "15a5cf5"  # the last commit whose store was one file per object and trees of hard links
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def previous_rv(tmp_path_factory) -> Path:
+    """rv's package as it was at PREVIOUS, from this repository's history."""
+    dest = tmp_path_factory.mktemp("rv-previous")
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", PREVIOUS, "rv"], capture_output=True)
+    assert archive.returncode == 0, archive.stderr.decode()
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+def with_previous_rv(previous: Path, code: str, *args: str) -> str:
+    """Run ``code`` with the previous rv importable (and its agent as `python3`)."""
+    env = {**local_python_first(), "PYTHONPATH": str(previous)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, cwd=previous
+    )  # (not this checkout's folder: `python -c` finds the package in its working folder first)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+OLD_SNAPSHOT = """
+import os, sys
+from rv.layout import RemoteLayout
+from rv.snapshot import make_snapshot
+from rv.transport import LocalTransport
+print(make_snapshot(LocalTransport(env=dict(os.environ)), RemoteLayout(sys.argv[1]), sys.argv[2]).id)
+"""
+
+OLD_WORK_DIR = """
+import sys
+from rv.layout import RemoteLayout
+from rv.slurm.script import work_dir_script
+print("set -euo pipefail\\n" + work_dir_script(RemoteLayout(sys.argv[1]), sys.argv[2]))
+"""
+
+
+def test_a_store_made_by_the_previous_rv_still_serves_its_jobs_and_is_collected(
+    tmp_path, layout, fake_squeue, previous_rv
+):
+    # Read, not migrated: a job the previous rv queued copies its snapshot's folder by that rv's own
+    # runtime, with the git store beside it; new snapshots go into the git store (so the first
+    # upload after the upgrade sends the files again); rv gc collects the old folders and objects
+    # once no kept run uses them, and never the git store's snapshots by the old rules.
+    t = gc_transport(tmp_path)
+    repo = sample_repo(tmp_path)
+    old_id = with_previous_rv(previous_rv, OLD_SNAPSHOT, layout.root, str(repo))
+    assert Path(layout.snapshot(old_id)).is_dir() and Path(layout.objects).is_dir()
+    new = make_snapshot(t, layout, repo)
+    assert new.id == old_id and new.created and new.new_objects == 6  # the same snapshot, sent anew
+    want = expected_state(repo, listed_paths(repo))
+    old_script = with_previous_rv(previous_rv, OLD_WORK_DIR, layout.root, old_id)
+
+    def old_job_copy(dest: Path) -> Path:
+        subprocess.run(["bash", "-c", old_script], env={**os.environ, "RV_WORK_DIR": str(dest)}, check=True)
+        return dest
+
+    assert tree_state(old_job_copy(tmp_path / "old-job")) == want
+    assert tree_state(job_copy(layout, new.id, tmp_path / "new-job")) == want
+    # A live run of the previous rv keeps its snapshot through gc, old folders and git ref alike.
+    fake_run(layout, "live0001", "still-going", old_id, "101", ended_days=None)
+    fake_squeue.write_text("101|RUNNING|None\n")
+    for path in Path(layout.snapshots).iterdir():
+        t30 = time.time() - 30 * 86400
+        os.utime(path, (t30, t30), follow_symlinks=False)
+    age_packs(layout, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert report["removed"] == [] and report["warnings"] == []
+    assert tree_state(old_job_copy(tmp_path / "old-job-2")) == want
+    # Once that run is gone, both go: the old folder and its objects, the ref and its packs' objects.
+    fake_squeue.write_text("")
+    shutil.rmtree(layout.run_dir("live0001"))
+    age_packs(layout, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert sorted(r["id"] for r in report["removed"]) == [old_id, old_id]
+    assert not Path(layout.snapshot(old_id)).exists()
+    assert not [p for p in Path(layout.objects).rglob("*") if p.is_file() and not p.name.startswith(".")]
+    assert snapshot_refs(layout) == {} and stored_blobs(layout) == set()
