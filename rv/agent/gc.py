@@ -257,6 +257,11 @@ def mode_usage(args):
             sizes[kind] = count(common.join(root, folder))
     sizes["other"] = count(root)  # run records, scripts, caches, workspaces: whatever is left
     out.update(kinds=sizes, total=sum(sizes.values()))
+    version = store.git_version()
+    out["git"] = {
+        "version": ".".join(str(v) for v in version) if version else None,
+        "problem": store.git_problem(),
+    }
     try:
         gc = runs_and_store_gc(dict(args, dry_run=True), live=live)
         out["gc"] = {"bytes_freed": gc["bytes_freed"], "runs": len(gc["runs_removed"]),

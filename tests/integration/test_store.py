@@ -108,3 +108,13 @@ def test_a_purged_store_stops_the_job_before_its_program_and_the_next_run_mends_
     )
     assert third.returncode == 0 and "program ran: 42" in third.stdout
     assert "already on the cluster, nothing to send" in third.stderr
+
+
+def test_rv_status_says_which_git_the_cluster_has(layout):
+    r = layout.run_rv("status", "--json")
+    assert r.returncode == 0, r.stderr
+    git = json.loads(r.stdout)["git"]
+    version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.split()[-1]
+    assert git == {"version": version, "problem": None}  # loopback: the cluster's git is this machine's
+    text = layout.run_rv("status").stdout
+    assert f"git          {version} on the login node" in text
