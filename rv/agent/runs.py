@@ -603,8 +603,7 @@ def _retry_script(root, old_run_id, run_id):
             % (old_run_id, (meta or {}).get("name", "?")),
             "not-found",
         )
-    snap = meta.get("snapshot") or ""
-    if not re.match(r"^[0-9a-f]{24}$", snap) or not store.has_snapshot(root, snap):
+    if not store.has_snapshot(root, meta.get("snapshot") or ""):
         raise common.AgentError(
             "snapshot %s of point %s is gone (rv gc removed it): run the sweep again with rv run --sweep"
             % (meta.get("snapshot"), meta.get("name")),

@@ -494,11 +494,16 @@ def mode_snap_put(args):
 
 def has_snapshot(root, sid):
     """Is there a ref for ``sid`` in the store, or an old store's folder (:mod:`rv.agent.oldstore`)?"""
-    snaps = common.join(root, b"snapshots", manifest.enc(check_sid(sid)))
+    if not re.match(r"^[0-9A-Za-z_-]+$", sid or ""):
+        return False
+    snaps = common.join(root, b"snapshots", manifest.enc(sid))
     if os.path.isdir(snaps) or os.path.isdir(snaps + b".layer"):
         return True
     store = store_path(root)
-    return os.path.isdir(common.join(store, b"objects")) and resolve(store, sid) is not None
+    if not os.path.isdir(common.join(store, b"objects")):
+        return False
+    rc, _out, _err = run_git(store, ["rev-parse", "-q", "--verify", REF_PREFIX + sid], ok=(0, 1, 128))
+    return rc == 0
 
 
 # -- gc ----------------------------------------------------------------------------------------------
