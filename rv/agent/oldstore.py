@@ -42,15 +42,7 @@ def read_manifest(root, sid):
 
 
 def clean_stale_temps(root):
-    tmpdir = common.join(root, b"tmp")
-    now = time.time()
-    with contextlib.suppress(OSError):
-        for name in os.listdir(tmpdir):
-            if name.startswith(b".rv-tmp-"):
-                p = common.join(tmpdir, name)
-                with contextlib.suppress(OSError):
-                    if now - os.lstat(p).st_mtime > common.TMP_STALE_S:
-                        os.unlink(p)
+    common.remove_stale(common.join(root, b"tmp"), b".rv-tmp-", common.TMP_STALE_S)
 
 
 def _remove_if_empty(root):

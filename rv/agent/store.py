@@ -287,14 +287,7 @@ def _quarantine(store):
 
 def clean_stale_quarantines(store):
     """Quarantines of calls that were killed before they could remove theirs."""
-    now = time.time()
-    with contextlib.suppress(OSError):
-        for name in os.listdir(store):
-            if name.startswith(b"rv-incoming-"):
-                path = common.join(store, name)
-                with contextlib.suppress(OSError):
-                    if now - os.lstat(path).st_mtime > STALE_QUARANTINE_S:
-                        shutil.rmtree(path, ignore_errors=True)
+    common.remove_stale(store, b"rv-incoming-", STALE_QUARANTINE_S)
 
 
 def _pack_order(name):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import warm_pids
+from projects import store_state
 
 from rv.remote.ssh import AGENT_SPARES
 
@@ -186,35 +187,6 @@ def test_editing_after_a_snapshot_does_not_change_it(run_rv, tmp_path, ssh_trans
     assert without_writable(got) == without_writable(local_tree(repo, intended))
 
 
-STORE_CHECK = r"""
-import json, os, subprocess, sys
-store = os.path.join(sys.argv[1], "store.git")
-env = dict(os.environ, GIT_DIR=store)
-def git(*args):
-    return subprocess.run(["git"] + list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-if not os.path.isdir(os.path.join(store, "objects")):
-    print(json.dumps({"blobs": [], "fsck": 0, "refs": [], "temps": []}))
-    sys.exit(0)
-fsck = git("fsck", "--no-dangling", "--no-progress")
-cat = git("cat-file", "--batch-all-objects", "--batch-check=%(objecttype) %(objectname)").stdout.decode()
-refs = git("for-each-ref", "--format=%(refname)", "refs/rv/").stdout.decode().split()
-temps = [n for n in os.listdir(store) if n.startswith("rv-incoming-")]
-temps += [n for n in os.listdir(os.path.join(store, "objects", "pack")) if n.startswith("tmp_")]
-print(json.dumps({"blobs": [l.split()[1] for l in cat.splitlines() if l.startswith("blob ")],
-                  "fsck": fsck.returncode, "refs": refs, "temps": temps}))
-"""
-
-
-def store_state(transport, root: str) -> dict:
-    """The git store as git sees it, read on the cluster: its blobs, fsck's verdict, refs, temp files."""
-    out = (
-        transport.run(f"python3 -c {shlex.quote(STORE_CHECK)} {shlex.quote(root)}")
-        .check("reading the store")
-        .out
-    )
-    return json.loads(out)
-
-
 def test_upload_killed_half_way_then_rerun(rv_env, run_rv, tmp_path, ssh_transport, remote_root):
     repo = tmp_path / "big"
     repo.mkdir()
@@ -245,7 +217,7 @@ def test_upload_killed_half_way_then_rerun(rv_env, run_rv, tmp_path, ssh_transpo
             break
         time.sleep(0.1)
     assert state["temps"] == [] and state["fsck"] == 0 and state["refs"] == []
-    landed = len(state["blobs"])
+    landed = len(state["objects"])
     assert 20 <= landed < 300
     assert not list(Path(remote_root, "snapshots").glob("*.json"))
     done = rv_json(run_rv, "sync", "snapshot", cwd=repo)
@@ -255,7 +227,7 @@ def test_upload_killed_half_way_then_rerun(rv_env, run_rv, tmp_path, ssh_transpo
         local_tree(repo, [f"blob{i:03d}.bin" for i in range(300)])
     )
     final = store_state(ssh_transport, remote_root)
-    assert len(final["blobs"]) == 300 and final["fsck"] == 0
+    assert len(final["objects"]) == 300 and final["fsck"] == 0
 
 
 def test_pull_of_a_folder_sends_only_changed_and_new_files(run_rv, tmp_path, ssh_transport, remote_root):

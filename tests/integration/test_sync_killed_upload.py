@@ -20,36 +20,10 @@ import time
 from pathlib import Path
 
 from conftest import RV_PROGRAM
-from projects import git_project, wait_for
+from projects import git_project, store_state, wait_for
 
 FILES = 3000  # 40 kB each, 120 MB: packs of 32 MB, so some land whole before a kill
 KILLS = 6
-
-STORE_CHECK = r"""
-import json, os, subprocess, sys
-store = os.path.join(sys.argv[1], "store.git")
-env = dict(os.environ, GIT_DIR=store)
-def git(*args):
-    return subprocess.run(["git"] + list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-if not os.path.isdir(os.path.join(store, "objects")):
-    print(json.dumps({"objects": [], "fsck": 0, "fsck_err": "", "refs": [], "temps": []}))
-    sys.exit(0)
-fsck = git("fsck", "--no-dangling", "--no-progress")
-cat = git("cat-file", "--batch-all-objects", "--batch-check=%(objecttype) %(objectname)").stdout.decode()
-refs = git("for-each-ref", "--format=%(refname)", "refs/rv/").stdout.decode().split()
-temps = [n for n in os.listdir(store) if n.startswith("rv-incoming-")]
-temps += [n for n in os.listdir(os.path.join(store, "objects", "pack")) if n.startswith("tmp_")]
-tmp = os.path.join(sys.argv[1], "tmp")
-temps += os.listdir(tmp) if os.path.isdir(tmp) else []
-print(json.dumps({"objects": [l.split()[1] for l in cat.splitlines() if l.startswith("blob ")],
-                  "fsck": fsck.returncode, "fsck_err": fsck.stderr.decode()[-300:], "refs": refs,
-                  "temps": temps}))
-"""
-
-
-def store_state(transport, root: str) -> dict:
-    res = transport.run(f"python3 -c {shlex.quote(STORE_CHECK)} {shlex.quote(root)}")
-    return json.loads(res.check("reading the store").stdout)
 
 
 def blob_id(data: bytes) -> str:
