@@ -19,8 +19,7 @@ from rv.agent import common, envs, follow, gc, metrics, runs, store, transfer, u
 
 # The one table: every mode the agent answers, and the function that answers it.
 MODES = {
-    # the snapshot store (rv run, rv sync snapshot)
-    "snap-query": store.mode_snap_query,
+    # the snapshot store, a git repository (rv run, rv sync snapshot)
     "snap-put": store.mode_snap_put,
     # rv sync push / pull
     "scan": transfer.mode_scan,

@@ -29,7 +29,7 @@ import sys
 import time
 import zlib
 
-from rv.agent import common, locks, manifest, metrics
+from rv.agent import common, locks, manifest, metrics, store
 from rv.agent import segment as records
 
 RUN_FILE = b"run.json"
@@ -603,11 +603,7 @@ def _retry_script(root, old_run_id, run_id):
             % (old_run_id, (meta or {}).get("name", "?")),
             "not-found",
         )
-    snap = manifest.enc(meta.get("snapshot") or "")
-    store = common.join(root, b"snapshots")
-    if not snap or not (
-        os.path.isdir(common.join(store, snap)) or os.path.isdir(common.join(store, snap + b".layer"))
-    ):
+    if not store.has_snapshot(root, meta.get("snapshot") or ""):
         raise common.AgentError(
             "snapshot %s of point %s is gone (rv gc removed it): run the sweep again with rv run --sweep"
             % (meta.get("snapshot"), meta.get("name")),

@@ -121,7 +121,7 @@ def work_dir_script(layout: RemoteLayout, snapshot_id: str) -> str:
     return "\n".join(
         [
             runtime_files()[posixpath.basename(runtime_path(layout, "job"))],
-            f"RV_SNAPSHOT={_q(snapshot_id)} rv_snapshots={_q(layout.snapshots)}",
+            f"RV_SNAPSHOT={_q(snapshot_id)} rv_store={_q(layout.store)}",
             "rv_work_dir",
         ]
     )
@@ -254,7 +254,7 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
         f"RV_OUTPUT_DIR={_q(paths.output_dir)} RV_METRICS={_q(paths.metrics)}",
         f"RV_NODES={req.nodes} RV_GPUS={req.gpus} RV_GPUS_PER_NODE={req.gpus_per_node}",
         f"RV_STOP_SIGNAL={req.signal} RV_STOP_LEAD={req.signal_lead_seconds}",
-        f"rv_cache={_q(layout.cache)} rv_snapshots={_q(layout.snapshots)}",
+        f"rv_cache={_q(layout.cache)} rv_store={_q(layout.store)}",
         f"rv_gpu_type={gpu_type} rv_gpu_cc={gpu_cc}",
         f"rv_secrets={int(ctx.has_secrets)} rv_labeled={int(req.labeled)} "
         f"rv_launcher={int(req.labeled and req.launch is not None)}",
