@@ -30,6 +30,19 @@ class RemoteLayout:
         return posixpath.join(self.root, *parts)
 
     @property
+    def store(self) -> str:
+        return self._join(remote_layout.STORE)
+
+    def snapshot_ref(self, snapshot_id: str) -> str:
+        """The ref in :attr:`store` holding the snapshot's commit (a name in the store, not a path)."""
+        return str(remote_layout.snapshot_ref(snapshot_id))
+
+    def snapshot_meta(self, snapshot_id: str) -> str:
+        """The git store's meta file of the snapshot (its mtime: when it was last used)."""
+        return self._join(remote_layout.snapshot_meta(snapshot_id))
+
+    # The store of earlier rv versions (rv.agent.oldstore); snapshots/ holds the git store's meta too.
+    @property
     def objects(self) -> str:
         return self._join(remote_layout.OBJECTS)
 
@@ -42,9 +55,6 @@ class RemoteLayout:
 
     def snapshot(self, snapshot_id: str) -> str:
         return self._join(remote_layout.snapshot(snapshot_id))
-
-    def snapshot_meta(self, snapshot_id: str) -> str:
-        return self._join(remote_layout.snapshot_meta(snapshot_id))
 
     def snapshot_layer(self, snapshot_id: str) -> str:
         return self._join(remote_layout.snapshot_layer(snapshot_id))

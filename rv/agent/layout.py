@@ -5,6 +5,13 @@ view over these names), the agent, and the job's runtime (``job.sh`` spells the 
 test holds its spellings to these). rv_train writes the checkpoint layout; it imports only
 :mod:`rv.contract` of rv, so it keeps its own copy of these names and a unit test holds the two equal.
 
+<root>/store.git/               the snapshot store: a bare git repository (rv.agent.store); each
+                                snapshot a commit held by refs/rv/snapshots/<id>
+    rv-incoming-<pid>-<rand>/   a send's quarantine: packs wait here until index-pack accepted them
+<root>/snapshots/<id>.git.json  the snapshot's provenance, touched at every use (gc's age)
+<root>/objects/.lock            the store's lock (gc exclusive, uploads shared)
+The store of earlier rv versions (rv.agent.oldstore), kept while runs it queued use it, then
+collected by rv gc:
 <root>/objects/ab/abcdef...     content-addressed file store (git blob ids)
 <root>/snapshots/<id>/          immutable tree of hard links into objects/ (read-only) ...
 <root>/snapshots/<id>.manifest  ... and its manifest (one line per file; a layer's too)
@@ -22,7 +29,8 @@ test holds its spellings to these). rv_train writes the checkpoint layout; it im
     seg/<k>.candidates, .claim  the jobs sent for it once per GPU type; who follows it (`rv logs`)
     STOP, ENDED                 `rv stop` was asked; the run is over (JSON: why, exit code)
     faults                      GPU faults the run continued after: "<segment> <node> <what>" lines
-    work/                       RV_WORK_DIR: the run's private copy of its snapshot
+    work/                       RV_WORK_DIR: the run's private copy of its snapshot (checked out
+    work.index                  from the store with an index of its own: what the job checked)
     jobs/<job id>/              RV_JOB_DIR: per Slurm job (node exit codes, stop deliveries)
     jobs/<job id>/env.sh        the program's environment, for `rv ssh`/`rv up` shells (0600, holds
                                 the secrets; removed when the job ends)
@@ -37,7 +45,8 @@ test holds its spellings to these). rv_train writes the checkpoint layout; it im
 <root>/tools/uv, tools/python   uv, installed once when the cluster has none, and the Pythons it fetches
 <root>/tmp/                     staging for uploads; renamed into place when complete
 <root>/runtime/job-<hash>.sh    rv's job runtime (rv/agent/job.sh) that batch scripts source, and
-<root>/runtime/rank-label-<hash>.py   its rank labeller; named by content, read-only, written once
+<root>/runtime/rank-label-<hash>.py   its rank labeller, and notify-<hash>.py its webhook poster; named
+                                by content, read-only, written once
 
 A checkpoint folder in rv_train's layout (any other files are the program's own)::
 
@@ -57,6 +66,7 @@ Imports nothing of the agent: laptop modules import this one (a shared format: s
 import re
 
 # --- under the root -------------------------------------------------------------------------------
+STORE = "store.git"
 OBJECTS = "objects"
 SNAPSHOTS = "snapshots"
 WORKSPACES = "workspaces"
@@ -73,8 +83,16 @@ UV_HOME = TOOLS + "/uv"  # uv, installed once when the cluster has none (its bin
 UV_PYTHONS = TOOLS + "/python"  # the interpreters uv fetches (UV_PYTHON_INSTALL_DIR)
 UV_CACHE = CACHE + "/uv"  # UV_CACHE_DIR
 
-# Beside a snapshot's folder: its provenance, its manifest; or, instead of the folder, a layer.
-SNAPSHOT_META = ".json"
+# In the git store: the ref holding a snapshot's commit, and a send's quarantine (a folder prefix).
+SNAPSHOT_REF_PREFIX = "refs/rv/snapshots/"
+STORE_QUARANTINE = "rv-incoming-"
+# In snapshots/: a git store snapshot's meta file. Not <id>.json: that is the same snapshot's meta in
+# the store of earlier rv versions, which an older rv (its jobs, its gc) may still read beside it.
+SNAPSHOT_META = ".git.json"
+
+# The store of earlier rv versions: beside a snapshot's folder its provenance, its manifest; or,
+# instead of the folder, a layer.
+OLD_SNAPSHOT_META = ".json"
 SNAPSHOT_MANIFEST = ".manifest"
 SNAPSHOT_LAYER = ".layer"
 
@@ -93,6 +111,7 @@ ENDED = "ENDED"
 FAULTS = "faults"
 SEG = "seg"
 WORK = "work"
+WORK_INDEX = WORK + ".index"  # the git index the work dir was checked out with (job.sh)
 JOBS = "jobs"
 JOB_ENV = "env.sh"  # jobs/<id>/env.sh: the job's environment, secrets included
 LOGS = "logs"
@@ -121,20 +140,33 @@ def _join(*parts):
     return "/".join(parts)
 
 
-def object_file(oid):
-    return _join(OBJECTS, oid[:2], oid)
-
-
 def store_lock():
     return _join(OBJECTS, LOCK)
+
+
+def snapshot_ref(snapshot_id):
+    """The ref in the git store (``STORE``) that holds the snapshot's commit."""
+    return SNAPSHOT_REF_PREFIX + snapshot_id
+
+
+def snapshot_meta(snapshot_id):
+    """The git store's meta file of a snapshot (provenance; its mtime says when it was last used)."""
+    return _join(SNAPSHOTS, snapshot_id) + SNAPSHOT_META
+
+
+# --- the store of earlier rv versions (rv.agent.oldstore)
+
+
+def object_file(oid):
+    return _join(OBJECTS, oid[:2], oid)
 
 
 def snapshot(snapshot_id):
     return _join(SNAPSHOTS, snapshot_id)
 
 
-def snapshot_meta(snapshot_id):
-    return snapshot(snapshot_id) + SNAPSHOT_META
+def old_snapshot_meta(snapshot_id):
+    return snapshot(snapshot_id) + OLD_SNAPSHOT_META
 
 
 def snapshot_manifest(snapshot_id):
@@ -143,6 +175,9 @@ def snapshot_manifest(snapshot_id):
 
 def snapshot_layer(snapshot_id):
     return snapshot(snapshot_id) + SNAPSHOT_LAYER
+
+
+# --- the rest of the root
 
 
 def workspace(project, branch):

@@ -18,7 +18,7 @@ import sys
 import time
 import zlib
 
-from rv.agent import common, layout, locks, manifest, rundir, slurmcmd
+from rv.agent import common, layout, locks, manifest, rundir, slurmcmd, store
 
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 
@@ -155,7 +155,7 @@ def _start_from(root, spec, dest):
     return {"step": None, "how": sorted(kinds)}
 
 
-_RUNTIME_NAME = re.compile(r"^(job|rank-label)-[0-9a-f]{16}\.(sh|py)$")
+_RUNTIME_NAME = re.compile(r"^(job|rank-label|notify)-[0-9a-f]{16}\.(sh|py)$")
 
 
 def place_runtime(root, files):
@@ -322,9 +322,7 @@ def _retry_script(root, old_run_id, run_id):
             % (old_run_id, (meta or {}).get("name", "?")),
             "not-found",
         )
-    snap = meta.get("snapshot") or ""
-    tree = common.under(root, layout.snapshot(snap))
-    if not snap or not (os.path.isdir(tree) or os.path.isdir(tree + manifest.enc(layout.SNAPSHOT_LAYER))):
+    if not store.has_snapshot(root, meta.get("snapshot") or ""):
         raise common.AgentError(
             "snapshot %s of point %s is gone (rv gc removed it): run the sweep again with rv run --sweep"
             % (meta.get("snapshot"), meta.get("name")),

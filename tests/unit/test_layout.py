@@ -4,11 +4,12 @@ only rv.contract from rv, so it keeps its own copy of the checkpoint names)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import rv
-from rv.agent import common, rundir
+from rv.agent import common, oldstore, rundir, store
 from rv.agent import layout as names
 from rv.layout import RemoteLayout
 
@@ -18,7 +19,7 @@ JOB_SH = (Path(rv.__file__).resolve().parent / "agent" / "job.sh").read_text(enc
 RUN_ENTRIES = {
     names.RUN_FILE, names.SCRIPT, names.CANDIDATES, names.ARRAY_SCRIPT, names.SUBMIT_ENV, names.SECRETS,
     names.STOP, names.ENDED, names.FAULTS, names.SEG, names.WORK, names.JOBS, names.LOGS, names.UP_ALIVE,
-    names.UP_DETACHED,
+    names.UP_DETACHED, names.WORK_INDEX,
 }  # fmt: skip
 
 
@@ -27,10 +28,15 @@ def test_the_laptops_paths_are_where_they_always_were():
     at = RemoteLayout("/r")
     assert at.object("abcdef") == "/r/objects/ab/abcdef" and at.objects == "/r/objects"
     assert (at.snapshots, at.snapshot("s1")) == ("/r/snapshots", "/r/snapshots/s1")
-    assert (at.snapshot_meta("s1"), at.snapshot_layer("s1")) == (
-        "/r/snapshots/s1.json",
-        "/r/snapshots/s1.layer",
+    # The git store, its refs, and its snapshots' meta files beside the earlier store's.
+    assert at.store == "/r/store.git" and at.snapshot_ref("s1") == "refs/rv/snapshots/s1"
+    assert at.snapshot_meta("s1") == "/r/snapshots/s1.git.json"
+    assert at.snapshot_layer("s1") == "/r/snapshots/s1.layer"
+    assert (names.old_snapshot_meta("s1"), names.snapshot_manifest("s1")) == (
+        "snapshots/s1.json",
+        "snapshots/s1.manifest",
     )
+    assert names.STORE_QUARANTINE == "rv-incoming-"
     assert at.workspace("p", "feat/x") == "/r/workspaces/p/feat_x"
     assert (at.runs, at.run_dir("r1")) == ("/r/runs", "/r/runs/r1")
     assert at.name_index("p", "grid/3") == "/r/names/p/grid/3"
@@ -45,6 +51,10 @@ def test_the_laptops_paths_are_where_they_always_were():
 
 def test_the_agent_and_the_laptop_name_the_same_paths():
     at = RemoteLayout("/r")
+    sid = "0123456789abcdef01234567"
+    assert store.store_path(b"/r") == at.store.encode() and store.ref_name(sid) == at.snapshot_ref(sid)
+    assert store.meta_path(b"/r", sid) == at.snapshot_meta(sid).encode()
+    assert oldstore.snapshot_dir(b"/r", sid) == at.snapshot(sid).encode()
     assert rundir.run_path(b"/r", "r1") == at.run_dir("r1").encode()
     assert rundir.name_index(b"/r", "p", "n") == at.name_index("p", "n").encode()
     assert rundir.checkpoint_path(b"/r", "p", "n") == at.checkpoint_dir("p", "n").encode()
@@ -100,6 +110,24 @@ def test_the_job_runtime_names_a_runs_files_as_the_layout_does():
     assert set(kinds) == set(names.SEGMENT_FILES), kinds
     assert f"scripts=({names.SCRIPT})" in JOB_SH  # a run of one type: its batch script
     assert f"RV_JOB_ENV_FILE={names.JOB_ENV}\n" in JOB_SH
+    # The work dir and the index it was checked out with, and the ref it was checked out of.
+    assert f'export RV_WORK_DIR="$RV_RUN_DIR/{names.WORK}"' in JOB_SH
+    assert f'index="$RV_WORK_DIR{names.WORK_INDEX.removeprefix(names.WORK)}"' in JOB_SH
+    assert f'"{names.snapshot_ref("$RV_SNAPSHOT")}"' in JOB_SH
+
+
+def test_the_notifier_names_a_runs_files_as_the_layout_does():
+    # notify.py runs beside job.sh as a program of its own (it imports nothing of rv), so it spells
+    # the run folder's names itself: os.path.join(run_dir, "seg", ...).
+    tree = ast.parse((Path(rv.__file__).resolve().parent / "agent" / "notify.py").read_text(encoding="utf-8"))
+    first = {
+        node.args[1].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.join" and len(node.args) > 1
+        and ast.unparse(node.args[0]) == "run_dir" and isinstance(node.args[1], ast.Constant)
+    }  # fmt: skip
+    assert first == {names.SEG, names.LOGS, names.ENDED, names.RUN_FILE}  # the positive case too
+    assert first <= RUN_ENTRIES
 
 
 def test_the_job_runtime_reads_the_checkpoint_layout_as_rv_does():

@@ -68,6 +68,7 @@ STDLIB = {
     "argparse", "ast", "base64", "contextlib", "errno", "fcntl", "hashlib", "io", "json", "marshal", "os",
     "platform", "pwd", "re", "select", "shutil", "signal", "site", "socket", "stat", "struct", "subprocess",
     "sys", "sysconfig", "tempfile", "time", "types", "zlib", "rv", "functools", "queue", "threading",
+    "urllib",
 }  # fmt: skip
 
 
@@ -141,14 +142,9 @@ def _private_uses(path: Path) -> set[str]:
     }
 
 
-# rv/agent/store.py is being rewritten as a git-object store on its own branch: its uses of common's
-# cleanup registry by its old private name go with that rewrite (common.cleanup_paths is the name).
-KNOWN_PRIVATE_USES = {"store.py": {"common._cleanup"}}
-
-
 @pytest.mark.parametrize("path", AGENT_FILES, ids=lambda p: p.name)
 def test_no_agent_module_uses_another_ones_private_names(path):
-    assert _private_uses(path) <= KNOWN_PRIVATE_USES.get(path.name, set())
+    assert not _private_uses(path)
 
 
 def test_the_private_name_check_sees_a_private_use(tmp_path):
@@ -164,8 +160,9 @@ def test_the_private_name_check_sees_a_private_use(tmp_path):
 def test_the_agent_program_ships_every_agent_module_after_what_it_imports():
     from rv.remote.agent_client import AGENT_MODULES
 
-    # rank-label is no module of the agent program: it is shipped into <root>/runtime/ for jobs to run.
-    program = {p.stem for p in AGENT_FILES} - {"__init__", "ranklabel"}
+    # ranklabel and notify are no modules of the agent program: they are shipped into <root>/runtime/
+    # beside job.sh, for jobs to run.
+    program = {p.stem for p in AGENT_FILES} - {"__init__", "ranklabel", "notify"}
     assert sorted(AGENT_MODULES) == sorted(program)
     for i, module in enumerate(AGENT_MODULES):
         needs = {
@@ -174,3 +171,11 @@ def test_the_agent_program_ships_every_agent_module_after_what_it_imports():
             if m.startswith("rv.agent.")
         }
         assert needs <= set(AGENT_MODULES[:i]), (module, needs - set(AGENT_MODULES[:i]))
+
+
+def test_the_laptop_and_the_agent_agree_on_the_oldest_git_the_store_works_with():
+    # rv init checks the cluster's git from the laptop (rv.probe), the agent before every upload.
+    from rv.agent import store
+    from rv.probe import MIN_GIT
+
+    assert store.MIN_GIT == MIN_GIT
