@@ -178,7 +178,8 @@ def run(
     """
     from rv.cli.common import load_profile
     from rv.job import submit as job
-    from rv.request import build_request, default_name, detect_misplaced_flags, resources_line
+    from rv.misplaced import detect_misplaced_flags
+    from rv.request import build_request, default_name, resources_line
 
     _, profile = load_profile(ctx)
     catalog = profile.gpu_catalog()
