@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -26,7 +27,7 @@ def _listing(s, ref: str | None):  # type: ignore[no-untyped-def]
     return found.run, root, call_agent(s.transport, "ckpt-ls", args)
 
 
-def render_listing(listing: dict) -> list[str]:
+def render_listing(listing: dict[str, Any]) -> list[str]:
     """Pure: the `rv ckpt ls` table."""
     from rv.units import human_size
 

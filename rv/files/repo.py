@@ -1,0 +1,64 @@
+"""The repository's facts recorded with each run: its top folder, HEAD, branch, dirty state and remote.
+
+Read with GitPython, which reads them from the repository's own files (HEAD, refs, config) instead of
+parsing git's output line by line. It is imported only when a run is sent, on a thread of its own
+while the cluster answers the run's check (:func:`facts_soon`): importing it costs tens of
+milliseconds and runs ``git version``, and `rv ps`, `rv run --dry-run` and every other command that
+sends no run never load it.
+
+The dirty state is the listing's (rv.files.listing), not asked again: the listing has decided it
+already, from its caches, for the very files the snapshot holds, whereas GitPython's ``is_dirty``
+would run ``git diff`` twice and ``git status`` over the whole tree. The listing itself stays on
+git's plumbing commands, run side by side, for speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rv.files.listing import Soon, redact_url
+
+
+@dataclass(frozen=True)
+class RepoFacts:
+    root: str  # the work tree's top folder on this machine
+    head: str | None  # HEAD's commit; None before the first commit
+    branch: str | None  # None on a detached HEAD
+    dirty: bool  # anything the snapshot holds differs from HEAD (the listing's answer)
+    remote: str | None  # origin's URL without the credentials it may carry; None without an origin
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_facts(top: Path, *, dirty: bool) -> RepoFacts:
+    """The facts of the repository whose work tree's top is ``top``."""
+    import git
+
+    repo = git.Repo(top)
+    try:
+        try:
+            head: str | None = repo.head.commit.hexsha
+        except ValueError:  # HEAD names a branch with no commit yet
+            head = None
+        branch = None if repo.head.is_detached else repo.active_branch.name
+        with repo.config_reader() as config:
+            url = config.get_value('remote "origin"', "url", "")
+        return RepoFacts(
+            root=str(repo.working_tree_dir or top),
+            head=head,
+            branch=branch,
+            dirty=dirty,
+            remote=redact_url(str(url)) or None,
+        )
+    finally:
+        repo.close()  # ends the `git cat-file` process that looked HEAD's commit up
+
+
+def facts_soon(top: Path | None, *, dirty: bool) -> Soon:
+    """:func:`read_facts` on a thread of its own (``result()``: the facts, or None outside a repository)."""
+    if top is None:
+        return Soon(lambda: None)
+    return Soon(read_facts, top, dirty=dirty)
