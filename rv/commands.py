@@ -9,8 +9,6 @@ one way a command reaches another (`rv sync gc` is `rv gc`), so no command modul
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class Command:
     """One command of the `rv` group.
@@ -81,7 +79,7 @@ def lookup(name: str) -> Command | None:
     return COMMANDS.get(ALIASES.get(name, name))
 
 
-def load(name: str) -> Any:
+def load(name: str) -> object:
     """The click command a name (or an alias) stands for, its module imported now; None for one rv
     does not have, or whose module is not written yet."""
     import importlib

@@ -34,8 +34,8 @@ class RvGroup(click.Group):
         return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        command: click.Command | None = load(cmd_name)
-        return command
+        command = load(cmd_name)
+        return command if isinstance(command, click.Command) else None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, command.help) for name, command in COMMANDS.items()]

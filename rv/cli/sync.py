@@ -62,8 +62,8 @@ class _SyncGroup(click.Group):
         if cmd_name == "gc":
             from rv.commands import load
 
-            gc: click.Command = load("gc")
-            return gc
+            gc = load("gc")
+            return gc if isinstance(gc, click.Command) else None
         return super().get_command(ctx, cmd_name)
 
 
