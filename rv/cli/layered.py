@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from rv.job.launch import EnvOptions, PlacementOptions
+    from rv.job.launch import EnvOptions
+    from rv.placement import PlacementOptions
 
 # Options that say what this one command does, never defaults of a project. A sweep's values belong
 # to one command; how many of its points run at once (--parallel) may be a project's habit.
@@ -116,7 +117,7 @@ def env_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def placement_of(params: Mapping[str, Any]) -> PlacementOptions:
     """The placement options (:func:`placement_options`) of a command's parameters."""
-    from rv.job.launch import PlacementOptions
+    from rv.placement import PlacementOptions
 
     return PlacementOptions(
         partition=params["partition"], qos=params["qos"], constraint=params["constraint"],

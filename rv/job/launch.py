@@ -35,7 +35,7 @@ from rv.errors import UsageError
 from rv.job import submit
 from rv.job.prepare import job_umask
 from rv.layout import RemoteLayout
-from rv.placement import Estimate, Placement
+from rv.placement import Estimate, Placement, PlacementOptions
 from rv.request import JobRequest
 from rv.slurm.script import ScriptContext
 
@@ -96,20 +96,6 @@ class Remote(Protocol):
 
 
 @dataclass(frozen=True)
-class PlacementOptions:
-    """Slurm's placement options as typed (`rv run` and `rv up` take them alike)."""
-
-    partition: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    exclude: str | None = None
-    nodelist: str | None = None
-    reservation: str | None = None
-    account: str | None = None
-    sbatch: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class EnvOptions:
     """How the job's Python environment is chosen (``--env`` and its companions)."""
 
@@ -148,7 +134,7 @@ class RunOptions:
     parallel: int | None = None
     parallel_typed: bool = False  # --parallel came from the command line (not a project's default)
     follow: bool = False
-    placement: PlacementOptions = PlacementOptions()
+    placement: PlacementOptions = field(default_factory=PlacementOptions)
     env: EnvOptions = EnvOptions()
     allow_large: bool = False
     max_file_size: str = "100MB"
@@ -170,7 +156,7 @@ class UpOptions:
     nodes: int | None = None
     setup: tuple[str, ...] = ()
     name: str | None = None
-    placement: PlacementOptions = PlacementOptions()
+    placement: PlacementOptions = field(default_factory=PlacementOptions)
     env: EnvOptions = EnvOptions()
     allow_large: bool = False
     max_file_size: str = "100MB"
@@ -270,11 +256,9 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
             "not hold",
             hint=f"name one with -t, e.g. -t {type_name(reqs[0])}",
         )
-    p = o.placement
     place = build_placement(
-        partition=p.partition, qos=p.qos, constraint=p.constraint, exclude=p.exclude, nodelist=p.nodelist,
-        reservation=p.reservation, account=p.account, sbatch=p.sbatch, time_min=o.time_min,
-        time_seconds=reqs[0].time_seconds, max_fault_retries=o.max_fault_retries,
+        **dataclasses.asdict(o.placement), time_min=o.time_min, time_seconds=reqs[0].time_seconds,
+        max_fault_retries=o.max_fault_retries,
     )  # fmt: skip
     for message in dict.fromkeys([*notes, *(w for r in reqs for w in r.warnings)]):
         view.warn(message)
@@ -320,11 +304,7 @@ def plan_up(options: UpOptions, profile: Profile, *, here: Path, view: LaunchVie
         nodes=o.nodes, setup=(*profile.setup, *o.setup), max_segments=1, each_node=True,
         partitions=profile.partitions, partition=o.placement.partition,
     )  # fmt: skip
-    p = o.placement
-    place = build_placement(
-        partition=p.partition, qos=p.qos, constraint=p.constraint, exclude=p.exclude, nodelist=p.nodelist,
-        reservation=p.reservation, account=p.account, sbatch=p.sbatch, max_fault_retries=0,
-    )  # fmt: skip
+    place = build_placement(**dataclasses.asdict(o.placement), max_fault_retries=0)
     for message in req.warnings:
         view.warn(message)
     # The shell starts in the folder rv up was typed in, as a run's program would.
