@@ -38,7 +38,19 @@ def test_a_run_records_the_repositorys_facts(layout, repo):
     (repo / "main.py").write_text("print('facts, edited')\n")  # dirty: an edit not committed
     head = git(repo, "rev-parse", "HEAD")
     r = layout.run_rv(
-        "run", "-g", "0", "--mem", "200M", "--env", "none", "--json", "-f", "--", "python3", "main.py", cwd=repo
+        "run",
+        "-g",
+        "0",
+        "--mem",
+        "200M",
+        "--env",
+        "none",
+        "--json",
+        "-f",
+        "--",
+        "python3",
+        "main.py",
+        cwd=repo,
     )
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)

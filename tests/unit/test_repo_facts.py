@@ -55,7 +55,13 @@ def test_a_detached_head_has_no_branch_and_no_origin_no_remote(repo):
 def test_a_repository_without_a_commit(repo):
     facts = read_facts(repo, dirty=True)
     assert (facts.head, facts.branch) == (None, "main")
-    assert facts.to_json() == {"root": str(repo), "head": None, "branch": "main", "dirty": True, "remote": None}
+    assert facts.to_json() == {
+        "root": str(repo),
+        "head": None,
+        "branch": "main",
+        "dirty": True,
+        "remote": None,
+    }
 
 
 def test_the_facts_come_from_a_thread_and_none_outside_a_repository(repo):
