@@ -117,10 +117,10 @@ def test_a_dry_run_renders_every_candidate_and_a_sweeps_first_point(profile, rep
     )
     shown = pipeline.dry_run(plan)
     assert set(shown.scripts) == {"a100", "a6000"} and shown.script == shown.scripts["a100"]
-    sweep = pipeline.plan_run(
-        pipeline.RunOptions(command=("python", "train.py", "--lr", "{lr}"), gpu_type="a6000", sweep=("lr=1,2",)),
-        profile, here=repo, view=heard,
-    )  # fmt: skip
+    options = pipeline.RunOptions(
+        command=("python", "train.py", "--lr", "{lr}"), gpu_type="a6000", sweep=("lr=1,2",)
+    )
+    sweep = pipeline.plan_run(options, profile, here=repo, view=heard)
     assert [p.command for p in sweep.points.values()] == [
         ("python", "train.py", "--lr", "1"),
         ("python", "train.py", "--lr", "2"),
