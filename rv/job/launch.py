@@ -235,9 +235,9 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
     sweep = read_sweep(o, name=run_name or "", view=view)
     setup = (*profile.setup, *o.setup)
 
-    def build(type_name: str | None, command: tuple[str, ...] = o.command) -> JobRequest:
+    def build(gpu_type: str | None, command: tuple[str, ...] = o.command) -> JobRequest:
         return build_request(
-            catalog, command=command, gpus=o.gpus, gpu_type=type_name, mig=o.mig, time=o.time, mem=o.mem,
+            catalog, command=command, gpus=o.gpus, gpu_type=gpu_type, mig=o.mig, time=o.time, mem=o.mem,
             cpus=o.cpus, name=run_name, nodes=o.nodes, setup=setup, outputs=o.outputs, start_dir=start_dir,
             signal=o.signal, max_segments=o.max_segments, each_node=o.each_node,
             allow_single_process=o.allow_single_process, partitions=profile.partitions,
@@ -270,10 +270,10 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         )
     plan = _prepare(
         run_id, profile, reqs, place, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
-        env_setup=setup, command=o.command, here=here, view=view,
+        env_setup=setup, command=o.command, from_run=from_run, here=here, view=view,
     )  # fmt: skip
     if sweep is None:
-        return dataclasses.replace(plan, from_run=from_run)
+        return plan
     from rv.names import point_name
 
     req = plan.request
@@ -325,6 +325,7 @@ def _prepare(
     max_file_size: str,
     env_setup: tuple[str, ...],
     command: tuple[str, ...],
+    from_run: submit.FromRun | None = None,
     here: Path,
     view: LaunchView,
 ) -> Plan:
@@ -350,7 +351,7 @@ def _prepare(
         run_id=run_id, profile=profile,
         candidates=(req, *(dataclasses.replace(r, setup=req.setup) for r in reqs[1:])),
         placement=place, secrets=secrets, snapshot=prepared.snapshot, env_plan=prepared.env_plan,
-        env_setup=env_setup, command=command,
+        env_setup=env_setup, command=command, from_run=from_run,
     )  # fmt: skip
 
 
