@@ -364,9 +364,7 @@ def main() -> None:
             local["rv --help"].append(timed([*rv, "--help"], env))
             local["rv run --dry-run"].append(timed([*rv, *dry], env, cwd=repo))
             if args.before:
-                local["before (the other install): rv --help"].append(
-                    timed([*before_rv, "--help"], before_env)
-                )
+                local["before: rv --help"].append(timed([*before_rv, "--help"], before_env))
                 local["before: rv run --dry-run"].append(timed([*before_rv, *dry], before_env, cwd=repo))
         stop_warm(runtime, server=True)
         stop_warm(work / "run-before", server=True)
