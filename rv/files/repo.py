@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rv.files.listing import Soon, redact_url
+
+if TYPE_CHECKING:
+    from git import Repo
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,24 @@ class RepoFacts:
         return asdict(self)
 
 
+class FactsUnreadable(Exception):
+    """GitPython could not read a repository that git itself listed (a format it does not know)."""
+
+
 def read_facts(top: Path, *, dirty: bool) -> RepoFacts:
-    """The facts of the repository whose work tree's top is ``top``."""
+    """The facts of the repository whose work tree's top is ``top``; :class:`FactsUnreadable` when
+    GitPython cannot read them."""
+    import configparser
+
     import git
 
-    repo = git.Repo(top)
+    try:
+        return _read(git.Repo(top), top, dirty)
+    except (git.exc.GitError, git.exc.ODBError, configparser.Error, ValueError, OSError) as exc:
+        raise FactsUnreadable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _read(repo: Repo, top: Path, dirty: bool) -> RepoFacts:
     try:
         try:
             head: str | None = repo.head.commit.hexsha

@@ -464,7 +464,7 @@ def launch(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) -> Lau
     context = plan.context(layout, uploaded=uploaded, env_build=_env_lines(plan, env))
     submitted = submit.submit(
         remote.transport, layout, req, context, profile=plan.profile.name, secrets=plan.secrets,
-        provenance=_provenance(uploaded, env, facts),
+        provenance=_provenance(uploaded, env, facts, view),
         from_run=check if plan.from_run is not None else None,
         from_step=plan.from_run.step if plan.from_run is not None else None, alternatives=reqs[1:],
     )  # fmt: skip
@@ -518,7 +518,7 @@ def launch_sweep(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) 
     env = environment(remote, plan.env_plan, plan.env_setup, view)
     uploaded = upload(remote, plan, view)
     sweep_id = submit.new_run_id()
-    provenance = _provenance(uploaded, env, facts)
+    provenance = _provenance(uploaded, env, facts, view)
     points = {p.index: p for p in sweep.points}
 
     def make(index: int, run_id: str) -> submit.PointRun:
@@ -565,7 +565,7 @@ def start_up(plan: Plan, remote: Remote, store: RunStore, view: StartUpView) -> 
     context = plan.context(layout, uploaded=uploaded, env_build=_env_lines(plan, env))
     dog, record = up.start(
         remote.transport, layout, req, context, profile=plan.profile.name, secrets=dict(plan.secrets),
-        view=view, provenance=_provenance(uploaded, env, facts),
+        view=view, provenance=_provenance(uploaded, env, facts, view),
     )  # fmt: skip
     store.add(record)
     return dog, record
@@ -669,9 +669,18 @@ def _facts(plan: Plan) -> Soon:
     return facts_soon(repo.top if repo is not None else None, dirty=plan.snapshot.dirty)
 
 
-def _provenance(uploaded: SnapshotResult, env: Environment | None, facts: Soon) -> dict[str, Any]:
+def _provenance(
+    uploaded: SnapshotResult, env: Environment | None, facts: Soon, view: LaunchView
+) -> dict[str, Any]:
     """Where the run came from, as run.json and this machine's record keep it."""
-    found = facts.result()
+    from rv.files.repo import FactsUnreadable
+
+    try:
+        found = facts.result()
+    except FactsUnreadable as exc:
+        # The snapshot's own branch, commit and dirty state are recorded all the same.
+        view.warn(f"the repository's facts could not be read, so the run is recorded without them: {exc}")
+        found = None
     return {
         "branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty,
         "env": env.key if env else None, "git": found.to_json() if found is not None else None,

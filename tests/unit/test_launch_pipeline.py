@@ -172,3 +172,25 @@ def test_what_is_said_of_the_environment():
     waited = Environment("/r/envs/k1", "k1", waited=True)
     assert pipeline.environment_line(waited, plan) == "environment k1: built meanwhile by another rv, reused"
     assert pipeline.environment_line(Environment("/r/envs/k1", "k1"), plan) is None
+
+
+def test_facts_gitpython_cannot_read_are_said_and_the_run_goes_on():
+    from rv.files.listing import Soon
+    from rv.files.repo import FactsUnreadable
+
+    def unreadable() -> None:
+        raise FactsUnreadable("ValueError: an object format GitPython does not know")
+
+    class Uploaded:
+        branch, commit, dirty = "main", "c" * 40, False
+
+    heard = Heard()
+    provenance = pipeline._provenance(Uploaded(), None, Soon(unreadable), heard)
+    assert provenance == {"branch": "main", "commit": "c" * 40, "dirty": False, "env": None, "git": None}
+    assert heard.said == [
+        (
+            "warn",
+            "the repository's facts could not be read, so the run is recorded without them: ValueError: an "
+            "object format GitPython does not know",
+        )
+    ]
