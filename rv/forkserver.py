@@ -85,6 +85,10 @@ _PRELOAD_EXTRA = (
     "rich.table",
     "rich.progress",
     "rich.markup",
+    # GitPython, for the repository's facts each run records (rv.files.repo, on a thread while the
+    # cluster answers): its import costs a served resubmit more than rv's own work there (measured
+    # with benchmarks/cli.py --before), so the copies find it here. Last: the rest comes first.
+    "git",
 )
 
 

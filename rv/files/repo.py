@@ -54,9 +54,13 @@ def read_facts(top: Path, *, dirty: bool) -> RepoFacts:
 
 
 def _read(repo: Repo, top: Path, dirty: bool) -> RepoFacts:
+    from git.refs.symbolic import SymbolicReference
+
     try:
         try:
-            head: str | None = repo.head.commit.hexsha
+            # HEAD's commit id from the refs alone: looking the commit object up would start a
+            # `git cat-file` (the listing has checked the commit already).
+            head: str | None = SymbolicReference.dereference_recursive(repo, "HEAD")
         except ValueError:  # HEAD names a branch with no commit yet
             head = None
         branch = None if repo.head.is_detached else repo.active_branch.name
@@ -70,7 +74,7 @@ def _read(repo: Repo, top: Path, dirty: bool) -> RepoFacts:
             remote=redact_url(str(url)) or None,
         )
     finally:
-        repo.close()  # ends the `git cat-file` process that looked HEAD's commit up
+        repo.close()  # ends any git process GitPython kept for this repository
 
 
 def facts_soon(top: Path | None, *, dirty: bool) -> Soon:
