@@ -145,7 +145,7 @@ def up(
     from rv.job import launch as pipeline
 
     _, profile = load_profile(ctx)
-    options = pipeline.UpOptions(
+    options = pipeline.JobOptions(
         gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus, nodes=nodes, setup=setup,
         name=name, placement=placement_of(ctx.params), env=env_of(ctx.params), allow_large=allow_large,
         max_file_size=max_file_size,

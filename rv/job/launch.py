@@ -106,22 +106,33 @@ class EnvOptions:
     system_site_packages: bool | None = None
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """What `rv run` was told (defaults filled from the project and the profile), unchecked."""
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """What any job was told (`rv up` takes exactly these): its size, where it may run, its
+    environment, the snapshot's size guard. Unchecked; defaults filled from the project and profile."""
 
-    command: tuple[str, ...]
     gpus: int | None = None
     gpu_type: str | None = None
-    vram: float | None = None
     mig: bool = False
     time: str | None = None
-    time_min: str | None = None
     mem: str | None = None
     cpus: int | None = None
-    name: str | None = None
     nodes: int | None = None
     setup: tuple[str, ...] = ()
+    name: str | None = None
+    placement: PlacementOptions = field(default_factory=PlacementOptions)
+    env: EnvOptions = EnvOptions()
+    allow_large: bool = False
+    max_file_size: str = "100MB"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions(JobOptions):
+    """What `rv run` was told besides: the command, and how the run goes on and is continued."""
+
+    command: tuple[str, ...]
+    vram: float | None = None
+    time_min: str | None = None
     outputs: tuple[str, ...] = ()
     signal: str | None = None
     max_segments: int | None = None
@@ -134,32 +145,9 @@ class RunOptions:
     parallel: int | None = None
     parallel_typed: bool = False  # --parallel came from the command line (not a project's default)
     follow: bool = False
-    placement: PlacementOptions = field(default_factory=PlacementOptions)
-    env: EnvOptions = EnvOptions()
-    allow_large: bool = False
-    max_file_size: str = "100MB"
     # rv run's option words (each -> whether it takes a value), for the check that none of them went
     # to the program; None when the user wrote `--` before the command and so said they are its own.
     rv_flags: Mapping[str, bool] | None = None
-
-
-@dataclass(frozen=True)
-class UpOptions:
-    """What `rv up` was told: a session's size and place, and what its shell has."""
-
-    gpus: int | None = None
-    gpu_type: str | None = None
-    mig: bool = False
-    time: str | None = None
-    mem: str | None = None
-    cpus: int | None = None
-    nodes: int | None = None
-    setup: tuple[str, ...] = ()
-    name: str | None = None
-    placement: PlacementOptions = field(default_factory=PlacementOptions)
-    env: EnvOptions = EnvOptions()
-    allow_large: bool = False
-    max_file_size: str = "100MB"
 
 
 # --- the plan ---------------------------------------------------------------------------------------
@@ -288,7 +276,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
     return dataclasses.replace(plan, sweep=sweep, points=points)
 
 
-def plan_up(options: UpOptions, profile: Profile, *, here: Path, view: LaunchView) -> Plan:
+def plan_up(options: JobOptions, profile: Profile, *, here: Path, view: LaunchView) -> Plan:
     """`rv up`'s plan: a session is a run whose program holds the allocation (rv.job.up.HOLDER)."""
     from rv.job import up
     from rv.placement import build_placement
