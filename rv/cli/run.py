@@ -115,6 +115,14 @@ if TYPE_CHECKING:
     help="A sweep: at most K of its points running at once (a point's later segments, after a time "
     "limit, run beside them).",
 )
+@click.option(
+    "--notify",
+    multiple=True,
+    metavar="WHERE",
+    help="Tell of the run's end (once, from the cluster; and of a start after a wait in the queue): "
+    "mail:ADDRESS (Slurm's mail), secret:NAME (a webhook URL kept with `rv env set NAME`), desktop "
+    "(while -f or rv wait follows), none (repeatable).",
+)
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
@@ -167,6 +175,7 @@ def run(
     sweep_options: tuple[str, ...],
     sweep_file: Path | None,
     parallel: int | None,
+    notify: tuple[str, ...],
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -196,8 +205,8 @@ def run(
         max_segments=max_segments, from_run=from_, max_fault_retries=max_fault_retries,
         each_node=each_node, allow_single_process=allow_single_process, sweep=sweep_options,
         sweep_file=sweep_file, parallel=parallel, parallel_typed=sources.get("parallel") == COMMAND_LINE,
-        follow=follow, placement=placement_of(ctx.params), env=env_of(ctx.params), allow_large=allow_large,
-        max_file_size=max_file_size,
+        notify=notify, follow=follow, placement=placement_of(ctx.params), env=env_of(ctx.params),
+        allow_large=allow_large, max_file_size=max_file_size,
         # With an explicit `--` the user said the flags after the command are the program's: no check.
         rv_flags=None if _after_separator(command) else option_words(ctx.command),
     )  # fmt: skip
@@ -217,7 +226,12 @@ def run(
         show_submitted(launched, as_json=as_json)
         if follow:
             req, record = launched.request, launched.submitted.record
-            ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments, output_to_stderr=as_json))
+            ctx.exit(
+                follow_to_end(
+                    s, record.run_id, req.name, req.max_segments, output_to_stderr=as_json,
+                    desktop="desktop" in plan.notify,
+                )
+            )  # fmt: skip
 
 
 def show_dry_run(ctx: click.Context, plan: Plan, sources: dict[str, str], *, as_json: bool) -> None:
@@ -385,7 +399,13 @@ def option_words(command: click.Command) -> dict[str, bool]:
 
 
 def follow_to_end(
-    s: Any, run_id: str, name: str, max_segments: int, *, output_to_stderr: bool = False
+    s: Any,
+    run_id: str,
+    name: str,
+    max_segments: int,
+    *,
+    output_to_stderr: bool = False,
+    desktop: bool = False,
 ) -> int:
     """Follow a run until it ends; the run's exit code (0 when it finished), 130 on Ctrl-C.
 
@@ -415,6 +435,10 @@ def follow_to_end(
             f"run {name} ended after segment {followed.last_segment}: {reason or 'no record'} "
             f"(exit code {code})"
         )
+    if desktop:
+        from rv.cli.common import tell_desktop
+
+        tell_desktop(name, followed.ended, end_state(reason))
     return code
 
 

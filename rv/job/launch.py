@@ -144,6 +144,7 @@ class RunOptions(JobOptions):
     sweep_file: Path | None = None
     parallel: int | None = None
     parallel_typed: bool = False  # --parallel came from the command line (not a project's default)
+    notify: tuple[str, ...] = ()  # --notify WHERE: who is told of the run's end (rv.notify)
     follow: bool = False
     # rv run's option words (each -> whether it takes a value), for the check that none of them went
     # to the program; None when the user wrote `--` before the command and so said they are its own.
@@ -167,6 +168,7 @@ class Plan:
     env_setup: tuple[str, ...]  # the lines the environment is found or built after (profile's, --setup)
     command: tuple[str, ...]  # as typed (a sweep's with its {NAME} placeholders)
     from_run: submit.FromRun | None = None
+    notify: tuple[str, ...] = ()  # who is told of the run's end, checked (rv.notify.parse_targets)
     sweep: Sweep | None = None
     points: Mapping[int, JobRequest] = field(default_factory=dict)  # a sweep's point requests by index
 
@@ -190,7 +192,7 @@ class Plan:
         return submit.script_context(
             layout, run_id=run_id or self.run_id, snapshot_id=snapshot_id, project=project,
             account=self.profile.account, has_secrets=bool(self.secrets), umask=job_umask(self.profile),
-            env_build=env_build, placement=self.placement, sweep_env=sweep_env,
+            env_build=env_build, placement=self.placement, sweep_env=sweep_env, notify=self.notify,
         )  # fmt: skip
 
 
@@ -258,7 +260,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         )
     plan = _prepare(
         run_id, profile, reqs, place, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
-        env_setup=setup, command=o.command, from_run=from_run, here=here, view=view,
+        env_setup=setup, command=o.command, from_run=from_run, notify=o.notify, here=here, view=view,
     )  # fmt: skip
     if sweep is None:
         return plan
@@ -314,6 +316,7 @@ def _prepare(
     env_setup: tuple[str, ...],
     command: tuple[str, ...],
     from_run: submit.FromRun | None = None,
+    notify: tuple[str, ...] | None = None,
     here: Path,
     view: LaunchView,
 ) -> Plan:
@@ -324,6 +327,11 @@ def _prepare(
     from rv.units import parse_size
 
     secrets = job_secrets(profile.name, notice=view.warn)  # this profile's and the global ones
+    told: tuple[str, ...] = ()
+    if notify is not None:  # `rv run` (a session of `rv up` tells no one)
+        from rv.notify import parse_targets
+
+        told = tuple(parse_targets(notify, secrets).targets)
     # The file list, hashes and size guard are local: a refused file fails before we connect.
     prepared = prepare_local(
         reqs[0], profile, allow_large=allow_large, max_file_size=parse_size(max_file_size),
@@ -339,7 +347,7 @@ def _prepare(
         run_id=run_id, profile=profile,
         candidates=(req, *(dataclasses.replace(r, setup=req.setup) for r in reqs[1:])),
         placement=place, secrets=secrets, snapshot=prepared.snapshot, env_plan=prepared.env_plan,
-        env_setup=env_setup, command=command, from_run=from_run,
+        env_setup=env_setup, command=command, from_run=from_run, notify=told,
     )  # fmt: skip
 
 
