@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from test_cli import CONFIG as ONE_TYPE
 
 from rv.config import parse_config
 from rv.errors import UsageError
@@ -19,26 +20,17 @@ from rv.pyenv.plan import EnvPlan
 
 pytestmark = pytest.mark.usefixtures("hermetic_home")
 
-CONFIG = """
-[profiles.lab]
-host = "nowhere.invalid"
-user = "me"
-remote_root = "/scratch/me/rv"
-account = "lab"
-setup = ["module load cuda"]
-
-[profiles.lab.gpus.a6000]
-partition = "gpu-a6000"
-gres = "a6000"
-gpus_per_node = 2
-nodes = 2
-
+# test_cli's profile (one type, a6000), and a second type: a run without -t may take either.
+CONFIG = (
+    ONE_TYPE
+    + """
 [profiles.lab.gpus.a100]
 partition = "gpu-a100"
 gres = "a100"
 gpus_per_node = 4
 nodes = 2
 """
+)
 
 
 class Heard:
@@ -82,10 +74,10 @@ def test_a_plan_is_checked_and_prepared_before_any_network_call(profile, repo):
     options = pipeline.RunOptions(command=("python", "train.py"), setup=("echo hi",), rv_flags={})
     plan = pipeline.plan_run(options, profile, here=repo / "sub", view=heard)
     # One candidate per GPU type the run may take (none named, two in the catalog), each with the
-    # `cd` into the folder the command was typed in, after the profile's and the run's setup.
+    # `cd` into the folder the command was typed in, after the run's setup.
     assert [c.type.name for c in plan.candidates] == ["a100", "a6000"]
-    assert all(c.setup == ("module load cuda", "echo hi", "cd sub") for c in plan.candidates)
-    assert plan.env_setup == ("module load cuda", "echo hi")
+    assert all(c.setup == ("echo hi", "cd sub") for c in plan.candidates)
+    assert plan.env_setup == ("echo hi",)
     assert plan.snapshot.tree.files == 1 and plan.sweep is None and plan.from_run is None
     assert plan.request.name.startswith("train-") and plan.run_id.startswith(plan.request.name[-6:])
 
