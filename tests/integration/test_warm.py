@@ -173,10 +173,10 @@ def test_a_stdin_watchdog_ends_when_its_follower_is_killed(
         f"""
         import sys
         from rv.config import load_config
-        from rv.remote.connect import open_transport
+        from rv.remote.connect import WarmFirst, open_transport
         cfg = load_config()
         t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
-        assert t._direct is None, "not through the background process"
+        assert isinstance(t, WarmFirst) and t.via_warm, "not through the background process"
         def out(data):
             sys.stdout.buffer.write(data); sys.stdout.flush()
         t.stream("sleep 600 & echo $! > {pid_file}; echo ready; cat >/dev/null; kill $!",
@@ -203,10 +203,10 @@ def test_streams_stdin_exit_codes_and_files_through_the_background_process(
         f"""
         import hashlib, os, stat, sys
         from rv.config import load_config
-        from rv.remote.connect import open_transport
+        from rv.remote.connect import WarmFirst, open_transport
         cfg = load_config()
         t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
-        assert type(t).__name__ == "WarmTransport" and t._direct is None, t.fallback_reason
+        assert isinstance(t, WarmFirst) and t.via_warm, "not through the background process"
         data = os.urandom(3_000_000)
         r = t.run("cat; echo err >&2; exit 4", stdin=data)
         assert (r.exit_code, r.stdout, r.stderr) == (4, data, b"err\\n"), (r.exit_code, r.stderr)
@@ -221,7 +221,8 @@ def test_streams_stdin_exit_codes_and_files_through_the_background_process(
         t.get_file(remote, local + ".back")
         assert open(local + ".back", "rb").read() == data
         print(oct(stat.S_IMODE(os.stat(remote).st_mode)), oct(stat.S_IMODE(os.stat(remote + ".sh").st_mode)))
-        print("reused" if t.reused else "new")
+        assert t.via_warm, "fell back to a direct connection half-way"
+        print("reused" if t.warm.reused else "new")
         """
     )
     r = subprocess.run(
@@ -247,7 +248,7 @@ def test_an_upload_read_error_surfaces_instead_of_hanging(run_rv, rv_env, cluste
         def data():
             yield b"x" * 1_000_000
             raise OSError(5, "Input/output error")
-        assert (getattr(t, "_direct", 0) is None) == {path == "warm"}
+        assert getattr(t, "via_warm", False) == {path == "warm"}
         try:
             t.run("cat > /dev/null", stdin=data())
         except TransferError as exc:
