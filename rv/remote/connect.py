@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from rv.config import Profile
     from rv.remote.ssh import SSHTransport
     from rv.remote.sshconfig import SSHTarget
-    from rv.remote.transport import RunResult, Stdin, Transport
+    from rv.remote.transport import RunResult, Transport
     from rv.remote.warm import WarmTransport
 
     T = TypeVar("T")
@@ -243,34 +243,15 @@ class WarmFirst:
                 self.direct = _directly_because(exc, self._connect_directly)
         return call(self.direct)
 
-    def stream(
-        self,
-        command: str,
-        *,
-        on_stdout: Callable[[bytes], None],
-        on_stderr: Callable[[bytes], None] | None = None,
-        stdin: Stdin = None,
-        timeout: float | None = None,
-        keep_stdin_open: bool = False,
-    ) -> int:
-        return self._route(
-            lambda t: t.stream(
-                command,
-                on_stdout=on_stdout,
-                on_stderr=on_stderr,
-                stdin=stdin,
-                timeout=timeout,
-                keep_stdin_open=keep_stdin_open,
-            )
-        )
+    # The Transport API (rv.remote.transport.Transport), each call routed.
+    def stream(self, command: str, **options: Any) -> int:
+        return self._route(lambda t: t.stream(command, **options))
 
-    def run(self, command: str, *, stdin: Stdin = None, timeout: float | None = None) -> RunResult:
-        return self._route(lambda t: t.run(command, stdin=stdin, timeout=timeout))
+    def run(self, command: str, **options: Any) -> RunResult:
+        return self._route(lambda t: t.run(command, **options))
 
-    def run_agent(
-        self, mode: str, args: dict[str, Any], *, stdin: Stdin = None, timeout: float | None = None
-    ) -> RunResult:
-        return self._route(lambda t: t.run_agent(mode, args, stdin=stdin, timeout=timeout))
+    def run_agent(self, mode: str, args: dict[str, Any], **options: Any) -> RunResult:
+        return self._route(lambda t: t.run_agent(mode, args, **options))
 
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
         self._route(lambda t: t.put_bytes(data, remote_path, mode))

@@ -28,13 +28,15 @@ from rv.remote.transport import (
     _CHUNK,
     PRIVATE_MASK,
     Process,
+    RunResult,
     Stdin,
     TransferError,
-    _RunsAgents,
+    _Collecting,
     _temp_name,
     file_mode,
     local_file_mode,
     read_chunks,
+    run_agent_over,
     run_process,
     write_local_atomically,
 )
@@ -278,7 +280,7 @@ class _ChannelProcess(Process):
         self.channel.close()
 
 
-class SSHTransport(_RunsAgents):
+class SSHTransport(_Collecting):
     """One SSH connection, reused for every command and transfer made through it."""
 
     def __init__(
@@ -585,6 +587,12 @@ class SSHTransport(_RunsAgents):
         finally:
             if self._hot or self._agents:
                 self._refill()  # after the command, so its shell start does not compete with it
+
+    def run_agent(
+        self, mode: str, args: dict[str, Any], *, stdin: Stdin = None, timeout: float | None = None
+    ) -> RunResult:
+        """rv's agent in ``mode`` (rv.remote.agent_client.call_agent): a pre-started one where kept."""
+        return run_agent_over(self.stream, mode, args, stdin=stdin, timeout=timeout)
 
     # -- channels for terminals and tunnels -------------------------------------------------------------
     def open_pty(self, command: str, *, term: str, cols: int, rows: int) -> Any:

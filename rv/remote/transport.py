@@ -302,41 +302,25 @@ class _Collecting:
         return RunResult(code, b"".join(out), b"".join(err))
 
 
-class _RunsAgents(_Collecting):
-    """`run_agent` for a transport whose `stream` can hand an agent call to an agent started ahead
-    of time (the warm connection's; see rv.remote.ssh's prestart)."""
+def run_agent_over(
+    stream: Callable[..., int], mode: str, args: dict[str, Any], *, stdin: Stdin, timeout: float | None
+) -> RunResult:
+    """rv's agent in ``mode``, through ``stream`` of a transport that can hand an agent call to an agent
+    started ahead of time (its ``agent`` option; see rv.remote.ssh's prestart); where it has none of
+    this code, the call runs as any command. The ``run_agent`` of the SSH and warm transports."""
+    from rv.remote.agent_client import agent_command, agent_key
 
-    def stream(
-        self,
-        command: str,
-        *,
-        on_stdout: Callable[[bytes], None],
-        on_stderr: Callable[[bytes], None] | None = None,
-        stdin: Stdin = None,
-        timeout: float | None = None,
-        keep_stdin_open: bool = False,
-        agent: dict[str, Any] | None = None,
-    ) -> int:
-        raise NotImplementedError
-
-    def run_agent(
-        self, mode: str, args: dict[str, Any], *, stdin: Stdin = None, timeout: float | None = None
-    ) -> RunResult:
-        """rv's agent in ``mode`` (rv.remote.agent_client.call_agent asks this way): served by an agent
-        of the same code started ahead of time where the connection keeps one, else as any command."""
-        from rv.remote.agent_client import agent_command, agent_key
-
-        out: list[bytes] = []
-        err: list[bytes] = []
-        code = self.stream(
-            agent_command(mode, args),
-            on_stdout=out.append,
-            on_stderr=err.append,
-            stdin=stdin,
-            timeout=timeout,
-            agent={"key": agent_key(), "mode": mode, "args": args},
-        )
-        return RunResult(code, b"".join(out), b"".join(err))
+    out: list[bytes] = []
+    err: list[bytes] = []
+    code = stream(
+        agent_command(mode, args),
+        on_stdout=out.append,
+        on_stderr=err.append,
+        stdin=stdin,
+        timeout=timeout,
+        agent={"key": agent_key(), "mode": mode, "args": args},
+    )
+    return RunResult(code, b"".join(out), b"".join(err))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -57,11 +57,13 @@ from rv.remote.sshconfig import SSHTarget
 from rv.remote.transport import (
     PRIVATE_MASK,
     Process,
+    RunResult,
     Stdin,
+    _Collecting,
     _discard,
-    _RunsAgents,
     local_file_mode,
     read_chunks,
+    run_agent_over,
     run_process,
     write_local_atomically,
 )
@@ -125,7 +127,7 @@ def socket_key(config_path: Path | str | None, profile_name: str) -> str:
 # The client: what every rv command uses
 
 
-class WarmTransport(_RunsAgents):
+class WarmTransport(_Collecting):
     """The Transport API over the profile's background connection (and nothing else: see
     rv.remote.connect for what happens when it raises WarmUnavailable)."""
 
@@ -373,6 +375,12 @@ class WarmTransport(_RunsAgents):
         if agent is not None:
             header["agent"] = agent
         return self._call(header, data=stdin, on_stdout=on_stdout, on_stderr=on_stderr, timeout=timeout)[1]
+
+    def run_agent(
+        self, mode: str, args: dict[str, Any], *, stdin: Stdin = None, timeout: float | None = None
+    ) -> RunResult:
+        """rv's agent in ``mode`` (rv.remote.agent_client.call_agent): a pre-started one where kept."""
+        return run_agent_over(self.stream, mode, args, stdin=stdin, timeout=timeout)
 
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
         self._call({"op": "put", "remote": remote_path, "mode": mode}, data=[data])

@@ -107,6 +107,39 @@ def test_a_background_process_that_stops_answering_is_replaced_not_waited_for(ru
     warm_connection(run_rv)
 
 
+def test_a_process_that_stops_answering_between_calls_sends_the_rest_direct_running_each_once(
+    run_rv, rv_env, cluster, remote_root
+):
+    # The warm connection answered when the command began, then stopped: the call that finds it so
+    # goes over a direct connection (said once, on stderr), as does every later one, and nothing
+    # runs twice.
+    warm_connection(run_rv)
+    log = f"{remote_root}/calls.log"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from rv.config import load_config
+        from rv.remote.agent_client import call_agent
+        from rv.remote.connect import WarmFirst, open_transport
+        cfg = load_config()
+        t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
+        assert isinstance(t, WarmFirst) and t.via_warm
+        assert t.run("echo one >> {log}").ok
+        os.kill(t.warm.daemon_pid, signal.SIGSTOP)  # alive, accepting connections, answering nothing
+        print(t.run("echo two >> {log}; echo ran").out, end="")
+        assert not t.via_warm
+        usage = call_agent(t, "usage", {{"root": {remote_root!r}}})
+        print("work_ms" in usage, t.run("cat {log}").out, end="")
+        """
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script], env=rv_env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["ran", "True one", "two"]
+    assert r.stderr.count("rv: note: connecting directly (the background connection did not answer") == 1
+
+
 def test_without_a_private_runtime_folder_commands_connect_directly(run_rv, tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
