@@ -243,6 +243,9 @@ class WarmFirst:
                 self.direct = _directly_because(exc, self._connect_directly)
         return call(self.direct)
 
+    def connect(self) -> WarmFirst:
+        return self  # connected already: open_transport reached the warm connection (`rv status` asks)
+
     # The Transport API (rv.remote.transport.Transport), each call routed.
     def stream(self, command: str, **options: Any) -> int:
         return self._route(lambda t: t.stream(command, **options))
