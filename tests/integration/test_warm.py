@@ -119,7 +119,7 @@ def test_a_process_that_stops_answering_between_calls_sends_the_rest_direct_runn
         f"""
         import os, signal
         from rv.config import load_config
-        from rv.remote.agent_client import call_agent
+        from rv.job.cleanup import usage
         from rv.remote.connect import WarmFirst, open_transport
         cfg = load_config()
         t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
@@ -128,8 +128,8 @@ def test_a_process_that_stops_answering_between_calls_sends_the_rest_direct_runn
         os.kill(t.warm.daemon_pid, signal.SIGSTOP)  # alive, accepting connections, answering nothing
         print(t.run("echo two >> {log}; echo ran").out, end="")
         assert not t.via_warm
-        usage = call_agent(t, "usage", {{"root": {remote_root!r}}})
-        print("work_ms" in usage, t.run("cat {log}").out, end="")
+        kept = usage(t, {remote_root!r}, older_than=86400)  # an agent call
+        print("total" in kept, t.run("cat {log}").out, end="")
         """
     )
     r = subprocess.run(
