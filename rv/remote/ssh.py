@@ -2,9 +2,9 @@
 
 One :class:`SSHTransport` holds one connection; every command (an exec channel) and every file
 transfer (one SFTP session, opened once) reuses it. Most commands do not build one themselves: they
-talk to the warm background process (:mod:`rv.remote.warm`), which holds an SSHTransport for them across
-invocations; `rv init`, the fallback when that process is unavailable, and the process itself use
-this class directly.
+talk to the warm background process (:mod:`rv.remote.warmd`, through :mod:`rv.remote.warm`), which
+holds an SSHTransport for them across invocations; `rv init`, the direct connection rv.remote.connect
+turns to when that process is unavailable, and the process itself use this class directly.
 
 Uploads are private: a file is created, chmod-ed to the caller's mode with the profile's mask
 applied (``0600``/``0700`` by default) and only then written, and renamed into place when complete.

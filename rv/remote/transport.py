@@ -3,7 +3,8 @@
 What every part of rv that talks to the cluster is given is a :class:`Transport`; which one, and how
 it got there, is decided in rv.remote.connect (the only module that chooses a route). The three:
 
-* rv.remote.warm.WarmTransport: through the profile's warm background connection.
+* rv.remote.warm.WarmTransport: through the profile's warm background connection (rv.remote.warmd);
+  rv.remote.connect.WarmFirst sends what it cannot take over SSH instead.
 * rv.remote.ssh.SSHTransport: one paramiko connection in this process (and in that background process).
 * :class:`LocalTransport` (here): local bash and files, the one fake seam for unit tests.
 
