@@ -25,7 +25,8 @@
 <root>/cache/{hf,torch,triton,pip,wandb,xdg}   caches kept off the home quota
 <root>/tmp/                     staging for uploads; renamed into place when complete
 <root>/runtime/job-<hash>.sh    rv's job runtime (rv/agent/job.sh) that batch scripts source, and
-<root>/runtime/rank-label-<hash>.py   its rank labeller; named by content, read-only, written once
+<root>/runtime/rank-label-<hash>.py   its rank labeller, and notify-<hash>.py its webhook poster; named
+                                by content, read-only, written once
 
 Everything rv writes here is private to the user (folders 0700, files 0600, executables 0700)
 unless the profile sets ``share_with_group = true``: then the group may read (0750/0640).

@@ -33,7 +33,8 @@
 # CPU job), rv_secrets (1: the run has a secrets file), rv_labeled (1: ranks' lines are labelled),
 # rv_launcher (1: a launcher starts ranks as $PYTHON_EXEC), rv_outputs (array: -o paths),
 # RV_RANK_LABEL (the labeller, with rv_labeled), rv_exclude (the user's --exclude, kept when a fault
-# excludes more) and rv_max_fault_retries. The program is the function rv_program.
+# excludes more) and rv_max_fault_retries; with --notify, rv_notify_mail (addresses, comma-separated),
+# rv_notify_hooks (secret names) and rv_notify_prog (the notifier). The program is the function rv_program.
 #
 # A run over several GPU types: the submitter sends one job per type and lists them in
 # seg/<k>.candidates ("JOB TYPE" lines); the run folder's `candidates` file names each type's batch
@@ -66,9 +67,6 @@ rv_begin() {
     mkdir -p -- "$RV_JOB_DIR" "$RV_RUN_DIR/seg"
     printf '%s\n' "$rv_job" >"$RV_RUN_DIR/seg/$RV_SEGMENT.job"
     rv_save_submit_env
-    # The program's metrics file (JSON lines; rv sweep results and rv metrics read it). A batch
-    # script of an older rv names none: the same default.
-    RV_METRICS="${RV_METRICS:-$RV_OUTPUT_DIR/metrics.jsonl}"
     export RV_RUN_DIR RV_RUN_ID RV_RUN_NAME RV_MAX_SEGMENTS RV_JOB_DIR RV_CHECKPOINT_DIR RV_OUTPUT_DIR \
         RV_METRICS RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL RV_STOP_LEAD
     export RV_WORK_DIR="$RV_RUN_DIR/work"
@@ -179,7 +177,7 @@ rv_fail() {
 
 # Uploaded with mode 0600 before sbatch, never written into any script; present in every segment and
 # requeue, removed when the run ends. rv's own variables and the ones that run the job cannot be
-# secrets (rv env refuses them): one that slipped through (a secrets file of an older rv) is ignored
+# secrets (rv env refuses them): one that slipped through (a secrets file edited by hand) is ignored
 # with a warning, so a secret never overrides what rv sets.
 rv_load_secrets() {
     [ "${rv_secrets:-0}" = 1 ] || return 0
@@ -509,11 +507,41 @@ rv_end_segment() {
         printf '{"reason": %s, "exit_code": %s, "segment": %s, "end": %s}\n' \
             "$(rv_jstr "$why")" "$code" "$RV_SEGMENT" "$rv_ended" >"$RV_RUN_DIR/ENDED.tmp" \
             && mv -f -- "$RV_RUN_DIR/ENDED.tmp" "$RV_RUN_DIR/ENDED"
-        rm -f -- "$RV_RUN_DIR/secrets.env"
         echo "rv: run $RV_RUN_NAME ended after segment $RV_SEGMENT: $why (exit code $code)"
+        rv_notify_end
+        rm -f -- "$RV_RUN_DIR/secrets.env"
     else
         echo "rv: run $RV_RUN_NAME $why${step:+ at step $step}; segment $((RV_SEGMENT + 1)) is job $next"
     fi
+}
+
+# --- notifications (rv run --notify) --------------------------------------------------------------
+
+# The run's end is told once, by the job that ends it: only it knows that no segment follows. Slurm's
+# own mail: this job asks for it now (scontrol update of its own MailType and MailUser, which Slurm
+# lets a user do to a running job) and Slurm sends it as the job ends; every earlier segment's job
+# had none. Webhooks: rv_notify_post. Neither can fail the job or hold its end up for long.
+rv_notify_end() {
+    if [ -n "${rv_notify_mail:-}" ]; then
+        scontrol update JobId="$SLURM_JOB_ID" MailType=END MailUser="$rv_notify_mail" >/dev/null 2>&1 \
+            && echo "rv: notify: Slurm mails the run's end to $rv_notify_mail" \
+            || echo "rv: warning: notify: Slurm refused to mail this job's end (scontrol update)" >&2
+    fi
+    rv_notify_post end
+}
+
+# Segment 1's first start; the notifier says something only when the run waited in the queue.
+rv_notify_started() {
+    if [ "$RV_SEGMENT" = 1 ] && [ "$rv_attempt" = 0 ]; then rv_notify_post started; fi
+}
+
+# rv_notify_post EVENT: the notifier (python3, standard library) posts to each webhook; it reads
+# their URLs from the job's environment (the secrets), never from its arguments.
+rv_notify_post() {
+    [ -n "${rv_notify_hooks:-}" ] || return 0
+    # shellcheck disable=SC2086  # secret names, one word each
+    python3 "$rv_notify_prog" "$1" "$RV_RUN_DIR" "$rv_job" $rv_notify_hooks </dev/null \
+        || echo "rv: warning: notify: the notifier did not run (python3 missing?)" >&2
 }
 
 # Copy each -o path from the work dir into $RV_OUTPUT_DIR, where it keeps its place in the repo; a
@@ -633,6 +661,7 @@ rv_start() {
     fi
     echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT/$RV_MAX_SEGMENTS: job $rv_job on" \
         "$SLURM_JOB_NODELIST, $what$gpu, snapshot $RV_SNAPSHOT${rv_start_step:+, from step $rv_start_step}"
+    rv_notify_started
 }
 
 # BF16 needs compute capability 8.0 or newer. Ask the GPU; when nvidia-smi is missing or prints

@@ -285,6 +285,9 @@ case "$1 $2" in
     "show node")
         printf 'NodeName=%s Arch=x86_64 CoresPerSocket=1\n' "$3"
         printf '   NodeAddr=10.1.2.3 NodeHostName=%s Version=22.05.8\n' "$3" ;;
+    "update JobId="*)
+        # A job asking Slurm to mail its own end (rv_notify_end): recorded, as Slurm would keep it.
+        printf '%s\n' "$*" >> "$RV_TEST_OUT/scontrol-update.log" ;;
     "-o show")
         # What the EXIT trap asks: the test says how Slurm sees the job (a requeue, a time limit).
         printf 'JobId=%s JobName=x JobState=%s Reason=%s Restarts=%s ExitCode=0:0\n' "$4" \
@@ -1228,3 +1231,35 @@ def test_a_plain_crash_never_continues(box):
                         gpu_type="a6000", name="r")  # fmt: skip
     result, _ = box.run(render_script(req, box.ctx()))
     assert result.returncode == 3 and box.ended()["reason"] == "crashed" and box.sbatch_calls() == []
+
+
+# --- notifications: once per run, from the job that ends it -----------------------------------------
+
+
+def test_only_the_job_that_ends_the_run_asks_for_mail_and_posts(box):
+    # A chain of two segments with --notify mail and a webhook: segment 1 continues (no word at all),
+    # segment 2 ends the run (Slurm's mail asked for once; the notifier run once, for the end).
+    secrets = write_secrets(box)  # the hook's secret is not among them: the notifier says so, once
+    req = build_request(CATALOG, command=program(STOPPER), gpu_type="a6000", name="chain", signal="USR1@60")
+    script = render_script(req, box.ctx(has_secrets=True, notify=("mail:me@example.org", "secret:MY_HOOK")))
+    assert "rv_notify_mail=me@example.org rv_notify_hooks=MY_HOOK" in script
+    first, _ = box.run(script, FAKE_END_IN="30")
+    assert first.returncode == 0, first.stderr.decode()
+    assert "segment 2 is job 5001" in first.stdout.decode()
+    assert not (box.out / "scontrol-update.log").exists()
+    assert "notify" not in first.stderr.decode() + first.stdout.decode()
+    second, _ = box.run(script, FAKE_END_IN="30", RV_SEGMENT="2", STEP="40", JOB_ID="5001")
+    assert second.returncode == 0 and box.ended() is not None and not secrets.exists()
+    assert (box.out / "scontrol-update.log").read_text() == (
+        "update JobId=5001 MailType=END MailUser=me@example.org\n"
+    )
+    err = second.stderr.decode()
+    assert err.count("rv: notify: secret MY_HOOK is not in the job's environment") == 1, err
+
+
+def test_a_run_without_notify_has_no_notify_values_and_asks_for_no_mail(box):
+    req = build_request(CATALOG, command=program("pass"), gpu_type="a6000", name="quiet")
+    script = render_script(req, box.ctx())
+    assert "rv_notify" not in script
+    result, _ = box.run(script)
+    assert result.returncode == 0 and not (box.out / "scontrol-update.log").exists()
