@@ -16,20 +16,15 @@ import click
 
 from rv.cli.common import note, print_json, session, warn
 from rv.cli.sweepview import (
-    DEFAULT_SERIES_POINTS,
-    PointRow,
-    RunMetrics,
-    SortKey,
     metrics_notes,
     metrics_table,
     plot_lines,
     render_text,
-    result_rows,
     results_csv,
     results_footer,
-    results_json,
     results_table,
 )
+from rv.job.results import DEFAULT_SERIES_POINTS, PointRow, RunMetrics, SortKey, result_rows, results_json
 
 
 @click.group()
@@ -84,8 +79,8 @@ def results(ctx: click.Context, name: str, sort_: str | None, as_json: bool, as_
 
 def _fetch_results(s: Any, name: str, sort: SortKey | None) -> list[PointRow]:
     """One round trip: the sweep's runs, squeue and each point's metrics."""
-    from rv.cli.sweepview import parse_metrics_reply
     from rv.job import query
+    from rv.job.results import parse_metrics_reply
 
     metrics = {"series": [sort.metric] if sort else False, "points": DEFAULT_SERIES_POINTS}
     snap = query.fetch(s.transport, s.layout.root, sweeps=[name], metrics=metrics)
@@ -99,9 +94,9 @@ def _fetch_results(s: Any, name: str, sort: SortKey | None) -> list[PointRow]:
 
 def _points_and_views(snap: Any, name: str) -> tuple[list[Any], dict[str, Any]]:
     """The sweep's points (the newest run of each) and each run's row as rv ps has it."""
-    from rv.cli.sweepview import point_runs
     from rv.errors import NotFound
     from rv.job.records import run_views
+    from rv.job.results import point_runs
 
     points = point_runs(snap.runs, name)
     if not points:
@@ -126,9 +121,9 @@ def retry(ctx: click.Context, name: str, parallel: int | None, dry_run: bool) ->
     """Run again the points of SWEEP that failed or were cancelled (one job array), each as a new run of
     its name (so from its checkpoint, if it saved one), with the same snapshot, environment and command."""
     from rv.cli.common import run_store
-    from rv.cli.sweepview import retry_points
     from rv.job import query
     from rv.job import submit as job
+    from rv.job.results import retry_points
     from rv.secrets import job_secrets
     from rv.sweep import check_limits, plan_arrays
 
@@ -223,9 +218,9 @@ def metrics(
     import time
 
     from rv.cli.common import run_store
-    from rv.cli.sweepview import parse_metrics_reply
     from rv.errors import NotFound
     from rv.job import query
+    from rv.job.results import parse_metrics_reply
 
     if follow and as_json:
         raise click.UsageError("-f redraws a table; --json prints one summary: pick one")

@@ -17,28 +17,30 @@ from rv.cli.sweep import emit_metrics, emit_results, sweep
 from rv.cli.sweepview import (
     BEST_MARK,
     SPARK,
+    metrics_notes,
+    metrics_table,
+    plot_lines,
+    render_text,
+    results_csv,
+    results_footer,
+    results_table,
+    sparkline,
+)
+from rv.errors import UsageError
+from rv.job.records import parse_runs, run_views
+from rv.job.results import (
     PointRow,
     PointRun,
     SortKey,
     guess_direction,
-    metrics_notes,
-    metrics_table,
     parse_metrics_reply,
-    plot_lines,
     point_runs,
-    render_text,
     result_rows,
-    results_csv,
-    results_footer,
     results_json,
-    results_table,
     retry_points,
-    sparkline,
     sweep_counts,
     sweep_summary,
 )
-from rv.errors import UsageError
-from rv.job.records import parse_runs, run_views
 from rv.slurm.parse import SQUEUE_FORMAT, parse_squeue
 
 NOW = 1_800_000_000.0
