@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from rv.errors import UsageError
 
 if TYPE_CHECKING:
+    from rv.job.query import RunsListing
     from rv.job.records import ClusterRun, RunView
 
 Direction = Literal["min", "max"]
@@ -203,6 +204,19 @@ def point_runs(runs: Iterable[ClusterRun], sweep: str) -> list[PointRun]:
         if info["index"] not in newest or created >= newest[info["index"]][0]:
             newest[info["index"]] = (created, point)
     return [newest[i][1] for i in sorted(newest)]
+
+
+def points_and_views(snap: RunsListing, name: str) -> tuple[list[PointRun], dict[str, RunView]]:
+    """The points of sweep ``name`` in one ``runs`` answer (the newest run of each) and each run's
+    row as ``rv ps`` has it; NotFound when the answer holds none."""
+    from rv.errors import NotFound
+    from rv.job.records import run_views
+
+    points = point_runs(snap.runs, name)
+    if not points:
+        raise NotFound(f"no sweep named {name!r} on this cluster", hint="rv ps lists runs and sweeps")
+    views = {v.run_id: v for v in run_views(snap.runs, snap.queued, now=snap.now) if v.run_id}
+    return points, views
 
 
 # --- rv sweep results ------------------------------------------------------------------------------
