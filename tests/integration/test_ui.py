@@ -141,6 +141,12 @@ def ask(served: Served, path: str, *, headers: dict[str, str] | None = None, dat
         return exc.code, json.loads(exc.read() or b"null")
 
 
+def answered(browser) -> str:
+    """What the page said of the action it sent ("" while it waits)."""
+    text = browser.find_element("id", "action-result").text
+    return "" if text == "sending…" else text
+
+
 def test_only_the_token_holder_is_served_and_ctrl_c_leaves_nothing_running(two_clusters):
     with rv_ui(two_clusters.env) as served:
         token = {"X-RV-Token": served.token}
@@ -226,10 +232,13 @@ def test_the_runs_page_lists_both_clusters_and_a_sweeps_page_draws_each_points_c
         assert not any(name.startswith("grid/") for _, name, _ in seen), (
             seen
         )  # the points are folded into one row
-        grid_row = next(r for r in rows() if r.get_attribute("data-name") == "grid")
-        assert "4pt" in grid_row.text and "FAILED" in grid_row.text and "1 failed" in grid_row.text, (
-            grid_row.text
+        # The page redraws its rows as it polls: each look finds them afresh.
+        grid = wait_until(
+            lambda: browser.find_element("css selector", '#runs-body tr[data-name="grid"]').text,
+            30,
+            "the sweep's row",
         )
+        assert "4pt" in grid and "FAILED" in grid and "1 failed" in grid, grid
         screenshot(browser, "runs-two-clusters")
 
         # Unticking a cluster hides its rows (a filter per cluster).
@@ -239,7 +248,7 @@ def test_the_runs_page_lists_both_clusters_and_a_sweeps_page_draws_each_points_c
         )
         browser.find_element("css selector", f'input[data-profile="{c.bare}"]').click()
 
-        grid_row.find_element("link text", "grid").click()
+        browser.find_element("css selector", '#runs-body tr[data-name="grid"] a').click()
         chart = wait_until(
             lambda: browser.execute_script(
                 "const u = rvui.charts.sweep; return u && {labels: u.series.map(s => s.label), data: u.data};"
@@ -270,7 +279,7 @@ def test_the_runs_page_lists_both_clusters_and_a_sweeps_page_draws_each_points_c
         alert = wait_until(lambda: browser.switch_to.alert, 10, "the confirmation")
         assert "Retry points 2 of sweep grid" in alert.text
         alert.accept()
-        said = wait_until(lambda: browser.find_element("id", "action-result").text, 60, "the retry's answer")
+        said = wait_until(lambda: answered(browser), 60, "the retry's answer")
         assert "retrying 1 point(s) of sweep grid: 2 (failed)" in said, said
         points = wait_for(sweep_ended, 180, "the retried point to end")
         assert all(p["state"] == "COMPLETED" for p in points), points
@@ -321,7 +330,7 @@ def test_a_runs_logs_grow_live_its_metrics_redraw_and_stop_from_the_page_ends_it
         alert = wait_until(lambda: browser.switch_to.alert, 10, "the confirmation")
         assert alert.text.startswith("Stop run ticker?")
         alert.accept()
-        said = wait_until(lambda: browser.find_element("id", "action-result").text, 60, "the stop's answer")
+        said = wait_until(lambda: answered(browser), 60, "the stop's answer")
         assert said.startswith("stopped run ticker: cancelled job"), said
 
         def ended():

@@ -100,16 +100,28 @@ function problem(where, error) {
 }
 
 // Ask ``fn`` now and every ``ms`` while it returns true and the view is the same; none while hidden.
+// Returns a kick: ask again now (after an action), and go on asking while ``fn`` says so.
 function every(ms, fn) {
   const view = rvui.view;
-  const tick = async () => {
+  let timer = null, busy = false, wanted = false;
+  const schedule = (delay) => { timer = setTimeout(tick, delay); rvui.timers.push(timer); };
+  async function tick() {
+    timer = null;
     if (rvui.view !== view) return;
-    if (document.hidden) { rvui.timers.push(setTimeout(tick, ms)); return; }
+    if (document.hidden) { schedule(ms); return; }
+    busy = true;
+    wanted = false;
     let again = true;
     try { again = await fn(); } catch (error) { console.error(error); }
-    if (again !== false && rvui.view === view) rvui.timers.push(setTimeout(tick, ms));
-  };
+    busy = false;
+    if (rvui.view === view && (again !== false || wanted)) schedule(wanted ? 0 : ms);
+  }
   tick();
+  return () => {
+    if (busy) { wanted = true; return; }
+    if (timer) clearTimeout(timer);
+    tick();
+  };
 }
 
 function chart(name, container, opts, data) {
@@ -120,11 +132,12 @@ function chart(name, container, opts, data) {
   return u;
 }
 
-function confirmThen(question, action, out) {
+// An action: asked first, then sent; what it did is said in ``out``, and ``then`` (the view's kick) runs.
+function confirmThen(question, action, out, then) {
   if (!window.confirm(question)) return;
   fill(out, el("span", { class: "muted", text: "sending…" }));
   action().then(
-    (result) => fill(out, el("span", { class: "done", text: result })),
+    (result) => { fill(out, el("span", { class: "done", text: result })); then(); },
     (error) => problem(out, error),
   );
 }
@@ -213,7 +226,7 @@ async function runView(main, profile, id) {
     el("section", {}, el("h2", { text: "Logs" }), logControls, logBox));
 
   let run = null;
-  every(5000, async () => {
+  const refresh = every(5000, async () => {
     try {
       run = await api("run", { profile, id });
     } catch (error) {
@@ -233,7 +246,7 @@ async function runView(main, profile, id) {
         const row = got.stopped[0];
         return row ? `stopped run ${row.name}: ${row.cancelled.length ? "cancelled job " + row.cancelled.join(", ") : "nothing was queued or running"}${row.error ? " (" + row.error + ")" : ""}`
           : "nothing to stop";
-      }, said) }, "Stop run") : null);
+      }, said, () => refresh()) }, "Stop run") : null);
     drawTimeline(timeline, run);
     fill(segments, segmentTable(run));
     fill(provenance, provenanceTable(run));
@@ -485,7 +498,7 @@ async function sweepView(main, profile, name) {
         last.metrics.map((m) => el("td", { class: "num", text: value(p.metrics[m]) })))))));
   }
 
-  every(5000, async () => {
+  const refresh = every(5000, async () => {
     try {
       last = await api("sweep", { profile, name });
     } catch (error) {
@@ -501,10 +514,10 @@ async function sweepView(main, profile, name) {
     fill(actions, 
       live ? el("button", { id: "stop-sweep", class: "danger", onclick: () => confirmThen(
         `Stop sweep ${name}? Every point that has not ended is cancelled (as rv stop ${name}).`,
-        async () => { const got = await post("stop", { profile, sweep: name }); return `stopped ${got.stopped.length} point(s) of sweep ${name}`; }, said) }, "Stop sweep") : null,
+        async () => { const got = await post("stop", { profile, sweep: name }); return `stopped ${got.stopped.length} point(s) of sweep ${name}`; }, said, () => refresh()) }, "Stop sweep") : null,
       last.retryable.length && !live ? el("button", { id: "retry-sweep", onclick: () => confirmThen(
         `Retry points ${last.retryable.join(", ")} of sweep ${name}? Each runs again as a new run of its name (as rv sweep retry ${name}).`,
-        async () => { const got = await post("retry", { profile, sweep: name }); return [got.message, ...got.arrays.map((a) => `job array ${a}`), ...got.notes].join(" · "); }, said) },
+        async () => { const got = await post("retry", { profile, sweep: name }); return [got.message, ...got.arrays.map((a) => `job array ${a}`), ...got.notes].join(" · "); }, said, () => refresh()) },
         `Retry ${last.retryable.length} failed point(s)`) : null);
     const names = last.metrics;
     if (!metric || !names.includes(metric)) metric = names.find((n) => /loss/.test(n)) || names[0] || null;
