@@ -15,10 +15,10 @@ from typing import IO, Any
 import click
 
 from rv.cli.common import note, print_json, session, warn
+from rv.cli.plot import plot_curve
 from rv.cli.sweepview import (
     metrics_notes,
     metrics_table,
-    plot_lines,
     render_text,
     results_csv,
     results_footer,
@@ -159,7 +159,7 @@ def emit_metrics(run: RunMetrics, plot: str | None, out: IO[str], *, width: int)
     chosen = plot or next((n for n in sorted(run.metrics) if "loss" in n), min(run.metrics))
     if chosen not in run.metrics:
         raise click.UsageError(f"--plot {chosen}: no such metric; there are {', '.join(sorted(run.metrics))}")
-    lines = plot_lines(run.metrics[chosen].series, width=min(60, max(10, width - 12)))
+    lines = plot_curve(run.metrics[chosen].series, width=min(60, max(10, width - 12)))
     if lines:
         out.write(f"\n{chosen} by {run.x or 'step'}:\n" + "\n".join(lines) + "\n")
 

@@ -184,58 +184,6 @@ def _x(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def plot_lines(series: Sequence[tuple[int, float]], *, width: int = 60, height: int = 8) -> list[str]:
-    """A small plot of one series in unicode blocks: ``height`` rows of ``width`` columns (each
-    column the mean of its x range, drawn as a bar in eighths), the highest and lowest value on the
-    left, the first and last x below."""
-    points = [(x, v) for x, v in series if math.isfinite(v)]
-    if not points or width < 1 or height < 1:
-        return []
-    values = _columns(points, width)
-    low, high = min(v for v in values if v is not None), max(v for v in values if v is not None)
-    span = (high - low) or 1.0
-    labels = [fmt_value(high), fmt_value(low)]
-    pad = max(len(s) for s in labels)
-    levels = height * 8
-    # Each column's bar, in eighths of a row, at least one eighth so the lowest still shows.
-    bars = [None if v is None else max(1, round((v - low) / span * levels)) for v in values]
-    lines = []
-    for row in range(height, 0, -1):
-        floor = (row - 1) * 8
-        cells = []
-        for b in bars:
-            if b is None or b <= floor:
-                cells.append(" ")
-            elif b >= floor + 8:
-                cells.append("█")
-            else:
-                cells.append(SPARK[b - floor - 1])
-        label = labels[0] if row == height else (labels[1] if row == 1 else "")
-        lines.append(f"{label:>{pad}} ┤{''.join(cells)}")
-    first, last = str(points[0][0]), str(points[-1][0])
-    gap = max(1, len(values) - len(first) - len(last))
-    lines.append(f"{'':>{pad}} └{'─' * len(values)}")
-    lines.append(f"{'':>{pad}}  {first}{' ' * gap}{last}")
-    return lines
-
-
-def _columns(points: Sequence[tuple[int, float]], width: int) -> list[float | None]:
-    """The series on ``width`` columns by x: each column the mean of the points in its x range; a
-    column with none is None. Fewer points than columns: one column per point."""
-    if len(points) <= width:
-        return [v for _, v in points]
-    lo, hi = points[0][0], points[-1][0]
-    if hi <= lo:
-        return [float(b) for b in _buckets([v for _, v in points], width)]
-    sums = [0.0] * width
-    counts = [0] * width
-    for x, v in points:
-        col = min(width - 1, max(0, (x - lo) * width // (hi - lo + 1)))
-        sums[col] += v
-        counts[col] += 1
-    return [s / c if c else None for s, c in zip(sums, counts, strict=True)]
-
-
 def metrics_notes(run: RunMetrics) -> list[str]:
     """stderr lines under ``rv metrics``: where the file is and what was odd in it."""
     if not run.exists:
