@@ -31,7 +31,7 @@ def ui(port: int, no_browser: bool) -> None:
 
     from rv.cli.common import run_store
     from rv.config import load_config
-    from rv.remote.connect import open_transport, prewarm
+    from rv.remote.connect import open_transport
     from rv.ui import data
     from rv.ui.server import App, new_token, serve, url
 
@@ -43,8 +43,6 @@ def ui(port: int, no_browser: bool) -> None:
         # No terminal to ask on: an unknown host key is refused (connect once with any rv command).
         return open_transport(profile, confirm_host_key=None, config_path=config.path)
 
-    for name in config.profiles:
-        prewarm(name)  # each profile's warm connection starts now, while the server comes up
     clusters = data.clusters_of(config, opener)
     app = App(clusters, run_store(), new_token())
     try:
