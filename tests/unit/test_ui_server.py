@@ -163,3 +163,38 @@ def test_rv_ui_without_its_extra_says_how_to_get_it(monkeypatch):
     assert result.exit_code == 2, result.output
     assert "rv ui needs Werkzeug, which rv installs with its `ui` extra" in result.output
     assert "pip install 'rv[ui]'" in result.output
+
+
+def test_a_pending_runs_row_says_why_and_when_slurm_expects_it_to_start():
+    from rv.agent.segment import segment_record
+    from rv.job.records import parse_runs, run_views
+    from rv.slurm.parse import parse_squeue
+
+    def run(run_id: str, name: str, job: str, record):  # the agent's row for a one-segment run
+        meta = {"name": name, "created": 100.0, "gpus": 2, "gpu_type": "a100", "max_segments": 3}
+        return {"run_id": run_id, "meta": meta, "segments": [{"segment": 1, "job_id": job, "record": record}]}
+
+    running = segment_record(1, "41", "running", "", None, start=90, nodes="gpu-07")
+    runs = parse_runs([run("r1", "waits", "40", None), run("r2", "goes", "41", running)])
+    queued = parse_squeue(
+        "40|PENDING|Priority|0:00|1:00:00|1|(null)|gres/gpu:a100:2|gpu|2026-12-01T09:30:00|N/A|waits\n"
+        "41|RUNNING|None|5:00|1:00:00|1|gpu-07|gres/gpu:a100:2|gpu|2026-11-30T08:00:00|N/A|goes\n"
+    )
+    views = {v.run_id: v for v in run_views(runs, queued, now=400.0)}
+    by_run = {r.run_id: r for r in runs}
+    by_job = {j.job_id: j for j in queued}
+    waits = data._run_row("alpha", views["r1"], by_run, by_job)
+    assert (waits["state"], waits["reason"], waits["expected_start"]) == (
+        "PENDING",
+        "Priority",
+        "2026-12-01T09:30:00",
+    )
+    assert (waits["segments"], waits["gpus"], waits["gpu_type"], waits["node_list"]) == ("1/3", 2, "a100", [])
+    goes = data._run_row("alpha", views["r2"], by_run, by_job)
+    assert (goes["state"], goes["expected_start"], goes["node_list"], goes["elapsed"]) == (
+        "RUNNING",
+        None,
+        ["gpu-07"],
+        300,
+    )
+    assert goes["kind"] == "run" and goes["profile"] == "alpha"
