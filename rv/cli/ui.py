@@ -44,6 +44,8 @@ def ui(port: int, no_browser: bool) -> None:
         return open_transport(profile, confirm_host_key=None, config_path=config.path)
 
     clusters = data.clusters_of(config, opener)
+    for cluster in clusters.values():
+        cluster.connect_ahead()  # while the server starts and the browser opens
     app = App(clusters, run_store(), new_token())
     try:
         server = serve(app, port)

@@ -86,6 +86,24 @@ class Cluster:
                 return
         transport.close()
 
+    def connect_ahead(self) -> threading.Thread:
+        """Open a connection into the pool now, in the background, so the page's first request finds
+        one (the handshake is most of a first answer). A failure here is left for that request, which
+        connects again and says why; RV_DEBUG=1 shows it here too."""
+
+        def connect() -> None:
+            try:
+                with self.connection():
+                    pass
+            except RvError as exc:
+                from rv.remote.connect import debug
+
+                debug(f"connecting ahead to {self.name} failed (the page will try again): {exc.message}")
+
+        thread = threading.Thread(target=connect, name=f"connect-{self.name}", daemon=True)
+        thread.start()
+        return thread
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
