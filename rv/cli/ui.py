@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from rv.cli.common import note
+
+if TYPE_CHECKING:
+    from rv.config import Profile
+    from rv.remote.transport import Transport
 
 
 @click.command()
@@ -39,7 +45,7 @@ def ui(port: int, no_browser: bool) -> None:
     if not config.profiles:
         raise UsageError(f"no profiles in {config.path}", hint="rv init")
 
-    def opener(profile):  # type: ignore[no-untyped-def]
+    def opener(profile: Profile) -> Transport:
         # No terminal to ask on: an unknown host key is refused (connect once with any rv command).
         return open_transport(profile, confirm_host_key=None, config_path=config.path)
 

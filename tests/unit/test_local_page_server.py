@@ -1,7 +1,8 @@
 """`rv ui` without a cluster: who the server serves, what it sends, how log frames become lines.
 
 The one seam: each profile's connection opener (rv.ui.data.Cluster), here one that refuses as an
-unreachable cluster would. The page itself is tested in a real browser (tests/integration/test_local_page_in_a_browser.py).
+unreachable cluster would. The page itself is tested in a real browser
+(tests/integration/test_local_page_in_a_browser.py).
 """
 
 from __future__ import annotations
