@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from rv.errors import NotFound, RvError, UsageError
+from rv.errors import ConnectError, NotFound, RvError, UsageError
 from rv.job import query
 from rv.job.records import ClusterRun, RunView, run_views
 from rv.job.results import fold_sweeps, param_names, parse_metrics_reply, points_and_views, result_rows
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from rv.config import Config, Profile
     from rv.job.records import RunStore
     from rv.remote.transport import Transport
+
+T = TypeVar("T")
 
 # Points per series: enough for a smooth curve at a page's width; the agent thins evenly, keeps the last.
 RUN_SERIES_POINTS = 600
@@ -68,11 +70,26 @@ class Cluster:
     def root(self) -> str:
         return self.layout.root
 
+    def ask(self, work: Callable[[Transport], T], *, again: bool = True) -> T:
+        """``work`` over a pooled connection, and once more over a fresh one when that connection
+        turns out lost (ConnectError): a connection kept idle can die unseen (a VPN or NAT that
+        forgets it, a restarted sshd). ``again`` False for what must never run twice (a retry's
+        submission: the first may have gone through)."""
+        try:
+            with self.connection() as transport:
+                return work(transport)
+        except ConnectError:
+            if not again:
+                raise
+        with self.connection(fresh=True) as transport:
+            return work(transport)
+
     @contextmanager
-    def connection(self) -> Iterator[Transport]:
-        """A connection for one request; kept for the next unless the request failed on it."""
+    def connection(self, *, fresh: bool = False) -> Iterator[Transport]:
+        """A connection for one request (``fresh``: a new one, not the pool's); kept for the next
+        unless the request failed on it."""
         with self._lock:
-            transport = self._idle.pop() if self._idle else None
+            transport = self._idle.pop() if self._idle and not fresh else None
         if transport is None:
             transport = self._opener(self.profile)
         try:
@@ -137,8 +154,7 @@ def runs(cluster: Cluster, *, finished: bool = True) -> dict[str, Any]:
     page that asks every few seconds must not load the cluster's accounting database each time (it
     also cost 0.2-0.4 s of each answer's 0.5 s on the loopback cluster)."""
     since = time.time() - query.FINISHED_DAYS * 86400 if finished else None
-    with cluster.connection() as t:
-        snap = query.fetch(t, cluster.root, live=True, since=since, whole_sweeps=True)
+    snap = cluster.ask(lambda t: query.fetch(t, cluster.root, live=True, since=since, whole_sweeps=True))
     views = run_views(snap.runs, snap.queued, snap.accounted, now=snap.now)
     by_run = {r.run_id: r for r in snap.runs}
     queued = {j.job_id: j for j in snap.queued}
@@ -204,18 +220,21 @@ def run(cluster: Cluster, run_id: str) -> dict[str, Any]:
     came from, and its checkpoints. Two round trips: the records and squeue, then ``ckpt-ls``."""
     from rv.remote.agent_client import call_agent
 
-    with cluster.connection() as t:
+    def look(t: Transport) -> tuple[query.RunsListing, ClusterRun, Any]:
         snap = query.fetch(t, cluster.root, ids=[run_id])
         found = [r for r in snap.runs if r.run_id == run_id]
         if not found:
             raise query.not_on_cluster(run_id)
-        target = found[-1]
-        meta = target.meta
+        meta = found[-1].meta
         checkpoints = None
         if meta.get("project") and meta.get("name"):
             checkpoints = call_agent(
                 t, "ckpt-ls", {"root": cluster.root, "project": meta["project"], "name": meta["name"]}
             )
+        return snap, found[-1], checkpoints
+
+    snap, target, checkpoints = cluster.ask(look)
+    meta = target.meta
     (view,) = [v for v in run_views(snap.runs, snap.queued, now=snap.now) if v.run_id == run_id]
     queued = {j.job_id: j for j in snap.queued}
     segments = []
@@ -273,8 +292,7 @@ def logs(
     offsets = {str(k): int(v) for k, v in ((cursor or {}).get("offsets") or {}).items()}
     segment = int((cursor or {}).get("segment") or from_segment or 0) or None
     if cursor is None and segment is None:
-        with cluster.connection() as t:
-            snap = query.fetch(t, cluster.root, ids=[run_id])
+        snap = cluster.ask(lambda t: query.fetch(t, cluster.root, ids=[run_id]))
         found = [r for r in snap.runs if r.run_id == run_id]
         if not found:
             raise query.not_on_cluster(run_id)
@@ -283,15 +301,19 @@ def logs(
     args = follower_args(
         cluster.root, pos, follow=False, streams=(stream,), node=None, tail=None if cursor else tail
     )
-    reader = FollowerFrameReader()
-    frames: list[tuple[dict[str, Any], bytes]] = []
-    errors: list[bytes] = []
 
-    def on_stdout(chunk: bytes) -> None:
-        frames.extend(reader.feed(chunk))
+    def read(t: Transport) -> tuple[int, list[tuple[dict[str, Any], bytes]], list[bytes]]:
+        reader = FollowerFrameReader()
+        frames: list[tuple[dict[str, Any], bytes]] = []
+        errors: list[bytes] = []
 
-    with cluster.connection() as t:
+        def on_stdout(chunk: bytes) -> None:
+            frames.extend(reader.feed(chunk))
+
         code = t.stream(agent_command("follow", args), on_stdout=on_stdout, on_stderr=errors.append)
+        return code, frames, errors
+
+    code, frames, errors = cluster.ask(read)
     if code != 0:
         detail = b"".join(errors).decode("utf-8", "replace").strip().splitlines()[-3:]
         raise RvError(f"reading the logs on {cluster.name} failed (exit {code}): {' / '.join(detail)}")
@@ -339,8 +361,7 @@ def metrics(cluster: Cluster, run_id: str) -> dict[str, Any]:
     """Every numeric metric the run's program wrote to $RV_METRICS, as series against its step (or
     line), and whether the run has ended (then the page stops asking). One round trip."""
     asked = {"series": True, "points": RUN_SERIES_POINTS}
-    with cluster.connection() as t:
-        snap = query.fetch(t, cluster.root, ids=[run_id], metrics=asked)
+    snap = cluster.ask(lambda t: query.fetch(t, cluster.root, ids=[run_id], metrics=asked))
     found = [r for r in snap.runs if r.run_id == run_id]
     if not found:
         raise query.not_on_cluster(run_id)
@@ -371,8 +392,7 @@ def sweep(cluster: Cluster, name: str) -> dict[str, Any]:
     """A sweep's results table (one row per point: its values, state, segments, wall time, each
     metric's last value) and every point's series of every metric. One round trip."""
     asked = {"series": True, "points": SWEEP_SERIES_POINTS}
-    with cluster.connection() as t:
-        snap = query.fetch(t, cluster.root, sweeps=[name], metrics=asked)
+    snap = cluster.ask(lambda t: query.fetch(t, cluster.root, sweeps=[name], metrics=asked))
     points, views = points_and_views(snap, name)
     found = parse_metrics_reply(snap.metrics)
     rows = result_rows(points, views, found)
@@ -417,7 +437,8 @@ def stop(
 
     if (run_id is None) == (sweep is None):
         raise UsageError("stop takes a run id or a sweep name")
-    with cluster.connection() as t:
+
+    def end(t: Transport) -> list[Any]:  # as `rv stop` twice does nothing more than once: asked again if lost
         if run_id is not None:
             snap = query.fetch(t, cluster.root, ids=[run_id])
             targets = [(r.run_id, r.name) for r in snap.runs if r.run_id == run_id][-1:]
@@ -429,7 +450,9 @@ def stop(
             if not points:
                 raise NotFound(f"no sweep named {sweep!r} on {cluster.name}")
             targets = [(r.run_id, r.name) for r in points if r.ended is None]
-        stopped = stop_runs(t, cluster.root, targets) if targets else []
+        return stop_runs(t, cluster.root, targets) if targets else []
+
+    stopped = cluster.ask(end)
     store.update_many(cluster.name, {row.run_id: {"secrets_cleared": True} for row in stopped})
     return {
         "stopped": [{"run_id": s.run_id, "name": s.name, "cancelled": list(s.cancelled),
@@ -444,14 +467,20 @@ def retry(cluster: Cluster, store: RunStore, name: str, notes: list[str]) -> dic
     from rv.job.retry import arrays_of, plan_retry, send_retry
     from rv.secrets import job_secrets
 
-    with cluster.connection() as t:
-        plan = plan_retry(t, cluster.root, name, parallel=None, account=cluster.profile.account)
-        if not plan.indexes:
-            return {"retried": [], "arrays": [], "message": f"nothing to retry in sweep {name}"}
-        secrets = job_secrets(cluster.name, notice=notes.append)
-        if secrets and not plan.first.meta.get("has_secrets"):
-            notes.append(f"sweep {name} was sent without secrets: its points run again as they were")
-        sent = send_retry(t, cluster.layout, plan, secrets=secrets or None, profile=cluster.name, store=store)
+    plan = cluster.ask(
+        lambda t: plan_retry(t, cluster.root, name, parallel=None, account=cluster.profile.account)
+    )
+    if not plan.indexes:
+        return {"retried": [], "arrays": [], "message": f"nothing to retry in sweep {name}"}
+    secrets = job_secrets(cluster.name, notice=notes.append)
+    if secrets and not plan.first.meta.get("has_secrets"):
+        notes.append(f"sweep {name} was sent without secrets: its points run again as they were")
+    sent = cluster.ask(
+        lambda t: send_retry(
+            t, cluster.layout, plan, secrets=secrets or None, profile=cluster.name, store=store
+        ),
+        again=False,
+    )
     return {
         "retried": plan.indexes,
         "arrays": arrays_of(sent),

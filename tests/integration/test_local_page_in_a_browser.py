@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from selenium.webdriver.support.ui import Select
 
 from rv.config import load_config, save_config
 from tests.integration.browser import chromium, screenshot, wait_until
@@ -44,9 +45,10 @@ print("done", lr, flush=True)
 """
 
 # Ticks twice a second for a minute (a line of stdout and a metric each), and says it got its secret
-# without saying it.
+# without saying it; one line on stderr.
 TICKER = """\
-import hashlib, json, os, time
+import hashlib, json, os, sys, time
+print("ticker starting", file=sys.stderr, flush=True)
 secret = os.environ.get("UI_SECRET", "")
 print("secret length", len(secret), "sha", hashlib.sha256(secret.encode()).hexdigest()[:12], flush=True)
 for i in range(1, 121):
@@ -271,6 +273,13 @@ def test_the_runs_page_lists_both_clusters_and_a_sweeps_page_draws_each_points_c
             for r in browser.find_elements("css selector", "#sweep-table tbody tr")
         ]
         assert order[:3] == ["3", "1", "0"], order
+        # Log scale: the y scale becomes logarithmic (uPlot's distr 3), the same curves on it.
+        browser.find_element("id", "sweep-log").click()
+        wait_until(
+            lambda: browser.execute_script("return rvui.charts.sweep.scales.y.distr") == 3, 10, "log scale"
+        )
+        screenshot(browser, "sweep-curves-log")
+        browser.find_element("id", "sweep-log").click()
         screenshot(browser, "sweep-curves")
 
         # Retry from the page: a confirmation, then the same retry as `rv sweep retry`.
@@ -314,7 +323,12 @@ def test_a_runs_logs_grow_live_its_metrics_redraw_and_stop_from_the_page_ends_it
         assert f"secret length {len(SECRET)} sha" in log()
         later = wait_until(lambda: (t := ticks()) and t[-1] >= first[-1] + 4 and t, 60, "the log to grow")
         assert later[: len(first)] == first and later == list(range(later[0], later[-1] + 1)), later
+        browser.execute_script("document.getElementById('log').scrollIntoView()")
         screenshot(browser, f"run-live-logs-{which}")
+        # The other stream: stderr's line alone.
+        Select(browser.find_element("id", "log-stream")).select_by_value("err")
+        wait_until(lambda: "ticker starting" in log(), 60, "stderr's line")
+        assert not ticks(), log()
 
         browser.get(f"{served.base}/#/metrics/{profile}/{run_id}")
         steps = lambda: browser.execute_script(  # noqa: E731

@@ -199,3 +199,44 @@ def test_a_pending_runs_row_says_why_and_when_slurm_expects_it_to_start():
         300,
     )
     assert goes["kind"] == "run" and goes["profile"] == "alpha"
+
+
+class Closable:
+    """A connection as the pool sees it: something to hand out and close."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.closed = n, False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_pooled_connection_found_lost_is_replaced_once_never_for_what_must_not_run_twice():
+    opened: list[Closable] = []
+
+    def opener(profile: Profile):
+        opened.append(Closable(len(opened)))
+        return opened[-1]
+
+    cluster = data.Cluster(Profile(name="alpha", host="a", remote_root="/r"), opener)
+    with cluster.connection() as first:
+        pass  # kept in the pool
+    asked: list[int] = []
+
+    def work(t: Closable) -> int:
+        asked.append(t.n)
+        if t is first:
+            raise ConnectError("connection to a was lost")
+        return t.n
+
+    assert cluster.ask(work) == 1 and asked == [0, 1] and first.closed  # the lost one dropped, a fresh one
+    assert cluster.ask(work) == 1 and asked == [0, 1, 1]  # the fresh one is the pool's now
+    with cluster.connection() as t:
+        assert t.n == 1
+    lost = Closable(9)
+    cluster._idle.append(lost)  # type: ignore[arg-type]
+    with pytest.raises(ConnectError):
+        cluster.ask(lambda t: (_ for _ in ()).throw(ConnectError("lost")), again=False)
+    assert lost.closed
+    cluster.close()
+    assert all(c.closed for c in opened)

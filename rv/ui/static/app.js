@@ -380,7 +380,8 @@ function provenanceTable(run) {
 function checkpointTable(listing) {
   if (!listing) return el("span", { class: "muted", text: "-" });
   if (!listing.exists) return el("span", { class: "muted", text: "no checkpoint folder yet" });
-  if (!listing.steps.length) return el("span", { text: `${listing.files} file(s), ${listing.bytes} bytes (not rv_train's step_<N> layout)` });
+  if (!listing.files) return el("span", { class: "muted", text: "none yet (the folder is empty)" });
+  if (!listing.steps.length) return el("span", { text: `${listing.files} file(s), ${bytes(listing.bytes)} (not rv_train's step_<N> layout)` });
   return el("table", { class: "segments" }, el("thead", {}, el("tr", {}, ["step", "size", "saved", "state"].map((h) => el("th", { text: h })))),
     el("tbody", {}, listing.steps.map((s) => el("tr", {}, el("td", { class: "num", text: s.step }), el("td", { class: "num", text: bytes(s.bytes) }),
       el("td", { text: when(s.mtime) }),
