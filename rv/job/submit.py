@@ -152,6 +152,7 @@ def script_context(
     env_build: tuple[str, ...] = (),
     placement: Placement | None = None,
     sweep_env: Mapping[str, str] | None = None,
+    notify: Sequence[str] = (),
 ) -> ScriptContext:
     return ScriptContext(
         remote_root=layout.root,
@@ -164,6 +165,7 @@ def script_context(
         env_build=env_build,
         placement=placement or Placement(),
         sweep_env=tuple((sweep_env or {}).items()),
+        notify=tuple(notify),
     )
 
 
@@ -228,10 +230,13 @@ def submit_args(
         "commit": provenance.get("commit"),
         "dirty": bool(provenance.get("dirty")),
         "env": provenance.get("env"),  # the environment's key: rv gc keeps it while this run lives
+        "git": provenance.get("git"),  # the repository's facts (rv.files.repo): rv ps --json shows them
         "submitted_from": socket.gethostname(),
         "has_secrets": has_secrets,
         # $RV_METRICS: where rv sweep results and rv metrics read what the program wrote.
         "metrics": run_paths(req, ctx).metrics,
+        # --notify: rv wait tells the desktop when it is among them (the cluster tells the others).
+        "notify": list(ctx.notify),
     }
     candidates = None
     if alternatives:
@@ -282,6 +287,7 @@ def run_record(
         submitted_at=time.time(),
         job_id=job_id,
         has_secrets=bool(args["has_secrets"]),
+        git=meta.get("git"),
     )
 
 
@@ -538,4 +544,5 @@ def retry_record(old: ClusterRun, run_id: str, job_id: str, root: str, profile: 
         submitted_at=time.time(),
         job_id=job_id,
         has_secrets=bool(meta.get("has_secrets")),
+        git=meta.get("git") if isinstance(meta.get("git"), dict) else None,
     )
