@@ -80,6 +80,10 @@ COMMANDS: dict[str, Command] = {
         "rv.cli.venv", "venv", "List, build and remove the Python environments jobs run in.", served=True
     ),
     "sync": Command("rv.cli.sync", "sync", "Push, pull and watch files.", served=True),
+    # Not served: a server for as long as it runs, stopped by Ctrl-C in its own terminal.
+    "ui": Command(
+        "rv.cli.ui", "ui", "A local web page of runs, sweeps, metrics and live logs.", served=False
+    ),
 }
 ALIASES = {"ls": "ps", "cancel": "stop"}
 

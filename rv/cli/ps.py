@@ -47,9 +47,9 @@ def render_table(views: Sequence[RunView]) -> list[str]:  # pure: rows in, lines
 def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None:
     """List your runs (one line each: segment, state, exit code, why it ended), sweeps (one line each:
     how many points are in which state) and other jobs; with SWEEP, each point of that sweep."""
-    from rv.cli.sweepview import fold_sweeps
     from rv.job import query
     from rv.job.records import run_views
+    from rv.job.results import fold_sweeps
 
     store = run_store()
     with session(ctx) as s:
@@ -81,9 +81,10 @@ def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None
 
 def _points(snap, sweep: str, as_json: bool) -> None:  # type: ignore[no-untyped-def]
     """`rv ps SWEEP`: one line per point (the newest run of each)."""
-    from rv.cli.sweepview import point_lines, point_runs
+    from rv.cli.sweepview import point_lines
     from rv.errors import NotFound
     from rv.job.records import run_views
+    from rv.job.results import point_runs
 
     points = point_runs(snap.runs, sweep)
     if not points:
