@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from rv.agent import metrics as agent_metrics
-from rv.agent import runs as agent_runs
+from rv.agent import rundir as agent_rundir
 from rv.agent.segment import ended_record, segment_record
 from rv.cli.plot import plot_curve
 from rv.cli.sweep import emit_metrics, emit_results, sweep
@@ -122,7 +122,7 @@ def sweep_root(tmp_path):
 def gather(root: Path, sort: SortKey | None):
     """What `rv sweep results` does with the one reply: the agent's records and metrics (read here
     in-process from the temp root), squeue, rv ps's states."""
-    rows = agent_runs.select_runs(str(root).encode(), {"ids": [f"run{i}" for i in range(4)]})
+    rows = agent_rundir.select_runs(str(root).encode(), {"ids": [f"run{i}" for i in range(4)]})
     runs = parse_runs(rows)
     views = {
         v.run_id: v for v in run_views(runs, parse_squeue(squeue_line("102", "grid/2")), now=NOW) if v.run_id
