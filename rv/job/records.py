@@ -48,6 +48,9 @@ class RunRecord:
     secrets_cleared: bool = False  # rv saw the run end, so its secrets are gone
     jobs: list[str] = field(default_factory=list)  # every segment's job id rv has seen
     ended: dict[str, Any] | None = None  # the run's ENDED record, once rv has seen it
+    # What an `rv up` session serves, as rv code and rv jupyter set it up (rv ps shows it):
+    # "editor_host" (the ssh Host), "editor_path", "notebook_url", "notebook_port" (on the node).
+    serves: dict[str, Any] = field(default_factory=dict)
 
     @property
     def short_commit(self) -> str:
