@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from rv.cli.common import note, run_store, session, warn
+from rv.cli.common import Session, note, run_store, session, warn
+
+if TYPE_CHECKING:
+    import socket
+
+    from rv.job.inside import RunningJob
 
 
 @click.command()
@@ -32,8 +38,8 @@ def forward(ctx: click.Context, ports: str, run: str | None, node: int) -> None:
       rv forward 6006 train-3f9a          TensorBoard at http://127.0.0.1:6006
       rv forward 8888:18888               Jupyter of the latest run at http://127.0.0.1:18888
     """
-    from rv.job.inside import job_state, node_address, running_job
-    from rv.remote.tunnel import Forwarder, bind_local, parse_ports
+    from rv.job.inside import node_address, running_job
+    from rv.remote.tunnel import bind_local, parse_ports
 
     remote_port, local_port = parse_ports(ports)
     listener = bind_local(local_port)  # a busy port fails here, before any connection
@@ -50,18 +56,26 @@ def forward(ctx: click.Context, ports: str, run: str | None, node: int) -> None:
                 f"forwarding {url} to port {remote_port} of {name} ({addr.reach}), job {rj.job_id} of run "
                 f"{rj.name}; Ctrl-C to stop"
             )
-
-            def still_running() -> bool:
-                job = job_state(s.transport, rj.job_id)
-                return job is not None and job.state == "RUNNING"
-
-            connection = s.connection
-            fwd = Forwarder(listener, lambda: connection.open_tunnel(addr.reach, remote_port), on_error=warn)
-            try:
-                fwd.serve(still_wanted=still_running)
-            except KeyboardInterrupt:
-                note(f"stopped forwarding ({fwd.connections} connection(s))")
-                return
-            note(f"job {rj.job_id} of run {rj.name} is no longer running: stopped forwarding")
+            serve_forward(s, rj, listener, addr.reach, remote_port)
     finally:
         listener.close()
+
+
+def serve_forward(s: Session, rj: RunningJob, listener: socket.socket, host: str, port: int) -> None:
+    """Join connections to ``listener`` to ``host:port`` through the session's own connection, until
+    Ctrl-C (said, not raised) or the job's end."""
+    from rv.job.inside import job_state
+    from rv.remote.tunnel import Forwarder
+
+    def still_running() -> bool:
+        job = job_state(s.transport, rj.job_id)
+        return job is not None and job.state == "RUNNING"
+
+    connection = s.connection
+    fwd = Forwarder(listener, lambda: connection.open_tunnel(host, port), on_error=warn)
+    try:
+        fwd.serve(still_wanted=still_running)
+    except KeyboardInterrupt:
+        note(f"stopped forwarding ({fwd.connections} connection(s))")
+        return
+    note(f"job {rj.job_id} of run {rj.name} is no longer running: stopped forwarding")

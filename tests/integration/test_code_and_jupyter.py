@@ -9,8 +9,10 @@ has.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -133,3 +135,130 @@ def test_code_without_the_editor_prints_the_host_and_the_command(layout, project
         assert "Include " in r.stderr
     finally:
         assert layout.run_rv("stop", "noed").returncode == 0
+
+
+# --- rv jupyter -----------------------------------------------------------------------------------
+
+CELL = (
+    "import hashlib, os\n"
+    "print(os.environ['SLURMD_NODENAME'], os.environ['SLURM_JOB_ID'], os.environ['RV_PRECISION'],\n"
+    "      hashlib.sha256(os.environ['NB_SECRET'].encode()).hexdigest()[:12], os.getcwd())\n"
+)
+
+
+def _run_cell(url: str, code: str) -> str:
+    """A notebook's cell, through Jupyter's own API: a notebook made by the contents API, a session
+    (and kernel) for it, and the cell run over the kernel's websocket. Returns what it printed."""
+    import urllib.request
+    import uuid
+    from urllib.parse import parse_qs, urlsplit
+
+    import websocket
+
+    parts = urlsplit(url)
+    token = parse_qs(parts.query)["token"][0]
+    base = f"http://{parts.netloc}"
+    headers = {"Authorization": f"token {token}", "Content-Type": "application/json"}
+
+    def call(method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(base + path, data=data, headers=headers, method=method)
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read() or b"{}")
+
+    notebook = call("POST", "/api/contents", {"type": "notebook"})
+    sess = call(
+        "POST", "/api/sessions", {"path": notebook["path"], "type": "notebook", "kernel": {"name": "python3"}}
+    )
+    kernel = sess["kernel"]["id"]
+    ws = websocket.create_connection(
+        f"ws://{parts.netloc}/api/kernels/{kernel}/channels?token={token}", timeout=120
+    )
+    try:
+        msg_id = uuid.uuid4().hex
+        ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
+                       "msg_type": "execute_request", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True},
+        }))  # fmt: skip
+        out: list[str] = []
+        while True:
+            msg = json.loads(ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = msg["msg_type"]
+            if kind == "stream":
+                out.append(msg["content"]["text"])
+            elif kind == "error":
+                raise AssertionError("the cell failed: " + "\n".join(msg["content"]["traceback"]))
+            elif kind == "status" and msg["content"]["execution_state"] == "idle":
+                return "".join(out)
+    finally:
+        ws.close()
+
+
+def _start_jupyter(layout, project, *args: str) -> tuple[subprocess.Popen, str]:
+    from conftest import RV_PROGRAM
+
+    proc = subprocess.Popen(
+        [str(RV_PROGRAM), "jupyter", "--no-browser", *args], env=layout.rv_env, cwd=project,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = proc.stdout.readline().strip()  # the URL, once JupyterLab listens (or "" if rv failed)
+    if not url:
+        proc.wait(timeout=60)
+        raise AssertionError(f"rv jupyter printed no URL (exit {proc.returncode}): {proc.stderr.read()}")
+    return proc, url
+
+
+def _interrupt(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return err
+
+
+def test_jupyter_serves_a_lab_page_and_a_kernel_in_the_job(layout, project):
+    from browser import chromium, wait_until
+
+    assert layout.run_rv("env", "set", "NB_SECRET=for the kernel only").returncode == 0
+    proc, url = _start_jupyter(layout, project, "-g", "1", "-t", "a6000", "--mem", "500M", "--name", "nb")
+    try:
+        assert url.startswith("http://127.0.0.1:") and "/lab?token=" in url, url
+        job = _session(layout.run_rv, "nb")["job_id"]
+        # A real browser loads the lab page through the forward: JupyterLab's own page, drawn.
+        with chromium() as driver:
+            driver.get(url)
+            wait_until(
+                lambda: driver.find_elements("css selector", "#jp-main-dock-panel"),
+                120,
+                "JupyterLab's main area",
+            )
+            assert "JupyterLab" in driver.title
+        # A cell runs in the job: its node, its job id, the precision rv chose, the secret, the work dir.
+        node = "gpu-01" if layout.name == "bare" else "node1"
+        printed = _run_cell(url, CELL).split()
+        run_id = _session(layout.run_rv, "nb")["run_id"]
+        secret = hashlib.sha256(b"for the kernel only").hexdigest()[:12]
+        assert printed[:2] == [node, job] and printed[3:] == [
+            secret,
+            f"{layout.remote_root}/runs/{run_id}/work",
+        ]
+        assert printed[2] == "bf16", printed  # an A6000 (compute capability 8.6): bf16, as a job gets
+    finally:
+        err = _interrupt(proc)
+    # Ctrl-C ended the forward, not the session or JupyterLab: rv jupyter again reconnects to both.
+    assert proc.returncode == 0, err
+    try:
+        assert queued(layout.ssh, job) == "RUNNING"
+        assert f"nb: notebook {url}" in layout.run_rv("ps").stdout
+        again, url2 = _start_jupyter(layout, project)
+        try:
+            assert url2 == url  # the same server (token) on the same local port
+            assert _run_cell(url2, "print(1 + 1)").strip() == "2"
+        finally:
+            _interrupt(again)
+    finally:
+        assert layout.run_rv("stop", "nb").returncode == 0
+    wait_gone(layout.ssh, job)
