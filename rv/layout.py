@@ -18,6 +18,8 @@
     jobs/<job id>/env.sh        the program's environment, for `rv ssh`/`rv up` shells (0600, holds
                                 the secrets; removed when the job ends)
     up.alive, up.detached       `rv up`: the watchdog's heartbeat; --detach (the job keeps itself)
+    node-ssh/                   `rv code`: the node's sshd config, host key, authorized keys, scripts
+    jupyter/                    `rv jupyter`: its config (the token), kernel spec, runtime file, log
     logs/<job id>.out|.err      batch logs; multi-node: <job id>-node<i>.out|.err
 <root>/names/<project>/<name>   the id of the newest run of that name (refusing a second live one)
 <root>/checkpoints/<project>/<name>/    RV_CHECKPOINT_DIR: shared by the runs of one name (resume)
