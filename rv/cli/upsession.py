@@ -33,9 +33,19 @@ class SessionCommand(LayeredCommand):
 
 
 def up_params() -> list[click.Parameter]:
+    import copy
+
     from rv.cli.up import up
 
-    return [p for p in up.params if p.name != "detach"]
+    params = []
+    for param in up.params:
+        if param.name == "detach":
+            continue
+        if param.name == "name" and isinstance(param, click.Option):
+            param = copy.copy(param)  # rv up's own keeps its help
+            param.help = "The session to reuse, or a new one's name (default: the newest live one, else new)."
+        params.append(param)
+    return params
 
 
 def live_or_new(ctx: click.Context, s: Session, *, base: str, new: bool) -> RunningJob:
