@@ -38,6 +38,16 @@ COMMANDS: dict[str, Command] = {
         "rv.cli.logs", "logs", "Show or follow a run's output, every segment.", served=True, prewarm=True
     ),
     "stop": Command("rv.cli.stop", "stop", "Stop runs.", served=True),
+    "why": Command(
+        "rv.cli.why",
+        "why",
+        "Why a run waits (and what would start it sooner), or why it ended.",
+        served=True,
+        prewarm=True,
+    ),
+    "wait": Command(
+        "rv.cli.wait", "wait", "Wait until runs end (or run); exit with their code.", served=True
+    ),
     "sweep": Command(
         "rv.cli.sweep", "sweep", "A sweep's results table, and a retry of its failed points.", served=True
     ),

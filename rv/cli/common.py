@@ -80,6 +80,16 @@ def warn(message: str) -> None:
     err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True, style="yellow")
 
 
+def tell_desktop(name: str, ended: Any, state: str) -> None:
+    """``--notify desktop``: a notification on this machine, else the terminal's bell and a line."""
+    from rv.notify import desktop_notify, end_words
+
+    title, body = end_words(name, ended, state)
+    if desktop_notify(title, body) is None:
+        sys.stderr.write("\a")
+        note(f"{title}: {body}")
+
+
 def escape(text: str) -> str:
     """Text safe inside rich markup: ``[host]:port`` and ``[bold]`` in a path are printed, not parsed."""
     from rich.markup import escape as rich_escape

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from rv.cli.common import err_console, escape, note, print_json
+from rv.cli.common import err_console, escape, note, print_json, warn
 from rv.errors import UsageError
 
 RIVANNA_HOST = "login.hpc.virginia.edu"
@@ -160,6 +160,8 @@ def init(
             system_site_packages=system_site_packages,
         )
         prepare_remote_root(transport, profile.require_remote_root(), share_with_group)
+    if facts.git_problem:
+        warn(facts.git_problem)
     first = not config.profiles
     save_config(config.with_profile(profile, make_default if make_default is not None else first))
 

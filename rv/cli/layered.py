@@ -39,6 +39,8 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
     own: dict[str, Any] = {k: v for k, v in profile.placement.items() if k in PLACEMENT_KEYS}
     if profile.sbatch:
         own["sbatch"] = list(profile.sbatch)
+    if profile.notify:
+        own["notify"] = list(profile.notify)
     layers = [project_layer(find_repo_top(Path.cwd(), Git())), Layer(f"profile {profile.name}", own)]
     return apply_layers(ctx, layers, exclude=NOT_DEFAULTS, only=only)
 

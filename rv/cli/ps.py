@@ -20,7 +20,7 @@ def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows
         code = "-" if v.exit_code is None else str(v.exit_code)
         # A sweep's line (its points) always says how many points are in which state.
         shown = v.reason and (v.points or v.state not in ("RUNNING", "COMPLETED"))
-        why = f"  ({v.reason})" if shown else ""
+        why = f"  ({v.why or v.reason})" if shown else ""
         rows.append((v.name, v.segments_text(), v.state, code, v.job_id or "-", gpus, str(v.nodes),
                      format_elapsed(v.elapsed_seconds), f"{v.source}{why}"))  # fmt: skip
     head = ("NAME", "SEG", "STATE", "EXIT", "JOB", "GPUS", "NODES", "ELAPSED", "SOURCE")

@@ -107,6 +107,14 @@ from rv.job.prepare import job_umask
     help="A sweep: at most K of its points running at once (a point's later segments, after a time "
     "limit, run beside them).",
 )
+@click.option(
+    "--notify",
+    multiple=True,
+    metavar="WHERE",
+    help="Tell of the run's end (once, from the cluster; and of a start after a wait in the queue): "
+    "mail:ADDRESS (Slurm's mail), secret:NAME (a webhook URL kept with `rv env set NAME`), desktop "
+    "(while -f or rv wait follows), none (repeatable).",
+)
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
@@ -159,6 +167,7 @@ def run(
     sweep_options: tuple[str, ...],
     sweep_file: Path | None,
     parallel: int | None,
+    notify: tuple[str, ...],
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -249,6 +258,9 @@ def run(
     from rv.secrets import job_secrets
 
     secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
+    from rv.notify import parse_targets
+
+    told = parse_targets(notify, secrets).targets
     from rv.config import cache_dir
     from rv.files.snapshot import upload_snapshot
     from rv.files.treecache import StoreCache
@@ -265,7 +277,7 @@ def run(
             run_sweep(
                 ctx, profile, sweep, command, req, build, snap=snap, env_plan=env_plan, place=place,
                 secrets=secrets, setup=setup, dry_run=dry_run, as_json=as_json, sources=sources,
-                probes_for=lambda context: placement_probes(reqs, context, place),
+                probes_for=lambda context: placement_probes(reqs, context, place), notify=told,
             )
         )  # fmt: skip
     if dry_run:
@@ -277,6 +289,7 @@ def run(
             layout, run_id=run_id, snapshot_id=snap.id, project=snap.project, account=profile.account,
             has_secrets=bool(secrets), umask=job_umask(profile),
             env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"), placement=place,
+            notify=told,
         )  # fmt: skip
         script = render_script(req, context)
         if as_json:
@@ -327,7 +340,7 @@ def run(
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
-            env_build=env_plan.lines(env.path) if env else (), placement=place,
+            env_build=env_plan.lines(env.path) if env else (), placement=place, notify=told,
         )  # fmt: skip
         submitted = job.submit(
             s.transport, s.layout, req, context, profile=profile.name, secrets=secrets,
@@ -372,7 +385,12 @@ def run(
                 f"  rv logs -f {req.name}    rv ps    rv stop {req.name}"
             )
         if follow:
-            ctx.exit(follow_to_end(s, record.run_id, req.name, req.max_segments, output_to_stderr=as_json))
+            ctx.exit(
+                follow_to_end(
+                    s, record.run_id, req.name, req.max_segments, output_to_stderr=as_json,
+                    desktop="desktop" in told,
+                )
+            )  # fmt: skip
 
 
 def read_sweep(  # type: ignore[no-untyped-def]
@@ -413,6 +431,7 @@ def read_sweep(  # type: ignore[no-untyped-def]
 def run_sweep(  # type: ignore[no-untyped-def]
     ctx: click.Context, profile, sweep, command: tuple[str, ...], req, build, *, snap, env_plan, place,
     secrets, setup: tuple[str, ...], dry_run: bool, as_json: bool, sources: dict[str, str], probes_for,
+    notify: tuple[str, ...] = (),
 ) -> int:  # fmt: skip
     """`rv run --sweep`: every point a run of its own (SWEEP/INDEX), one snapshot, one environment,
     one job array (or several, where MaxArraySize splits them), sent in one round trip."""
@@ -442,7 +461,7 @@ def run_sweep(  # type: ignore[no-untyped-def]
             layout, run_id=job.new_run_id() + "-0", snapshot_id=snap.id, project=snap.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
             env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"), placement=place,
-            sweep_env=first.env(),
+            sweep_env=first.env(), notify=notify,
         )  # fmt: skip
         script = render_script(point_reqs[first.index], context)
         if as_json:
@@ -510,6 +529,7 @@ def run_sweep(  # type: ignore[no-untyped-def]
                 s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
                 account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
                 env_build=env_plan.lines(env.path) if env else (), placement=place, sweep_env=point.env(),
+                notify=notify,
             )  # fmt: skip
             args = job.submit_args(
                 s.layout, point_reqs[index], context, provenance=provenance, has_secrets=bool(secrets)
@@ -654,7 +674,8 @@ def option_words(command: click.Command) -> dict[str, bool]:
     return words
 
 
-def follow_to_end(s, run_id: str, name: str, max_segments: int, *, output_to_stderr: bool = False) -> int:  # type: ignore[no-untyped-def]
+def follow_to_end(s, run_id: str, name: str, max_segments: int, *, output_to_stderr: bool = False,  # type: ignore[no-untyped-def]
+                  desktop: bool = False) -> int:  # fmt: skip
     """Follow a run until it ends; the run's exit code (0 when it finished), 130 on Ctrl-C.
 
     ``output_to_stderr`` (``-f --json``): the program's output, both streams, goes to stderr, so
@@ -682,6 +703,10 @@ def follow_to_end(s, run_id: str, name: str, max_segments: int, *, output_to_std
             f"run {name} ended after segment {followed.last_segment}: {reason or 'no record'} "
             f"(exit code {code})"
         )
+    if desktop:
+        from rv.cli.common import tell_desktop
+
+        tell_desktop(name, followed.ended, end_state(reason))
     return code
 
 

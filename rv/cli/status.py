@@ -49,6 +49,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "storage_bytes": kept["total"],
         "storage_by_kind": kept["kinds"],
         "gc_would_free": kept["gc"],
+        "git": st.git,
         "jobs": dict(jobs),
         "may_use": {
             "accounts": accounts,
@@ -83,6 +84,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(
             f"  rv gc      would free {human_size(gc['bytes_freed'])} ({gc['runs']} ended run(s) older than "
             f"14 days, {gc['snapshots']} snapshot(s), {gc['objects']} object(s))"
+        )
+    if st.git.get("problem"):
+        warn(st.git["problem"])
+    elif st.git.get("version"):
+        click.echo(
+            f"git          {st.git['version']} on the login node (jobs need git on the compute nodes too)"
         )
     click.echo("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
     click.echo("GPUs         idle/total")

@@ -288,6 +288,8 @@ def snapshot(ctx: click.Context, path: str, max_file_size: int, allow_large: boo
                 "remote_path": result.remote_path,
                 "meta_path": result.meta_path,
                 "base": result.base,
+                "snapshot_commit": result.snapshot_commit,
+                "ref": result.ref,
                 "project": result.project,
                 "branch": result.branch,
                 "commit": result.commit,

@@ -25,6 +25,7 @@ from typing import Any
 from rv.agent.segment import end_state
 from rv.errors import NotFound, UsageError
 from rv.slurm.parse import AccountedJob, QueuedJob
+from rv.slurm.pending import one_line
 
 # --- local records --------------------------------------------------------------------------------
 
@@ -301,6 +302,7 @@ class RunView:
     sweep: str | None = None  # a sweep's point: the sweep's name (its own is SWEEP/INDEX)
     sweep_index: int | None = None
     points: int = 0  # `rv ps`'s one line for a whole sweep: how many points it sums up
+    why: str | None = None  # a pending run: its reason in words (rv why's one-line form)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -359,15 +361,18 @@ def run_views(
             waiting = [(by_id[j], t) for j, t in seg.candidates if j in by_id]
             live_job = waiting[0][0] if waiting else live_job
             gpu_type = "|".join(t for _, t in seg.candidates)
+        why = None
         if seg is not None and not seg.placed and live_job is not None:
             state, exit_code = live_job.state, None
             reason = "pending on " + ", ".join(f"{t} ({j.reason})" if j.reason else t for j, t in waiting)
+            why = "pending on " + ", ".join(f"{t}: {one_line(j.reason)}" for j, t in waiting)
         elif live_job is not None:
             state, reason, exit_code = (
                 live_job.state,
                 live_job.reason if live_job.state == "PENDING" else None,
                 None,
             )
+            why = one_line(live_job.reason) if live_job.state == "PENDING" else None
         elif run.ended is not None:
             reason = str(run.ended.get("reason") or "")
             state, exit_code = end_state(reason), _int(run.ended.get("exit_code"))
@@ -404,6 +409,7 @@ def run_views(
                 checkpoint_step=steps[-1] if steps else None,
                 sweep=str(sweep["name"]) if sweep.get("name") else None,
                 sweep_index=_int(sweep.get("index")),
+                why=why,
             )
         )
     views.sort(key=lambda v: v.created or 0, reverse=True)

@@ -152,6 +152,7 @@ def script_context(
     env_build: tuple[str, ...] = (),
     placement: Placement | None = None,
     sweep_env: Mapping[str, str] | None = None,
+    notify: Sequence[str] = (),
 ) -> ScriptContext:
     return ScriptContext(
         remote_root=layout.root,
@@ -164,6 +165,7 @@ def script_context(
         env_build=env_build,
         placement=placement or Placement(),
         sweep_env=tuple((sweep_env or {}).items()),
+        notify=tuple(notify),
     )
 
 
@@ -232,6 +234,8 @@ def submit_args(
         "has_secrets": has_secrets,
         # $RV_METRICS: where rv sweep results and rv metrics read what the program wrote.
         "metrics": run_paths(req, ctx).metrics,
+        # --notify: rv wait tells the desktop when it is among them (the cluster tells the others).
+        "notify": list(ctx.notify),
     }
     candidates = None
     if alternatives:

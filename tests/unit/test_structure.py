@@ -68,6 +68,7 @@ STDLIB = {
     "argparse", "ast", "base64", "contextlib", "errno", "fcntl", "hashlib", "io", "json", "marshal", "os",
     "platform", "pwd", "re", "select", "shutil", "signal", "site", "socket", "stat", "struct", "subprocess",
     "sys", "sysconfig", "tempfile", "time", "types", "zlib", "rv", "functools", "queue", "threading",
+    "urllib",
 }  # fmt: skip
 
 
@@ -116,3 +117,11 @@ def test_the_jobs_own_chaining_sbatch_keeps_the_options_of_rv_slurm_commands():
     for option in argv[1:-1]:  # every option between the program and the script
         as_in_job = option.replace("JOB", '"$3"')
         assert as_in_job in words, (option, chain)
+
+
+def test_the_laptop_and_the_agent_agree_on_the_oldest_git_the_store_works_with():
+    # rv init checks the cluster's git from the laptop (rv.probe), the agent before every upload.
+    from rv.agent import store
+    from rv.probe import MIN_GIT
+
+    assert store.MIN_GIT == MIN_GIT
