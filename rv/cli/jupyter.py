@@ -45,9 +45,10 @@ def jupyter(
       rv jupyter --name jupyter-3f9a1b --port 8888
     """
     from rv.cli.forward import serve_forward
-    from rv.cli.venv import build_with_progress
+    from rv.cli.launchview import TerminalLaunch
     from rv.job import notebook
     from rv.job.inside import node_address
+    from rv.job.launch import environment
     from rv.job.serve import remember
     from rv.pyenv.plan import EnvPlan
     from rv.remote.tunnel import bind_local
@@ -71,7 +72,9 @@ def jupyter(
                     )
                     setup = (*s.profile.setup, *ctx.params.get("setup", ()))
                     plan = EnvPlan(spec=notebook.tools_spec(ctx.params.get("python_") or s.profile.python))
-                    tools = build_with_progress(s, plan, setup).path
+                    env = environment(s, plan, setup, TerminalLaunch())
+                    assert env is not None, "a plan with a spec always has an environment"
+                    tools = env.path
                 note(f"starting JupyterLab in session {rj.name} on {rj.nodes[0]}")
                 server = notebook.start(s.transport, rj, address=address, tools=tools)
             if listener is None:

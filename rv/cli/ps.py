@@ -4,14 +4,18 @@ state, and one per sweep (its points counted by state); with SWEEP, one line per
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from rv.cli.common import note, print_json, run_store, session, warn
 from rv.timespec import format_elapsed
 
+if TYPE_CHECKING:
+    from rv.job.records import RunView
 
-def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows in, lines out
+
+def render_table(views: Sequence[RunView]) -> list[str]:  # pure: rows in, lines out
     # Columns as wide as their longest value: a name cut at 22 characters could not be typed back
     # into `rv logs NAME`, and two runs could show the same prefix.
     rows = []
@@ -43,9 +47,9 @@ def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows
 def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None:
     """List your runs (one line each: segment, state, exit code, why it ended), sweeps (one line each:
     how many points are in which state) and other jobs; with SWEEP, each point of that sweep."""
-    from rv.cli.sweepview import fold_sweeps
     from rv.job import query
     from rv.job.records import run_views
+    from rv.job.results import fold_sweeps
 
     store = run_store()
     with session(ctx) as s:
@@ -99,9 +103,10 @@ def served_lines(views: Sequence, serves: dict) -> list[str]:  # type: ignore[ty
 
 def _points(snap, sweep: str, as_json: bool) -> None:  # type: ignore[no-untyped-def]
     """`rv ps SWEEP`: one line per point (the newest run of each)."""
-    from rv.cli.sweepview import point_lines, point_runs
+    from rv.cli.sweepview import point_lines
     from rv.errors import NotFound
     from rv.job.records import run_views
+    from rv.job.results import point_runs
 
     points = point_runs(snap.runs, sweep)
     if not points:

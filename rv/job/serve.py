@@ -45,7 +45,7 @@ def live_session(
             continue
         learned.append((record, run))
         seg = run.current
-        job = queued.get(seg.job_id) if seg is not None else None
+        job = queued.get(seg.job_id) if seg is not None and seg.job_id else None
         if job is not None and job.state == "RUNNING" and run.ended is None:
             query.cache_learned_many(store, profile, learned)
             return RunningJob(run=run, job=job, root=record.remote_root)

@@ -22,9 +22,9 @@ from rv.agent import runs as agent_runs
 from rv.agent.common import AgentError
 from rv.catalog import RIVANNA
 from rv.cli.ps import render_table
-from rv.cli.sweepview import fold_sweeps
 from rv.errors import UsageError
 from rv.job.records import RunView
+from rv.job.results import fold_sweeps
 from rv.job.submit import SweepCheck, check_existing_points, script_context, submit_args
 from rv.layout import RemoteLayout
 from rv.names import check_run_name, lookup_hint, point_name, split_point_name
