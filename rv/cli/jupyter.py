@@ -44,7 +44,7 @@ def jupyter(
       rv jupyter -g 1 -t a6000 --time 4h
       rv jupyter --name jupyter-3f9a1b --port 8888
     """
-    from rv.cli.forward import serve_forward
+    from rv.cli.forwarding import serve_forward
     from rv.cli.launchview import TerminalLaunch
     from rv.job import notebook
     from rv.job.inside import node_address

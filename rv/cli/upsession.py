@@ -35,8 +35,10 @@ class SessionCommand(LayeredCommand):
 def up_params() -> list[click.Parameter]:
     import copy
 
-    from rv.cli.up import up
+    from rv.commands import load
 
+    up = load("up")
+    assert isinstance(up, click.Command)
     params = []
     for param in up.params:
         if param.name == "detach":
@@ -76,10 +78,13 @@ def live_or_new(ctx: click.Context, s: Session, *, base: str, new: bool) -> Runn
         note(f"session {found.name}: job {found.job_id} on {nodes} (rv stop {found.name} ends it)")
         serve.remember(store, found, profile, kind=base)
         return found
-    from rv.cli.up import up
+    from rv.commands import load
 
+    up = load("up")
+    assert isinstance(up, click.Command)
     name = name or default_run_name(base, new_run_id())
     args = {p.name: ctx.params[p.name] for p in up_params() if p.name}
+    # `rv up --detach` itself: sized, placed, snapshotted and given its environment as rv up does.
     ctx.invoke(up, **{**args, "name": name, "detach": True})
     rj = running_job(s.transport, store, profile, root, name)
     serve.remember(store, rj, profile, kind=base)
