@@ -62,6 +62,12 @@ COMMANDS: dict[str, Command] = {
     "gpu": Command(
         "rv.cli.gpu", "gpu", "What the GPUs of a running job are doing.", served=True, prewarm=True
     ),
+    "code": Command(
+        "rv.cli.code", "code", "VS Code (or another editor) on a session's node, by plain SSH.", served=False
+    ),
+    "jupyter": Command(
+        "rv.cli.jupyter", "jupyter", "JupyterLab in a session, on this machine's browser.", served=False
+    ),
     "forward": Command(
         "rv.cli.forward", "forward", "Forward a port of a running job's node to this machine.", served=False
     ),

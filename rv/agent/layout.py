@@ -35,6 +35,8 @@ collected by rv gc:
     jobs/<job id>/env.sh        the program's environment, for `rv ssh`/`rv up` shells (0600, holds
                                 the secrets; removed when the job ends)
     up.alive, up.detached       `rv up`: the watchdog's heartbeat; --detach (the job keeps itself)
+    node-ssh/                   `rv code`: the node's sshd config, host key, authorized keys, scripts
+    jupyter/                    `rv jupyter`: its config (the token), kernel spec, runtime file, log
     logs/<job id>.out|.err      batch logs; multi-node: <job id>-node<i>.out|.err
 <root>/names/<project>/<name>   the id of the newest run of that name (refusing a second live one);
                                 a sweep's is a folder: names/<project>/<sweep>/<index>
@@ -117,6 +119,8 @@ JOB_ENV = "env.sh"  # jobs/<id>/env.sh: the job's environment, secrets included
 LOGS = "logs"
 UP_ALIVE = "up.alive"  # rv up: the watchdog's heartbeat counter, read by the job's holder
 UP_DETACHED = "up.detached"  # rv up --detach: the holder keeps the allocation without a watchdog
+NODE_SSH = "node-ssh"  # rv code: the session's sshd on the node (config, host key, scripts)
+JUPYTER = "jupyter"  # rv jupyter: JupyterLab's config (the token), kernel spec, runtime file, log
 
 # What segment k leaves in seg/<k>.<kind>: its job id, its record, the jobs sent for it once per GPU
 # type (its submitter and its job write these), and the claim of whoever follows it (rv logs).
