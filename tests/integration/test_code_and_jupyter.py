@@ -200,7 +200,7 @@ def _run_cell(url: str, code: str) -> str:
 
 
 def _start_jupyter(layout, project, *args: str) -> tuple[subprocess.Popen, str]:
-    from conftest import RV_PROGRAM
+    from tests.integration.conftest import RV_PROGRAM
 
     proc = subprocess.Popen(
         [str(RV_PROGRAM), "jupyter", "--no-browser", *args], env=layout.rv_env, cwd=project,

@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import RV_PROGRAM
+from tests.integration.conftest import RV_PROGRAM
 from projects import git_project, store_state, wait_for
 
 FILES = 3000  # 40 kB each, 120 MB: packs of 32 MB, so some land whole before a kill
