@@ -81,6 +81,50 @@ def test_what_rv_sets_or_sbatch_refuses_fails_before_anything_is_sent(layout, tm
     assert not (root / "snapshots").exists()  # the check comes before the upload
 
 
+def test_every_spelling_of_an_option_rv_sets_is_refused_before_upload_and_others_reach_sbatch(
+    layout, tmp_path
+):
+    # sbatch reads a unique prefix of a long option, and short forms, as the option itself (issue 33).
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    for typed, owned in (
+        ("--sbatch=--arr=0-2", "--array"),
+        ("--sbatch=--partit=gpu-v100", "--partition"),
+        ("--sbatch=-p gpu-v100", "--partition"),
+        ("--sbatch=--job-n=x", "--job-name"),
+    ):
+        r = layout.run_rv("run", "-g", "0", typed, "--", "true", cwd=proj)
+        assert r.returncode == 2 and f"rv sets {owned} itself" in r.stderr, (typed, r.stderr)
+    for typed, why in (("--sbatch=--export=NONE", "without ALL"), ("--sbatch=--chdir=/tmp", "own copy")):
+        r = layout.run_rv("run", "-g", "0", typed, "--", "true", cwd=proj)
+        assert r.returncode == 2 and why in r.stderr and "next:" in r.stderr, (typed, r.stderr)
+    root = Path(layout.remote_root)
+    assert not (root / "snapshots").exists()  # refused before the upload
+    # A prefix of an option rv leaves alone reaches sbatch, which reads it as that option.
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--sbatch=--comm=rvprefix", "--sbatch=--export=ALL,RV_T=1",
+        "-f", "--",
+        "bash", "-c", SHOW + "; echo RV_T=$RV_T", cwd=proj,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert " Comment=rvprefix" in r.stdout and "RV_T=1" in r.stdout, r.stdout
+
+
+def test_rvs_list_of_sbatch_options_is_the_clusters_own(layout):
+    # Each one-letter prefix names the options that start with it (ambiguous), or the one that does.
+    from rv.slurm.options import LONG_OPTIONS
+
+    names = []
+    for letter in "abcdefghijklmnopqrstuvwxyz":
+        answer = slurm(layout, "bash", "-c", f"sbatch --{letter} </dev/null").stderr
+        if "is ambiguous" in answer:
+            names += re.findall(r"'--([a-z-]+)'", answer.split("possibilities:", 1)[1].splitlines()[0])
+        elif "requires an argument" in answer:
+            names += re.findall(r"option '--([a-z-]+)'", answer)
+        else:
+            assert "unrecognized option" in answer, answer
+    assert sorted(names) == sorted(LONG_OPTIONS)
+
+
 @pytest.mark.parametrize("layout", ["bare"], indirect=True)
 def test_a_projects_defaults_apply_under_the_command_line_and_the_dry_run_names_each_source(layout, tmp_path):
     pyproject = '[project]\nname = "p"\n\n[tool.rv]\nmax-segments = 3\nsbatch = ["--comment=fromproject"]\n'

@@ -67,6 +67,93 @@ def test_options_rv_sets_itself_are_refused_naming_the_rv_flag(text, flag):
     assert "rv sets" in err.value.message and flag in (err.value.hint or "")
 
 
+@pytest.mark.parametrize(
+    "text, owned, flag",
+    [
+        ("--arr=0-2", "--array", "rv run --sweep"),
+        ("--partit=gpu-v100", "--partition", "rv run --partition"),
+        ("--partit gpu-v100", "--partition", "rv run --partition"),
+        ("-p gpu-v100", "--partition", "rv run --partition"),
+        ("-p=gpu-v100", "--partition", "rv run --partition"),
+        ("--job-n=x", "--job-name", "rv run --name"),
+        ("--j=x", "--job-name", "rv run --name"),
+        ("-J x", "--job-name", "rv run --name"),
+        ("--depend=afterok:1", "--dependency", "chains"),
+        ("-d afterok:1", "--dependency", "chains"),
+        ("--sig=USR1@60", "--signal", "rv run --signal"),
+        ("-a 1-3", "--array", "rv run --sweep"),
+        ("--ntasks-per-g=2", "--ntasks-per-gpu", "one task per node"),
+        ("--tasks-per-node=2", "--tasks-per-node", "one task per node"),
+        ("-F nodes.txt", "--nodefile", "rv run --nodelist"),
+        ("--tres-per-task=gres/gpu:2", "--tres-per-task", "rv run -g/-t"),
+    ],
+)
+def test_every_spelling_sbatch_reads_as_an_option_rv_sets_is_refused(text, owned, flag):
+    # sbatch (getopt_long) reads any prefix one option has, and short forms: each is that option.
+    with pytest.raises(UsageError) as err:
+        check_sbatch_option(text)
+    assert f"rv sets {owned} itself" in err.value.message and flag in (err.value.hint or ""), (
+        err.value.message
+    )
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("--export=NONE", "without ALL"),
+        ("--export=HOME,PATH", "without ALL"),
+        ("--export", "without ALL"),
+        ("--chdir=/tmp", "own copy of the code"),
+        ("-D /tmp", "own copy of the code"),
+        ("--ch=/tmp", "own copy of the code"),
+        ("-M other", "profile's cluster"),
+        ("--usage", "queue nothing"),
+    ],
+)
+def test_options_the_job_cannot_run_with_are_refused_with_the_reason(text, why):
+    with pytest.raises(UsageError) as err:
+        check_sbatch_option(text)
+    assert why in err.value.message and err.value.hint, err.value.message
+
+
+def test_a_prefix_several_options_share_is_refused_naming_them_and_other_options_pass():
+    with pytest.raises(UsageError) as err:
+        check_sbatch_option("--no=1")
+    assert "--nodes" in err.value.message and "--no-kill" in err.value.message
+    with pytest.raises(UsageError, match="--time, --time-min"):
+        check_sbatch_option("--tim=10")
+    assert check_sbatch_option("--export=ALL,FOO=1") == "--export=ALL,FOO=1"
+    assert check_sbatch_option("--mail-t=END") == "--mail-t=END"  # sbatch reads it; nothing of rv's
+    assert check_sbatch_option("-L lic") == "-L lic"  # getopt would read `-L=lic` as "=lic"
+    assert check_sbatch_option("--some-newer-option=1") == "--some-newer-option=1"  # sbatch judges it
+
+
+def test_the_long_option_list_is_sbatchs_own():
+    # What sbatch 22.05 answers for each one-letter prefix (tests/captured): every option it names is
+    # in rv's list and rv's list names no other (integration: the cluster's sbatch is asked again).
+    from rv.slurm.options import LONG_OPTIONS, SHORT_OPTIONS
+
+    captured = (Path(__file__).parents[1] / "captured" / "sbatch_long_options_22.05.txt").read_text()
+    assert sorted(LONG_OPTIONS) == sorted(options_in_sbatch_answers(captured))
+    assert set(SHORT_OPTIONS.values()) <= set(LONG_OPTIONS)
+
+
+def options_in_sbatch_answers(text: str) -> list[str]:
+    """The long options sbatch names in its answers to `sbatch --X`: the possibilities of an ambiguous
+    prefix, or the one option a unique prefix is (which, asked without its value, sbatch names)."""
+    import re
+
+    names = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        if "is ambiguous" in line:
+            names += re.findall(r"'--([a-z-]+)'", line.split("possibilities:", 1)[1])
+        elif "requires an argument" in line:
+            names += re.findall(r"option '--([a-z-]+)'", line)
+    return names
+
+
 @pytest.mark.parametrize("text", ["begin=now", "--comment='two words'", "--comment=a%j", "--x=a b", ""])
 def test_what_is_no_sbatch_option_or_cannot_go_into_a_directive_is_refused(text):
     with pytest.raises(UsageError):
