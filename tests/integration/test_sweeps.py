@@ -197,6 +197,33 @@ def test_a_point_stopped_at_its_time_limit_continues_from_its_checkpoint_while_t
     assert rows[1]["metrics"]["loss"] == pytest.approx(1 / 60)
 
 
+MALFORMED = """\
+import json, os, sys
+with open(os.environ["RV_METRICS"], "a") as fh:
+    if sys.argv[1] == "0":
+        fh.write("[" * 100000 + "\\n")  # deeper than json's parser recurses
+        fh.write('{"loss": "' + "x" * (2 << 20) + '"}\\n')  # longer than any metrics line
+    fh.write(json.dumps({"step": 1, "loss": 1.5 + int(sys.argv[1])}) + "\\n")
+"""
+
+
+def test_a_malformed_metrics_line_is_one_bad_line_and_never_hides_another_point(layout, tmp_path):
+    run_rv = layout.run_rv
+    proj = git_project(tmp_path / "p", {"bad.py": MALFORMED})
+    sweep_sent(
+        run_rv("run", "-g", "0", "--mem", "200M", "--name", "mal", "--sweep", "x=0,1", "--json", "--",
+               "python3", "bad.py", "{x}", cwd=proj)
+    )  # fmt: skip
+    rows = wait_for(all_ended(run_rv, "mal", 2), 120, "both points to end")
+    assert [rows[i]["metrics"]["loss"] for i in (0, 1)] == [1.5, 2.5], rows
+    shown = run_rv("sweep", "results", "mal")
+    assert shown.returncode == 0 and "2.5" in shown.stdout, shown.stderr
+    one = run_rv("metrics", "mal/0")
+    assert (
+        one.returncode == 0 and "2 line(s)" in one.stderr and re.search(r"^loss\s+1\.5", one.stdout, re.M)
+    ), one.stdout + one.stderr
+
+
 @pytest.mark.parametrize("layout", ["default"], indirect=True)
 def test_rv_stop_sweep_cancels_its_running_and_pending_points(layout, tmp_path):
     run_rv = layout.run_rv
