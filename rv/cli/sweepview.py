@@ -434,18 +434,20 @@ def retry_points(rows: Sequence[PointRow]) -> list[int]:
     return sorted(r.index for r in rows if r.run_id is None or r.state in RETRY_STATES)
 
 
-# How `rv ps` sums up a sweep on one line (points running, pending, finished, failed): the states
-# rv ps shows, by bucket; anything else (REQUEUED, UNKNOWN, STOPPED...) is "other".
+# How `rv ps` sums up a sweep on one line (points running, pending, finished, failed, cancelled): the
+# states rv ps shows, by bucket; anything else (UNKNOWN, STOPPED...) is "other". A cancelled point
+# (rv stop SWEEP) is no failed one: `rv ps SWEEP` and `rv sweep results` say CANCELLED too.
 _BUCKETS = (
     ("running", frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SIGNALING"})),
     ("pending", frozenset({"PENDING", "SUSPENDED"})),
     ("finished", frozenset({"COMPLETED"})),
-    ("failed", RETRY_STATES),
+    ("failed", RETRY_STATES - {"CANCELLED"}),
+    ("cancelled", frozenset({"CANCELLED"})),
 )
 
 
 def sweep_counts(states: Iterable[str]) -> dict[str, int]:
-    """``{"running", "pending", "finished", "failed", "other"}`` counts of the points' states."""
+    """``{"running", "pending", "finished", "failed", "cancelled", "other"}`` counts of the points' states."""
     out = dict.fromkeys([*(name for name, _ in _BUCKETS), "other"], 0)
     for state in states:
         bucket = next((name for name, members in _BUCKETS if state in members), "other")
@@ -590,6 +592,8 @@ def _sweep_state(states: Sequence[str]) -> str:
         return "COMPLETED"
     if counts["failed"]:
         return "FAILED"
+    if counts["cancelled"]:
+        return "CANCELLED"
     return max(set(states), key=states.count) if states else "UNKNOWN"
 
 

@@ -224,7 +224,6 @@ def test_a_malformed_metrics_line_is_one_bad_line_and_never_hides_another_point(
     ), one.stdout + one.stderr
 
 
-@pytest.mark.parametrize("layout", ["default"], indirect=True)
 def test_rv_stop_sweep_cancels_its_running_and_pending_points(layout, tmp_path):
     run_rv = layout.run_rv
     proj = git_project(tmp_path / "p", {"sleep.py": "import time\ntime.sleep(300)\n"})
@@ -242,6 +241,13 @@ def test_rv_stop_sweep_cancels_its_running_and_pending_points(layout, tmp_path):
     assert stop.returncode == 0 and "stopped sweep sl: 4 of its 4 point(s) had not ended" in stop.stderr
     rows = wait_for(all_ended(run_rv, "sl", 4), 60, "every point to end")
     assert all(p["state"] == "CANCELLED" for p in rows.values()), rows
+    # Every view of the sweep agrees: cancelled, not failed (issue 33).
+    table = run_rv("ps", "-a").stdout
+    assert re.search(r"^sl\s+4pt\s+CANCELLED\s.*\(4 cancelled\)", table, re.M), table
+    points = run_rv("ps", "sl").stdout
+    assert len(re.findall(r"^\d\s+\d\s+\S+\s+CANCELLED\s", points, re.M)) == 4, points
+    shown = run_rv("sweep", "results", "sl")
+    assert "4 point(s): 4 cancelled" in shown.stdout + shown.stderr and "failed" not in shown.stdout, shown
     queue = subprocess.run(
         ["squeue", "-h", "-r", "-u", layout.cluster["RV_TESTCLUSTER_USER"], "-n", "sl", "-o", "%i"],
         env={**os.environ, "SLURM_CONF": layout.cluster["SLURM_CONF"]}, capture_output=True, text=True,
