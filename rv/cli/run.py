@@ -206,10 +206,14 @@ def run(
     from rv.cli.defaults import COMMAND_LINE
 
     sources = ctx.meta.get("rv.sources", {})
+    # A project's `follow = true` is for its runs: a sweep (many runs) leaves it, a typed -f is refused.
     sweep = read_sweep(
-        sweep_options, sweep_file, parallel, command, name=run_name or "", follow=follow, from_=from_,
+        sweep_options, sweep_file, parallel, command, name=run_name or "", from_=from_,
+        follow=follow and sources.get("follow") == COMMAND_LINE,
         parallel_typed=sources.get("parallel") == COMMAND_LINE,
     )  # fmt: skip
+    if sweep is not None and follow:
+        note(f"follow = true ({sources.get('follow')}) is for single runs: a sweep's points are not followed")
     from rv.placement import build_placement, plan_requests, type_words
 
     def build(type_name: str | None, cmd: tuple[str, ...] = command):  # type: ignore[no-untyped-def]

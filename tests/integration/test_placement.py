@@ -143,6 +143,38 @@ def test_a_projects_defaults_apply_under_the_command_line_and_the_dry_run_names_
     assert bad.returncode == 3 and "unknown rv run option 'gpus_total'" in bad.stderr, bad.stderr
 
 
+def test_a_projects_defaults_are_typed_and_follow_there_leaves_sweeps_alone(layout, tmp_path):
+    # Issue 33: `gpu = 2.7` became 2 GPUs, a list of types was one unknown type, `follow = true` made
+    # every sweep fail with "drop -f" though no -f was typed.
+    head = '[project]\nname = "p"\n\n[tool.rv]\n'
+    proj = git_project(tmp_path / "p", {"pyproject.toml": head + 'follow = true\ntype = ["v100", "a6000"]\n'})
+    dry = layout.run_rv("run", "-g", "1", "--dry-run", "--", "true", cwd=proj)
+    assert dry.returncode == 0 and "--gres=gpu:v100:1" in dry.stdout, dry.stderr
+    assert "--type v100,a6000 (pyproject.toml [tool.rv])" in " ".join(dry.stderr.split()), dry.stderr
+    (proj / "pyproject.toml").write_text(head + "follow = true\n")
+    sweep = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--sweep", "x=1,2", "--json", "--", "true", cwd=proj
+    )
+    assert sweep.returncode == 0 and len(json.loads(sweep.stdout)["points"]) == 2, sweep.stderr
+    assert "a sweep's points are not followed" in sweep.stderr
+    typed = layout.run_rv("run", "-g", "0", "--sweep", "x=1,2", "-f", "--", "true", cwd=proj)
+    assert typed.returncode == 2 and "drop -f" in typed.stderr  # typed, it is still refused
+    for table, said in (
+        ("gpu = 2.7\n", "gpu = 2.7 (a number with a point): gpu must be an integer"),
+        ("gpu = true\n", "gpu = true (true/false): gpu must be an integer"),
+        ("time = 8\n", "time = 8 (an integer): time must be a string"),
+        (
+            "max-segments = 2\nmax_segments = 3\n",
+            "max-segments and max_segments are one key written two ways",
+        ),
+        ('env-choice = "none"\n', "unknown rv run option 'env-choice'"),
+    ):
+        (proj / "pyproject.toml").write_text(head + table)
+        bad = layout.run_rv("run", "--dry-run", "--", "true", cwd=proj)
+        assert bad.returncode == 3 and f"{proj / 'pyproject.toml'} [tool.rv]: " in bad.stderr, bad.stderr
+        assert said in bad.stderr and "next:" in bad.stderr, bad.stderr
+
+
 def test_rv_up_takes_placement_from_the_command_line_and_the_project_but_not_its_size(layout, tmp_path):
     _, second = nodes_of(layout)
     qos = "high" if layout.name == "default" else "normal"

@@ -278,6 +278,10 @@ def test_directives_carry_the_placement_and_join_constraints():
 @click.option("--max-segments", type=int)
 @click.option("--setup", multiple=True)
 @click.option("--name")
+@click.option("-t", "--type", "gpu_type")
+@click.option("--vram", type=float)
+@click.option("--python", "python_")
+@click.option("-f", "--follow", is_flag=True)
 @click.pass_context
 def tiny(ctx, **_kw):
     sources = apply_layers(
@@ -320,6 +324,38 @@ def test_a_bad_defaults_table_says_what_is_valid():
         run_tiny([], {"setup": "module load x"}, {})
     with pytest.raises(ConfigError, match="unknown rv run option 'name'"):
         run_tiny([], {"name": "x"}, {})  # what names one run is never a project's default
+
+
+@pytest.mark.parametrize(
+    "table, said",
+    [
+        ({"gpu": 2.7}, "project: gpu = 2.7 (a number with a point): gpu must be an integer"),
+        ({"gpu": True}, "project: gpu = true (true/false): gpu must be an integer"),
+        ({"time": 8}, "project: time = 8 (an integer): time must be a string"),
+        ({"vram": "40"}, "project: vram = '40' (a string): vram must be a number"),
+        ({"follow": "yes"}, "project: follow = 'yes' (a string): follow must be true or false"),
+        ({"setup": ["a", 1]}, "setup must be a list of strings"),
+        ({"type": ["a100", 3]}, "type must be a list of strings"),
+        ({"max-segments": 2, "max_segments": 3}, "project: max-segments and max_segments are one key"),
+        ({"python_": "3.11"}, "unknown rv run option 'python_'"),
+        ({"python-": "3.11"}, "unknown rv run option 'python-'"),
+        ({"gpus": 2}, "unknown rv run option 'gpus' (did you mean gpu?)"),
+    ],
+)
+def test_defaults_are_typed_documented_keys_spelt_one_way(table, said):
+    # Issue 33: 2.7 and true became 1 or 2 GPUs, internal names were keys, a second spelling lost.
+    with pytest.raises(ConfigError) as err:
+        run_tiny([], table, {})
+    assert said in err.value.message and err.value.hint, err.value.message
+
+
+def test_the_valid_keys_are_the_options_long_names_and_a_type_list_is_several_types():
+    with pytest.raises(ConfigError) as err:
+        run_tiny([], {"nope": 1}, {})
+    keys = err.value.hint.removeprefix("valid keys: ").split(", ")
+    assert keys == ["follow", "gpu", "max-segments", "python", "setup", "time", "type", "vram"]
+    params, _ = run_tiny([], {"type": ["a100", "a6000"], "vram": 40, "max_segments": 2}, {})
+    assert (params["gpu_type"], params["vram"], params["max_segments"]) == ("a100,a6000", 40.0, 2)
 
 
 def test_only_some_options_take_defaults_the_rest_are_left_to_rv_run():
