@@ -72,3 +72,9 @@ class NotFound(RvError):
 
 
 EXIT_INTERRUPTED = 130
+
+
+class Interrupted(RvError):
+    """Ctrl-C, with what is known of what it cut short (sent, not sent, maybe sent)."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -265,13 +265,16 @@ def run(
     alternatives = [dataclasses.replace(r, setup=req.setup) for r in alternatives]
     reqs = [req, *alternatives]  # each with the folder the program starts in
     if sweep is not None:
-        ctx.exit(
-            run_sweep(
+        from rv.job.interrupt import SubmitStage, said_on_interrupt
+
+        # A Ctrl-C says whether the sweep was sent, was not, or may have been.
+        with said_on_interrupt(SubmitStage("sweep", req.name)) as stage:
+            code = run_sweep(
                 ctx, profile, sweep, command, req, build, snap=snap, env_plan=env_plan, place=place,
                 secrets=secrets, setup=setup, dry_run=dry_run, as_json=as_json, sources=sources,
-                probes_for=lambda context: placement_probes(reqs, context, place),
-            )
-        )  # fmt: skip
+                probes_for=lambda context: placement_probes(reqs, context, place), stage=stage,
+            )  # fmt: skip
+        ctx.exit(code)
     if dry_run:
         from rv.layout import RemoteLayout
         from rv.slurm.script import render_script
@@ -417,6 +420,7 @@ def read_sweep(  # type: ignore[no-untyped-def]
 def run_sweep(  # type: ignore[no-untyped-def]
     ctx: click.Context, profile, sweep, command: tuple[str, ...], req, build, *, snap, env_plan, place,
     secrets, setup: tuple[str, ...], dry_run: bool, as_json: bool, sources: dict[str, str], probes_for,
+    stage,
 ) -> int:  # fmt: skip
     """`rv run --sweep`: every point a run of its own (SWEEP/INDEX), one snapshot, one environment,
     one job array (or several, where MaxArraySize splits them), sent in one round trip."""
@@ -522,17 +526,22 @@ def run_sweep(  # type: ignore[no-untyped-def]
             return job.PointRun(index, point_reqs[index], context, args)
 
         payload, runs = job.sweep_payload(s.layout, parts, make)
+        stage.sending()
         sent = job.submit_sweep(
             s.transport, s.layout, project=uploaded.project, name=name, parts=payload, secrets=secrets or None
         )
-        records = [
-            job.run_record(
-                s.layout, pr.req, pr.ctx, pr.args, profile=profile.name, job_id=f"{part['array']}_{task}"
-            )
-            for part, made in zip(sent, runs, strict=True)
-            for task, pr in enumerate(made)
-        ]
-        run_store().add_many(records)
+        from rv.job.interrupt import held_interrupts
+
+        with held_interrupts():  # the cluster's answer is here: what was sent is recorded whole
+            records = [
+                job.run_record(
+                    s.layout, pr.req, pr.ctx, pr.args, profile=profile.name, job_id=f"{part['array']}_{task}"
+                )
+                for part, made in zip(sent, runs, strict=True)
+                for task, pr in enumerate(made)
+            ]
+            run_store().add_many(records)
+            stage.sent("job array " + ", ".join(str(part["array"]) for part in sent))
     arrays = [str(part["array"]) for part in sent]
     if as_json:
         print_json(

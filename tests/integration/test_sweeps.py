@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -255,6 +256,72 @@ def test_rv_stop_sweep_cancels_its_running_and_pending_points(layout, tmp_path):
     assert queue.stdout.strip() == "", queue.stdout
     again = run_rv("stop", "sl")
     assert again.returncode == 0 and "nothing to stop" in again.stderr
+
+
+def sweep_runs_on_the_cluster(remote_root: str, sweep: str) -> int:
+    """How many runs of ``sweep`` the cluster's agent has made so far (their run.json, read as root)."""
+    found = 0
+    for meta in (Path(remote_root) / "runs").glob("*/run.json"):
+        try:
+            found += (json.loads(meta.read_text()).get("sweep") or {}).get("name") == sweep
+        except ValueError:  # being written
+            continue
+    return found
+
+
+def test_ctrl_c_during_a_sweeps_submit_says_it_may_have_been_sent_and_rv_ps_finds_it(layout, tmp_path):
+    # Issue 33: the array was queued (no local record) while rv said only "interrupted".
+    from terminal import Terminal
+
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    argv = [sys.executable, "-m", "rv", "run", "-g", "0", "--mem", "100M", "--name", "cc",
+            "--sweep", "x=1..150", "--parallel", "1", "--", "sleep", "30"]  # fmt: skip
+    term = Terminal(argv, env=layout.rv_env, cwd=proj)
+    try:
+        # The agent makes the points' runs while it submits: the request has left this machine.
+        wait_for(
+            lambda: sweep_runs_on_the_cluster(layout.remote_root, "cc") > 0, 120, "the submit", step=0.05
+        )
+        term.send("\x03")
+        assert term.wait(60) == 130, term.text
+    finally:
+        term.close()
+    said = " ".join(term.text.split())
+    maybe = "interrupted while sweep cc was being sent: it may have been sent next: rv ps cc" in said
+    sent = re.search(
+        r"interrupted after sweep cc was sent \(job array [\d, ]+\); it is queued and recorded", said
+    )
+    assert maybe or sent, term.text
+    # It was queued: rv ps finds it (from the cluster's records), and rv stop stops it.
+    wait_for(lambda: sweep_runs_on_the_cluster(layout.remote_root, "cc") == 150, 120, "every point's run")
+    points = wait_for(lambda: layout.run_rv("sweep", "results", "cc", "--json"), 60, "the sweep")
+    assert points.returncode == 0 and len(json.loads(points.stdout)["points"]) == 150, points.stderr
+    stop = layout.run_rv("stop", "cc")
+    assert stop.returncode == 0, stop.stderr
+
+
+def test_ctrl_c_before_a_sweep_is_sent_says_nothing_was_queued(layout, tmp_path):
+    from terminal import Terminal
+
+    # Big enough that the upload shows its bar (after 1 s): the Ctrl-C comes before the submit.
+    (tmp_path / "p").mkdir()
+    for i in range(4):
+        (tmp_path / "p" / f"data{i}.bin").write_bytes(os.urandom(25 << 20))
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    argv = [sys.executable, "-m", "rv", "run", "-g", "0", "--mem", "100M", "--name", "nc", "--sweep", "x=1,2",
+            "--", "true"]  # fmt: skip
+    term = Terminal(argv, env=layout.rv_env, cwd=proj)
+    try:
+        term.expect("uploading")
+        term.send("\x03")
+        assert term.wait(60) == 130, term.text
+    finally:
+        term.close()
+    said = " ".join(term.text.split())
+    assert "interrupted before sweep nc was sent: nothing was queued" in said, term.text
+    assert sweep_runs_on_the_cluster(layout.remote_root, "nc") == 0
+    ps = layout.run_rv("ps", "-a", "--json")
+    assert ps.returncode == 0 and not [r for r in json.loads(ps.stdout) if r.get("sweep") == "nc"], ps.stdout
 
 
 def test_the_bare_layout_splits_arrays_at_its_max_array_size(bare_cluster):
