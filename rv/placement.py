@@ -99,6 +99,14 @@ class Placement:
     time_min_seconds: int | None = None
     max_fault_retries: int = DEFAULT_MAX_FAULT_RETRIES
 
+    def sbatch_judges(self) -> bool:
+        """Whether it holds what only sbatch can judge (a QoS, a node list, nodes to leave out...):
+        then ``sbatch --test-only`` is asked before anything is sent, by ``rv run`` and ``rv up``."""
+        return bool(
+            self.partition or self.qos or self.constraint or self.exclude or self.nodelist or self.reservation
+            or self.account or self.sbatch or self.time_min_seconds
+        )  # fmt: skip
+
 
 def check_value(flag: str, value: str | None) -> str | None:
     """A placement option's value, refused when it cannot go into an ``#SBATCH`` line."""

@@ -578,15 +578,9 @@ def _type_name(req) -> str:  # type: ignore[no-untyped-def]
 
 
 def placement_probes(reqs, context, place) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
-    """What sbatch --test-only is asked before anything is sent: every candidate of a run over several
-    GPU types, and a one-type run's job when it carries Slurm options sbatch alone can judge."""
-    from rv.placement import probe_script
-    from rv.slurm.script import probe_directives
+    from rv.job.submit import placement_probes as probes
 
-    asks = place.qos or place.reservation or place.sbatch or place.constraint or place.nodelist
-    if len(reqs) == 1 and not (asks or place.partition or place.account or place.time_min_seconds):
-        return []
-    return [(_type_name(r), probe_script(probe_directives(r, context))) for r in reqs]
+    return probes(reqs, context, place)
 
 
 def choose_candidates(reqs, estimates):  # type: ignore[no-untyped-def]
@@ -605,12 +599,9 @@ def choose_candidates(reqs, estimates):  # type: ignore[no-untyped-def]
         else:
             refused.append(f"{_type_name(r)}: {e.error}" if len(reqs) > 1 else e.error)
     if not kept:
-        from rv.errors import UsageError
+        from rv.job.submit import sbatch_refuses
 
-        raise UsageError(
-            "sbatch refuses this job: " + "; ".join(refused) + " (nothing was sent)",
-            hint="check --partition, --qos, --account, --constraint, --sbatch (rv status lists yours)",
-        )
+        raise sbatch_refuses(refused)
     for reason in refused:
         warn(f"left out {reason} (sbatch refuses it)")
     return kept

@@ -179,7 +179,18 @@ def up(
     # carries no terminal): when rv goes, however it goes, the connection closes and the watchdog
     # on the login node cancels the job.
     with session(ctx, direct=True) as s:
-        job.check(s.transport, s.layout, project=snap.project, name=req.name, from_run=None)
+        # sbatch judges what only it can (a QoS, nodes to leave out) before anything is sent.
+        probe_ctx = job.script_context(
+            s.layout, run_id=run_id, snapshot_id=snap.id, project=snap.project, account=profile.account,
+            has_secrets=bool(secrets), umask=job_umask(profile), placement=place,
+        )  # fmt: skip
+        check = job.check(
+            s.transport, s.layout, project=snap.project, name=req.name, from_run=None,
+            probes=job.placement_probes([req], probe_ctx, place),
+        )  # fmt: skip
+        refused = [e.error for e in check.estimates if e.error is not None]
+        if refused:
+            raise job.sbatch_refuses(refused)
         # The project's environment, as rv run has it: built (or found) before anything is queued.
         env = ensure_environment(s, env_plan, (*profile.setup, *setup))
         cache = StoreCache(cache_dir(), f"{profile.name}:{s.layout.root}")

@@ -83,6 +83,31 @@ class Check:
     estimates: tuple[Estimate, ...] = ()  # sbatch --test-only's word on each candidate, when asked
 
 
+def placement_probes(
+    reqs: Sequence[JobRequest], context: ScriptContext, place: Placement
+) -> list[tuple[str, str]]:
+    """What sbatch --test-only is asked before anything is sent: every candidate of a run over several
+    GPU types, and a one-type job when it carries Slurm options sbatch alone can judge."""
+    from rv.placement import probe_script
+    from rv.slurm.script import probe_directives
+
+    if len(reqs) == 1 and not place.sbatch_judges():
+        return []
+    return [(type_name(r), probe_script(probe_directives(r, context))) for r in reqs]
+
+
+def type_name(req: JobRequest) -> str:
+    return req.type.name if req.type is not None else "cpu"
+
+
+def sbatch_refuses(reasons: Sequence[str]) -> UsageError:
+    """The error for a job sbatch --test-only refused (every candidate, in sbatch's words)."""
+    return UsageError(
+        "sbatch refuses this job: " + "; ".join(reasons) + " (nothing was sent)",
+        hint="check --partition, --qos, --account, --constraint, --exclude, --sbatch (rv status lists yours)",
+    )
+
+
 def check(
     transport: Transport,
     layout: RemoteLayout,

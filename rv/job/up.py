@@ -207,6 +207,13 @@ def start(
             record = run_record(layout, req, ctx, args, profile=profile, job_id=dog.job_id)
             view.submitted(record)
             return dog, record
+        if frame["t"] == "refused":
+            dog.close()
+            raise RemoteError(
+                f"the rv up session's job was not queued: {frame.get('error')}",
+                hint="check --partition, --qos, --account, --constraint, --exclude, --sbatch (rv status "
+                "lists yours)",
+            )
         if frame["t"] == "warn":
             view.warning(str(frame.get("msg")))
 

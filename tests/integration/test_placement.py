@@ -125,6 +125,24 @@ def test_rvs_list_of_sbatch_options_is_the_clusters_own(layout):
     assert sorted(names) == sorted(LONG_OPTIONS)
 
 
+def test_exclude_alone_and_rv_up_are_judged_by_sbatch_before_the_upload(layout, tmp_path):
+    # Issue 33: --exclude alone was never probed (every node excluded: uploaded, then exit 8), and rv up
+    # said "the watchdog of the rv up session ended (exit 0)" for a QoS sbatch refuses.
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    every = ",".join(nodes_of(layout))
+    for argv in (("run", "-g", "0", "--mem", "200M", "--exclude", every, "--", "true"),
+                 ("up", "--detach", "-g", "0", "--mem", "200M", "--exclude", every)):  # fmt: skip
+        r = layout.run_rv(*argv, cwd=proj)
+        assert r.returncode == 2 and "sbatch refuses this job" in r.stderr, (argv, r.stderr)
+        assert "Requested node configuration is not available" in r.stderr and "next:" in r.stderr, r.stderr
+    if layout.name == "default":
+        r = layout.run_rv("up", "--detach", "-g", "0", "--mem", "200M", "--qos", "nonesuch", cwd=proj)
+        assert r.returncode == 2 and "Invalid qos specification" in r.stderr, r.stderr
+    root = Path(layout.remote_root)
+    assert not (root / "snapshots").exists()  # the check comes before the upload
+    assert not (root / "runs").exists() or not list((root / "runs").iterdir())
+
+
 @pytest.mark.parametrize("layout", ["bare"], indirect=True)
 def test_a_projects_defaults_apply_under_the_command_line_and_the_dry_run_names_each_source(layout, tmp_path):
     pyproject = '[project]\nname = "p"\n\n[tool.rv]\nmax-segments = 3\nsbatch = ["--comment=fromproject"]\n'
