@@ -606,3 +606,15 @@ def dry_run_text(sweep: Sweep, command: Sequence[str], parts: Sequence[ArrayPart
         cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
         lines.append("  ".join([*cells, row[-1]]).rstrip())
     return "\n".join(lines) + "\n"
+
+
+def one_type_note(types: Sequence[str]) -> str:
+    """What a sweep that could take several GPU types says of the one it takes (the first: each of
+    them can serve every point, which all ask for the same). A point's array task is queued on one
+    type: a sweep cannot be sent once per type as a run is, or its tasks would hold several places
+    and --parallel could not hold."""
+    first, others = types[0], types[1:]
+    return (
+        f"a sweep runs on one GPU type: {first}, the first that can serve it "
+        f"(-t picks another: {', '.join(others)})"
+    )

@@ -228,14 +228,10 @@ def run(
     # cluster of several types), each validated against its type's limits.
     reqs, notes = plan_requests(catalog, type_words(gpu_type), gpus=gpus, mig=mig, vram_gb=vram, build=build)
     if sweep is not None and len(reqs) > 1:
-        from rv.errors import UsageError
+        from rv.sweep import one_type_note
 
-        raise UsageError(
-            f"a sweep runs on one GPU type, and this one could take {', '.join(map(_type_name, reqs))}: "
-            "a point claimed on one type would still hold an array task of the others, so --parallel could "
-            "not hold",
-            hint=f"name one with -t, e.g. -t {_type_name(reqs[0])}",
-        )
+        note(one_type_note([_type_name(r) for r in reqs]))
+        reqs = reqs[:1]
     req, alternatives = reqs[0], reqs[1:]
     place = build_placement(
         partition=partition, qos=qos, constraint=constraint, exclude=exclude, nodelist=nodelist,

@@ -225,6 +225,27 @@ def test_a_malformed_metrics_line_is_one_bad_line_and_never_hides_another_point(
     ), one.stdout + one.stderr
 
 
+def test_the_guides_sweep_runs_as_typed_on_a_cluster_of_two_gpu_types(layout, tmp_path):
+    # Issue 33: the five-minute guide's sweep (no -t) was refused on the demo's own cluster (a6000 and
+    # v100). It takes one type, says which, and every point runs there.
+    proj = git_project(
+        tmp_path / "p", {"train.py": "import os, sys\nprint('lr', sys.argv[2], os.environ['RV_GPU_TYPE'])\n"}
+    )
+    r = layout.run_rv("run", "--sweep", "lr=1e-4,3e-4", "--", "python", "train.py", "--lr", "{lr}", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    m = re.search(
+        r"a sweep runs on one GPU type: (\w+), the first that can serve it \(-t picks another: (\w+)\)",
+        r.stderr,
+    )
+    assert m and {m[1], m[2]} == {"a6000", "v100"}, r.stderr
+    name = re.search(r"submitted sweep (\S+):", r.stderr)[1]
+    rows = wait_for(all_ended(layout.run_rv, name, 2), 180, "both points to end")
+    assert all(p["state"] == "COMPLETED" for p in rows.values()), rows
+    for i, lr in enumerate(("1e-4", "3e-4")):
+        log = layout.run_rv("logs", f"{name}/{i}").stdout
+        assert f"lr {lr} {m[1]}" in log, log
+
+
 def test_rv_stop_sweep_cancels_its_running_and_pending_points(layout, tmp_path):
     run_rv = layout.run_rv
     proj = git_project(tmp_path / "p", {"sleep.py": "import time\ntime.sleep(300)\n"})

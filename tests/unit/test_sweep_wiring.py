@@ -356,7 +356,6 @@ def offline(tmp_path):
         (["--parallel", "2", "-g", "0"], "--parallel caps how many points of a sweep run at once"),
         (["-g", "0", "--sweep", "x=1,2", "-f"], "-f follows one run, and each point of a sweep is a run"),
         (["-g", "0", "--sweep", "x=1,2", "--from", "base"], "--from cannot start a sweep"),
-        (["-g", "1", "--sweep", "x=1,2"], "a sweep runs on one GPU type, and this one could take"),
         (["-g", "0", "--sweep", "x=1,1"], "the value '1' is given twice"),
         (["-g", "0", "--sweep", "x=1,2", "--name", "a/b"], "has characters a run name cannot have"),
     ],
@@ -365,6 +364,17 @@ def test_what_a_sweep_cannot_be_is_refused_before_connecting(offline, args, said
     r = offline("run", *args, "--", "python", "t.py", "{x}")
     assert r.returncode == 2 and said in r.stderr, r.stderr
     assert "connect" not in r.stderr.lower()
+
+
+def test_a_sweep_on_a_cluster_of_several_types_takes_one_and_says_which(offline):
+    # Issue 33: it was refused ("a point claimed on one type would still hold an array task of the
+    # others"), so the guide's sweep failed as typed on a cluster of two types.
+    r = offline("run", "-g", "1", "--dry-run", "--sweep", "x=1,2", "--", "python", "t.py", "{x}")
+    assert r.returncode == 0, r.stderr
+    said = r"a sweep runs on one GPU type: (\S+), the first that can serve it \(-t picks another: (.+)\)"
+    m = re.search(said, r.stderr)
+    assert m and m[1] not in m[2].split(", "), r.stderr
+    assert f" 1 {m[1]};" in r.stderr, r.stderr  # the resources line: the type taken
 
 
 def test_a_sweeps_dry_run_lists_its_points_and_sends_nothing(offline):
