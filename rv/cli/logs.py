@@ -96,7 +96,11 @@ def logs(
         def on_run(info: dict[str, Any] | None, sweep: dict[str, Any] | None) -> None:
             s.swept(sweep)
             if info is None:
-                raise query.not_on_cluster(run)
+                raise (
+                    query.missing(s.transport, root, run, "rv logs")
+                    if local is None
+                    else query.not_on_cluster(run)
+                )
             target = parse_runs([info])[0]
             if local is not None:
                 query.cache_learned(store, local, target)

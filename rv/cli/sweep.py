@@ -247,7 +247,11 @@ def metrics(
             raise NotFound("no runs submitted with this profile yet", hint="rv run -- python train.py")
         runs = [r for r in snap.runs if local is None or r.run_id == local.run_id]
         if not runs:
-            raise query.not_on_cluster(run)
+            raise (
+                query.missing(s.transport, root, run, "rv metrics")
+                if local is None
+                else query.not_on_cluster(run)
+            )
         target = runs[-1]
         tty = sys.stdout.isatty()
         shown = None

@@ -609,8 +609,18 @@ def fold_sweeps(views: Sequence[RunView], *, live_only: bool) -> list[RunView]:
     from rv.job.records import RunView
 
     groups: dict[str, list[RunView]] = {}
-    order: list[RunView | str] = []
+    arrays: dict[str, list[RunView]] = {}  # jobs of a job array rv has no record of: one line each
+    order: list[RunView | str | tuple[str, str]] = []
     for v in views:
+        task = _task_of(v) if v.run_id is None else None
+        if task is not None:
+            # An array task Slurm knows and rv's records do not (after `rv gc`, a sweep's points are
+            # sacct's jobs): one line per array, as for a sweep.
+            if task[0] not in arrays:
+                arrays[task[0]] = []
+                order.append(task)
+            arrays[task[0]].append(v)
+            continue
         if v.sweep is None or v.sweep_index is None:
             if v.live or not live_only:
                 order.append(v)
@@ -621,6 +631,13 @@ def fold_sweeps(views: Sequence[RunView], *, live_only: bool) -> list[RunView]:
         groups[v.sweep].append(v)
     out = []
     for item in order:
+        if isinstance(item, tuple):
+            tasks = arrays[item[0]]
+            if len(tasks) == 1:
+                out.append(tasks[0])
+            elif not live_only or any(t.live for t in tasks):
+                out.append(_array_line(item[0], tasks))
+            continue
         if not isinstance(item, str):
             out.append(item)
             continue
@@ -641,6 +658,25 @@ def fold_sweeps(views: Sequence[RunView], *, live_only: bool) -> list[RunView]:
             )
         )  # fmt: skip
     return out
+
+
+def _task_of(v: RunView) -> tuple[str, str] | None:
+    """(array id, task) of a job that is one task of a job array (``123_4``), else None."""
+    base, _, task = (v.job_id or "").partition("_")
+    return (base, task) if base.isdigit() and task.isdigit() else None
+
+
+def _array_line(array: str, tasks: Sequence[RunView]) -> RunView:
+    """`rv ps`'s one line for a job array's tasks (not rv's runs): counted by state, as a sweep's."""
+    import dataclasses
+
+    states = [t.state for t in tasks]
+    elapsed = [t.elapsed_seconds for t in tasks if t.elapsed_seconds is not None]
+    return dataclasses.replace(
+        tasks[0], state=_sweep_state(states), job_id=array, live=any(t.live for t in tasks),
+        reason=sweep_summary(states), exit_code=None, elapsed_seconds=max(elapsed) if elapsed else None,
+        jobs=tuple(t.job_id or "" for t in tasks), points=len(tasks),
+    )  # fmt: skip
 
 
 def point_lines(points: Sequence[PointRun], views: Mapping[str, RunView]) -> list[str]:

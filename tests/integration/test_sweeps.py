@@ -246,6 +246,49 @@ def test_the_guides_sweep_runs_as_typed_on_a_cluster_of_two_gpu_types(layout, tm
         assert f"lr {lr} {m[1]}" in log, log
 
 
+def test_names_a_sweep_a_rejected_job_and_what_rv_gc_leaves(layout, tmp_path):
+    # Issue 33: `rv logs SWEEP` said "not on the cluster" right after rv ps listed it; a job Slurm
+    # rejected at submission was FAILED in rv ps -a and unknown to rv logs; after rv gc every array
+    # task was a row of its own, and every name's lock file stayed.
+    run_rv = layout.run_rv
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    sweep_sent(run_rv("run", "-g", "0", "--mem", "100M", "--name", "nm", "--sweep", "x=1,2", "--json", "--",
+                      "true", cwd=proj))  # fmt: skip
+    solo = run_rv("run", "-g", "0", "--mem", "100M", "--name", "solo", "-f", "--", "true", cwd=proj)
+    assert solo.returncode == 0, solo.stderr
+    wait_for(all_ended(run_rv, "nm", 2), 120, "both points to end")
+    for command in ("logs", "metrics"):
+        r = run_rv(command, "nm")
+        assert r.returncode == 9 and "'nm' is a sweep of 2 point(s)" in r.stderr, r.stderr
+        assert f"next: rv {command} nm/0" in r.stderr and "not on the cluster" not in r.stderr, r.stderr
+    names = Path(layout.remote_root) / "names"
+    assert {p.name for p in names.rglob("*.lock")} >= {"solo.lock", "nm.lock"}
+    gc = run_rv("gc", "--older-than", "0")
+    assert gc.returncode == 0, gc.stderr
+    assert list(names.rglob("*.lock")) == [] and list(names.rglob("nm")) == [], list(names.rglob("*"))
+    if layout.name == "default":  # accounting: rv ps -a lists the jobs rv no longer has records of
+        table = run_rv("ps", "-a").stdout
+        assert re.search(r"^nm\s+2pt\s+COMPLETED\s.*\(2 finished\)", table, re.M), table
+        assert not re.search(r"^nm\s+-\s", table, re.M), table  # no row per array task
+        user = layout.cluster["RV_TESTCLUSTER_USER"]
+        rejected = subprocess.run(
+            ["runuser", "-u", user, "--", "sbatch", "-J", "refused", "--exclude=node1,node2", "--mem=100M",
+             "--wrap", "true"],
+            env={"PATH": os.environ["PATH"], "SLURM_CONF": layout.cluster["SLURM_CONF"]}, cwd="/",
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert rejected.returncode == 1, rejected.stderr
+
+        def listed() -> str | None:
+            shown = run_rv("ps", "-a").stdout
+            return shown if "refused" in shown else None
+
+        table = wait_for(listed, 60, "sacct to know the rejected job")
+        assert re.search(r"^refused\s.*FAILED.*\(rejected at submission: it never ran", table, re.M), table
+        r = run_rv("logs", "refused")
+        assert r.returncode == 9 and "run 'refused' never ran: Slurm rejected its job" in r.stderr, r.stderr
+
+
 def test_rv_stop_sweep_cancels_its_running_and_pending_points(layout, tmp_path):
     run_rv = layout.run_rv
     proj = git_project(tmp_path / "p", {"sleep.py": "import time\ntime.sleep(300)\n"})
