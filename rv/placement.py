@@ -182,18 +182,22 @@ def build_placement(
     sbatch: Sequence[str] = (),
     time_min: str | None = None,
     time_seconds: int | None = None,
+    time_typed: bool = True,
     max_fault_retries: int | None = None,
 ) -> Placement:
-    """Check every placement option (before any network call) and return them as a Placement."""
-    from rv.timespec import parse_duration
+    """Check every placement option (before any network call) and return them as a Placement.
+    ``time_typed``: whether the job's --time was given (else ``time_seconds`` is rv's default)."""
+    from rv.timespec import format_slurm_time, parse_duration
 
     time_min_seconds = None
     if time_min is not None:
-        time_min_seconds = parse_duration(time_min)
+        time_min_seconds = parse_duration(time_min, flag="--time-min")
         if time_seconds is not None and time_min_seconds > time_seconds:
+            limit = format_slurm_time(time_seconds)
+            which = f"--time {limit}" if time_typed else f"--time, rv's default {limit} (no --time was given)"
             raise UsageError(
-                f"--time-min {time_min} is longer than the job's --time",
-                hint="--time-min is the least time a segment may get; it must be at most --time",
+                f"--time-min {time_min} is longer than the job's {which}",
+                hint=f"--time-min is the least time a segment may get: at most {limit} (or a longer --time)",
             )
     if max_fault_retries is not None and max_fault_retries < 0:
         raise UsageError(

@@ -236,7 +236,7 @@ def run(
     place = build_placement(
         partition=partition, qos=qos, constraint=constraint, exclude=exclude, nodelist=nodelist,
         reservation=reservation, account=account, sbatch=sbatch_options, time_min=time_min,
-        time_seconds=req.time_seconds, max_fault_retries=max_fault_retries,
+        time_seconds=req.time_seconds, time_typed=time_ is not None, max_fault_retries=max_fault_retries,
     )  # fmt: skip
     for message in dict.fromkeys([*notes, *(w for r in reqs for w in r.warnings)]):
         warn(message)

@@ -165,6 +165,21 @@ def test_placement_values_are_checked_and_time_min_fits_in_time():
         build_placement(qos="a b")
     with pytest.raises(UsageError, match="longer than the job's --time"):
         build_placement(time_min="3h", time_seconds=3600)
+
+
+def test_time_min_errors_name_time_min_and_the_default_time_when_none_was_typed():
+    # Issue 33: they named --time (for a bad --time-min), or a --time the user never typed.
+    for bad, said in (("90", "--time-min '90' has no unit"), ("soon", "cannot read --time-min 'soon'")):
+        with pytest.raises(UsageError) as err:
+            build_placement(time_min=bad, time_seconds=3600)
+        assert said in err.value.message, err.value.message
+    with pytest.raises(UsageError) as err:
+        build_placement(time_min="4h", time_seconds=10740, time_typed=False)
+    assert err.value.message == (
+        "--time-min 4h is longer than the job's --time, rv's default 02:59:00 (no --time was given)"
+    )
+    with pytest.raises(UsageError, match=r"longer than the job's --time 01:00:00$"):
+        build_placement(time_min="3h", time_seconds=3600)
     with pytest.raises(UsageError, match="--max-fault-retries -1"):
         build_placement(max_fault_retries=-1)
     place = build_placement(time_min="30m", time_seconds=3600, exclude="gpu-07", sbatch=["--exclusive"])

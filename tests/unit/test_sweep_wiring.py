@@ -405,3 +405,10 @@ def test_long_agent_arguments_travel_compressed_under_the_kernels_cap(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(zlib.decompress(done.stdout)) == {"runs": []}
     assert encode_args({"a": 1}) == '{"a": 1}'  # short ones stay as they are
+
+
+def test_time_min_over_the_default_time_names_the_default(offline):
+    r = offline("run", "-g", "0", "--time-min", "4h", "--dry-run", "--", "python", "t.py")
+    assert r.returncode == 2 and "rv's default 02:59:00 (no --time was given)" in r.stderr, r.stderr
+    r = offline("run", "-g", "0", "--time-min", "90", "--dry-run", "--", "python", "t.py")
+    assert r.returncode == 2 and "--time-min '90' has no unit" in r.stderr, r.stderr
