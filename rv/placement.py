@@ -17,6 +17,7 @@ to the cluster.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -266,8 +267,10 @@ def candidate_types(
                 )
             pool.append(catalog[word])
     if vram_gb is not None:
-        if vram_gb <= 0:
-            raise UsageError(f"--vram {vram_gb:g}: must be more than 0 (GB per GPU)")
+        if not math.isfinite(vram_gb) or vram_gb <= 0:
+            raise UsageError(
+                f"--vram {vram_gb:g}: must be a number of GB per GPU, more than 0", hint="e.g. --vram 40"
+            )
         unknown = [t.name for t in pool if t.vram_gb is None]
         small = [t.name for t in pool if t.vram_gb is not None and t.vram_gb < vram_gb]
         if unknown:
@@ -276,6 +279,13 @@ def candidate_types(
             notes.append(f"--vram {vram_gb:g}: left out {', '.join(small)} (less memory per GPU)")
         pool = [t for t in pool if t.vram_gb is not None and t.vram_gb >= vram_gb]
     if not pool:
+        named = [catalog[w] for w in words or () if w in catalog]
+        if vram_gb is not None and named and all(t.vram_gb is None for t in named):
+            which = ", ".join(t.name for t in named)
+            raise UsageError(
+                f"--vram {vram_gb:g}: the catalog does not know how much memory {which} has per GPU",
+                hint=f"drop --vram to run on {which}, or set vram_gb for it in the profile's catalog",
+            )
         if vram_gb is not None:
             raise UsageError(
                 f"no GPU type of this cluster has {vram_gb:g} GB per GPU",

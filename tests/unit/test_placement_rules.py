@@ -216,6 +216,18 @@ def test_vram_narrows_the_types_and_says_what_it_left_out():
         candidate_types(RIVANNA, None, vram_gb=500)
 
 
+def test_vram_on_a_type_of_unknown_memory_says_so_and_nan_or_inf_is_no_amount():
+    # Issue 33: `-t v100 --vram 16` said no type has 16 GB, when the catalog only lacked v100's memory.
+    catalog = {**RIVANNA, "odd": GpuType("odd", "p", "odd", 4)}
+    with pytest.raises(UsageError) as err:
+        plan_requests(catalog, ["odd"], gpus=1, mig=False, vram_gb=16, build=lambda name: name)
+    assert err.value.message == "--vram 16: the catalog does not know how much memory odd has per GPU"
+    assert "drop --vram" in (err.value.hint or "")
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(UsageError, match="must be a number of GB per GPU, more than 0"):
+            candidate_types(RIVANNA, None, vram_gb=bad)
+
+
 def test_an_unknown_type_names_close_ones():
     with pytest.raises(UsageError, match="did you mean a6000"):
         candidate_types(RIVANNA, ["a600"])
