@@ -63,7 +63,10 @@ def test_secret_store_mode_and_mask(tmp_path):
     store = SecretStore(tmp_path / "s.json")
     store.set("TOKEN", "hf_abcdefghijkl", "mycluster")
     assert (tmp_path / "s.json").stat().st_mode & 0o777 == 0o600
-    assert mask("hf_abcdefghijkl") == "hf******kl" and mask("short") == "*****"
+    # Issue 33: these said "hf******kl" and "*****" (4 of 15 characters; the exact length).
+    assert mask("hf_abcdefghijkl") == "********" and mask("short") == "********"
+    assert mask("") == "********" and mask("s3cr3tpw!") == "********"
+    assert mask("hf_" + "x" * 30 + "yz") == "hf********yz"
     assert store.remove(["TOKEN"], "mycluster") == [] and store.remove(["TOKEN"], "mycluster") == ["TOKEN"]
 
 
