@@ -22,6 +22,11 @@ code  meaning
 
 from __future__ import annotations
 
+# The next step when sbatch refuses a job (rv run, rv up, before or at submission).
+PLACEMENT_HINT = (
+    "check --partition, --qos, --account, --constraint, --exclude, --sbatch (rv status lists yours)"
+)
+
 
 class RvError(Exception):
     """An error with one clear line for the user and, where there is one, the next step."""

@@ -242,6 +242,20 @@ def type_words(text: str | None) -> list[str] | None:
     return words
 
 
+def one_type(text: str | None, command: str) -> str | None:
+    """``-t`` of a command that holds one allocation (``rv up``): one type, never a list or ``any``."""
+    words = type_words(text)
+    if words is None:
+        return None
+    if len(words) > 1 or words == [ANY]:
+        raise UsageError(
+            f"{command} takes one GPU type, not {text}: it holds one allocation, where rv run may start on "
+            "the first of several",
+            hint=f"name one, e.g. -t {words[0] if words != [ANY] else 'TYPE'} (rv status lists them)",
+        )
+    return words[0]
+
+
 def candidate_types(
     catalog: Mapping[str, GpuType], words: list[str] | None, *, vram_gb: float | None = None
 ) -> tuple[list[GpuType], list[str]]:

@@ -306,6 +306,10 @@ def read_runs(root, run_ids, series=True, limit=DEFAULT_POINTS):
             continue
         path = metrics_path(root, run_id, meta)
         row = {"run_id": run_id, "path": manifest.dec(path), "exists": os.path.isfile(path)}
+        if os.path.isdir(path):
+            row["error"] = (
+                "%s is a folder: RV_METRICS names a file the program appends lines to" % row["path"]
+            )
         if row["exists"]:
             try:
                 row["size"] = os.path.getsize(path)

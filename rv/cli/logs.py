@@ -124,8 +124,20 @@ def logs(
             ctx.exit(130)
         view.flush()
         code = run_exit_code(followed.ended) if follow and segment is None else None
+        target = runs[0] if runs else None
+        if not follow and target is not None and not any(sg.start for sg in target.segments):
+            # No job of the run ever started: no output will come from it. Said, never a bare nothing.
+            ended = followed.ended or target.ended
+            if ended is None:
+                note(f"run {target.name} has not started yet: rv logs -f {target.name} waits for its output")
+            else:
+                reason = ended.get("reason") or "no record of why"
+                note(f"run {target.name} never started ({reason}): it has no output")
+                if not as_json:
+                    from rv.errors import NotFound
+
+                    ctx.exit(NotFound.exit_code)  # the output asked for does not exist
         if isinstance(view, JsonView):
-            target = runs[0] if runs else None
             print_json(
                 {"run": target.name if target else None, "run_id": target.run_id if target else None,
                  "stream": "err" if stderr else "out", "segments": view.segments,

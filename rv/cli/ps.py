@@ -71,8 +71,16 @@ def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None
         # Data: a sweep's points stay runs of their own (each names its sweep and index).
         print_json([v.to_json() for v in views if v.live or all_])
         return
-    for line in render_table(fold_sweeps(views, live_only=not all_)):
+    rows = fold_sweeps(views, live_only=not all_)
+    for line in render_table(rows):
         click.echo(line)
+    if not rows:
+        # A bare header reads as "rv lost my runs": say where the ended ones are.
+        note(
+            "no runs in the last 7 days: rv run -- python train.py"
+            if all_
+            else "nothing queued or running: rv ps -a adds what ended in the last 7 days"
+        )
 
 
 def _points(snap, sweep: str, as_json: bool) -> None:  # type: ignore[no-untyped-def]

@@ -92,7 +92,7 @@ from rv.job.prepare import job_umask
     metavar="NAME=V1,V2",
     help="Run COMMAND at every combination of these values (repeatable; A..B: the integers from A to B), "
     "as one job array: each point a run of its own, named SWEEP/INDEX; {NAME} in COMMAND is the point's "
-    "value, $RV_SWEEP_NAME too.",
+    "value; the program also sees it as RV_SWEEP_<NAME> (upper case: lr in RV_SWEEP_LR).",
 )
 @click.option(
     "--sweep-file",
@@ -368,7 +368,7 @@ def run(
                 f"  rv logs -f {req.name}    rv ps    rv stop {req.name}"
             )
         else:
-            where = f"{req.gpus}x {req.type.name}" if req.type else "CPU"
+            where = f"{req.gpus}× {req.type.name}" if req.type else "CPU"
             note(
                 f"submitted run {req.name}: job {record.job_id} ({where}, {req.nodes} node(s){continues}) "
                 f"from {record.short_commit}\n  {resources_line(req)}\n"
@@ -635,6 +635,8 @@ def settings_lines(ctx: click.Context, sources: dict[str, str]) -> list[str]:
 def _shown(value: object) -> str:
     if isinstance(value, list):
         return " ".join(str(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"  # --vram 40, as typed, not 40.0
     return "on" if value is True else str(value)
 
 

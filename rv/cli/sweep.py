@@ -92,7 +92,8 @@ def _fetch_results(s: Any, name: str, sort: SortKey | None) -> list[PointRow]:
     points, views = _points_and_views(snap, name)
     found = parse_metrics_reply(snap.metrics)
     for m in found.values():
-        for line in m.notes():
+        view = views.get(m.run_id)
+        for line in m.notes(view.name if view is not None else None):  # the point's name, grid/3
             warn(line)
     return result_rows(points, views, found, sort)
 
@@ -268,7 +269,7 @@ def metrics(
                 if text != shown:
                     if follow and tty:
                         sys.stdout.write("\x1b[H\x1b[2J")  # redraw in place
-                    for line in metrics_notes(summary):
+                    for line in metrics_notes(summary, target.name):
                         note(line)
                     sys.stdout.write(text)
                     sys.stdout.flush()

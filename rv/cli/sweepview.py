@@ -134,14 +134,16 @@ class RunMetrics:
     joined_lines: int = 0  # lines split where a killed segment's half line met the next one's
     error: str | None = None
 
-    def notes(self) -> list[str]:
-        """What the reader should know about the file (on stderr)."""
+    def notes(self, label: str | None = None) -> list[str]:
+        """What the reader should know about the file (on stderr), each line headed by ``label``
+        (the run's name, ``grid/3``; its id when none is given)."""
+        who = label or self.run_id
         out = []
         if self.error:
-            out.append(f"{self.run_id}: {self.error}")
+            out.append(f"{who}: {self.error}")
         if self.bad_lines:
             out.append(
-                f"{self.run_id}: {self.bad_lines} line(s) of {self.path} are not JSON objects and were "
+                f"{who}: {self.bad_lines} line(s) of {self.path} are not JSON objects and were "
                 f"skipped (the first: line {self.first_bad_line})"
             )
         return out
@@ -541,23 +543,27 @@ def _columns(points: Sequence[tuple[int, float]], width: int) -> list[float | No
     return [s / c if c else None for s, c in zip(sums, counts, strict=True)]
 
 
-def metrics_notes(run: RunMetrics) -> list[str]:
-    """stderr lines under ``rv metrics``: where the file is and what was odd in it."""
+def metrics_notes(run: RunMetrics, label: str | None = None) -> list[str]:
+    """stderr lines under ``rv metrics``: where the file is and what was odd in it, each headed by
+    ``label`` (the run's name; its id when none is given)."""
+    who = label or run.run_id
+    if run.error:
+        return run.notes(label)
     if not run.exists:
-        return [f"{run.run_id}: no metrics yet: {run.path} does not exist (programs write to $RV_METRICS)"]
-    out = run.notes()
+        return [f"{who}: no metrics yet: {run.path} does not exist (programs write to $RV_METRICS)"]
+    out = run.notes(label)
     if run.rewinds:
         out.append(
-            f"{run.run_id}: {run.rewinds} line(s) left out: a later segment went back to an earlier step "
+            f"{who}: {run.rewinds} line(s) left out: a later segment went back to an earlier step "
             "and wrote those steps again"
         )
     if run.joined_lines:
         out.append(
-            f"{run.run_id}: {run.joined_lines} line(s) began with a half line a killed segment left; "
+            f"{who}: {run.joined_lines} line(s) began with a half line a killed segment left; "
             "their complete part was read"
         )
     if run.partial:
-        out.append(f"{run.run_id}: the last line is being written; it is left out")
+        out.append(f"{who}: the last line is being written; it is left out")
     return out
 
 

@@ -142,10 +142,12 @@ def up(
     from rv.files.treecache import StoreCache
     from rv.job import submit as job
     from rv.job import up as session_up
+    from rv.placement import one_type
     from rv.request import build_request
     from rv.secrets import job_secrets
 
     _, profile = load_profile(ctx)
+    gpu_type = one_type(gpu_type, "rv up")
     run_id = job.new_run_id()
     # Validated here, before the first network call, as rv run validates. The holder is one plain
     # process per node on purpose (each holds its node), whatever the GPUs: --each-node.

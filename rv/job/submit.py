@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from rv.errors import RemoteError, UsageError
+from rv.errors import PLACEMENT_HINT, RemoteError, UsageError
 from rv.job.records import ClusterRun, RunRecord
 from rv.layout import RemoteLayout
 from rv.names import point_name
@@ -104,7 +104,7 @@ def sbatch_refuses(reasons: Sequence[str]) -> UsageError:
     """The error for a job sbatch --test-only refused (every candidate, in sbatch's words)."""
     return UsageError(
         "sbatch refuses this job: " + "; ".join(reasons) + " (nothing was sent)",
-        hint="check --partition, --qos, --account, --constraint, --exclude, --sbatch (rv status lists yours)",
+        hint=PLACEMENT_HINT,
     )
 
 

@@ -222,7 +222,7 @@ def test_one_process_on_two_gpus_needs_allow_single_process(layout, project):
     # One process, no label (nothing to tell apart), both GPUs, and the catalog's 2 CPUs and
     # 2000 MB per GPU (the bare nodes: 8 CPUs and 8000 MB over 4 GPUs, as `rv init` found).
     assert re.search(r"^node 0 cuda 0,1 cpus 4 mem 4000$", r.stdout, re.M), r.stdout
-    assert "resources: 1 node(s) x 2 a6000; per node 4 CPUs (2 per GPU, from the catalog)" in r.stderr
+    assert "resources: 1 node(s) × 2 a6000; per node 4 CPUs (2 per GPU, from the catalog)" in r.stderr
 
 
 @BARE
@@ -231,7 +231,7 @@ def test_cpus_and_memory_per_gpu_unless_the_options_say_otherwise(layout, projec
     assert dry.returncode == 0, dry.stderr
     assert "#SBATCH --cpus-per-task=2" in dry.stdout and "#SBATCH --mem=2000M" in dry.stdout
     assert (
-        "resources: 1 node(s) x 1 v100; per node 2 CPUs (2 per GPU, from the catalog), "
+        "resources: 1 node(s) × 1 v100; per node 2 CPUs (2 per GPU, from the catalog), "
         "2000M memory (2000M per GPU, from the catalog)"
     ) in dry.stderr
     r = layout.run_rv(

@@ -271,3 +271,20 @@ def test_the_mode_as_the_agent_program_runs_it(tmp_path):
         "error": "runs must be a list of run ids",
         "code": "usage",
     }
+
+
+def test_a_metrics_path_that_is_a_folder_says_so_and_notes_name_the_point(tmp_path):
+    # Issue 33: a folder "did not exist", and the notes named points by run id.
+    from rv.cli.sweepview import metrics_notes, parse_metrics_reply
+
+    root = tmp_path / "remote"
+    folder = tmp_path / "m"
+    folder.mkdir()
+    make_run(root, "r1", "proj", "grid/0", metrics=str(folder))
+    make_run(root, "r2", "proj", "grid/1")
+    write_lines(root / "outputs" / "proj" / "grid" / "1" / "metrics.jsonl", ["not json", {"loss": 1}])
+    found = parse_metrics_reply(metrics.read_runs(str(root).encode(), ["r1", "r2"], False, 10))
+    (said,) = metrics_notes(found["r1"], "grid/0")
+    assert said == f"grid/0: {folder} is a folder: RV_METRICS names a file the program appends lines to"
+    assert metrics_notes(found["r2"], "grid/1")[0].startswith("grid/1: 1 line(s) of ")
+    assert found["r2"].notes("grid/1")[0].startswith("grid/1: ")

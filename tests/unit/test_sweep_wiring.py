@@ -412,3 +412,34 @@ def test_time_min_over_the_default_time_names_the_default(offline):
     assert r.returncode == 2 and "rv's default 02:59:00 (no --time was given)" in r.stderr, r.stderr
     r = offline("run", "-g", "0", "--time-min", "90", "--dry-run", "--", "python", "t.py")
     assert r.returncode == 2 and "--time-min '90' has no unit" in r.stderr, r.stderr
+
+
+def test_messages_in_the_users_words(offline):
+    # Issue 33: --vram 40.0 shown as a float; rv up -t a,b called a list an unknown type; the --sweep
+    # help named $RV_SWEEP_NAME (it is RV_SWEEP_<NAME>); the dry run wrote the product sign as x.
+    r = offline("run", "-g", "1", "-t", "a100", "--vram", "40.0", "--dry-run", "--", "python", "t.py")
+    assert r.returncode == 0 and "--vram 40 (command line)" in r.stderr, r.stderr
+    assert "resources: 1 node(s) × 1 a100;" in r.stderr, r.stderr
+    r = offline("up", "--detach", "-t", "a100,a6000")
+    assert r.returncode == 2 and "rv up takes one GPU type, not a100,a6000" in r.stderr, r.stderr
+    assert "next: name one, e.g. -t a100" in r.stderr and "connect" not in r.stderr.lower()
+    r = offline("run", "--help")
+    assert "RV_SWEEP_<NAME>" in " ".join(r.stdout.split()) and "$RV_SWEEP_NAME" not in r.stdout
+
+
+def test_an_error_the_cluster_side_reports_is_its_words_and_a_next_step():
+    from rv.errors import RemoteError, UsageError
+    from rv.remote.agent_client import agent_reply
+
+    def reply(obj) -> bytes:
+        return zlib.compress(json.dumps(obj).encode())
+
+    with pytest.raises(UsageError) as err:
+        agent_reply("run-check", 0, reply({"error": "run x is still live (job 5)", "code": "live"}), b"")
+    assert err.value.message == "run x is still live (job 5)" and "rv stop" in (err.value.hint or "")
+    with pytest.raises(RemoteError) as err:
+        agent_reply("sweep-submit", 0, reply({"error": "sbatch rejected the array", "code": "sbatch"}), b"")
+    assert err.value.message == "sbatch rejected the array" and "--qos" in (err.value.hint or "")
+    with pytest.raises(RemoteError) as err:
+        agent_reply("runs", 1, b"", b"Traceback\nKeyError: 'x'\n")
+    assert "remote runs" not in err.value.message and "RV_DEBUG=1" in (err.value.hint or "")
