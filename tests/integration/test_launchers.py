@@ -136,6 +136,20 @@ def test_torchrun_says_nothing_about_the_flags_rv_adds(layout, project):
 
 
 @BARE
+def test_torchruns_thread_banner_shows_once_for_two_nodes_and_every_rank_has_one_thread(layout, project):
+    # Issue 33: the demo showed torchrun's OMP_NUM_THREADS banner once per node.
+    (project / "threads.py").write_text("import os\nprint('threads', os.environ['OMP_NUM_THREADS'])\n")
+    git(project, "add", "threads.py")
+    git(project, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "threads")
+    r = layout.run_rv("run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "threads.py",
+                      cwd=project)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = r.stdout + r.stderr
+    assert said.count("Setting OMP_NUM_THREADS environment variable for each process") == 1, said
+    assert sorted(re.findall(r"threads (\S+)", r.stdout)) == ["1"] * 4, r.stdout  # as torchrun sets it
+
+
+@BARE
 def test_accelerate_launch_on_two_nodes_is_one_world_of_four(layout, project):
     r = layout.run_rv(
         "run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "accelerate", "launch", "world.py",
