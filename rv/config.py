@@ -32,8 +32,7 @@ Where files live (platformdirs, so each OS gets its usual places; the ``RV_*`` v
 
 * config: ``$RV_CONFIG``, else the user config dir (``~/.config/rv/config.toml`` on Linux);
 * state (job records, stored secrets): ``$RV_STATE_DIR``, else the user state dir
-  (``~/.local/state/rv`` on Linux). Earlier versions kept them beside the config file; they are
-  moved (or merged) the first time this version runs, losing nothing;
+  (``~/.local/state/rv`` on Linux);
 * cache (manifests for deltas, root commits): ``$RV_CACHE_DIR``, else the user cache dir
   (``~/.cache/rv`` on Linux).
 """
@@ -54,36 +53,21 @@ from rv.errors import ConfigError
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-_STATE_FILES = ("jobs.json", "secrets.json")
-_migrated: set[tuple[Path, Path]] = set()
-
-
 def config_path() -> Path:
     if os.environ.get("RV_CONFIG"):
         return Path(os.environ["RV_CONFIG"]).expanduser()
     import platformdirs
 
-    path = platformdirs.user_config_path("rv", appauthor=False) / "config.toml"
-    # Before platformdirs, macOS users had ~/.config/rv too: keep using a file found there.
-    legacy = Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config").expanduser() / "rv" / "config.toml"
-    if not path.exists() and legacy.exists():
-        return legacy
-    return path
+    return platformdirs.user_config_path("rv", appauthor=False) / "config.toml"
 
 
 def state_dir() -> Path:
-    """Local state (job records, secrets): ``$RV_STATE_DIR``, else the platform's user state folder.
-
-    The first call moves state an earlier rv kept beside the config file (see _migrate_state).
-    """
+    """Local state (job records, secrets): ``$RV_STATE_DIR``, else the platform's user state folder."""
     if os.environ.get("RV_STATE_DIR"):
-        path = Path(os.environ["RV_STATE_DIR"]).expanduser()
-    else:
-        import platformdirs
+        return Path(os.environ["RV_STATE_DIR"]).expanduser()
+    import platformdirs
 
-        path = platformdirs.user_state_path("rv", appauthor=False)
-    _migrate_state(config_path().parent, path)
-    return path
+    return platformdirs.user_state_path("rv", appauthor=False)
 
 
 def cache_dir() -> Path:
@@ -110,57 +94,6 @@ def write_private(path: Path, data: bytes, *, durable: bool = False) -> None:
             fh.flush()
             os.fsync(fh.fileno())
     os.replace(tmp, path)
-
-
-def _merge_state(name: str, old: bytes, new: bytes) -> bytes:
-    """Both versions exist: keep every record of both. The state folder's copy wins on a clash."""
-    mine, theirs = json.loads(new), json.loads(old)
-    if name == "jobs.json":
-        seen = {(j.get("job_id"), j.get("profile")) for j in mine.get("jobs", [])}
-        extra = [j for j in theirs.get("jobs", []) if (j.get("job_id"), j.get("profile")) not in seen]
-        merged = {
-            **mine,
-            "jobs": sorted([*extra, *mine.get("jobs", [])], key=lambda j: j.get("submitted_at", 0)),
-        }
-    else:
-        merged = {**theirs, **mine}
-    return json.dumps(merged, indent=1, sort_keys=name != "jobs.json").encode()
-
-
-def _migrate_state(old_dir: Path, new_dir: Path) -> None:
-    """Move job records and secrets from beside the config file (where rv kept them) to new_dir.
-
-    Once per process and pair of folders; under a lock, so two rv commands starting at once do not
-    both move. A file that exists in both places is merged, never overwritten. Secrets stay 0600.
-    """
-    key = (old_dir.resolve(), new_dir.resolve()) if old_dir.exists() else (old_dir, new_dir)
-    if key in _migrated or key[0] == key[1]:
-        return
-    _migrated.add(key)
-    pending = [n for n in _STATE_FILES if (old_dir / n).is_file()]
-    if not pending:
-        return
-    import fcntl
-
-    new_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(new_dir / ".migrate.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for name in pending:
-            old, new = old_dir / name, new_dir / name
-            try:
-                data = old.read_bytes()
-            except FileNotFoundError:
-                continue  # another rv moved it while we waited for the lock
-            try:
-                if new.exists():
-                    data = _merge_state(name, data, new.read_bytes())
-            except ValueError as exc:
-                raise ConfigError(
-                    f"cannot move {old} to {new}: one of them is not valid JSON ({exc})",
-                    hint=f"fix or remove the broken one, then run rv again (the other is {new_dir})",
-                ) from exc
-            write_private(new, data, durable=True)
-            old.unlink()
 
 
 @dataclass(frozen=True)

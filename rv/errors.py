@@ -1,6 +1,6 @@
 """Every error rv reports to a user, with its exit code and the next step to take.
 
-Exit codes (also in the README). Commands that run something remote (``rv exec``, ``rv run -f``)
+Exit codes (also in docs/reference.md). Commands that run something remote (``rv exec``, ``rv run -f``)
 exit with the remote program's own code when it ran; rv's own failures use these:
 
 ====  ===========================================================================

@@ -92,6 +92,4 @@ def lookup_hint(ref: str) -> str | None:
     problem = name_problem(ref) if ref else None
     if problem is None:
         return None
-    close = derive(ref)
-    earlier = f" (earlier versions of rv renamed such runs, e.g. to {close!r})" if close else ""
-    return f"no run can be named {ref!r}: it {problem}{earlier}; `rv ps -a` lists the runs"
+    return f"no run can be named {ref!r}: it {problem}; `rv ps -a` lists the runs"

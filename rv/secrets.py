@@ -263,9 +263,7 @@ def _total(values: Mapping[str, str]) -> int:
 class SecretStore:
     """secrets.json: ``{"version": 2, "global": {NAME: VALUE}, "profiles": {PROFILE: {NAME: VALUE}}}``.
 
-    Earlier versions kept one flat ``{NAME: VALUE}`` for every profile. Such secrets become global on
-    the first read (so every job that got them still does), and ``notice`` says so once, with the way
-    to give one to a single profile (`rv env move`).
+    ``notice`` hears what a user should know but that does not stop the command (a secret not sent).
     """
 
     def __init__(self, path: Path, notice: Callable[[str], None] | None = None) -> None:
@@ -282,7 +280,7 @@ class SecretStore:
             yield
 
     def _read(self) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
-        """(global, per profile); a flat file of an earlier rv is rewritten with its secrets global."""
+        """(global, per profile)."""
         if not self.path.exists():
             return {}, {}
         try:
@@ -307,17 +305,6 @@ class SecretStore:
             if isinstance(raw_profiles, dict)
             else {}
         )
-        # Flat NAME: VALUE entries: the format before profiles (or one merged into this file).
-        legacy = {k: v for k, v in data.items() if isinstance(v, str)}
-        if legacy:
-            glob = {**legacy, **glob}
-            self._write(glob, profiles)
-            if self.notice is not None:
-                self.notice(
-                    f"secrets set before secrets belonged to a profile are now global, sent to jobs on "
-                    f"every profile as before: {', '.join(sorted(legacy))}. To send one to a single "
-                    "cluster only: rv env move NAME --profile PROFILE"
-                )
         return glob, profiles
 
     def _write(self, glob: Mapping[str, str], profiles: Mapping[str, Mapping[str, str]]) -> None:
@@ -363,9 +350,9 @@ class SecretStore:
     def for_job(self, profile: str) -> dict[str, str]:
         """The environment a job on ``profile`` gets from its secrets.
 
-        A name that may not be a secret (one stored before rv refused such names) is left out, and
-        ``notice`` says why. Raises UsageError, before anything is sent, when the secrets would not
-        fit in a job's environment.
+        A name that may not be a secret (in a file edited by hand: `rv env` refuses such names) is
+        left out, and ``notice`` says why. Raises UsageError, before anything is sent, when the
+        secrets would not fit in a job's environment.
         """
         values = {}
         for name, secret in self.for_profile(profile).items():

@@ -66,9 +66,6 @@ rv_begin() {
     mkdir -p -- "$RV_JOB_DIR" "$RV_RUN_DIR/seg"
     printf '%s\n' "$rv_job" >"$RV_RUN_DIR/seg/$RV_SEGMENT.job"
     rv_save_submit_env
-    # The program's metrics file (JSON lines; rv sweep results and rv metrics read it). A batch
-    # script of an older rv names none: the same default.
-    RV_METRICS="${RV_METRICS:-$RV_OUTPUT_DIR/metrics.jsonl}"
     export RV_RUN_DIR RV_RUN_ID RV_RUN_NAME RV_MAX_SEGMENTS RV_JOB_DIR RV_CHECKPOINT_DIR RV_OUTPUT_DIR \
         RV_METRICS RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL RV_STOP_LEAD
     export RV_WORK_DIR="$RV_RUN_DIR/work"
@@ -179,7 +176,7 @@ rv_fail() {
 
 # Uploaded with mode 0600 before sbatch, never written into any script; present in every segment and
 # requeue, removed when the run ends. rv's own variables and the ones that run the job cannot be
-# secrets (rv env refuses them): one that slipped through (a secrets file of an older rv) is ignored
+# secrets (rv env refuses them): one that slipped through (a secrets file edited by hand) is ignored
 # with a warning, so a secret never overrides what rv sets.
 rv_load_secrets() {
     [ "${rv_secrets:-0}" = 1 ] || return 0

@@ -39,8 +39,7 @@ if [ -r "$f" ]; then
     [ $# -gt 0 ] || exec bash --rcfile "$f" -i
     . "$f"
 else
-    echo "rv: job ${SLURM_JOB_ID:-?} saved no environment (still starting, or started by an older" \
-        "rv): a plain shell in its work dir" >&2
+    echo "rv: job ${SLURM_JOB_ID:-?} saved no environment (still starting): a plain shell in its work dir" >&2
     cd -- "$d" 2>/dev/null || true
     [ $# -gt 0 ] || exec bash -i
 fi

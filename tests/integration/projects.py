@@ -11,6 +11,16 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+# A program that prints, for each of these names, a hash of the job's value or MISSING: what a job
+# received, with no secret's value in its output.
+SHOW_ENV = (
+    "import hashlib, os\n"
+    "for name in ('ALPHA_ONLY', 'BARE_ONLY', 'SHARED', 'CLASH', 'PEM'):\n"
+    "    v = os.environ.get(name)\n"
+    "    print(name, 'MISSING' if v is None else hashlib.sha256(v.encode()).hexdigest()[:16])\n"
+)
+
+
 def git_project(path: Path, files: dict[str, str]) -> Path:
     """``files`` (name -> text) written under ``path`` (which may already hold some) and committed."""
     path.mkdir(parents=True, exist_ok=True)

@@ -253,6 +253,38 @@ def test_pull_of_a_folder_sends_only_changed_and_new_files(run_rv, tmp_path, ssh
     )).items()}  # fmt: skip
 
 
+def test_a_pull_never_overwrites_local_edits_unless_told(run_rv, tmp_path, remote_root):
+    results = Path(remote_root) / "results"
+    results.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (results / name).write_text(f"cluster {name}\n")
+    owner = os.stat(remote_root)
+    for p in (results, *results.iterdir()):
+        os.chown(p, owner.st_uid, owner.st_gid)  # as the cluster user wrote them
+    local = tmp_path / "results"
+    first = run_rv("sync", "pull", "results", str(local))
+    assert first.returncode == 0, first.stderr
+    (local / "a.txt").write_text("my analysis\n")
+    for name in ("a.txt", "b.txt"):
+        (results / name).write_text(f"cluster {name}, rerun\n")
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in local.iterdir()}
+
+    refused = run_rv("sync", "pull", "results", str(local))
+    assert refused.returncode == 2
+    assert "a.txt" in refused.stderr and "b.txt" not in refused.stderr.split("next:")[0].split(": ")[-1]
+    assert "--force" in refused.stderr and "--keep-local" in refused.stderr
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in local.iterdir()} == before
+
+    kept = run_rv("sync", "pull", "results", str(local), "--keep-local")
+    assert kept.returncode == 0, kept.stderr
+    assert (local / "a.txt").read_text() == "my analysis\n"
+    assert (local / "b.txt").read_text() == "cluster b.txt, rerun\n"
+
+    forced = run_rv("sync", "pull", "results", str(local), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert (local / "a.txt").read_text() == "cluster a.txt, rerun\n"
+
+
 def test_push_dry_run_shows_exactly_what_push_does(run_rv, tmp_path, ssh_transport):
     repo = tmp_path / "repo"
     repo.mkdir()

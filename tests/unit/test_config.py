@@ -204,37 +204,6 @@ def test_remote_root_is_checked_when_the_config_is_read(root, problem):
 # --- where state lives ------------------------------------------------------------------------------
 
 
-def test_state_moves_from_beside_the_config_once_and_loses_nothing(tmp_path, monkeypatch):
-    import json
-    import os
-    import stat
-
-    from rv import config as config_mod
-
-    old = tmp_path / "cfgdir"
-    old.mkdir()
-    (old / "config.toml").write_text('[profiles.a]\nhost = "h"\n')
-    (old / "jobs.json").write_text(json.dumps({"jobs": [{"job_id": "1", "profile": "a", "submitted_at": 1}]}))
-    (old / "secrets.json").write_text(json.dumps({"TOKEN": "s3cret", "OLD": "x"}))
-    state = tmp_path / "state"
-    state.mkdir()
-    # This version already wrote state before (a job and a secret): both copies must survive.
-    (state / "jobs.json").write_text(
-        json.dumps({"jobs": [{"job_id": "2", "profile": "a", "submitted_at": 2}]})
-    )
-    (state / "secrets.json").write_text(json.dumps({"TOKEN": "newer"}))
-    monkeypatch.setenv("RV_CONFIG", str(old / "config.toml"))
-    monkeypatch.setenv("RV_STATE_DIR", str(state))
-    monkeypatch.setattr(config_mod, "_migrated", set())
-    assert config_mod.state_dir() == state
-    jobs = json.loads((state / "jobs.json").read_text())["jobs"]
-    assert [j["job_id"] for j in jobs] == ["1", "2"]
-    assert json.loads((state / "secrets.json").read_text()) == {"TOKEN": "newer", "OLD": "x"}
-    assert stat.S_IMODE(os.stat(state / "secrets.json").st_mode) == 0o600
-    assert not (old / "jobs.json").exists() and not (old / "secrets.json").exists()
-    assert (old / "config.toml").exists()  # the config itself stays where it is
-
-
 def test_state_and_cache_follow_the_platform_folders(tmp_path, monkeypatch):
     from rv import config as config_mod
 
@@ -243,7 +212,6 @@ def test_state_and_cache_follow_the_platform_folders(tmp_path, monkeypatch):
     monkeypatch.setenv("RV_CONFIG", str(tmp_path / "c" / "config.toml"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xs"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xc"))
-    monkeypatch.setattr(config_mod, "_migrated", set())
     assert config_mod.state_dir() == tmp_path / "xs" / "rv"
     assert config_mod.cache_dir() == tmp_path / "xc" / "rv"
 

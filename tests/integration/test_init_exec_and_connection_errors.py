@@ -1,4 +1,5 @@
-"""Issue 2 against the real cluster: init, exec, exit codes, host keys, auth and connection errors."""
+"""`rv init` and `rv exec` against the real cluster: exit codes and streams, host keys, and the
+errors of authentication and connection."""
 
 from __future__ import annotations
 

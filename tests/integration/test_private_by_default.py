@@ -1,15 +1,20 @@
-"""Issue 24, on the real loopback cluster: what a new user hit (gc of everything that ended, what uv
-writes under the remote root, credentials on this machine, secrets-looking files left out)."""
+"""Private by default, on the real loopback cluster as the non-root cluster user: what rv, uv and
+pip write under the remote root is readable by the user only (or the group, when shared), no file rv
+writes holds a remote URL's credentials, and untracked files that look like secrets stay on this
+machine unless named."""
 
 from __future__ import annotations
 
 import json
-import re
+import os
+import shutil
+import stat
 import subprocess
-import time
+import uuid
 from pathlib import Path
 
 import pytest
+from conftest import base_env, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -29,48 +34,6 @@ def project(path: Path, files: dict[str, str]) -> Path:
     git(path, "add", ".")
     git(path, "commit", "-q", "-m", "init")
     return path
-
-
-def wait_for(check, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-
-
-# --- rv gc --older-than 0 ----------------------------------------------------------------------------
-
-
-def test_gc_older_than_zero_removes_every_ended_run_and_never_a_live_one(run_rv, tmp_path):
-    proj = project(tmp_path / "p", {"job.py": "import sys, time\ntime.sleep(float(sys.argv[1]))\n"})
-    for name in ("done1", "done2"):
-        r = run_rv(
-            "run", "-g", "0", "--mem", "200M", "--name", name, "-f", "--", "python3", "job.py", "0", cwd=proj
-        )
-        assert r.returncode == 0, r.stderr
-    live = run_rv(
-        "run", "-g", "0", "--mem", "200M", "--name", "alive", "--", "python3", "job.py", "300", cwd=proj
-    )
-    assert live.returncode == 0, live.stderr
-    try:
-        wait_for(lambda: "RUNNING" in run_rv("ps").stdout, 60, "the live run to start")
-        # Both spellings of zero; the runs ended seconds ago (the default, 14d, keeps them).
-        dry = run_rv("gc", "--older-than", "0s", "--dry-run", "--json")
-        assert dry.returncode == 0, dry.stderr
-        assert sorted(r["name"] for r in json.loads(dry.stdout)["runs_removed"]) == ["done1", "done2"]
-        report = run_rv("gc", "--older-than", "0", "--json")
-        assert report.returncode == 0, report.stderr
-        data = json.loads(report.stdout)
-        assert sorted(r["name"] for r in data["runs_removed"]) == ["done1", "done2"]
-        assert {k["name"]: k["why"] for k in data["runs_kept"]}["alive"].startswith("live (job ")
-        assert "RUNNING" in run_rv("ps").stdout  # the live run goes on
-    finally:
-        assert run_rv("stop", "alive").returncode == 0
-    bad = run_rv("gc", "--older-than", "3")
-    assert bad.returncode == 2 and bad.stderr.startswith("rv: error: --older-than '3' has no unit")
-    assert "--time" not in bad.stderr
 
 
 # --- what uv writes under the remote root ------------------------------------------------------------
@@ -197,90 +160,70 @@ def test_secret_looking_files_stay_on_this_machine_unless_named(run_rv, remote_r
     assert "look like secrets: deploy.pem" in third.stderr
 
 
-# --- rv logs --json, rv stop --json -------------------------------------------------------------------
-
-TALK = """\
-import sys, time
-print('out line 1')
-print('err line', file=sys.stderr)
-print('out line 2')
-time.sleep(float(sys.argv[1]))
-"""
+# --- snapshots, pushes, pulls and the remote root -----------------------------------------------------
 
 
-def test_logs_and_stop_speak_json(run_rv, tmp_path):
-    proj = project(tmp_path / "p", {"talk.py": TALK})
-    done = run_rv(
-        "run", "-g", "0", "--mem", "200M", "--name", "talky", "-f", "--", "python3", "talk.py", "0", cwd=proj
-    )
-    assert done.returncode == 0, done.stderr
-    out = run_rv("logs", "talky", "--json")
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)  # stdout is the one document and nothing else
-    assert (doc["run"], doc["stream"], doc["exit_code"]) == ("talky", "out", None)
-    (segment,) = doc["segments"]
-    assert segment["segment"] == 1 and segment["job_id"]
-    # The log as `rv logs` shows it: the program's lines, and rv's own (the job's start and end).
-    texts = [line["text"] for line in segment["lines"]]
-    assert [t for t in texts if not t.startswith("rv: ")] == ["out line 1", "out line 2"], texts
-    assert texts[0].startswith("rv: run talky, segment 1/10")
-    assert {(line["node"], line["rank"]) for line in segment["lines"]} == {(None, None)}
-    err = json.loads(run_rv("logs", "talky", "--err", "--json").stdout)
-    assert [line["text"] for line in err["segments"][0]["lines"] if not line["text"].startswith("rv: ")] == [
-        "err line"
-    ]
-    followed = json.loads(run_rv("logs", "talky", "-f", "--json").stdout)
-    assert followed["ended"] is True and followed["exit_code"] == 0
-
-    live = run_rv(
-        "run", "-g", "0", "--mem", "200M", "--name", "sleepy", "--", "python3", "talk.py", "300", cwd=proj
-    )
-    assert live.returncode == 0, live.stderr
-    job_id = live.stdout.strip()
-    wait_for(lambda: "RUNNING" in run_rv("ps").stdout, 60, "the run to start")
-    stopped = run_rv("stop", "sleepy", "--json")
-    assert stopped.returncode == 0, stopped.stderr
-    (row,) = json.loads(stopped.stdout)
-    assert (row["name"], row["cancelled"], row["error"]) == ("sleepy", [job_id], None)
-    assert row["secrets_removed"] in (True, False) and row["run_id"]
-    nothing = run_rv("stop", "--all", "--yes", "--json")
-    assert nothing.returncode == 0 and json.loads(nothing.stdout) == []
+def make_repo(path: Path) -> Path:
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "train.py").write_text("print('hi')\n")
+    (path / "run.sh").write_text("#!/bin/sh\necho run\n")
+    (path / "run.sh").chmod(0o755)
+    (path / "lib").mkdir()
+    (path / "lib" / "util.py").write_text("X = 1\n")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "init")
+    git(path, "remote", "add", "origin", "https://me:ghp_TOKEN123@github.com/me/project.git")
+    return path
 
 
-# --- the job id on stdout: for scripts, not on a terminal ---------------------------------------------
+def open_to_others(root: str) -> dict[str, str]:
+    """Everything under root (root included) that anyone but its owner could read, write or enter."""
+    leaks = {}
+    for dirpath, dirnames, files in os.walk(root):
+        for name in [".", *dirnames, *files]:
+            p = os.path.normpath(os.path.join(dirpath, name))
+            st = os.lstat(p)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077:
+                leaks[os.path.relpath(p, root)] = oct(stat.S_IMODE(st.st_mode))
+    return leaks
 
 
-@pytest.mark.parametrize("front", ["python -m rv", "rv"])
-def test_the_job_id_goes_to_stdout_for_a_script_and_not_to_a_terminal(run_rv, rv_env, tmp_path, front):
-    import os
-    import select
-    import sys
+def test_snapshot_push_and_pull_leave_nothing_readable_by_others(run_rv, tmp_path, remote_root):
+    os.chmod(remote_root, 0o755)  # as a test fixture (or an older rv) made it
+    repo = make_repo(tmp_path / "repo")
+    snap = run_rv("sync", "snapshot", "--json", cwd=repo)
+    assert snap.returncode == 0, snap.stderr
+    push = run_rv("sync", "push", str(repo), "workspaces/p/main", cwd=repo)
+    assert push.returncode == 0, push.stderr
+    pull = run_rv("sync", "pull", "workspaces/p/main", str(tmp_path / "back"), cwd=repo)
+    assert pull.returncode == 0, pull.stderr
+    assert open_to_others(remote_root) == {}
+    ws = Path(remote_root) / "workspaces/p/main"
+    assert stat.S_IMODE(os.stat(ws / "run.sh").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(ws / "train.py").st_mode) == 0o600
+    meta = Path(json.loads(snap.stdout)["meta_path"]).read_text()
+    assert "ghp_TOKEN123" not in meta and "https://github.com/me/project.git" in meta
+    assert "ghp_TOKEN123" not in snap.stdout + snap.stderr
 
-    proj = project(tmp_path / "p", {"ok.py": "print('ok')\n"})
-    piped = run_rv("run", "-g", "0", "--mem", "200M", "--", "python3", "ok.py", cwd=proj)
-    assert piped.returncode == 0, piped.stderr
-    assert re.fullmatch(r"\d+\n", piped.stdout), piped.stdout  # `job=$(rv run ...)` gets the id alone
-    argv = (
-        [sys.executable, "-m", "rv"] if front == "python -m rv" else [str(Path(sys.executable).parent / "rv")]
-    )
-    master, slave = os.openpty()
-    proc = subprocess.Popen(
-        [*argv, "run", "-g", "0", "--mem", "200M", "--", "python3", "ok.py"], cwd=proj, env=rv_env,
-        stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    os.close(slave)
-    _, err = proc.communicate(timeout=120)
-    shown = b""
-    while select.select([master], [], [], 0.2)[0]:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: the terminal's other end is closed
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(master)
-    assert proc.returncode == 0, err
-    job = re.search(r"submitted run ok-\w+: job (\d+)", err)
-    assert job, err  # the id is in the line on stderr
-    assert job.group(1).encode() not in shown, shown  # and not alone on the terminal
+
+def test_init_expands_a_home_relative_root_on_the_cluster_and_keeps_it_private(cluster, tmp_path):
+    env = base_env(tmp_path, tmp_path / "rv.toml")
+    user = cluster.get("RV_TESTCLUSTER_USER", "root")
+    name = f"rv-home-test-{uuid.uuid4().hex[:8]}"
+    args = [
+        "init", "--profile", "home", "--host", "127.0.0.1", "--port", cluster["RV_TESTCLUSTER_SSH_PORT"],
+        "--user", user, "--identity-file", cluster["RV_TESTCLUSTER_KEY"],
+        "--known-hosts", cluster["RV_TESTCLUSTER_KNOWN_HOSTS"], "--remote-root", f"~/{name}", "--yes",
+    ]  # fmt: skip
+    r = run_cli(args, env)
+    home = run_cli(["exec", 'printf %s "$HOME"'], env).stdout
+    expanded = f"{home}/{name}"
+    try:
+        assert r.returncode == 0, r.stderr
+        assert home.startswith("/")
+        assert f"remote root  {expanded} (from ~/{name}); only you can read it" in r.stdout
+        assert f'remote_root = "{expanded}"' in (tmp_path / "rv.toml").read_text()
+        assert stat.S_IMODE(os.stat(expanded).st_mode) == 0o700
+    finally:
+        shutil.rmtree(expanded, ignore_errors=True)

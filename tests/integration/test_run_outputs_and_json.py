@@ -1,12 +1,13 @@
-"""Rough edges of `rv run` with a real job, on the bare layout (no accounting, one mixed partition,
-no `python` on the login PATH), as the cluster user: pure JSON on stdout with -f, `-o` paths from
-the folder the program starts in, the snapshot's warnings on stderr."""
+"""`rv run`'s outputs with a real job, on the bare layout (no accounting, one mixed partition, no
+`python` on the login PATH), as the cluster user: pure JSON on stdout with -f, `-o` paths from the
+folder the program starts in and `-o` patterns, the snapshot's warnings on stderr."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from projects import git_project
 
 JOB = "echo made-in-exp > out.txt; echo to-stdout; echo to-stderr >&2"
@@ -54,3 +55,22 @@ def test_rv_ps_with_nothing_live_and_rv_logs_of_a_run_that_never_started_say_so(
     never = layout.run_rv("logs", "later", cwd=proj)
     assert never.returncode == 9 and "run later never started (" in never.stderr, never.stderr
     assert "it has no output" in never.stderr and never.stdout == ""
+
+
+@pytest.mark.parametrize("layout", ["bare"], indirect=True)
+def test_an_output_pattern_copies_every_match_and_one_matching_nothing_is_said(layout, tmp_path):
+    make = (
+        "import os; os.makedirs('out/ep 1', exist_ok=True)\n"
+        "for n in ('a.pt', 'b.pt', 'log.txt', 'ep 1/c.pt'): open(os.path.join('out', n), 'w').write(n)\n"
+    )
+    project = git_project(tmp_path / "proj", {"make.py": make})
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "500M", "--name", "globs", "-o", "out/**/*.pt", "-o", "ckpt/*.bin",
+        "-f", "--", "python", "make.py", cwd=project,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "output pattern ckpt/*.bin matched nothing in the work dir" in r.stdout + r.stderr
+    (kept,) = Path(layout.remote_root, "outputs").glob("proj*/globs")  # proj-<hash of its path>
+    copied = sorted(str(p.relative_to(kept)) for p in kept.rglob("*.pt"))
+    assert copied == ["out/a.pt", "out/b.pt", "out/ep 1/c.pt"], copied
+    assert not (kept / "out" / "log.txt").exists()
