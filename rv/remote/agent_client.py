@@ -190,9 +190,10 @@ def agent_reply(mode: str, exit_code: int, stdout: bytes, stderr: bytes | str) -
         )
     if exit_code != 0:
         tail = " / ".join(stderr.strip().splitlines()[-3:])
+        # Not an answer but a crash (or a cut connection): the step's own name is what a report needs.
         raise RemoteError(
-            f"rv's part on the cluster failed (exit {exit_code}): {tail or 'no message'}",
-            hint=f"rerun with RV_DEBUG=1 and report it (step {mode})",
+            f"remote {mode} failed (exit {exit_code}): {tail or 'no message'}",
+            hint="check the connection (rv status); if it keeps failing, rerun with RV_DEBUG=1 and report it",
         )
     try:
         reply = json.loads(zlib.decompress(stdout))
