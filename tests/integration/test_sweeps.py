@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -364,23 +365,45 @@ def test_ctrl_c_during_a_sweeps_submit_says_it_may_have_been_sent_and_rv_ps_find
     assert stop.returncode == 0, stop.stderr
 
 
+def agent_running(mode: str, root: str) -> bool:
+    """Whether an rv agent of ``mode`` for the remote root ``root`` runs on this machine now."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        if mode.encode() in words and any(root.encode() in w for w in words):
+            return True
+    return False
+
+
 def test_ctrl_c_before_a_sweep_is_sent_says_nothing_was_queued(layout, tmp_path):
     from terminal import Terminal
 
-    # Big enough that the upload shows its bar (after 1 s): the Ctrl-C comes before the submit.
-    (tmp_path / "p").mkdir()
-    for i in range(4):
-        (tmp_path / "p" / f"data{i}.bin").write_bytes(os.urandom(25 << 20))
     proj = git_project(tmp_path / "p", {"README": "x\n"})
+    # The store held by another (as rv gc holds it): the upload waits, and the Ctrl-C comes while it
+    # does, before anything could be submitted. A connection of its own (no warm one, no command
+    # server, no agent started ahead): the agent then runs as a process named by its mode.
+    objects = Path(layout.remote_root) / "objects"
+    user = layout.cluster["RV_TESTCLUSTER_USER"]
+    lock = f"mkdir -p -m 700 {objects} && exec flock -x {objects}/.lock sleep 600"
+    # Its own group: runuser, flock and sleep all go with it at the end.
+    holder = subprocess.Popen(["runuser", "-u", user, "--", "bash", "-c", lock], start_new_session=True)
     argv = [sys.executable, "-m", "rv", "run", "-g", "0", "--mem", "100M", "--name", "nc", "--sweep", "x=1,2",
             "--", "true"]  # fmt: skip
-    term = Terminal(argv, env=layout.rv_env, cwd=proj)
+    term = None
     try:
-        term.expect("uploading")
+        wait_for(lambda: (objects / ".lock").exists(), 30, "the store's lock to be held")
+        direct = {"RV_WARM_SECONDS": "0", "RV_COMMAND_SERVER": "0", "RV_PRESTART_AGENTS": "0"}
+        term = Terminal(argv, env={**layout.rv_env, **direct}, cwd=proj)
+        wait_for(lambda: agent_running("snap-put", layout.remote_root), 120, "the upload", step=0.1)
         term.send("\x03")
         assert term.wait(60) == 130, term.text
     finally:
-        term.close()
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+        if term is not None:
+            term.close()
     said = " ".join(term.text.split())
     assert "interrupted before sweep nc was sent: nothing was queued" in said, term.text
     assert sweep_runs_on_the_cluster(layout.remote_root, "nc") == 0
