@@ -3,7 +3,8 @@
 Read by the CLI (rv.cli.main: the group and `rv --help`), by the front end (rv.entry, through
 rv.remote.connect: which commands the command server runs) and by the command server (rv.forkserver: what
 it imports ahead of time). Plain data with no imports: the front end reads it before anything else
-is loaded.
+is loaded. :func:`load` imports a command's module by its name, when the command is asked for: the
+one way a command reaches another (`rv sync gc` is `rv gc`), so no command module imports another.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ COMMANDS: dict[str, Command] = {
         "rv.cli.logs", "logs", "Show or follow a run's output, every segment.", served=True, prewarm=True
     ),
     "stop": Command("rv.cli.stop", "stop", "Stop runs.", served=True),
+    "why": Command(
+        "rv.cli.why",
+        "why",
+        "Why a run waits (and what would start it sooner), or why it ended.",
+        served=True,
+        prewarm=True,
+    ),
+    "wait": Command(
+        "rv.cli.wait", "wait", "Wait until runs end (or run); exit with their code.", served=True
+    ),
     "sweep": Command(
         "rv.cli.sweep", "sweep", "A sweep's results table, and a retry of its failed points.", served=True
     ),
@@ -76,3 +87,20 @@ ALIASES = {"ls": "ps", "cancel": "stop"}
 def lookup(name: str) -> Command | None:
     """The command a name (or an alias) stands for; None for one rv does not have."""
     return COMMANDS.get(ALIASES.get(name, name))
+
+
+def load(name: str) -> object:
+    """The click command a name (or an alias) stands for, its module imported now; None for one rv
+    does not have, or whose module is not written yet."""
+    import importlib
+
+    found = lookup(name)
+    if found is None:
+        return None
+    try:
+        module = importlib.import_module(found.module)
+    except ModuleNotFoundError as exc:
+        if exc.name != found.module:
+            raise
+        return None  # a command whose module is not written yet simply does not exist
+    return getattr(module, found.attr)

@@ -119,6 +119,8 @@ class Profile:
     # The cluster's partitions and their limits, as `rv init` found them (empty: not known, before
     # rv init learned them; then rv cannot refuse a CPU-only job over its partition's limit).
     partitions: dict[str, Partition] = field(default_factory=dict)
+    # Where every run's end is told unless `rv run --notify` says otherwise (rv.notify's forms).
+    notify: tuple[str, ...] = ()
 
     @property
     def default_partition(self) -> Partition | None:
@@ -163,6 +165,7 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "reservation": str,
     "sbatch": list,
     "partitions": dict,
+    "notify": list,
 }
 # The profile keys that are Slurm placement options (account is one too, and older than these).
 PLACEMENT_KEYS = ("partition", "qos", "constraint", "exclude", "nodelist", "reservation")
@@ -341,6 +344,9 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
     sbatch = table.get("sbatch", [])
     if not all(isinstance(text, str) for text in sbatch):
         raise ConfigError(f"{where}: sbatch must be a list of strings (sbatch options)")
+    notify = table.get("notify", [])
+    if not all(isinstance(text, str) for text in notify):
+        raise ConfigError(f"{where}: notify must be a list of strings, e.g. notify = ['mail:me@example.org']")
     builtin = BUILTIN_CATALOGS.get(catalog, {})
     gpus = {
         gname: _parse_gpu(where, gname, gtable, builtin.get(gname))
@@ -369,6 +375,7 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         sbatch=tuple(sbatch),
         python=table.get("python"),
         partitions=partitions,
+        notify=tuple(notify),
     )
 
 
@@ -424,6 +431,8 @@ def _profile_values(p: Profile) -> dict[str, Any]:
     values.update(p.placement)  # rv init keeps what the user wrote there
     if p.sbatch:
         values["sbatch"] = list(p.sbatch)
+    if p.notify:
+        values["notify"] = list(p.notify)
     return values
 
 

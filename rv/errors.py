@@ -1,7 +1,9 @@
 """Every error rv reports to a user, with its exit code and the next step to take.
 
 Exit codes (also in docs/reference.md). Commands that run something remote (``rv exec``, ``rv run -f``)
-exit with the remote program's own code when it ran; rv's own failures use these:
+exit with the remote program's own code when it ran; ``rv wait`` with the run's (the program's, or 1
+for a run that ended without the program failing: stopped, cancelled, a time limit; several runs: 0
+when all finished, else the first's that did not); rv's own failures use these:
 
 ====  ===========================================================================
 code  meaning

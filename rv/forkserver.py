@@ -68,9 +68,11 @@ _PRELOAD_EXTRA = (
     "rv.agent.manifest",
     "rv.files.treecache",
     "rv.job.cleanup",
+    "rv.job.launch",
     "rv.job.query",
     "rv.job.submit",
     "rv.job.watch",
+    "rv.misplaced",
     "rv.pyenv.plan",
     "rv.pyenv.spec",
     "rv.slurm.client",
@@ -83,6 +85,10 @@ _PRELOAD_EXTRA = (
     "rich.table",
     "rich.progress",
     "rich.markup",
+    # GitPython, for the repository's facts each run records (rv.files.repo, on a thread while the
+    # cluster answers): its import costs a served resubmit more than rv's own work there (measured
+    # with benchmarks/cli.py --before), so the copies find it here. Last: the rest comes first.
+    "git",
 )
 
 

@@ -1,10 +1,11 @@
 """Where rv keeps things under a profile's remote root. One place, so every module agrees.
 
-<root>/objects/ab/abcdef...     content-addressed file store (git blob ids)
-<root>/snapshots/<id>/          immutable tree of hard links into objects/ (read-only) ...
-<root>/snapshots/<id>.manifest  ... and its manifest (one line per file; a layer's too)
-<root>/snapshots/<id>.layer/    or a layer over another snapshot: tree/ (what differs), remove, base
-<root>/snapshots/<id>.json      the snapshot's provenance (and a layer's rows), beside it
+<root>/store.git/               the snapshot store: a bare git repository (rv.agent.store); each
+                                snapshot a commit held by refs/rv/snapshots/<id>
+<root>/snapshots/<id>.git.json  the snapshot's provenance, touched at every use (gc's age)
+<root>/objects/.lock            the store's lock (gc exclusive, uploads shared)
+<root>/objects/, snapshots/<id>/    the store of earlier rv versions (rv.agent.oldstore): kept while
+                                runs it queued use it, then collected by rv gc
 <root>/workspaces/<project>/<branch>/   mutable mirror for `rv sync push`
 <root>/runs/<run id>/           one run (a chain of Slurm jobs, its segments); everything but its
     run.json                    checkpoints and outputs, so one rmtree cleans it up:
@@ -13,7 +14,8 @@
     secrets.env                 `rv env` values, mode 0600, deleted when the run ends
     seg/<k>.job, seg/<k>.json   segment k's job id (written by its submitter) and record (by the job)
     STOP, ENDED                 `rv stop` was asked; the run is over (JSON: why, exit code)
-    work/                       RV_WORK_DIR: the run's private copy of its snapshot
+    work/                       RV_WORK_DIR: the run's private copy of its snapshot (checked out
+    work.index                  from the store with an index of its own: what the job checked)
     jobs/<job id>/              RV_JOB_DIR: per Slurm job (node exit codes, stop deliveries)
     jobs/<job id>/env.sh        the program's environment, for `rv ssh`/`rv up` shells (0600, holds
                                 the secrets; removed when the job ends)
@@ -25,7 +27,8 @@
 <root>/cache/{hf,torch,triton,pip,wandb,xdg}   caches kept off the home quota
 <root>/tmp/                     staging for uploads; renamed into place when complete
 <root>/runtime/job-<hash>.sh    rv's job runtime (rv/agent/job.sh) that batch scripts source, and
-<root>/runtime/rank-label-<hash>.py   its rank labeller; named by content, read-only, written once
+<root>/runtime/rank-label-<hash>.py   its rank labeller, and notify-<hash>.py its webhook poster; named
+                                by content, read-only, written once
 
 Everything rv writes here is private to the user (folders 0700, files 0600, executables 0700)
 unless the profile sets ``share_with_group = true``: then the group may read (0750/0640).
@@ -55,6 +58,13 @@ class RemoteLayout:
         return posixpath.join(self.root, *parts)
 
     @property
+    def store(self) -> str:
+        return self._join("store.git")
+
+    def snapshot_ref(self, snapshot_id: str) -> str:
+        return f"refs/rv/snapshots/{snapshot_id}"
+
+    @property
     def objects(self) -> str:
         return self._join("objects")
 
@@ -69,7 +79,7 @@ class RemoteLayout:
         return self._join("snapshots", snapshot_id)
 
     def snapshot_meta(self, snapshot_id: str) -> str:
-        return self._join("snapshots", snapshot_id + ".json")
+        return self._join("snapshots", snapshot_id + ".git.json")
 
     def snapshot_layer(self, snapshot_id: str) -> str:
         return self._join("snapshots", snapshot_id + ".layer")

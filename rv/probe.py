@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 from dataclasses import dataclass, field, replace
 
@@ -45,6 +46,7 @@ command -v sacctmgr >/dev/null 2>&1 &&
   sacctmgr -nP show assoc user="$(id -un)" format=account,partition,defaultqos,qos 2>/dev/null
 echo @@qoswall
 command -v sacctmgr >/dev/null 2>&1 && sacctmgr -nP show qos format=name,maxwall 2>/dev/null
+echo @@git; command -v git >/dev/null 2>&1 && git --version 2>/dev/null
 echo @@end
 """
 
@@ -75,6 +77,11 @@ class ClusterFacts:
     # QOS's MaxWall: which QOS a job gets, and its time limit.
     associations: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
     qos_max_wall: dict[str, str] = field(default_factory=dict)
+    git_version: str | None = None  # `git --version` on the login node (None: no git there)
+
+    @property
+    def git_problem(self) -> str | None:
+        return git_problem(self.git_version)
 
     @property
     def default_remote_root(self) -> str:
@@ -117,7 +124,30 @@ def facts_from_probe(text: str) -> ClusterFacts:
         partitions=parse_partitions("\n".join(s.get("partitions", [])), "\n".join(s.get("sinfo", []))),
         associations=parse_associations("\n".join(s.get("qos", []))),
         qos_max_wall=parse_qos_walls("\n".join(s.get("qoswall", []))),
+        git_version=next((line.strip() for line in s.get("git", []) if line.strip()), None),
     )
+
+
+# The oldest git the cluster's store works with (rv.agent.store.MIN_GIT, which the agent checks
+# itself: laptop code does not import the agent; a unit test holds the two equal).
+MIN_GIT = (2, 20)
+
+
+def git_problem(version_text: str | None) -> str | None:
+    """What is wrong with the cluster's git for rv (from `git --version`'s line), or None."""
+    if not version_text:
+        return (
+            "git is not installed on the cluster's login node: rv's snapshot store there is a git "
+            "repository, and jobs check their files out of it on the compute nodes (ask the admins for "
+            "git, or load it in ~/.bashrc with `module load git`)"
+        )
+    found = re.search(r"(\d+)\.(\d+)", version_text)
+    if found and (int(found.group(1)), int(found.group(2))) < MIN_GIT:
+        return (
+            f"the cluster's {version_text} is too old for rv's snapshot store (it needs git "
+            f"{MIN_GIT[0]}.{MIN_GIT[1]} or newer, on the login and compute nodes): load a newer one"
+        )
+    return None
 
 
 def usable_lines(

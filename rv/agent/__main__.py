@@ -15,12 +15,11 @@ import signal
 import sys
 import zlib
 
-from rv.agent import common, envs, follow, gc, metrics, runs, store, transfer, up
+from rv.agent import common, envs, follow, gc, metrics, runs, store, transfer, up, why
 
 # The one table: every mode the agent answers, and the function that answers it.
 MODES = {
-    # the snapshot store (rv run, rv sync snapshot)
-    "snap-query": store.mode_snap_query,
+    # the snapshot store, a git repository (rv run, rv sync snapshot)
     "snap-put": store.mode_snap_put,
     # rv sync push / pull
     "scan": transfer.mode_scan,
@@ -35,6 +34,8 @@ MODES = {
     "run-stop": runs.mode_run_stop,
     "secrets-sweep": runs.mode_secrets_sweep,
     "ckpt-ls": runs.mode_ckpt_ls,
+    # rv why: the run's own script judged by sbatch --test-only with one option changed
+    "why-probe": why.mode_why_probe,
     # rv sweep results, rv metrics: what programs wrote to $RV_METRICS
     "metrics": metrics.mode_metrics,
     "up": up.mode_up,

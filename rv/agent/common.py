@@ -15,6 +15,7 @@ import stat
 import struct
 import sys
 import threading
+import time
 import zlib
 
 from rv.agent import manifest
@@ -192,6 +193,21 @@ def remove_counted(path, freed, dry):
     else:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def remove_stale(folder, prefix, older_than):
+    """Remove what is named ``prefix``... in ``folder`` and untouched for ``older_than`` seconds: the
+    temp files and folders of a call killed before it could remove its own."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            if name.startswith(prefix):
+                path = join(folder, name)
+                with contextlib.suppress(OSError):
+                    if now - os.lstat(path).st_mtime > older_than:
+                        force_rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(
+                            path
+                        )
 
 
 def human_age(seconds):

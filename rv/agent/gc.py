@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 
-from rv.agent import common, envs, locks, manifest, runs, store
+from rv.agent import common, envs, locks, manifest, oldstore, runs, store
 
 
 class Freed:
@@ -22,6 +22,7 @@ class Freed:
     def __init__(self):
         self.inodes = {}
         self.dir_bytes = 0
+        self.extra = 0  # measured (or, in a dry run, estimated) elsewhere: what git's gc freed
 
     def note(self, path):
         for dirpath, dirs, files in os.walk(path) if os.path.isdir(path) and not os.path.islink(path) else []:
@@ -46,7 +47,11 @@ class Freed:
 
     @property
     def bytes(self):
-        return self.dir_bytes + sum(size for size, links, seen in self.inodes.values() if seen >= links)
+        return (
+            self.extra
+            + self.dir_bytes
+            + sum(size for size, links, seen in self.inodes.values() if seen >= links)
+        )
 
 
 def _run_last_activity(rdir, info):
@@ -179,8 +184,15 @@ def runs_and_store_gc(args, live=None):
                     report[report_key].append(
                         {"project": key[0], "name": key[1], "bytes": freed.bytes - before}
                     )
-    store_report = store.collect_garbage(root, in_use, args, freed, dry)
-    report.update(store_report)
+    # The store of an older rv first (its folders and objects), then the git store.
+    old = oldstore.collect_garbage(root, in_use, args, freed, dry)
+    new = store.collect_garbage(root, in_use, args, freed, dry)
+    report.update(
+        removed=old["removed"] + new["removed"],
+        kept=old["kept"] + new["kept"],
+        objects_removed=old["objects_removed"] + new["objects_removed"],
+        warnings=report["warnings"] + old["warnings"],
+    )
     report["runtime_removed"] = runtime_gc(root, [r for r, _ in remove_runs] if dry else (), freed, dry,
                                            float(args.get("grace", 900)))  # fmt: skip
     report["bytes_freed"] = freed.bytes
@@ -218,9 +230,10 @@ def runtime_gc(root, going, freed, dry, grace):
     return removed
 
 
-# (kind, folder under the root, or under each run's folder). Objects first: a snapshot's files are
-# hard links to them, so snapshots count only their own folders and manifests.
+# (kind, folder under the root, or under each run's folder). The git store first; then an older
+# rv's objects, whose snapshots' files are hard links to them (snapshots count only their folders).
 KINDS = (
+    ("store", store.STORE, False),
     ("objects", b"objects", False),
     ("snapshots", b"snapshots", False),
     ("work dirs", b"work", True),
@@ -281,6 +294,11 @@ def mode_usage(args):
             sizes[kind] = count(common.join(root, folder))
     sizes["other"] = count(root)  # run records, scripts, caches, workspaces: whatever is left
     out.update(kinds=sizes, total=sum(sizes.values()))
+    version = store.git_version()
+    out["git"] = {
+        "version": ".".join(str(v) for v in version) if version else None,
+        "problem": store.git_problem(),
+    }
     try:
         gc = runs_and_store_gc(dict(args, dry_run=True), live=live)
         out["gc"] = {"bytes_freed": gc["bytes_freed"], "runs": len(gc["runs_removed"]),

@@ -28,12 +28,13 @@
 # The batch script sets, before sourcing (plain variables; rv_begin exports the RV_* ones once the
 # submit environment is saved): RV_RUN_DIR RV_RUN_ID RV_RUN_NAME RV_MAX_SEGMENTS RV_CHECKPOINT_DIR
 # RV_OUTPUT_DIR RV_METRICS RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL
-# RV_STOP_LEAD, and rv_cache (the cache root), rv_snapshots (the store's snapshots), rv_gpu_type and rv_gpu_cc
+# RV_STOP_LEAD, and rv_cache (the cache root), rv_store (the snapshot store, a git repository), rv_gpu_type and rv_gpu_cc
 # (the catalog's compute capability: the fallback when nvidia-smi says nothing; both empty for a
 # CPU job), rv_secrets (1: the run has a secrets file), rv_labeled (1: ranks' lines are labelled),
 # rv_launcher (1: a launcher starts ranks as $PYTHON_EXEC), rv_outputs (array: -o paths),
 # RV_RANK_LABEL (the labeller, with rv_labeled), rv_exclude (the user's --exclude, kept when a fault
-# excludes more) and rv_max_fault_retries. The program is the function rv_program.
+# excludes more) and rv_max_fault_retries; with --notify, rv_notify_mail (addresses, comma-separated),
+# rv_notify_hooks (secret names) and rv_notify_prog (the notifier). The program is the function rv_program.
 #
 # A run over several GPU types: the submitter sends one job per type and lists them in
 # seg/<k>.candidates ("JOB TYPE" lines); the run folder's `candidates` file names each type's batch
@@ -43,8 +44,6 @@
 # with rv_ or RV_; every command that can fail before the program runs goes through rv_try, so the
 # record says which step failed and why.
 
-# More links under a layer than this: a loop or a damaged store (rv.agent.store.CHAIN_BROKEN).
-RV_CHAIN_BROKEN=32
 # MASTER_PORT = base + job id % span: ports 15000-29999, below Linux's ephemeral range (32768+), so a
 # port picked for a job is never one the kernel handed to some client socket.
 RV_MASTER_PORT_BASE=15000
@@ -165,9 +164,9 @@ rv_try() {
     fi
 }
 
-# rv_fail WHAT: a step found something wrong (no command to blame): record it and exit.
-rv_fail() {
-    rv_failed_at="$1"
+# rv_fail WHAT...: a step found something wrong (no command to blame): record it and exit.
+rv_fail() {  # (the words of several arguments are joined by spaces)
+    rv_failed_at="$*"
     echo "rv: $rv_failed_at" >&2
     exit 1
 }
@@ -506,11 +505,41 @@ rv_end_segment() {
         printf '{"reason": %s, "exit_code": %s, "segment": %s, "end": %s}\n' \
             "$(rv_jstr "$why")" "$code" "$RV_SEGMENT" "$rv_ended" >"$RV_RUN_DIR/ENDED.tmp" \
             && mv -f -- "$RV_RUN_DIR/ENDED.tmp" "$RV_RUN_DIR/ENDED"
-        rm -f -- "$RV_RUN_DIR/secrets.env"
         echo "rv: run $RV_RUN_NAME ended after segment $RV_SEGMENT: $why (exit code $code)"
+        rv_notify_end
+        rm -f -- "$RV_RUN_DIR/secrets.env"
     else
         echo "rv: run $RV_RUN_NAME $why${step:+ at step $step}; segment $((RV_SEGMENT + 1)) is job $next"
     fi
+}
+
+# --- notifications (rv run --notify) --------------------------------------------------------------
+
+# The run's end is told once, by the job that ends it: only it knows that no segment follows. Slurm's
+# own mail: this job asks for it now (scontrol update of its own MailType and MailUser, which Slurm
+# lets a user do to a running job) and Slurm sends it as the job ends; every earlier segment's job
+# had none. Webhooks: rv_notify_post. Neither can fail the job or hold its end up for long.
+rv_notify_end() {
+    if [ -n "${rv_notify_mail:-}" ]; then
+        scontrol update JobId="$SLURM_JOB_ID" MailType=END MailUser="$rv_notify_mail" >/dev/null 2>&1 \
+            && echo "rv: notify: Slurm mails the run's end to $rv_notify_mail" \
+            || echo "rv: warning: notify: Slurm refused to mail this job's end (scontrol update)" >&2
+    fi
+    rv_notify_post end
+}
+
+# Segment 1's first start; the notifier says something only when the run waited in the queue.
+rv_notify_started() {
+    if [ "$RV_SEGMENT" = 1 ] && [ "$rv_attempt" = 0 ]; then rv_notify_post started; fi
+}
+
+# rv_notify_post EVENT: the notifier (python3, standard library) posts to each webhook; it reads
+# their URLs from the job's environment (the secrets), never from its arguments.
+rv_notify_post() {
+    [ -n "${rv_notify_hooks:-}" ] || return 0
+    # shellcheck disable=SC2086  # secret names, one word each
+    python3 "$rv_notify_prog" "$1" "$RV_RUN_DIR" "$rv_job" $rv_notify_hooks </dev/null \
+        || echo "rv: warning: notify: the notifier did not run (python3 missing?)" >&2
 }
 
 # Copy each -o path from the work dir into $RV_OUTPUT_DIR, where it keeps its place in the repo; a
@@ -557,40 +586,86 @@ rv_keep_output() {  # rv_keep_output PATH (relative to the work dir)
 
 # --- the work dir --------------------------------------------------------------------------------
 
-# The run's own copy of its snapshot, made once and kept by later segments and requeues. Copies
-# (reflinks where the filesystem has them), never hard links into the store: a job may make its files
-# writable and edit them without touching the store or another run. Files that are hard links of
-# each other in the snapshot (same content) become separate files. A snapshot is a full tree, or a
-# layer over another snapshot (what differs from it): then the full one at the bottom is copied and
-# each layer up to this one applied in order: the paths it lists in `remove` deleted, its own files
-# copied in.
+# The run's own copy of its snapshot, made once and kept by later segments and requeues: checked out
+# of the store (a bare git repository, rv.agent.store) by git itself, with an index of the run's own
+# (work.index beside the work dir). Its files are new files, never links into the store: a job may
+# chmod and edit them without touching the store or another run.
+#
+# Never a work dir with holes: read-tree fails on a tree the store lost, checkout-index on a blob,
+# and `ls-files --deleted` then names every file that is not there, so a store a purge took files
+# from stops the job before the program, naming them and the fix. Later segments check their work
+# dir the same way (a purge may reach it too) and restore what is missing from the store.
 rv_work_dir() {
-    [ ! -d "$RV_WORK_DIR" ] || return 0
-    local snap="$RV_SNAPSHOT" layers='' depth=0 layer tmp="$RV_WORK_DIR.tmp"
-    rm -rf -- "$tmp"
-    while [ -d "$rv_snapshots/$snap.layer" ]; do  # down the layers to the full snapshot
-        layers="$snap $layers" depth=$((depth + 1))
-        snap=$(cat -- "$rv_snapshots/$snap.layer/base")
-        case "$snap" in "" | *[!0-9a-f]*) rv_fail "a layer under snapshot $RV_SNAPSHOT has no base" ;; esac
-        [ "$depth" -le "$RV_CHAIN_BROKEN" ] || rv_fail "snapshot $RV_SNAPSHOT: layers with no end"
-    done
-    [ -d "$rv_snapshots/$snap" ] || rv_fail "snapshot $snap not found"
-    rv_try "copying snapshot $snap into the work dir" rv_copy_tree "$rv_snapshots/$snap" "$tmp"
-    rv_try "making the work dir writable" chmod -R u+w -- "$tmp"
-    for layer in $layers; do  # the lowest first
-        rv_try "applying layer $layer" rv_apply_layer "$rv_snapshots/$layer.layer" "$tmp"
-    done
-    rv_try "making the work dir writable" chmod -R u+w -- "$tmp"
+    local index="$RV_WORK_DIR.index" tmp="$RV_WORK_DIR.tmp" commit out
+    command -v git >/dev/null 2>&1 || rv_fail "git is not on PATH on $(hostname): rv checks the run's files" \
+        "out of its store with git; the compute nodes need git too (ask the cluster's admins)"
+    if [ -d "$RV_WORK_DIR" ]; then
+        rv_work_dir_check "$index"
+        return
+    fi
+    rm -rf -- "$tmp" "$index.tmp"
+    commit="$(rv_git "$index.tmp" rev-parse -q --verify "refs/rv/snapshots/$RV_SNAPSHOT")" \
+        || rv_fail "snapshot $RV_SNAPSHOT is not in the store $rv_store (removed by rv gc, or lost to a" \
+            "purge of the filesystem): run \`rv run\` again from your machine; it sends the snapshot again"
+    rv_try "making the work dir" mkdir -p -- "$tmp"
+    if ! out="$(rv_git "$index.tmp" read-tree "$commit" 2>&1)"; then
+        rv_lost "$commit" "$out"
+    fi
+    out="$(rv_git "$index.tmp" --work-tree="$tmp" checkout-index -a -u 2>&1)" || :
+    rv_work_dir_whole "$index.tmp" "$tmp" "$out"
+    rv_try "placing the work dir" mv -- "$index.tmp" "$index"
     rv_try "placing the work dir" mv -- "$tmp" "$RV_WORK_DIR"
 }
 
-rv_copy_tree() { cp -R -P --preserve=mode,timestamps --reflink=auto -- "$1" "$2"; }
+# git on the run's store, with the index $1, reading none of the user's git configuration (a
+# global core.autocrlf or filter would change the bytes checked out) and no GIT_* of the job's.
+rv_git() {
+    local index="$1"
+    shift
+    env -u GIT_WORK_TREE -u GIT_OBJECT_DIRECTORY -u GIT_ALTERNATE_OBJECT_DIRECTORIES -u GIT_COMMON_DIR \
+        -u GIT_NAMESPACE -u GIT_CEILING_DIRECTORIES -u GIT_QUARANTINE_PATH \
+        GIT_DIR="$rv_store" GIT_INDEX_FILE="$index" GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null \
+        HOME="$rv_store" XDG_CONFIG_HOME="$rv_store" LC_ALL=C GIT_TERMINAL_PROMPT=0 \
+        git -c core.autocrlf=false -c core.symlinks=true -c core.protectNTFS=false -c core.protectHFS=false \
+        "$@"
+}
 
-rv_apply_layer() {  # rv_apply_layer LAYER_DIR WORK_DIR
-    (cd -- "$2" && xargs -0 -r rm -rf -- <"$1/remove") || return
-    rv_copy_tree "$1/tree/." "$2" || return
-    # cp gave the folders it wrote into the layer's read-only modes: the next layer deletes in them.
-    (cd -- "$1/tree" && find . -type d -print0) | (cd -- "$2" && xargs -0 chmod u+w --)
+# rv_work_dir_whole INDEX DIR OUTPUT: every file of the index is in DIR, or the job ends here.
+rv_work_dir_whole() {
+    local missing n
+    missing="$(rv_git "$1" --work-tree="$2" ls-files --deleted)" \
+        || rv_fail "could not compare the work dir with its snapshot: $3"
+    [ -n "$missing" ] || return 0
+    n="$(printf '%s\n' "$missing" | wc -l)"
+    [ -z "$3" ] || printf '%s\n' "$3" >&2
+    rv_fail "the store lost $n file(s) of snapshot $RV_SNAPSHOT (a purge of the filesystem?), so the" \
+        "program was not started: $(printf '%s\n' "$missing" | head -n 10 | tr '\n' ' ')$([ "$n" -le 10 ] \
+        || echo "and $((n - 10)) more "); run \`rv run\` again from your machine: it finds what the" \
+        "store lacks and sends it"
+}
+
+# rv_lost COMMIT OUTPUT: the snapshot's folders themselves (trees, or its commit) are gone.
+rv_lost() {
+    local n
+    n="$(rv_git "$rv_store/index" rev-list --objects --missing=print "$1" 2>/dev/null | grep -c '^?')" || n=''
+    printf '%s\n' "$2" >&2
+    rv_fail "the store lost ${n:-some} object(s) of snapshot $RV_SNAPSHOT, its folders' listings among them" \
+        "(a purge of the filesystem?), so the program was not started; run \`rv run\` again from your" \
+        "machine: it finds what the store lacks and sends it"
+}
+
+# A later segment's work dir: files of the snapshot that are gone (a purge of the run's folder) come
+# back from the store; if the store lost them too, the job ends before the program.
+rv_work_dir_check() {
+    local index="$1" gone out
+    [ -e "$index" ] || return 0  # a work dir of an older rv, copied without an index
+    gone="$(rv_git "$index" --work-tree="$RV_WORK_DIR" ls-files -z --deleted | tr -cd '\0' | wc -c)" || gone=0
+    [ "$gone" -gt 0 ] || return 0
+    echo "rv: $gone file(s) of the snapshot are missing from the work dir (a purge?): restoring them" \
+        "from the store" >&2
+    out="$(rv_git "$index" --work-tree="$RV_WORK_DIR" ls-files -z --deleted \
+        | rv_git "$index" --work-tree="$RV_WORK_DIR" checkout-index -u -z --stdin 2>&1)" || :
+    rv_work_dir_whole "$index" "$RV_WORK_DIR" "$out"
 }
 
 # --- setup lines ---------------------------------------------------------------------------------
@@ -630,6 +705,7 @@ rv_start() {
     fi
     echo "rv: run $RV_RUN_NAME, segment $RV_SEGMENT/$RV_MAX_SEGMENTS: job $rv_job on" \
         "$SLURM_JOB_NODELIST, $what$gpu, snapshot $RV_SNAPSHOT${rv_start_step:+, from step $rv_start_step}"
+    rv_notify_started
 }
 
 # BF16 needs compute capability 8.0 or newer. Ask the GPU; when nvidia-smi is missing or prints

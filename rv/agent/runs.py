@@ -29,7 +29,7 @@ import sys
 import time
 import zlib
 
-from rv.agent import common, locks, manifest, metrics
+from rv.agent import common, locks, manifest, metrics, store
 from rv.agent import segment as records
 
 RUN_FILE = b"run.json"
@@ -435,7 +435,7 @@ def _start_from(root, spec, dest):
     return {"step": None, "how": sorted(kinds)}
 
 
-_RUNTIME_NAME = re.compile(r"^(job|rank-label)-[0-9a-f]{16}\.(sh|py)$")
+_RUNTIME_NAME = re.compile(r"^(job|rank-label|notify)-[0-9a-f]{16}\.(sh|py)$")
 
 
 def place_runtime(root, files):
@@ -603,11 +603,7 @@ def _retry_script(root, old_run_id, run_id):
             % (old_run_id, (meta or {}).get("name", "?")),
             "not-found",
         )
-    snap = manifest.enc(meta.get("snapshot") or "")
-    store = common.join(root, b"snapshots")
-    if not snap or not (
-        os.path.isdir(common.join(store, snap)) or os.path.isdir(common.join(store, snap + b".layer"))
-    ):
+    if not store.has_snapshot(root, meta.get("snapshot") or ""):
         raise common.AgentError(
             "snapshot %s of point %s is gone (rv gc removed it): run the sweep again with rv run --sweep"
             % (meta.get("snapshot"), meta.get("name")),

@@ -125,18 +125,10 @@ def logs(
         view.flush()
         code = run_exit_code(followed.ended) if follow and segment is None else None
         target = runs[0] if runs else None
-        if not follow and target is not None and not any(sg.start for sg in target.segments):
-            # No job of the run ever started: no output will come from it. Said, never a bare nothing.
-            ended = followed.ended or target.ended
-            if ended is None:
-                note(f"run {target.name} has not started yet: rv logs -f {target.name} waits for its output")
-            else:
-                reason = ended.get("reason") or "no record of why"
-                note(f"run {target.name} never started ({reason}): it has no output")
-                if not as_json:
-                    from rv.errors import NotFound
+        if not follow and target is not None and _never_started(target, followed.ended, as_json=as_json):
+            from rv.errors import NotFound
 
-                    ctx.exit(NotFound.exit_code)  # the output asked for does not exist
+            ctx.exit(NotFound.exit_code)  # the output asked for does not exist
         if isinstance(view, JsonView):
             print_json(
                 {"run": target.name if target else None, "run_id": target.run_id if target else None,
@@ -145,6 +137,19 @@ def logs(
             )  # fmt: skip
         if code is not None:
             ctx.exit(code)
+
+
+def _never_started(target: Any, ended: dict[str, Any] | None, *, as_json: bool) -> bool:
+    """When no job of the run ever started, no output will come from it: said, never a bare nothing.
+    Whether that is final (the run ended without starting) and so an error (not with --json)."""
+    if any(sg.start for sg in target.segments):
+        return False
+    ended = ended or target.ended
+    if ended is None:
+        note(f"run {target.name} has not started yet: rv logs -f {target.name} waits for its output")
+        return False
+    note(f"run {target.name} never started ({ended.get('reason') or 'no record of why'}): it has no output")
+    return not as_json
 
 
 class JsonView:

@@ -4,14 +4,18 @@ state, and one per sweep (its points counted by state); with SWEEP, one line per
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from rv.cli.common import note, print_json, run_store, session, warn
 from rv.timespec import format_elapsed
 
+if TYPE_CHECKING:
+    from rv.job.records import RunView
 
-def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows in, lines out
+
+def render_table(views: Sequence[RunView]) -> list[str]:  # pure: rows in, lines out
     # Columns as wide as their longest value: a name cut at 22 characters could not be typed back
     # into `rv logs NAME`, and two runs could show the same prefix.
     rows = []
@@ -20,7 +24,7 @@ def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows
         code = "-" if v.exit_code is None else str(v.exit_code)
         # A sweep's line (its points) always says how many points are in which state.
         shown = v.reason and (v.points or v.state not in ("RUNNING", "COMPLETED"))
-        why = f"  ({v.reason})" if shown else ""
+        why = f"  ({v.why or v.reason})" if shown else ""
         rows.append((v.name, v.segments_text(), v.state, code, v.job_id or "-", gpus, str(v.nodes),
                      format_elapsed(v.elapsed_seconds), f"{v.source}{why}"))  # fmt: skip
     head = ("NAME", "SEG", "STATE", "EXIT", "JOB", "GPUS", "NODES", "ELAPSED", "SOURCE")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 
 import click
 
@@ -20,7 +21,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
     with session(ctx) as s:
         started = time.monotonic()
-        s.transport.connect()
+        # Every route's transport connects on its own at first use; rv status times that alone. The
+        # Transport protocol (rv.remote.transport) has no connect of its own to call.
+        s.transport.connect()  # type: ignore[attr-defined]
         connect_ms = (time.monotonic() - started) * 1000
         # One round trip, however many jobs are queued: squeue, sinfo, storage, gc's estimate, sweep.
         st = cluster_status(s.transport, s.layout.root, older_than=14 * 86400, sweep=s.sweep_along())
@@ -49,6 +52,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "storage_bytes": kept["total"],
         "storage_by_kind": kept["kinds"],
         "gc_would_free": kept["gc"],
+        "git": st.git,
         "jobs": dict(jobs),
         "may_use": {
             "accounts": accounts,
@@ -63,28 +67,40 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         print_json(data)
         return
+    if st.git.get("problem"):
+        warn(st.git["problem"])
+    for line in status_lines(data, may_use, catalog):
+        click.echo(line)
+
+
+def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: Any) -> list[str]:
+    """`rv status`'s text, from the data its --json prints (plus the account lines and the catalog)."""
     from rv.units import human_size
 
-    size = human_size(kept["total"])
-    click.echo(
-        f"{st.user}@{s.profile.host} ({s.profile.name}): connected in {connect_ms:.0f} ms, "
-        f"round trip {st.round_trip_ms:.0f} ms"
-    )
-    click.echo(f"account      {s.profile.account or '-'}")
-    for label, text in may_use:
-        click.echo(f"{label:<12} {text}")
-    click.echo(f"storage      {size} under {s.layout.root}")
-    kinds = ", ".join(f"{kind} {human_size(n)}" for kind, n in kept["kinds"].items() if n)
-    click.echo(f"  by kind    {kinds or 'nothing yet'}")
-    gc = kept["gc"]
+    kept_kinds, gc, git = data["storage_by_kind"], data["gc_would_free"], data["git"]
+    lines = [
+        f"{data['user']}@{data['host']} ({data['profile']}): connected in {data['connect_ms']:.0f} ms, "
+        f"round trip {data['round_trip_ms']:.0f} ms",
+        f"account      {data['account'] or '-'}",
+        *(f"{label:<12} {text}" for label, text in may_use),
+        f"storage      {human_size(data['storage_bytes'])} under {data['remote_root']}",
+    ]
+    kinds = ", ".join(f"{kind} {human_size(n)}" for kind, n in kept_kinds.items() if n)
+    lines.append(f"  by kind    {kinds or 'nothing yet'}")
     if "error" in gc:
-        click.echo(f"  rv gc      cannot tell: {gc['error']}")
+        lines.append(f"  rv gc      cannot tell: {gc['error']}")
     else:
-        click.echo(
+        lines.append(
             f"  rv gc      would free {human_size(gc['bytes_freed'])} ({gc['runs']} ended run(s) older than "
             f"14 days, {gc['snapshots']} snapshot(s), {gc['objects']} object(s))"
         )
-    click.echo("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
-    click.echo("GPUs         idle/total")
-    for name, (idle, total) in sorted(gpus.items(), key=lambda kv: -kv[1][0]):
-        click.echo(f"  {name:<10} {idle:>3}/{total:<3} {catalog[name].partition}")
+    if git.get("version") and not git.get("problem"):
+        lines.append(
+            f"git          {git['version']} on the login node (jobs need git on the compute nodes too)"
+        )
+    jobs = data["jobs"]
+    lines.append("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
+    lines.append("GPUs         idle/total")
+    for name, counts in sorted(data["gpus"].items(), key=lambda kv: -kv[1]["idle"]):
+        lines.append(f"  {name:<10} {counts['idle']:>3}/{counts['total']:<3} {catalog[name].partition}")
+    return lines

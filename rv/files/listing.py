@@ -31,26 +31,60 @@ reference is what git itself does.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
-import re
 import stat
-import subprocess
-import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rv.agent import manifest
-from rv.errors import NotFound, RvError, UsageError
+from rv.errors import NotFound
+
+# The listing's parts, by concern; re-exported here, where callers have always found them.
+from rv.files.gitcmd import Git, GitError, Soon, _map, _split_z
+from rv.files.gitrepo import (
+    _ask_repo,
+    _attribute_files,
+    _attribute_sources,
+    _file_sig,
+    _is_attributes,
+    _Repo,
+    _untrusted_by_attributes,
+    find_repo,
+    find_repo_top,
+    index_signature,
+    objects_dir,
+    redact_url,
+)
+from rv.files.tree import (
+    LARGE_FLOOR,
+    MODE_EXEC,
+    MODE_FILE,
+    MODE_GITLINK,
+    MODE_LINK,
+    READ_CHUNK,
+    Entry,
+    LocalTree,
+    ManifestPaths,
+    RepoInfo,
+    blob_id,
+    hash_path,
+    snapshot_id,
+    sort_entries,
+)
+
+__all__ = [
+    "LARGE_FLOOR", "MODE_EXEC", "MODE_FILE", "MODE_GITLINK", "MODE_LINK", "READ_CHUNK", "SECRET_PATTERNS",
+    "Entry", "Git", "GitError", "LocalTree", "ManifestPaths", "RepoInfo", "Soon", "blob_id", "find_repo",
+    "find_repo_top", "hash_path", "ignored_paths", "index_signature", "redact_url", "scan_tree",
+    "secret_looking", "secrets_warning", "snapshot_id", "sort_entries",
+]  # fmt: skip
 
 if TYPE_CHECKING:
     from rv.files.treecache import TreeCache
 
-MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
-READ_CHUNK = 1 << 20
 
 # Untracked files with these names are left out unless a .rvignore names them with "!" (gitignore
 # syntax, matched on the file's name at any depth): what a project folder holds that must not leave
@@ -63,409 +97,6 @@ SECRET_PATTERNS = (
     "credentials", "credentials.json", "client_secret*.json", "service-account*.json", "kaggle.json",
     "token.json", ".htpasswd",
 )  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------------
-# git, the one local seam
-
-
-class GitError(RvError):
-    """A git command failed unexpectedly (exit 1: not something the user typed wrong)."""
-
-    exit_code = 1
-
-
-_GIT_LOCATION_VARS = frozenset(
-    {
-        "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
-        "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_PREFIX", "GIT_QUARANTINE_PATH",
-    }
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Git:
-    """Runs git. Injected so tests (and odd installs) can point at another binary."""
-
-    executable: str = "git"
-
-    def run(
-        self,
-        args: Sequence[str],
-        cwd: str | Path,
-        *,
-        input: bytes | None = None,
-        env: dict[str, str] | None = None,
-        ok_codes: tuple[int, ...] = (0,),
-    ) -> subprocess.CompletedProcess[bytes]:
-        # Variables that would point git at another repository or index (set inside a git hook,
-        # say) must not leak in; the rest (GIT_CONFIG_*, GIT_CEILING_DIRECTORIES...) the user meant.
-        base = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARS}
-        # Never take optional locks (git status would rewrite the user's index while they work).
-        base["GIT_OPTIONAL_LOCKS"] = "0"
-        base.update(env or {})
-        try:
-            proc = subprocess.run(
-                [self.executable, *args], cwd=cwd, input=input, capture_output=True, env=base
-            )
-        except FileNotFoundError as exc:
-            raise UsageError(
-                f"git is not installed here ({self.executable})", hint="install git; rv uses it to list files"
-            ) from exc
-        if proc.returncode not in ok_codes:
-            tail = proc.stderr.decode("utf-8", "replace").strip()[-400:]
-            raise GitError(f"git {' '.join(args[:3])} failed in {cwd}: {tail}")
-        return proc
-
-    def out(self, args: Sequence[str], cwd: str | Path, **kw: Any) -> bytes:
-        return self.run(args, cwd, **kw).stdout
-
-
-class Soon:
-    """A call running on a thread of its own; ``result()`` waits for it and re-raises its error."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
-        self._out: list[Any] = []
-        self._thread = threading.Thread(target=self._run, args=(fn, args, kw), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any]) -> None:
-        try:
-            self._out.append((True, fn(*args, **kw)))
-        except BaseException as exc:  # handed to whoever asks for the result, never dropped
-            self._out.append((False, exc))
-
-    def result(self) -> Any:
-        self._thread.join()
-        ok, value = self._out[0]
-        if not ok:
-            raise value
-        return value
-
-
-def _map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
-    """``[fn(x) for x in items]`` on up to ``workers`` threads."""
-    results: list[Any] = [None] * len(items)
-    todo = iter(range(len(items)))
-    lock = threading.Lock()
-
-    def work() -> None:
-        while True:
-            with lock:
-                i = next(todo, None)
-            if i is None:
-                return
-            results[i] = fn(items[i])
-
-    for task in [Soon(work) for _ in range(max(1, min(workers, len(items))))]:
-        task.result()
-    return results
-
-
-def _split_z(data: bytes) -> list[str]:
-    return [manifest.dec(p) for p in data.split(b"\0") if p]
-
-
-# --------------------------------------------------------------------------------------------------
-# The manifest
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One file of a tree: ``mode`` is git's (100644, 100755 or 120000), ``oid`` its blob id."""
-
-    path: str
-    mode: int
-    oid: str
-    size: int
-    mtime_ns: int = 0  # local only (push's quick check); not part of the manifest
-
-    def row(self) -> list[Any]:
-        return [self.path, self.mode, self.oid, self.size]
-
-    @property
-    def is_link(self) -> bool:
-        return self.mode == MODE_LINK
-
-
-def blob_id(data: bytes) -> str:
-    h = manifest.blob_hasher(len(data))
-    h.update(data)
-    return str(h.hexdigest())
-
-
-def snapshot_id(entries: Iterable[Entry]) -> str:
-    """Derived from the manifest alone, so identical trees are one snapshot."""
-    return str(manifest.manifest_id([e.row() for e in entries]))
-
-
-def sort_entries(entries: Iterable[Entry]) -> list[Entry]:
-    return sorted(entries, key=lambda e: manifest.enc(e.path))
-
-
-def hash_path(full: str | Path) -> tuple[int, str, int, int] | None:
-    """(mode, oid, size, mtime_ns) of a file or symlink as git would store it; None if absent/special."""
-    try:
-        st = os.lstat(full)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        target = os.fsencode(os.readlink(full))
-        return MODE_LINK, blob_id(target), len(target), st.st_mtime_ns
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    mode = MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE
-    h = manifest.blob_hasher(st.st_size)
-    left = st.st_size
-    with open(full, "rb") as fh:
-        while left > 0:
-            data = fh.read(min(READ_CHUNK, left))
-            if not data:
-                # Shrank since the stat: hash what is there now, with its own size.
-                return hash_path(full)
-            h.update(data)
-            left -= len(data)
-    return mode, h.hexdigest(), st.st_size, st.st_mtime_ns
-
-
-# --------------------------------------------------------------------------------------------------
-# Listing
-
-
-_URL_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<userinfo>[^@/?#]*)@")
-
-
-def redact_url(url: str | None) -> str | None:
-    """A remote URL without the credentials it may carry, fit to record and print.
-
-    ``https://user:token@host/x`` -> ``https://host/x`` (over http(s) the user part alone can be a
-    token, e.g. ``https://ghp_...@github.com``); ``ssh://user:password@host/x`` ->
-    ``ssh://user@host/x`` (an ssh user name is not a secret, the password is). ``git@host:x`` has
-    no password and stays as it is.
-    """
-    if not url:
-        return url
-    m = _URL_USERINFO.match(url)
-    if not m:
-        return url
-    scheme, userinfo = m.group("scheme"), m.group("userinfo")
-    rest = url[m.end() :]
-    if scheme.lower() in ("http", "https", "ftp", "ftps"):
-        return f"{scheme}://{rest}"
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}@{rest}" if user else f"{scheme}://{rest}"
-
-
-@dataclass(frozen=True)
-class RepoInfo:
-    top: Path
-    git_dir: Path
-    commit: str | None
-    branch: str | None
-    remote_url: str | None
-    dirty: bool
-    untracked: tuple[str, ...]
-    # Paths of the top repository whose content may differ from HEAD's (staged, or changed in the
-    # work tree, and every submodule): what the provenance diff is limited to. None: not known.
-    changed: tuple[str, ...] | None = None
-    submodules: tuple[str, ...] = ()  # the top repository's submodules (their diff is never kept)
-
-
-class ManifestPaths(Collection[str]):
-    """The paths of a manifest: membership by binary search, iteration by one parse of the text."""
-
-    def __init__(self, text: bytes) -> None:
-        self.text = text
-
-    def __contains__(self, path: object) -> bool:
-        return isinstance(path, str) and manifest.row_at(self.text, path) is not None
-
-    def __iter__(self) -> Iterator[str]:
-        return (row[0] for row in manifest.manifest_rows(self.text))
-
-    def __len__(self) -> int:
-        return self.text.count(b"\n")
-
-    def under(self, prefix: str) -> Iterator[str]:
-        """The paths that start with ``prefix``, in manifest order."""
-        key = manifest.enc(prefix)
-        start = manifest.find_line(self.text, key)[0]
-        while start < len(self.text):
-            end = self.text.index(b"\n", start) + 1
-            path = manifest.parse_line(self.text[start:end])[0]
-            if not manifest.enc(path).startswith(key):
-                return
-            yield path
-            start = end
-
-
-@dataclass(frozen=True)
-class LocalTree:
-    """The files a snapshot or push would carry, relative to ``root``, as a manifest text.
-
-    ``entries`` parses the whole manifest (on first use): the hot paths (a resubmit with nothing or
-    little changed) never need it.
-    """
-
-    root: Path
-    manifest: bytes  # rv.agent.manifest's text: one line per file, sorted by path
-    files: int
-    total_size: int
-    large: tuple[tuple[str, int], ...] = ()  # every file of LARGE_FLOOR bytes or more: (path, size)
-    ignored: tuple[tuple[str, int], ...] = ()  # left out by .rvignore: (path, size; -1 for a folder)
-    warnings: tuple[str, ...] = ()
-    repo: RepoInfo | None = None
-    secrets: tuple[str, ...] = ()  # untracked files left out because they look like secrets
-    mtimes: dict[str, int] | None = field(default=None, compare=False, repr=False)
-    # (id of the manifest this machine listed before, {path: row or None} since then): lets an
-    # upload send a delta against it without comparing the two manifests.
-    previous: tuple[str, dict[str, list[Any] | None]] | None = field(default=None, compare=False, repr=False)
-
-    @classmethod
-    def of(cls, root: Path, entries: Iterable[Entry], **kw: Any) -> LocalTree:
-        entries = list(entries)
-        text = manifest.manifest_text([e.row() for e in entries])
-        mtimes = {e.path: e.mtime_ns for e in entries} if any(e.mtime_ns for e in entries) else None
-        large = tuple((e.path, e.size) for e in entries if e.size >= LARGE_FLOOR)
-        return cls(root, text, len(entries), sum(e.size for e in entries), large, mtimes=mtimes, **kw)
-
-    @functools.cached_property
-    def id(self) -> str:
-        return str(manifest.text_id(self.manifest))
-
-    @functools.cached_property
-    def entries(self) -> tuple[Entry, ...]:
-        mtimes = self.mtimes or {}
-        return tuple(
-            Entry(p, m, o, s, mtimes.get(p, 0)) for p, m, o, s in manifest.manifest_rows(self.manifest)
-        )
-
-    @property
-    def paths(self) -> ManifestPaths:
-        return ManifestPaths(self.manifest)
-
-    def subtree(self, rel: str) -> LocalTree:
-        """The part under ``rel`` (a folder inside root), with paths relative to it."""
-        if rel in ("", "."):
-            return self
-        prefix = rel.rstrip("/") + "/"
-        return LocalTree.of(
-            self.root / rel,
-            [replace(e, path=e.path[len(prefix) :]) for e in self.entries if e.path.startswith(prefix)],
-            ignored=tuple((p[len(prefix) :], s) for p, s in self.ignored if p.startswith(prefix)),
-            warnings=self.warnings,
-            repo=self.repo,
-            secrets=tuple(p[len(prefix) :] for p in self.secrets if p.startswith(prefix)),
-        )
-
-
-def find_repo(path: Path, git: Git) -> tuple[Path, str] | None:
-    """(the work tree's top, its git folder), or None outside any repository.
-
-    When git refuses a repository that is there (``safe.directory`` ownership checks, a damaged
-    ``.git``), that is an error, not "no repo": treating it as a plain folder would send every
-    gitignored file.
-    """
-    proc = git.run(["rev-parse", "--show-toplevel", "--absolute-git-dir"], path, ok_codes=(0, 128))
-    if proc.returncode == 0:
-        top, git_dir = os.fsdecode(proc.stdout).rstrip("\n").split("\n")[:2]
-        return Path(top), git_dir
-    resolved = path.resolve()
-    for folder in (resolved, *resolved.parents):
-        if (folder / ".git").exists():
-            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise UsageError(
-                f"git cannot read the repository at {folder}: {tail[-1] if tail else 'no message'}",
-                hint="run `git status` there to see why (safe.directory, a damaged .git ...)",
-            )
-    return None
-
-
-def find_repo_top(path: Path, git: Git) -> Path | None:
-    found = find_repo(path, git)
-    return found[0] if found else None
-
-
-def _untrusted_by_attributes(top: Path, paths: list[str], git: Git, config: dict[str, str]) -> set[str]:
-    """Paths whose checkout may not equal the blob (filters such as LFS, CRLF conversion, ident...)."""
-    if not paths:
-        return set()
-    autocrlf = config.get("core.autocrlf", "false").lower() in ("true", "1", "yes", "on")
-    crlf_eol = config.get("core.eol", "").lower() == "crlf"
-    out = git.out(
-        ["check-attr", "-z", "--stdin", "filter", "ident", "working-tree-encoding", "text", "eol", "crlf"],
-        top,
-        input=b"\0".join(manifest.enc(p) for p in paths) + b"\0",
-    )
-    fields = out.split(b"\0")
-    bad: set[str] = set()
-    for i in range(0, len(fields) - 2, 3):
-        path, attr, value = manifest.dec(fields[i]), fields[i + 1], fields[i + 2]
-        if value in (b"unspecified", b"unset"):
-            if attr == b"text" and (autocrlf or crlf_eol) and value == b"unspecified":
-                bad.add(path)  # autocrlf converts any file git guesses is text
-            continue
-        converts = attr in (b"text", b"crlf") and (autocrlf or crlf_eol)
-        if (
-            converts
-            or attr in (b"filter", b"ident", b"working-tree-encoding")
-            or (attr, value) == (b"eol", b"crlf")
-        ):
-            bad.add(path)
-    return bad
-
-
-def _git_config(top: Path, git: Git) -> dict[str, str]:
-    proc = git.run(
-        [
-            "config", "-z", "--get-regexp",
-            r"^(core\.(autocrlf|eol|attributesfile|filemode)|remote\.origin\.url)$",
-        ],
-        top,
-        ok_codes=(0, 1),
-    )  # fmt: skip
-    values: dict[str, str] = {}
-    for item in proc.stdout.split(b"\0"):
-        if item:
-            key, _, value = item.partition(b"\n")
-            values[key.decode()] = value.decode("utf-8", "replace")
-    if "remote.origin.url" in values:
-        # Redacted here, where it is read: the config is kept in the tree cache (to see whether the
-        # last listing still holds), and a token in the URL must reach no file (issue 24, item 7).
-        values["remote.origin.url"] = redact_url(values["remote.origin.url"]) or ""
-    return values
-
-
-_LS_STAGE = re.compile(rb"([^ \0]+) ([0-7]{6}) ([0-9a-f]+) ([0-3])\t([^\0]*)\0")
-
-
-def _attribute_files(git_dir: str, config: dict[str, str]) -> list[str]:
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-    return [
-        os.path.join(git_dir, "info", "attributes"),
-        os.path.expanduser(config.get("core.attributesfile", "")) or os.path.join(xdg, "git", "attributes"),
-        "/etc/gitattributes",
-        "/usr/local/etc/gitattributes",
-    ]
-
-
-def _converts(config: dict[str, str]) -> bool:
-    return config.get("core.autocrlf", "false").lower() in ("true", "1", "yes", "on", "input") or (
-        config.get("core.eol", "").lower() == "crlf"
-    )
-
-
-def _attribute_sources(top: Path, git_dir: str, names: Iterable[str], config: dict[str, str]) -> bool:
-    """Could any gitattributes apply here? Without any, check-attr (costly on big repos) is skipped."""
-    if _converts(config):
-        return True
-    if any(n == ".gitattributes" or n.endswith("/.gitattributes") for n in names):
-        return True
-    return any(os.path.isfile(f) for f in _attribute_files(git_dir, config))
-
-
-def _is_attributes(path: str) -> bool:
-    return path == ".gitattributes" or path.endswith("/.gitattributes")
 
 
 def _list_plain(folder: Path, git: Git) -> tuple[list[str], list[str], list[str]]:
@@ -577,84 +208,6 @@ def _below_one_of(path: str, paths: set[str]) -> bool:
             return True
         i = path.rfind("/", 0, i)
     return False
-
-
-def index_signature(git_dir: str) -> tuple[Any, ...] | None:
-    """What identifies the content of a repository's index: its size, mtime, inode and checksum.
-
-    git writes the index to a new file and renames it, and ends it with a SHA-1 of its content, so
-    an unchanged signature means an unchanged file list. None when there is nothing to trust (the
-    index could not be read, or ``index.skipHash`` left the checksum out).
-    """
-    try:
-        with open(os.path.join(git_dir, "index"), "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if st.st_size < 32:
-                return None
-            fh.seek(-20, os.SEEK_END)
-            trailer = fh.read(20)
-    except FileNotFoundError:
-        return ("no index",)
-    except OSError:
-        return None
-    if trailer == bytes(20):
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ino, trailer)
-
-
-def _file_sig(path: str) -> tuple[int, ...] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-
-
-@dataclass
-class _Repo:
-    """What git says about one repository of the tree (the top one, a submodule, a nested repo)."""
-
-    prefix: str  # its folder from the top, with a trailing slash ("" for the top)
-    git_dir: str
-    sig: tuple[Any, ...] | None
-    config: dict[str, str]
-    modified: set[str]  # tracked files git's stat check does not vouch for (paths from the top)
-    others: list[str]  # untracked files, not ignored
-    nested: list[str]  # untracked folders that are repositories of their own
-    index: dict[str, tuple[bytes, int, str, int]] | None  # path -> (tag, mode, oid, stage); fast: None
-
-
-def _ask_repo(top: Path, prefix: str, git: Git, git_dir: str | None, with_index: bool) -> _Repo:
-    where = top / prefix if prefix else top
-    if git_dir is None:
-        git_dir = os.fsdecode(git.out(["rev-parse", "--absolute-git-dir"], where).strip())
-    sig = index_signature(git_dir)  # before the index is read: a later change then shows next time
-    # Independent questions, asked at once: git processes are the bulk of a listing.
-    index_f = Soon(git.out, ["ls-files", "-z", "-s", "-v"], where) if with_index else None
-    modified_f = Soon(git.out, ["diff-files", "-z", "--name-only", "--ignore-submodules=all"], where)
-    others_f = Soon(git.out, ["ls-files", "-z", "-o", "--exclude-standard"], where)
-    config = _git_config(where, git)
-    listing = index_f.result() if index_f is not None else b""
-    modified_b, others_b = modified_f.result(), others_f.result()
-    if index_signature(git_dir) != sig:
-        sig = None  # the index changed while git read it (a `git add` just now): trust no listing of it
-    index = None
-    if with_index:
-        index = {}
-        for tag, mode_s, oid, stage, raw in _LS_STAGE.findall(listing):
-            # a conflict keeps its last stage
-            index[prefix + manifest.dec(raw)] = (tag, int(mode_s, 8), oid.decode(), int(stage))
-    others, nested = [], []
-    for path in _split_z(others_b):
-        if path.endswith("/"):
-            nested.append(prefix + path.rstrip("/"))
-        else:
-            others.append(prefix + path)
-    modified = {prefix + p for p in _split_z(modified_b)}
-    return _Repo(prefix, git_dir, sig, config, modified, others, nested, index)
-
-
-LARGE_FLOOR = 1_000_000  # files this big are remembered, so the size check needs no parse
 
 
 def _ancestors(paths: Iterable[str]) -> set[str]:
@@ -1181,7 +734,8 @@ class _Scan:
             warnings = [*warnings, said]
         tree = LocalTree(
             self.top, text, files, total, large, ignored, tuple(warnings), info, previous=previous,
-            secrets=tuple(sorted(secrets)),
+            secrets=tuple(sorted(secrets)), unindexed=frozenset(state["hashed"]),
+            object_dirs=tuple(objects_dir(r[1]) for r in state["repos"]),
         )  # fmt: skip
         if sid is not None:
             tree.__dict__["id"] = sid  # known already: the text is the one listed last time

@@ -1,28 +1,28 @@
 """A snapshot: prepared locally (listing, size guard, provenance), then shipped to the cluster.
 
-Shipping (see :mod:`rv.agent.store` for the cluster side) costs one round trip when the snapshot
-already exists and usually one when it does not: the manifest travels as the changes since a
-snapshot this machine knows the store holds, with the new files (up to SPECULATE_BYTES) sent
-unasked; when more is missing, ``snap-put`` streams only those objects and the tree (or a layer over
-a full tree) is built by hard links. make_snapshot starts the cluster side while the files are
-listed; the provenance's ``git diff`` runs while the manifest and objects travel (it follows them);
-the files are read on a thread of their own while the connection sends.
+The snapshot is a git commit (rv.files.packs builds it in rv's own repository on this machine) and
+the cluster's store is a git repository (rv.agent.store). Shipping costs one round trip when the
+store is known to hold the snapshot (it checks the commit is whole and says what is missing if not)
+or holds a snapshot this one can be sent against: the new objects then go with the first call, as
+one thin pack. Otherwise the first call carries the commit and its trees, the store answers which
+blobs it lacks, and a second call sends those. make_snapshot starts the cluster side while the
+files are listed; the provenance's ``git diff`` runs while the packs travel (it follows them).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
-import struct
+import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rv.agent import manifest
 from rv.errors import RemoteError, UsageError
+from rv.files.packs import LocalStore, Sends, open_local_store
 from rv.files.progress import Progress, ProgressCounter
 from rv.layout import RemoteLayout
 
@@ -30,62 +30,12 @@ if TYPE_CHECKING:
     from rv.files.treecache import StoreCache, TreeCache
     from rv.remote.transport import Transport
 
-from rv.files.listing import LARGE_FLOOR, READ_CHUNK, Entry, Git, LocalTree, Soon, scan_tree
+from rv.files.listing import LARGE_FLOOR, Git, LocalTree, Soon, scan_tree
 from rv.files.provenance import project_key, provenance
 from rv.remote.agent_client import call_agent, frame
 from rv.units import human_size
 
 DEFAULT_MAX_FILE_SIZE = 100 * 1000 * 1000  # 100 MB
-
-# --------------------------------------------------------------------------------------------------
-# The manifest on the wire: a delta against a snapshot the store is known to hold
-
-
-def diff_manifests(old: bytes, new: bytes) -> tuple[list[list[Any]], list[str]]:
-    """(rows new or changed, paths gone) from manifest ``old`` to ``new``: set operations in C."""
-    a, b = set(old.split(b"\n")), set(new.split(b"\n"))
-    upsert = [manifest.parse_line(line) for line in b - a if line]
-    have = {r[0] for r in upsert}
-    remove = [p for p in (manifest.parse_line(line)[0] for line in a - b if line) if p not in have]
-    return upsert, remove
-
-
-def manifest_payload(tree: LocalTree, known: Sequence[str], texts: TreeCache | None = None) -> dict[str, Any]:
-    """The manifest to send: changes to a snapshot ``known`` to be in the store, else the full list.
-
-    The changes since the last listing are at hand when that listing was sent to this store (the
-    usual resubmit); otherwise they come from comparing with a known snapshot's cached manifest.
-    The cluster checks the result against the snapshot id and asks for the full list on a mismatch.
-    """
-    if tree.id in known:
-        return {"base": tree.id, "upsert": [], "remove": []}
-    delta = None
-    if tree.previous is not None and tree.previous[0] in known:
-        changes = tree.previous[1]
-        delta = (tree.previous[0], [r for r in changes.values() if r is not None],
-                 [p for p, r in changes.items() if r is None])  # fmt: skip
-    elif texts is not None:
-        for sid in known:
-            old = texts.text(sid)
-            if old is not None:
-                delta = (sid, *diff_manifests(old, tree.manifest))
-                break
-    if delta is not None and len(delta[1]) + len(delta[2]) < max(1, tree.files // 2):
-        return {"base": delta[0], "upsert": delta[1], "remove": delta[2]}
-    return full_payload(tree)
-
-
-def full_payload(tree: LocalTree) -> dict[str, Any]:
-    """The whole manifest as its text: the cluster hashes and parses it in C, nothing re-encoded."""
-    return {"text": tree.manifest.decode("ascii")}
-
-
-def payload_rows(payload: dict[str, Any]) -> list[list[Any]]:
-    """The rows a payload may need objects for: a delta's new rows, or every row of a full list."""
-    if "text" in payload:
-        return list(manifest.manifest_rows(payload["text"].encode("ascii")))
-    return list(payload.get("upsert", payload.get("entries", [])))
-
 
 # --------------------------------------------------------------------------------------------------
 # Snapshots
@@ -120,8 +70,8 @@ class LocalSnapshot:
 @dataclass(frozen=True)
 class SnapshotResult:
     id: str
-    remote_path: str  # <root>/snapshots/<id>: the read-only tree; <id>.layer for a layer (see base)
-    meta_path: str  # <root>/snapshots/<id>.json: provenance (and a layer's rows)
+    remote_path: str  # <root>/store.git: the git store holding it (see ref and snapshot_commit)
+    meta_path: str  # <root>/snapshots/<id>.json: provenance, and when it was last used
     project: str
     branch: str | None
     commit: str | None
@@ -132,12 +82,14 @@ class SnapshotResult:
     total_bytes: int
     new_objects: int
     new_bytes: int
-    sent_bytes: int  # everything written to the connection (objects, framing, manifest)
+    sent_bytes: int  # everything written to the connection (packs, framing, provenance)
     created: bool  # False: the identical tree was already there
     provenance: dict[str, Any]  # the diff of a dirty tree is in the meta file, not here
     warnings: tuple[str, ...] = ()
-    base: str | None = None  # a layer: the full snapshot it sits on (jobs copy that, then the layer)
+    base: str | None = None  # (layers of the store before git; always None now)
     ignored: tuple[tuple[str, int], ...] = ()  # what .rvignore left out: (path, size; -1 a folder)
+    snapshot_commit: str = ""  # the git commit holding the files, in the store as ref below
+    ref: str = ""
 
 
 def check_sizes(tree: LocalTree, max_file_size: int, allow_large: bool) -> tuple[tuple[str, int], ...]:
@@ -195,7 +147,7 @@ def summary_line(snap: LocalSnapshot, new_objects: int | None, new_bytes: int, *
         parts.append("already on the cluster, nothing to send")
     else:
         objects = f"{new_objects:,} new object{'s' if new_objects != 1 else ''} ({human_size(new_bytes)})"
-        parts.append(f"{objects} sent with the manifest" if sent else f"{objects} to send")
+        parts.append(f"{objects} sent" if sent else f"{objects} to send")
     files = [s for _, s in tree.ignored if s >= 0]
     folders = sum(1 for _, s in tree.ignored if s < 0)
     if tree.ignored:
@@ -244,63 +196,6 @@ def snapshot_warnings(snap: LocalSnapshot) -> list[str]:
         else:
             out.append(f"the repository has no commit yet{detail}: the run records no commit")
     return out
-
-
-def _object_stream(
-    root: Path,
-    header: bytes,
-    sends: list[Entry],
-    progress: ProgressCounter | None,
-    counter: list[int],
-) -> Iterator[bytes]:
-    """``header``, then ``O <oid> <size> <content>`` per object, then ``E``, in ~1 MiB chunks.
-
-    Progress counts an object's bytes as they are handed to the connection.
-    """
-    buf = bytearray(header)
-    for e in sends:
-        buf += b"O" + bytes.fromhex(e.oid) + struct.pack(">Q", e.size)
-        full = os.path.join(root, e.path)
-        if e.is_link:
-            data = os.fsencode(os.readlink(full)) if os.path.islink(full) else b""
-            buf += data[: e.size].ljust(e.size, b"\0")
-            if progress:
-                progress.add(e.size)
-        else:
-            left = e.size
-            try:
-                fd = os.open(full, os.O_RDONLY)  # a bare descriptor: no file object per small file
-            except OSError:
-                fd = -1
-            try:
-                while left:
-                    data = os.read(fd, min(READ_CHUNK, left)) if fd >= 0 else b""
-                    if not data:
-                        # Gone or shrunk since it was hashed: keep the frame's length; the cluster
-                        # will find the id wrong and refuse the object.
-                        data = b"\0" * min(READ_CHUNK, left)
-                    buf += data
-                    left -= len(data)
-                    if len(buf) >= READ_CHUNK:
-                        counter[0] += len(buf)
-                        yield bytes(buf)
-                        buf.clear()
-                    if progress:
-                        progress.add(len(data))
-            finally:
-                if fd >= 0:
-                    os.close(fd)
-        if progress:
-            progress.add(files=1)
-        if len(buf) >= READ_CHUNK:
-            counter[0] += len(buf)
-            yield bytes(buf)
-            buf.clear()
-    buf += b"E"
-    counter[0] += len(buf)
-    yield bytes(buf)
-    if progress:
-        progress.done()
 
 
 _END = object()
@@ -353,22 +248,17 @@ def _read_ahead(chunks: Iterator[bytes], depth: int = 8) -> Iterator[bytes]:
         stop.set()
 
 
-# New objects of a delta go with the first call, unasked, up to this much: cheaper than a round
-# trip to ask (the cluster reads past any it has already). A branch switch or a formatter run
-# touches hundreds of files; their bytes are new to the store unless the same content was sent
-# before, so what this can waste is bounded by these figures, while asking first always costs a
-# second agent start and round trip (and the manifest sent twice).
-SPECULATE_BYTES = 16 << 20
-SPECULATE_FILES = 4096
+READ_AHEAD_MIN_BYTES = 1 << 20  # packs bigger than this are made on a thread ahead of the connection
 
 
-def _speculative(payload: dict[str, Any]) -> list[Entry]:
-    """The objects of a delta's new rows, when they are few and small (a full list asks first)."""
-    rows = payload.get("upsert", [])
-    by_oid = {r[2]: Entry(*r) for r in rows}
-    if len(by_oid) > SPECULATE_FILES or sum(e.size for e in by_oid.values()) > SPECULATE_BYTES:
-        return []
-    return list(by_oid.values())
+@dataclass(frozen=True)
+class _Call:
+    """One snap-put: the packs it carries (``packs``: a pack stream follows the header, maybe of no
+    pack), and whether it may set the snapshot's ref (``build``: the provenance follows)."""
+
+    sends: Sends
+    packs: bool
+    build: bool
 
 
 @dataclass
@@ -379,24 +269,73 @@ class _Shipping:
     layout: RemoteLayout
     snap: LocalSnapshot
     store: StoreCache | None
+    local: LocalStore
+    commit: str
     on_progress: Progress | None = None
-    payload: dict[str, Any] = field(default_factory=dict)
     sent: list[int] = field(default_factory=lambda: [0])
-    known: list[str] = field(default_factory=list)
+    _everything: Sends | None = None
     _provenance: Soon | None = None
 
-    def first(self) -> tuple[bytes, list[Entry], bool]:
-        """The first call's header, the objects that go with it unasked, and whether it builds."""
-        self.known = self.store.known(self.snap.project) if self.store else []
-        self.payload = manifest_payload(self.snap.tree, self.known, self.snap.texts)
-        build = self.snap.id not in self.known  # probably new: let it be built in this call
-        if build:
-            self.start_provenance()
-        header = frame({"id": self.snap.id, **self.payload, "build": build})
-        return header, _speculative(self.payload) if build else [], build
+    def first(self) -> _Call:
+        """Nothing when the store is known to hold the snapshot; the new objects, thin, when it holds
+        one this can be sent against; else the commit and its trees (the store says what it lacks)."""
+        known = self.store.commits(self.snap.project) if self.store else []
+        if self.snap.id in {sid for sid, _c in known}:
+            return _Call(Sends(), packs=False, build=False)
+        self.start_provenance()
+        if known:
+            sends = self.local.objects(self.commit, [c for _sid, c in known], self._sizes())
+            if sends.bases:
+                return _Call(sends, packs=True, build=True)
+        return _Call(Sends(structure=list(self.everything().structure)), packs=True, build=True)
+
+    def _sizes(self) -> dict[str, int]:
+        """Blob sizes by id: the changed rows when the listing knows them, else the whole manifest."""
+        tree = self.snap.tree
+        if tree.previous is not None and len(tree.previous[1]) < tree.files // 2:
+            rows = [r for r in tree.previous[1].values() if r is not None]
+            sizes = {r[2]: r[3] for r in rows}
+            # A blob the changes do not name can only be new if the base is not the last listing's.
+            return _SizesOr(sizes, tree.manifest)
+        return {r[2]: r[3] for r in manifest.manifest_rows(tree.manifest)}
+
+    def everything(self) -> Sends:
+        """Every object of the snapshot: its commit and trees, and its blobs (listed once)."""
+        if self._everything is None:
+            sizes = {r[2]: r[3] for r in manifest.manifest_rows(self.snap.tree.manifest)}
+            self._everything = self.local.objects(self.commit, [], sizes)
+        return self._everything
+
+    def missing(self, oids: list[str]) -> Sends:
+        """What to send for the objects the store says it lacks: blobs as they are; a tree with the
+        trees under it (the store cannot see what is under a tree it lacks; it says so next time);
+        the commit with every tree."""
+        full = self.everything()
+        blobs = {o.oid: o for o in full.blobs}
+        structure = {o.oid: o for o in full.structure}
+        unknown = [o for o in oids if o not in blobs and o not in structure]
+        if unknown:
+            raise RemoteError(
+                f"the cluster's store asked for {unknown[0]}, which snapshot {self.snap.id} does not hold"
+            )
+        want = set(oids)
+        sends = Sends(blobs=[blobs[o] for o in dict.fromkeys(oids) if o in blobs])
+        if self.commit in want:
+            sends.structure = list(full.structure)
+        else:
+            roots = [o.path for o in full.structure if o.oid in want]
+            sends.structure = [
+                o for o in full.structure if o.oid != self.commit and any(_under(o.path, r) for r in roots)
+            ]
+        return sends
+
+    def header(self, call: _Call) -> bytes:
+        tree = self.snap.tree
+        fields = {"id": self.snap.id, "commit": self.commit, "files": tree.files, "bytes": tree.total_size}
+        return frame({**fields, "packs": call.packs, "build": call.build})
 
     def start_provenance(self) -> None:
-        """Start ``git diff`` for the provenance: it runs while the manifest and objects travel."""
+        """Start ``git diff`` for the provenance: it runs while the packs travel."""
         if self._provenance is None:
             snap = self.snap
             args = (snap.tree, snap.project, snap.subdir, snap.git)
@@ -407,22 +346,60 @@ class _Shipping:
         assert self._provenance is not None
         return dict(self._provenance.result())
 
-    def stream(
-        self, header: bytes, sends: list[Entry], progress: ProgressCounter | None, build: bool
-    ) -> Iterator[bytes]:
-        """The call's stdin: header, objects, and (to build) the provenance after them."""
-        chunks = _object_stream(self.snap.tree.root, header, sends, progress, self.sent)
-        # A thread to read ahead pays only with more than a few files to read.
-        yield from _read_ahead(chunks) if len(sends) > READ_AHEAD_MIN else chunks
-        if build:
+    def stream(self, call: _Call, progress: ProgressCounter | None) -> Iterator[bytes]:
+        """The call's stdin: header, packs, and (to build) the provenance after them."""
+        header = self.header(call)
+        self.sent[0] += len(header)
+        yield header
+        if call.packs:
+            chunks = self.local.stream(self.commit, call.sends, progress)
+            for chunk in _read_ahead(chunks) if call.sends.blob_bytes > READ_AHEAD_MIN_BYTES else chunks:
+                self.sent[0] += len(chunk)
+                yield chunk
+        if call.build:
             trailer = frame({"provenance": self.provenance()})
             self.sent[0] += len(trailer)
             yield trailer
 
-    def call(self, sends: list[Entry], progress: ProgressCounter | None = None) -> dict[str, Any]:
-        header = frame({"id": self.snap.id, **self.payload, "build": True})
-        stdin = self.stream(header, sends, progress, True)
-        return call_agent(self.transport, "snap-put", self.layout.agent_args(), stdin=stdin)
+    def call(self, call: _Call, progress: ProgressCounter | None = None) -> dict[str, Any]:
+        return call_agent(
+            self.transport, "snap-put", self.layout.agent_args(), stdin=self.stream(call, progress)
+        )
+
+
+class _SizesOr(dict):  # type: ignore[type-arg]
+    """Sizes by blob id from a few rows, falling back to the whole manifest for an id they lack."""
+
+    def __init__(self, sizes: dict[str, int], text: bytes) -> None:
+        super().__init__(sizes)
+        self.text = text
+        self.parsed = False
+
+    def _all(self) -> None:
+        if not self.parsed:
+            self.parsed = True
+            self.update({r[2]: r[3] for r in manifest.manifest_rows(self.text)})
+
+    def __contains__(self, oid: object) -> bool:
+        if dict.__contains__(self, oid):
+            return True
+        self._all()
+        return dict.__contains__(self, oid)
+
+    def __getitem__(self, oid: str) -> int:
+        if not dict.__contains__(self, oid):
+            self._all()
+        return int(dict.__getitem__(self, oid))
+
+
+def _under(path: str, root: str) -> bool:
+    return root == "" or path == root or path.startswith(root + "/")
+
+
+def _progress(on_progress: Progress | None, sends: Sends) -> ProgressCounter | None:
+    if on_progress is None or not sends.blobs:
+        return None
+    return ProgressCounter(on_progress, "upload", len(sends.blobs), sends.blob_bytes)
 
 
 def upload_snapshot(
@@ -431,74 +408,100 @@ def upload_snapshot(
     snap: LocalSnapshot,
     *,
     cache: StoreCache | None = None,
+    cache_dir: Path | None = None,
     on_summary: Callable[[str], None] | None = None,
     on_progress: Progress | None = None,
-    _first: tuple[_Shipping, list[Entry], dict[str, Any]] | None = None,
+    _first: tuple[_Shipping, _Call, dict[str, Any]] | None = None,
 ) -> SnapshotResult:
-    """Make ``snap`` exist on the cluster: one round trip when it does already or differs from a
-    snapshot known to be there by a few small files (sent along unasked), two otherwise.
+    """Make ``snap`` exist on the cluster: one round trip when the store holds it, or holds a snapshot
+    it can be sent against (the new objects go with the call); two otherwise (the commit and trees,
+    then the blobs the store lacks); more only to mend a store that lost objects.
 
-    ``cache`` (rv.files.treecache.StoreCache) remembers which snapshots the store holds: the manifest then
-    travels as a delta against one of them. (``_first``: the shipping, the objects sent with its
-    first call and that call's reply, when make_snapshot made it already.)
+    ``cache`` (rv.files.treecache.StoreCache) remembers which snapshots the store holds.
+    ``cache_dir`` holds rv's own git repository for the work tree (a temporary one without it).
+    (``_first``: the shipping, its first call and that call's reply, when make_snapshot made them.)
     """
-    if _first is None:
-        ship = _Shipping(transport, layout, snap, cache, on_progress)
-        header, spec, build = ship.first()
-        stdin = ship.stream(header, spec, None, build)
-        reply = call_agent(transport, "snap-put", layout.agent_args(), stdin=stdin)
-    else:
-        ship, spec, reply = _first
+    with contextlib.ExitStack() as stack:
+        if _first is None:
+            ship = _shipping(transport, layout, snap, cache, cache_dir, on_progress, stack)
+            call = ship.first()
+            reply = ship.call(call, _progress(on_progress, call.sends))
+        else:
+            ship, call, reply = _first
+        return _finish_upload(ship, call, reply, on_summary, on_progress)
+
+
+def _shipping(
+    transport: Transport,
+    layout: RemoteLayout,
+    snap: LocalSnapshot,
+    cache: StoreCache | None,
+    cache_dir: Path | None,
+    on_progress: Progress | None,
+    stack: contextlib.ExitStack,
+) -> _Shipping:
+    """Build the snapshot's commit in rv's repository (a temporary one without a cache folder)."""
+    folder = (
+        cache_dir
+        if cache_dir is not None
+        else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rv-git-")))
+    )
+    local = open_local_store(folder, snap.tree, snap.git)
+    commit = local.build(snap.tree, snap.texts)
+    return _Shipping(transport, layout, snap, cache, local, commit, on_progress)
+
+
+def _finish_upload(
+    ship: _Shipping,
+    call: _Call,
+    reply: dict[str, Any],
+    on_summary: Callable[[str], None] | None,
+    on_progress: Progress | None,
+) -> SnapshotResult:
+    snap, cache = ship.snap, ship.store
     new_objects = new_bytes = 0
     summary = None
-    for _attempt in range(4):
-        new_objects += int(reply.get("received", 0))
-        new_bytes += int(reply.get("received_bytes", 0))
-        if reply.get("bad"):
-            bad = set(reply["bad"])
-            paths = sorted(e.path for e in spec if e.oid in bad) or sorted(reply["bad"])
-            raise RemoteError(
-                f"{len(paths)} file(s) changed while being sent: {', '.join(paths[:5])}",
-                hint="rerun once they stop changing (or .rvignore files a running program writes)",
-            )
+    for _attempt in range(5):
         status = reply["status"]
+        if status != "bad-pack":
+            new_objects += len(call.sends.blobs)
+            new_bytes += call.sends.blob_bytes
         if status in ("exists", "created"):
             break
-        if status == "need-full":
-            # The base is gone from the store (rv gc) or is not what this machine remembers.
-            if cache is not None and "base" in ship.payload:
-                cache.forget(snap.project, ship.payload["base"])
-            ship.payload = full_payload(snap.tree)
-            spec = []
-            reply = ship.call([])
-            continue
-        missing = list(reply["missing"])
-        by_oid = {r[2]: r for r in payload_rows(ship.payload)}
-        if any(o not in by_oid for o in missing):
-            by_oid = {r[2]: r for r in manifest.manifest_rows(snap.tree.manifest)}
-        spec = [Entry(*by_oid[o]) for o in missing]
-        if summary is None and on_summary:
-            summary = summary_line(snap, new_objects + len(spec), new_bytes + sum(e.size for e in spec))
-            on_summary(summary)
-        progress = ProgressCounter(on_progress, "upload", len(spec), sum(e.size for e in spec))
-        reply = ship.call(spec, progress)
+        if status == "bad-pack":
+            if not call.sends.bases:
+                raise RemoteError(
+                    f"the cluster's store refused a pack of snapshot {snap.id}: {reply.get('refused')}"
+                )
+            # A thin pack whose bases the store no longer holds (rv gc, a purge): send whole objects.
+            if cache is not None:
+                cache.forget(snap.project)
+            call = _Call(Sends(structure=list(ship.everything().structure)), packs=True, build=True)
+        else:
+            sends = ship.missing(list(reply["missing"]))
+            if sends.blobs and summary is None and on_summary:
+                summary = summary_line(snap, new_objects + len(sends.blobs), new_bytes + sends.blob_bytes)
+                on_summary(summary)
+            call = _Call(sends, packs=bool(sends), build=True)
+        reply = ship.call(call, _progress(on_progress, call.sends))
     else:
         raise RemoteError(
-            f"snapshot {snap.id} could not be completed on the cluster (objects kept disappearing)",
-            hint="is `rv gc` running in a loop? retry in a minute",
+            f"snapshot {snap.id} could not be completed on the cluster (its objects kept disappearing)",
+            hint="is `rv gc` running in a loop, or the store's filesystem purging files? retry in a minute",
         )
     created = status == "created"
     if summary is None:
-        summary = summary_line(snap, new_objects if created else None, new_bytes, sent=True)
+        sent = new_objects > 0 or created
+        summary = summary_line(snap, new_objects if sent else None, new_bytes, sent=True)
         if on_summary:
             on_summary(summary)
     if cache is not None:
-        cache.add(snap.project, snap.id)
-    base = reply.get("base")
+        cache.add(snap.project, snap.id, ship.commit)
+        ship.local.remember(snap.id, ship.commit)
     return SnapshotResult(
         id=snap.id,
-        remote_path=layout.snapshot(snap.id) + (".layer" if base else ""),
-        meta_path=layout.snapshot_meta(snap.id),
+        remote_path=ship.layout.store,
+        meta_path=ship.layout.snapshot_meta(snap.id),
         project=snap.project,
         branch=snap.branch,
         commit=snap.commit,
@@ -513,8 +516,9 @@ def upload_snapshot(
         created=created,
         provenance=snap.provenance,
         warnings=snap.tree.warnings,
-        base=base,
         ignored=snap.tree.ignored,
+        snapshot_commit=ship.commit,
+        ref=ship.layout.snapshot_ref(snap.id),
     )
 
 
@@ -535,11 +539,12 @@ def make_snapshot(
     """List, hash, check and ship the snapshot of ``path``'s repo; ``cache_key`` names the store.
 
     The first remote command starts before the local listing, so the cluster's shell and python
-    start-up (most of a round trip on many clusters) overlap with it: a resubmit with nothing or
-    little changed costs about one round trip in all. Local errors (a file over the size limit) still
-    win: the early command then reads an empty input and exits, with nothing sent. For a strict
-    "check everything, then connect" order, call prepare_snapshot and upload_snapshot yourself.
-    ``on_prepared`` sees the local snapshot (its warnings, say) before anything is sent.
+    start-up (most of a round trip on many clusters) overlap with it and with building the commit:
+    a resubmit with nothing or little changed costs about one round trip in all. Local errors (a
+    file over the size limit) still win: the early command then reads an empty input and exits,
+    with nothing sent. For a strict "check everything, then connect" order, call prepare_snapshot
+    and upload_snapshot yourself. ``on_prepared`` sees the local snapshot (its warnings, say)
+    before anything is sent.
     """
     store = None
     if cache_dir is not None:
@@ -547,34 +552,31 @@ def make_snapshot(
 
         store = StoreCache(cache_dir, cache_key or layout.root)
     ready = threading.Event()
-    first: list[tuple[bytes, list[Entry], bool] | None] = []
-    ship: _Shipping | None = None
+    first: list[tuple[_Shipping, _Call] | None] = []
 
     def first_stdin() -> Iterator[bytes]:
         ready.wait()
         if first[0] is not None:
-            assert ship is not None
-            yield from ship.stream(*first[0][:2], None, first[0][2])
+            ship, call = first[0]
+            yield from ship.stream(call, _progress(on_progress, call.sends))
 
-    early = Soon(call_agent, transport, "snap-put", layout.agent_args(), stdin=first_stdin())
-    try:
-        snap = prepare_snapshot(
-            path, max_file_size=max_file_size, allow_large=allow_large, git=git, cache_dir=cache_dir
-        )
-        if on_prepared:
-            on_prepared(snap)
-        ship = _Shipping(transport, layout, snap, store, on_progress)
-        header, spec, build = ship.first()
-    except BaseException:
-        first.append(None)  # the early command reads an empty stdin and exits
+    with contextlib.ExitStack() as stack:
+        early = Soon(call_agent, transport, "snap-put", layout.agent_args(), stdin=first_stdin())
+        try:
+            snap = prepare_snapshot(
+                path, max_file_size=max_file_size, allow_large=allow_large, git=git, cache_dir=cache_dir
+            )
+            if on_prepared:
+                on_prepared(snap)
+            ship = _shipping(transport, layout, snap, store, cache_dir, on_progress, stack)
+            call = ship.first()
+        except BaseException:
+            first.append(None)  # the early command reads an empty stdin and exits
+            ready.set()
+            with contextlib.suppress(Exception):
+                early.result()
+            raise
+        first.append((ship, call))
         ready.set()
-        with contextlib.suppress(Exception):
-            early.result()
-        raise
-    first.append((header, spec, build))
-    ready.set()
-    reply = early.result()
-    return upload_snapshot(
-        transport, layout, snap, cache=store, on_summary=on_summary, on_progress=on_progress,
-        _first=(ship, spec, reply),
-    )  # fmt: skip
+        reply = early.result()
+        return _finish_upload(ship, call, reply, on_summary, on_progress)

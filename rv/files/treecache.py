@@ -6,8 +6,10 @@ next command is then as slow as a first one, never wrong):
 * ``trees/<repo>``: the last listing of each repository (see rv.files.listing.scan_tree): the index
   signature it was made from, the files it hashed with their stat data, and the id of its manifest.
 * ``texts/<id>``: manifests by snapshot id (rv.agent.manifest's text format).
-* ``stores/<store>``: per remote store and project, the snapshots known to be there (the bases a
-  manifest can be sent as a delta against).
+* ``git-stores/<store>``: per remote store and project, the snapshots known to be there and their
+  commits (what a thin pack may leave out).
+* ``git/<repo>``: rv's own git repository for each work tree (rv.files.packs): its index, trees,
+  commits and the blobs of files git's index does not hold.
 * ``diffs/<repo>``: the last provenance diff of each repository, file by file, with what each file's
   part was made from (HEAD's commit, the file's content and mode): a part is made again only when
   one of those changed.
@@ -153,35 +155,53 @@ class TreeCache:
 
 
 class StoreCache:
-    """Per project, the snapshot ids known to exist in one remote store, the newest first."""
+    """Per project, the snapshots known to be in one remote store, the newest first: their ids and
+    the commits that hold them there (rv.files.packs: thin packs leave out what those reach).
+
+    Kept apart from what an rv before the git store remembered (its stores held other things).
+    """
 
     def __init__(self, directory: Path, store_key: str) -> None:
-        self.path = directory / "stores" / _name(store_key)
+        self.path = directory / "git-stores" / _name(store_key)
 
-    def _load(self) -> dict[str, list[str]]:
+    def _load(self) -> dict[str, list[list[str]]]:
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
 
-    def known(self, project: str) -> list[str]:
-        ids = self._load().get(project, [])
-        return [i for i in ids if isinstance(i, str)]
+    def _pairs(self, data: dict[str, Any], project: str) -> list[tuple[str, str]]:
+        rows = data.get(project, [])
+        if not isinstance(rows, list):
+            return []
+        ok = [r for r in rows if isinstance(r, list) and len(r) == 2]
+        return [(r[0], r[1]) for r in ok if isinstance(r[0], str) and isinstance(r[1], str)]
 
-    def add(self, project: str, sid: str) -> None:
+    def known(self, project: str) -> list[str]:
+        return [sid for sid, _commit in self._pairs(self._load(), project)]
+
+    def commits(self, project: str) -> list[tuple[str, str]]:
+        """``(snapshot id, commit)`` of each snapshot known to be there whose commit is known."""
+        return [(sid, commit) for sid, commit in self._pairs(self._load(), project) if commit]
+
+    def add(self, project: str, sid: str, commit: str = "") -> None:
         data = self._load()
-        ids = [sid, *(i for i in data.get(project, []) if i != sid)][:KEEP_IDS]
-        if data.get(project) == ids:
+        pairs = [(sid, commit), *(p for p in self._pairs(data, project) if p[0] != sid)][:KEEP_IDS]
+        rows = [list(p) for p in pairs]
+        if data.get(project) == rows:
             return
-        data[project] = ids
+        data[project] = rows
         with contextlib.suppress(OSError):
             write_private(self.path, json.dumps(data).encode())
 
-    def forget(self, project: str, sid: str) -> None:
+    def forget(self, project: str, sid: str | None = None) -> None:
+        """Forget one snapshot (or, without ``sid``, every one) of ``project``."""
         data = self._load()
-        if sid in data.get(project, []):
-            data[project] = [i for i in data[project] if i != sid]
+        pairs = self._pairs(data, project)
+        kept = [list(p) for p in pairs if sid is not None and p[0] != sid]
+        if len(kept) != len(pairs):
+            data[project] = kept
             with contextlib.suppress(OSError):
                 write_private(self.path, json.dumps(data).encode())
 

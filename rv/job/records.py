@@ -25,6 +25,7 @@ from typing import Any
 from rv.agent.segment import end_state
 from rv.errors import NotFound, UsageError
 from rv.slurm.parse import AccountedJob, QueuedJob
+from rv.slurm.pending import one_line
 
 # --- local records --------------------------------------------------------------------------------
 
@@ -48,6 +49,9 @@ class RunRecord:
     secrets_cleared: bool = False  # rv saw the run end, so its secrets are gone
     jobs: list[str] = field(default_factory=list)  # every segment's job id rv has seen
     ended: dict[str, Any] | None = None  # the run's ENDED record, once rv has seen it
+    # The repository's facts when the run was sent (rv.files.repo.RepoFacts: root, head, branch,
+    # dirty, remote); None for a run sent by an rv that did not record them.
+    git: dict[str, Any] | None = None
 
     @property
     def short_commit(self) -> str:
@@ -298,6 +302,8 @@ class RunView:
     sweep: str | None = None  # a sweep's point: the sweep's name (its own is SWEEP/INDEX)
     sweep_index: int | None = None
     points: int = 0  # `rv ps`'s one line for a whole sweep: how many points it sums up
+    why: str | None = None  # a pending run: its reason in words (rv why's one-line form)
+    git: dict[str, Any] | None = None  # the repository's facts the run was sent with (run.json's "git")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -356,15 +362,18 @@ def run_views(
             waiting = [(by_id[j], t) for j, t in seg.candidates if j in by_id]
             live_job = waiting[0][0] if waiting else live_job
             gpu_type = "|".join(t for _, t in seg.candidates)
+        why = None
         if seg is not None and not seg.placed and live_job is not None:
             state, exit_code = live_job.state, None
             reason = "pending on " + ", ".join(f"{t} ({j.reason})" if j.reason else t for j, t in waiting)
+            why = "pending on " + ", ".join(f"{t}: {one_line(j.reason)}" for j, t in waiting)
         elif live_job is not None:
             state, reason, exit_code = (
                 live_job.state,
                 live_job.reason if live_job.state == "PENDING" else None,
                 None,
             )
+            why = one_line(live_job.reason) if live_job.state == "PENDING" else None
         elif run.ended is not None:
             reason = str(run.ended.get("reason") or "")
             state, exit_code = end_state(reason), _int(run.ended.get("exit_code"))
@@ -379,7 +388,7 @@ def run_views(
         if live_only and live_job is None:
             continue
         steps = [s.checkpoint_step for s in run.segments if s.checkpoint_step is not None]
-        sweep = meta.get("sweep") if isinstance(meta.get("sweep"), Mapping) else {}
+        sweep: Mapping[str, Any] = meta["sweep"] if isinstance(meta.get("sweep"), Mapping) else {}
         views.append(
             RunView(
                 name=run.name,
@@ -401,6 +410,8 @@ def run_views(
                 checkpoint_step=steps[-1] if steps else None,
                 sweep=str(sweep["name"]) if sweep.get("name") else None,
                 sweep_index=_int(sweep.get("index")),
+                why=why,
+                git=dict(meta["git"]) if isinstance(meta.get("git"), Mapping) else None,
             )
         )
     views.sort(key=lambda v: v.created or 0, reverse=True)
@@ -409,10 +420,10 @@ def run_views(
         if job.job_id not in claimed and job.id.job not in claimed:
             others.append(_job_view(job.name, job.job_id, job.state, job.reason, None, job))
     if not live_only:
-        for job in accounted:
-            if job.job_id not in claimed and job.id.job not in claimed and job.job_id not in by_id:
-                view = _job_view(job.name, job.job_id, job.state, job.reason, job.exit_code, job)
-                if rejected_at_submission(job):
+        for acc in accounted:
+            if acc.job_id not in claimed and acc.id.job not in claimed and acc.job_id not in by_id:
+                view = _job_view(acc.name, acc.job_id, acc.state, acc.reason, acc.exit_code, acc)
+                if rejected_at_submission(acc):
                     view = replace(view, reason=REJECTED)
                 others.append(view)
     others.sort(key=lambda v: _job_sort_key(v.job_id or ""), reverse=True)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from rv.errors import PLACEMENT_HINT, RemoteError, UsageError
+from rv.errors import RemoteError, UsageError
 from rv.job.records import ClusterRun, RunRecord
 from rv.layout import RemoteLayout
 from rv.names import point_name
@@ -81,31 +81,6 @@ class Check:
     resume_files: bool  # the checkpoint folder holds something (any layout)
     from_run: Mapping[str, Any] | None  # --from: the source's project, name and checkpoint listing
     estimates: tuple[Estimate, ...] = ()  # sbatch --test-only's word on each candidate, when asked
-
-
-def placement_probes(
-    reqs: Sequence[JobRequest], context: ScriptContext, place: Placement
-) -> list[tuple[str, str]]:
-    """What sbatch --test-only is asked before anything is sent: every candidate of a run over several
-    GPU types, and a one-type job when it carries Slurm options sbatch alone can judge."""
-    from rv.placement import probe_script
-    from rv.slurm.script import probe_directives
-
-    if len(reqs) == 1 and not place.sbatch_judges():
-        return []
-    return [(type_name(r), probe_script(probe_directives(r, context))) for r in reqs]
-
-
-def type_name(req: JobRequest) -> str:
-    return req.type.name if req.type is not None else "cpu"
-
-
-def sbatch_refuses(reasons: Sequence[str]) -> UsageError:
-    """The error for a job sbatch --test-only refused (every candidate, in sbatch's words)."""
-    return UsageError(
-        "sbatch refuses this job: " + "; ".join(reasons) + " (nothing was sent)",
-        hint=PLACEMENT_HINT,
-    )
 
 
 def check(
@@ -177,6 +152,7 @@ def script_context(
     env_build: tuple[str, ...] = (),
     placement: Placement | None = None,
     sweep_env: Mapping[str, str] | None = None,
+    notify: Sequence[str] = (),
 ) -> ScriptContext:
     return ScriptContext(
         remote_root=layout.root,
@@ -189,6 +165,7 @@ def script_context(
         env_build=env_build,
         placement=placement or Placement(),
         sweep_env=tuple((sweep_env or {}).items()),
+        notify=tuple(notify),
     )
 
 
@@ -253,10 +230,13 @@ def submit_args(
         "commit": provenance.get("commit"),
         "dirty": bool(provenance.get("dirty")),
         "env": provenance.get("env"),  # the environment's key: rv gc keeps it while this run lives
+        "git": provenance.get("git"),  # the repository's facts (rv.files.repo): rv ps --json shows them
         "submitted_from": socket.gethostname(),
         "has_secrets": has_secrets,
         # $RV_METRICS: where rv sweep results and rv metrics read what the program wrote.
         "metrics": run_paths(req, ctx).metrics,
+        # --notify: rv wait tells the desktop when it is among them (the cluster tells the others).
+        "notify": list(ctx.notify),
     }
     candidates = None
     if alternatives:
@@ -307,6 +287,7 @@ def run_record(
         submitted_at=time.time(),
         job_id=job_id,
         has_secrets=bool(args["has_secrets"]),
+        git=meta.get("git"),
     )
 
 
@@ -563,4 +544,5 @@ def retry_record(old: ClusterRun, run_id: str, job_id: str, root: str, profile: 
         submitted_at=time.time(),
         job_id=job_id,
         has_secrets=bool(meta.get("has_secrets")),
+        git=meta.get("git") if isinstance(meta.get("git"), dict) else None,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rv.remote.transport import Transport
@@ -24,6 +24,7 @@ class ClusterStatus:
     sweep: dict[str, Any] | None = None  # the secrets sweep that rode along, if one was asked for
     partitions_text: str = ""  # sinfo's partitions (SINFO_PARTITION_FORMAT), "" when it failed
     associations_text: str = ""  # sacctmgr's associations of the user, "" without accounting
+    git: dict[str, Any] = field(default_factory=dict)  # the login node's git: version, problem (or None)
 
 
 def cluster_status(
@@ -57,6 +58,7 @@ def cluster_status(
         jobs=[] if squeue.get("error") else parse_squeue(squeue.get("text") or ""),
         nodes=[] if sinfo.get("error") else parse_sinfo_nodes(sinfo.get("text") or ""),
         usage={key: reply[key] for key in ("kinds", "total", "gc")},
+        git=reply.get("git") or {},
         squeue_error=squeue.get("error"),
         sinfo_error=sinfo.get("error"),
         sweep=reply.get("secrets_sweep") if sweep else None,

@@ -18,12 +18,15 @@ import shlex
 from collections.abc import Iterable, Sequence
 
 from rv.slurm.parse import SACCT_FORMAT, SINFO_NODE_FORMAT, SQUEUE_FORMAT
+from rv.slurm.pending import ASSOC_FIELDS, QOS_FIELDS, QUEUE_FORMAT
 
 USER = "{user}"
 
 
 # squeue and sacct print times as SLURM_TIME_FORMAT says; a user's `relative` would break parsing.
 _STANDARD_TIME = ["env", "SLURM_TIME_FORMAT=standard"]
+# rv why's asks: times as epoch seconds, so how far away a start is needs no guess at the cluster's zone.
+_EPOCH_TIME = ["env", "SLURM_TIME_FORMAT=%s"]
 
 
 def shell(argv: Sequence[str]) -> str:
@@ -105,9 +108,10 @@ def sbatch(script: str, *, after: str | None = None) -> list[str]:
     return [*argv, script]
 
 
-def sbatch_test_only() -> list[str]:
-    """Judge the script on stdin without submitting it: when and where it would start, or why not."""
-    return ["sbatch", "--test-only"]
+def sbatch_test_only(*, epoch: bool = False) -> list[str]:
+    """Judge the script on stdin without submitting it: when and where it would start, or why not.
+    ``epoch``: the start as epoch seconds (rv why compares it with the scheduler's plan)."""
+    return [*(_EPOCH_TIME if epoch else []), "sbatch", "--test-only"]
 
 
 def scontrol_show_nodes(nodes: Sequence[str]) -> list[str]:
@@ -140,3 +144,26 @@ def squeue_job(job_id: str) -> list[str]:
     """One ``SQUEUE_FORMAT`` line for ``job_id`` while it is queued or running; nothing (or an
     "Invalid job id" error, once Slurm has forgotten it) after."""
     return [*_STANDARD_TIME, "squeue", "-h", "-j", job_id, "-o", SQUEUE_FORMAT]
+
+
+# --- rv why: what Slurm says of a pending job, its partition's queue and the limits ------------------
+
+
+def scontrol_show_job(job_id: str) -> list[str]:
+    """One ``Key=Value`` line for ``job_id``: its reason, priority, QoS, expected start, TRES."""
+    return [*_EPOCH_TIME, "scontrol", "-o", "show", "job", job_id]
+
+
+def squeue_partition(partition: str) -> list[str]:
+    """Every user's queued and running jobs in ``partition`` (QUEUE_FORMAT), the jobs a run waits behind."""
+    return [*_EPOCH_TIME, "squeue", "-h", "-r", "-p", partition, "-t", "PD,R,CG", "-o", QUEUE_FORMAT]
+
+
+def sacctmgr_qos_limits() -> list[str]:
+    """Every QoS with its limits (fails where there is no accounting)."""
+    return ["sacctmgr", "-nP", "show", "qos", "format=" + ",".join(QOS_FIELDS)]
+
+
+def sacctmgr_assoc_limits() -> list[str]:
+    """The user's associations with their limits and the QoS each allows."""
+    return ["sacctmgr", "-nP", "show", "assoc", f"user={USER}", "format=" + ",".join(ASSOC_FIELDS)]

@@ -45,6 +45,8 @@ _AGENT = Path(__file__).resolve().parent.parent / "agent"
 # The job's runtime and the rank labeller: shipped beside each other into <root>/runtime/.
 JOB_RUNTIME = _AGENT / "job.sh"
 RANK_LABELLER = _AGENT / "ranklabel.py"
+# What posts a run's end (or late start) to the user's webhooks, from the compute node.
+NOTIFIER = _AGENT / "notify.py"
 
 # The job's environment file (in $RV_JOB_DIR) that `rv ssh` and `rv up` start their shells from.
 JOB_ENV_FILE = "env.sh"
@@ -65,7 +67,11 @@ def runtime_files() -> dict[str, str]:
     finds the runtime it was written for, and an upgrade ships new names beside the old ones.
     """
     files = {}
-    for path, stem, suffix in ((JOB_RUNTIME, "job", ".sh"), (RANK_LABELLER, "rank-label", ".py")):
+    for path, stem, suffix in (
+        (JOB_RUNTIME, "job", ".sh"),
+        (RANK_LABELLER, "rank-label", ".py"),
+        (NOTIFIER, "notify", ".py"),
+    ):
         text = path.read_text(encoding="utf-8")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         files[f"{stem}-{digest}{suffix}"] = text
@@ -73,7 +79,7 @@ def runtime_files() -> dict[str, str]:
 
 
 def runtime_path(layout: RemoteLayout, stem: str) -> str:
-    """Where the runtime file ``stem`` (``job``, ``rank-label``) of this rv lives on the cluster."""
+    """Where the runtime file ``stem`` (``job``, ``rank-label``, ``notify``) lives on the cluster."""
     (name,) = (n for n in runtime_files() if n.rsplit("-", 1)[0] == stem)
     return layout.runtime_file(name)
 
@@ -98,6 +104,8 @@ class ScriptContext:
     placement: Placement = field(default_factory=Placement)  # Slurm's placement options (rv.placement)
     # A sweep's point: RV_SWEEP_INDEX and RV_SWEEP_<NAME> (rv.sweep.Point.env), its program's values.
     sweep_env: tuple[tuple[str, str], ...] = ()
+    # Where the run's end is told (rv.notify: "mail:ADDRESS", "secret:NAME", "desktop"), checked.
+    notify: tuple[str, ...] = ()
 
     @property
     def layout(self) -> RemoteLayout:
@@ -113,7 +121,7 @@ def work_dir_script(layout: RemoteLayout, snapshot_id: str) -> str:
     return "\n".join(
         [
             runtime_files()[posixpath.basename(runtime_path(layout, "job"))],
-            f"RV_SNAPSHOT={_q(snapshot_id)} rv_snapshots={_q(layout.snapshots)}",
+            f"RV_SNAPSHOT={_q(snapshot_id)} rv_store={_q(layout.store)}",
             "rv_work_dir",
         ]
     )
@@ -246,7 +254,7 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
         f"RV_OUTPUT_DIR={_q(paths.output_dir)} RV_METRICS={_q(paths.metrics)}",
         f"RV_NODES={req.nodes} RV_GPUS={req.gpus} RV_GPUS_PER_NODE={req.gpus_per_node}",
         f"RV_STOP_SIGNAL={req.signal} RV_STOP_LEAD={req.signal_lead_seconds}",
-        f"rv_cache={_q(layout.cache)} rv_snapshots={_q(layout.snapshots)}",
+        f"rv_cache={_q(layout.cache)} rv_store={_q(layout.store)}",
         f"rv_gpu_type={gpu_type} rv_gpu_cc={gpu_cc}",
         f"rv_secrets={int(ctx.has_secrets)} rv_labeled={int(req.labeled)} "
         f"rv_launcher={int(req.labeled and req.launch is not None)}",
@@ -255,10 +263,25 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
     ]
     if req.labeled:
         lines.append(f"export RV_RANK_LABEL={_q(runtime_path(layout, 'rank-label'))}")
+    lines += _notify_values(ctx)
     if ctx.sweep_env:
         lines.append("# This point of the sweep: its program reads its values here too.")
         lines.append("export " + " ".join(f"{name}={_q(value)}" for name, value in ctx.sweep_env))
     return lines
+
+
+def _notify_values(ctx: ScriptContext) -> list[str]:
+    """Who hears of the run's end (job.sh: rv_notify_end): Slurm's mail to these addresses, and the
+    webhooks kept as these secrets (their names only: the URLs reach the job in its secrets file)."""
+    mail = [t.split(":", 1)[1] for t in ctx.notify if t.startswith("mail:")]
+    hooks = [t.split(":", 1)[1] for t in ctx.notify if t.startswith("secret:")]
+    if not mail and not hooks:
+        return []
+    return [
+        "# Told once, by the job that ends the run: Slurm's mail, and webhooks kept as these secrets.",
+        f"rv_notify_mail={_q(','.join(mail))} rv_notify_hooks={_q(' '.join(hooks))}",
+        f"rv_notify_prog={_q(runtime_path(ctx.layout, 'notify'))}",
+    ]
 
 
 def _user_lines(req: JobRequest, ctx: ScriptContext) -> list[str]:

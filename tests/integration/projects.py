@@ -1,7 +1,10 @@
-"""What many integration tests need: a committed git project to run from, and a bounded wait."""
+"""What many integration tests need: a committed git project to run from, a bounded wait, and a
+look at the cluster's snapshot store."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 import time
 from collections.abc import Callable
@@ -41,3 +44,32 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, step: float 
             return value
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+STORE_CHECK = r"""
+import json, os, subprocess, sys
+store = os.path.join(sys.argv[1], "store.git")
+env = dict(os.environ, GIT_DIR=store)
+def git(*args):
+    return subprocess.run(["git"] + list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+if not os.path.isdir(os.path.join(store, "objects")):
+    print(json.dumps({"objects": [], "fsck": 0, "fsck_err": "", "refs": [], "temps": []}))
+    sys.exit(0)
+fsck = git("fsck", "--no-dangling", "--no-progress")
+cat = git("cat-file", "--batch-all-objects", "--batch-check=%(objecttype) %(objectname)").stdout.decode()
+refs = git("for-each-ref", "--format=%(refname)", "refs/rv/").stdout.decode().split()
+temps = [n for n in os.listdir(store) if n.startswith("rv-incoming-")]
+temps += [n for n in os.listdir(os.path.join(store, "objects", "pack")) if n.startswith("tmp_")]
+tmp = os.path.join(sys.argv[1], "tmp")
+temps += os.listdir(tmp) if os.path.isdir(tmp) else []
+print(json.dumps({"objects": [l.split()[1] for l in cat.splitlines() if l.startswith("blob ")],
+                  "fsck": fsck.returncode, "fsck_err": fsck.stderr.decode()[-300:], "refs": refs,
+                  "temps": temps}))
+"""
+
+
+def store_state(transport, root: str) -> dict:
+    """The git store as git sees it, read on the cluster by git itself: its blobs, fsck's verdict,
+    the refs, the temp files and quarantines an upload leaves while it runs."""
+    res = transport.run(f"python3 -c {shlex.quote(STORE_CHECK)} {shlex.quote(root)}")
+    return json.loads(res.check("reading the store").stdout)

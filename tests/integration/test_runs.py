@@ -156,7 +156,13 @@ def test_unnamed_runs_get_their_own_checkpoints_and_a_live_name_is_refused(run_r
     def sent() -> tuple[list[str], ...]:
         root = Path(remote_root)
         return tuple(
-            sorted(p.name for p in root.glob(pattern)) for pattern in ("runs/*", "objects/*/*", "snapshots/*")
+            sorted(p.name for p in root.glob(pattern))
+            for pattern in (
+                "runs/*",
+                "store.git/objects/pack/*",
+                "store.git/refs/rv/snapshots/*",
+                "snapshots/*",
+            )
         )
 
     before = sent()
@@ -164,7 +170,7 @@ def test_unnamed_runs_get_their_own_checkpoints_and_a_live_name_is_refused(run_r
     again = run_rv("run", "-g", "0", "--mem", "200M", "--name", "exp", "--", "python3", "train.py", cwd=proj)
     assert again.returncode == 2, again.stderr
     assert f"a run named 'exp' is still live (job {job}); nothing was sent" in again.stderr
-    assert sent() == before  # no run, no object, no snapshot
+    assert sent() == before  # no run, no pack, no snapshot
     stop = run_rv("stop", "exp")
     assert stop.returncode == 0 and f"cancelled job {job}" in stop.stderr
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import warm_pids
+from projects import store_state
 
 from rv.remote.ssh import AGENT_SPARES
 
@@ -83,6 +84,20 @@ def rv_json(run_rv, *args, cwd=None) -> dict:
 AWKWARD = ["with space.txt", "ünïcödé ✓.txt", "-leading-dash.txt", "hash#tag.txt", "it's.txt", 'say "hi".txt']
 
 
+def job_work_dir(transport, remote_root: str, snapshot_id: str, dest: str) -> None:
+    """What a job's script does to make its work dir from a snapshot: its own lines, run on the cluster."""
+    from rv.layout import RemoteLayout
+    from rv.slurm.script import work_dir_script
+
+    script = "set -euo pipefail\n" + work_dir_script(RemoteLayout(remote_root), snapshot_id)
+    transport.run(f"RV_WORK_DIR={shlex.quote(dest)} bash -c {shlex.quote(script)}").check("making a work dir")
+
+
+def without_writable(tree: dict[str, list]) -> dict[str, list]:
+    """A tree without its files' write bits: a work dir's files are the user's, the repo's as they are."""
+    return {p: v[:3] if v[0] == "file" else v for p, v in tree.items()}
+
+
 def awkward_repo(tmp_path: Path) -> tuple[Path, list[str]]:
     """The repo of the issue, and the exact list of paths its snapshot must hold."""
     lib = tmp_path / "lib"
@@ -138,8 +153,11 @@ def test_snapshot_of_an_awkward_repo_is_exact(run_rv, tmp_path, ssh_transport):
     snap = json.loads(r.stdout)
     assert f"{len(intended)} files" in r.stderr
     assert "left out 3 files" in r.stderr  # data/train.csv, pkg/weights.bin, pkg/new.bin
-    remote = remote_tree(ssh_transport, snap["remote_path"])
-    assert remote == local_tree(repo, intended)
+    assert snap["remote_path"].endswith("/store.git") and snap["ref"] == f"refs/rv/snapshots/{snap['id']}"
+    root = str(Path(snap["remote_path"]).parent)
+    work = f"{root}/check-awkward"
+    job_work_dir(ssh_transport, root, snap["id"], work)
+    assert without_writable(remote_tree(ssh_transport, work)) == without_writable(local_tree(repo, intended))
     meta = json.loads(ssh_transport.run(f"cat {shlex.quote(snap['meta_path'])}").check("reading meta").stdout)
     prov = meta["provenance"]
     assert prov["branch"] == "main" and prov["dirty"] is True and prov["commit"] == snap["commit"]
@@ -155,38 +173,18 @@ def test_snapshot_of_an_awkward_repo_is_exact(run_rv, tmp_path, ssh_transport):
 def test_editing_after_a_snapshot_does_not_change_it(run_rv, tmp_path, ssh_transport, remote_root):
     repo, intended = awkward_repo(tmp_path)
     first = rv_json(run_rv, "sync", "snapshot", cwd=repo)
-    before = remote_tree(ssh_transport, first["remote_path"])
+    job_work_dir(ssh_transport, remote_root, first["id"], f"{remote_root}/check-first")
+    before = remote_tree(ssh_transport, f"{remote_root}/check-first")
     write(repo / "train.py", "lr = 1.0  # edited after submission\n")
     (repo / "run.sh").chmod(0o644)
     write(repo / "names/with space.txt", "changed too\n")
     second = rv_json(run_rv, "sync", "snapshot", cwd=repo)
     assert second["id"] != first["id"] and second["new_objects"] == 2
-    assert remote_tree(ssh_transport, first["remote_path"]) == before
-    assert second["base"] == first["id"]  # a layer over the first: what a job makes of it
+    job_work_dir(ssh_transport, remote_root, first["id"], f"{remote_root}/check-first-again")
+    assert remote_tree(ssh_transport, f"{remote_root}/check-first-again") == before
     job_work_dir(ssh_transport, remote_root, second["id"], f"{remote_root}/check-work")
     got = remote_tree(ssh_transport, f"{remote_root}/check-work")
     assert without_writable(got) == without_writable(local_tree(repo, intended))
-
-
-def sound_objects(transport, root: str) -> int:
-    script = r"""
-import hashlib, os, sys
-objs = os.path.join(sys.argv[1], "objects")
-n = 0
-for fan in os.listdir(objs):
-    d = os.path.join(objs, fan)
-    if not os.path.isdir(d):
-        continue
-    for name in os.listdir(d):
-        data = open(os.path.join(d, name), "rb").read()
-        h = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-        assert h == name[:40], name
-        n += 1
-print(n)
-"""
-    return int(
-        transport.run(f"python3 -c {shlex.quote(script)} {shlex.quote(root)}").check("checking objects").out
-    )
 
 
 def test_upload_killed_half_way_then_rerun(rv_env, run_rv, tmp_path, ssh_transport, remote_root):
@@ -197,37 +195,39 @@ def test_upload_killed_half_way_then_rerun(rv_env, run_rv, tmp_path, ssh_transpo
         write(repo / f"blob{i:03d}.bin", os.urandom(500_000))
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "150 MB")
-    objects = Path(remote_root) / "objects"  # loopback: the cluster's disk is this machine's
+    # Loopback: the cluster's disk is this machine's. Packs of 32 MB: kill once two have landed
+    # beside the first (the commit and its trees).
+    pack_dir = Path(remote_root) / "store.git" / "objects" / "pack"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rv", "sync", "snapshot"], cwd=repo, env=rv_env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if objects.exists() and sum(1 for _ in objects.glob("??/*")) >= 20:
+        if pack_dir.exists() and sum(1 for _ in pack_dir.glob("pack-*.idx")) >= 3:
             break
         time.sleep(0.01)
     assert proc.poll() is None, "the upload finished before it could be interrupted"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    # The cluster side notices the dropped connection (stdin ends) and removes its partial file.
-    tmp = Path(remote_root) / "tmp"
+    # The cluster side notices the dropped connection (stdin ends) and removes its quarantine.
     for _ in range(100):
-        if not any(tmp.iterdir()):
+        state = store_state(ssh_transport, remote_root)
+        if not state["temps"]:
             break
         time.sleep(0.1)
-    assert list(tmp.iterdir()) == []
-    landed = sound_objects(ssh_transport, remote_root)
+    assert state["temps"] == [] and state["fsck"] == 0 and state["refs"] == []
+    landed = len(state["objects"])
     assert 20 <= landed < 300
-    assert not (Path(remote_root) / "snapshots").exists() or not any(
-        p.name[0] != "." for p in (Path(remote_root) / "snapshots").iterdir()
-    )
+    assert not list(Path(remote_root, "snapshots").glob("*.json"))
     done = rv_json(run_rv, "sync", "snapshot", cwd=repo)
     assert done["created"] and done["new_objects"] == 300 - landed
-    assert remote_tree(ssh_transport, done["remote_path"]) == local_tree(
-        repo, [f"blob{i:03d}.bin" for i in range(300)]
+    job_work_dir(ssh_transport, remote_root, done["id"], f"{remote_root}/check-big")
+    assert without_writable(remote_tree(ssh_transport, f"{remote_root}/check-big")) == without_writable(
+        local_tree(repo, [f"blob{i:03d}.bin" for i in range(300)])
     )
-    assert sound_objects(ssh_transport, remote_root) == 300
+    final = store_state(ssh_transport, remote_root)
+    assert len(final["objects"]) == 300 and final["fsck"] == 0
 
 
 def test_pull_of_a_folder_sends_only_changed_and_new_files(run_rv, tmp_path, ssh_transport, remote_root):
@@ -359,33 +359,22 @@ def test_api_snapshot_overlaps_its_query_and_survives_a_local_error(tmp_path, ss
     with pytest.raises(UsageError, match="over the 10 B limit"):
         make_snapshot(ssh_transport, layout, repo, max_file_size=10)
     result = make_snapshot(ssh_transport, layout, repo, cache_dir=tmp_path / "cache")
-    assert result.created and remote_tree(ssh_transport, result.remote_path) == local_tree(repo, intended)
+    job_work_dir(ssh_transport, remote_root, result.id, f"{remote_root}/check-api")
+    got = remote_tree(ssh_transport, f"{remote_root}/check-api")
+    assert result.created and without_writable(got) == without_writable(local_tree(repo, intended))
     again = make_snapshot(ssh_transport, layout, repo, cache_dir=tmp_path / "cache")
     assert (again.id, again.created, again.new_objects) == (result.id, False, 0)
 
 
-# -- resubmits: layers, the listing cache, the agent started ahead (bare layout) -------------------
+# -- resubmits: thin packs, the listing cache, the agent started ahead (bare layout) ---------------
 
 
-def job_work_dir(transport, remote_root: str, snapshot_id: str, dest: str) -> None:
-    """What a job's script does to make its work dir from a snapshot: its own lines, run on the cluster."""
-    from rv.layout import RemoteLayout
-    from rv.slurm.script import work_dir_script
-
-    script = "set -euo pipefail\n" + work_dir_script(RemoteLayout(remote_root), snapshot_id)
-    transport.run(f"RV_WORK_DIR={shlex.quote(dest)} bash -c {shlex.quote(script)}").check("making a work dir")
-
-
-def without_writable(tree: dict[str, list]) -> dict[str, list]:
-    return {p: v[:3] if v[0] == "file" else v for p, v in tree.items()}
-
-
-def test_a_resubmit_after_edits_ships_a_layer_and_the_job_runs_the_edited_tree(
+def test_a_resubmit_after_edits_ships_a_thin_pack_and_the_job_runs_the_edited_tree(
     run_rv_bare, bare_ssh_transport, bare_remote_root, tmp_path
 ):
     repo, intended = awkward_repo(tmp_path)
     first = rv_json(run_rv_bare, "sync", "snapshot", cwd=repo)
-    assert first["base"] is None and first["remote_path"].endswith(first["id"])
+    assert first["created"] and first["remote_path"] == f"{bare_remote_root}/store.git"
     # Edits of every kind, none of them committed.
     write(repo / "train.py", "lr = 9e-9  # edited for the resubmit\n")
     (repo / "names/with space.txt").unlink()
@@ -400,20 +389,10 @@ def test_a_resubmit_after_edits_ships_a_layer_and_the_job_runs_the_edited_tree(
     second = run_rv_bare("sync", "snapshot", "--json", cwd=repo)
     assert second.returncode == 0, second.stderr
     snap = json.loads(second.stdout)
-    assert snap["base"] == first["id"] and snap["remote_path"].endswith(snap["id"] + ".layer")
-    assert snap["new_objects"] == 4 and "sent with the manifest" in second.stderr  # one round trip
+    assert snap["new_objects"] == 4 and "4 new objects" in second.stderr and "sent" in second.stderr
     work = f"{bare_remote_root}/check-work"
     job_work_dir(bare_ssh_transport, bare_remote_root, snap["id"], work)
     assert without_writable(remote_tree(bare_ssh_transport, work)) == without_writable(local_tree(repo, now))
-    # Private and read-only like a full snapshot.
-    modes = (
-        bare_ssh_transport.run(
-            f"cd {shlex.quote(snap['remote_path'])} && stat -c '%a %n' . remove base tree tree/train.py"
-        )
-        .check("stat")
-        .out.split("\n")
-    )
-    assert [m.split()[0] for m in modes if m] == ["500", "400", "400", "500", "400"]
     # A real job on the bare cluster: `rv run` finds the same snapshot and its work dir is the edit.
     run = run_rv_bare(
         "run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "-c",
@@ -423,12 +402,11 @@ def test_a_resubmit_after_edits_ships_a_layer_and_the_job_runs_the_edited_tree(
     assert run.returncode == 0, run.stderr[-2000:]
     assert "lr = 9e-9  # edited for the resubmit ['inside.py']" in run.stdout
     assert "already on the cluster, nothing to send" in run.stderr
-    # The next resubmit is a layer over that one, holding only the new edits; a job applies both, the
-    # second deleting in folders the first one's copy left read-only (this user is not root).
+    # The next resubmit holds only the new edits (one blob; the trees above it, as deltas).
     write(repo / "pkg/mod.py/inside.py", "edited again\n")
     (repo / "link-to-train").unlink()
     third = rv_json(run_rv_bare, "sync", "snapshot", cwd=repo)
-    assert third["base"] == snap["id"] and third["new_objects"] == 1
+    assert third["new_objects"] == 1
     job_work_dir(bare_ssh_transport, bare_remote_root, third["id"], f"{bare_remote_root}/check-work-3")
     now.remove("link-to-train")
     got = remote_tree(bare_ssh_transport, f"{bare_remote_root}/check-work-3")

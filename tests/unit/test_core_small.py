@@ -40,6 +40,16 @@ def test_probe_facts():
     assert facts.default_remote_root == "/scratch/abc1de/rv"
 
 
+def test_probe_says_what_is_missing_of_git():
+    assert facts_from_probe(PROBE).git_problem is not None  # no @@git answer: no git
+    assert "git is not installed" in facts_from_probe(PROBE).git_problem
+    with_git = PROBE.replace("@@end", "@@git\ngit version 2.39.5\n@@end")
+    assert facts_from_probe(with_git).git_version == "git version 2.39.5"
+    assert facts_from_probe(with_git).git_problem is None
+    old = facts_from_probe(PROBE.replace("@@end", "@@git\ngit version 1.8.3.1\n@@end"))
+    assert "git version 1.8.3.1 is too old" in old.git_problem and "2.20 or newer" in old.git_problem
+
+
 def test_probe_missing_sbatch_says_what_to_do():
     with pytest.raises(RemoteCommandMissing) as exc:
         facts_from_probe(PROBE.replace("sbatch\n", ""))

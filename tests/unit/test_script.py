@@ -285,6 +285,9 @@ case "$1 $2" in
     "show node")
         printf 'NodeName=%s Arch=x86_64 CoresPerSocket=1\n' "$3"
         printf '   NodeAddr=10.1.2.3 NodeHostName=%s Version=22.05.8\n' "$3" ;;
+    "update JobId="*)
+        # A job asking Slurm to mail its own end (rv_notify_end): recorded, as Slurm would keep it.
+        printf '%s\n' "$*" >> "$RV_TEST_OUT/scontrol-update.log" ;;
     "-o show")
         # What the EXIT trap asks: the test says how Slurm sees the job (a requeue, a time limit).
         printf 'JobId=%s JobName=x JobState=%s Reason=%s Restarts=%s ExitCode=0:0\n' "$4" \
@@ -340,16 +343,21 @@ class Sandbox:
         self.stubs = base / "stubs"
         for d in (self.root / "runs" / RUN / "seg", self.root / "runs" / RUN / "logs", self.out, self.stubs):
             d.mkdir(parents=True)
-        snap = self.root / "snapshots" / "snap01"
-        (snap / "pkg").mkdir(parents=True)
-        (snap / "pkg" / "data.txt").write_text("from the snapshot\n")
-        (snap / "train.py").write_text("print('hi')\n")
-        # The store is read-only: files 0444, folders 0555.
-        for path in [snap / "pkg" / "data.txt", snap / "train.py"]:
-            path.chmod(0o444)
-        for path in [snap / "pkg", snap]:
-            path.chmod(0o555)
-        self.snapshot = snap
+        # The snapshot store: a bare git repository whose ref refs/rv/snapshots/snap01 holds the files.
+        src = base / "src"
+        (src / "pkg").mkdir(parents=True)
+        (src / "pkg" / "data.txt").write_text("from the snapshot\n")
+        (src / "train.py").write_text("print('hi')\n")
+        self.store = self.root / "store.git"
+        self.git("init", "-q", "--bare", "--template=", str(self.store))
+        env = {"GIT_INDEX_FILE": str(base / "index"), "GIT_WORK_TREE": str(src)}
+        self.git("add", "-A", env=env)
+        tree = self.git("write-tree", env=env)
+        who = {
+            f"GIT_{r}_{k}": v for r in ("AUTHOR", "COMMITTER") for k, v in (("NAME", "rv"), ("EMAIL", "rv@x"))
+        }
+        commit = self.git("commit-tree", tree, "-m", "rv snapshot snap01", env=who)
+        self.git("update-ref", "refs/rv/snapshots/snap01", commit)
         self.run_dir = self.root / "runs" / RUN
         # The job's runtime where the batch script sources it, as rv run-submit places it.
         (self.root / "runtime").mkdir()
@@ -359,6 +367,15 @@ class Sandbox:
         for name, text in STUBS.items():
             (self.stubs / name).write_text(text)
             (self.stubs / name).chmod(0o755)
+
+    def git(self, *args: str, env: dict[str, str] | None = None) -> str:
+        full = {**os.environ, "GIT_DIR": str(self.root / "store.git"), **(env or {})}
+        out = subprocess.run(["git", *args], env=full, check=True, capture_output=True, text=True).stdout
+        return out.strip()
+
+    def stored(self, path: str) -> str:
+        """A file of the snapshot as the store holds it."""
+        return self.git("show", f"refs/rv/snapshots/snap01:{path}")
 
     def ctx(self, **kw) -> ScriptContext:
         return ScriptContext(
@@ -567,10 +584,9 @@ def test_work_dir_is_a_private_copy_the_job_may_edit(box):
     work = box.run_dir / "work"
     assert (work / "new.txt").read_text() == "mine"
     assert (work / "train.py").read_text() == "print('hi')\nedited\n"
-    assert (box.snapshot / "train.py").read_text() == "print('hi')\n"
-    assert not (box.snapshot / "new.txt").exists()
-    assert (work / "pkg" / "data.txt").stat().st_ino != (box.snapshot / "pkg" / "data.txt").stat().st_ino
-    assert stat.S_IMODE((box.snapshot / "train.py").stat().st_mode) == 0o444  # the store was not chmod'ed
+    assert box.stored("train.py") == "print('hi')"  # the store's file is as it was
+    assert box.git("ls-tree", "--name-only", "refs/rv/snapshots/snap01") == "pkg\ntrain.py"
+    assert box.git("fsck", "--no-dangling") == ""  # and the store is sound
     assert stat.S_IMODE((work / "pkg" / "data.txt").stat().st_mode) & 0o200  # the copy is the user's
     assert "from the snapshot" in result.stdout.decode()
 
@@ -683,6 +699,45 @@ def test_a_requeue_keeps_secrets_and_work_dir_and_the_rerun_finds_them(box):
     record = box.record()
     assert (record["state"], record["reason"], record["attempt"]) == ("ended", "finished", 1)
     assert box.ended()["exit_code"] == 0 and not secrets.exists()
+
+
+def test_a_requeue_restores_work_dir_files_a_purge_took(box):
+    # The run's work dir lives on the scratch filesystem too: a file purged between two attempts (or
+    # segments) comes back from the store before the program starts again.
+    code = "import os; print('data', open('pkg/data.txt').read().strip(), len(os.listdir('.')))"
+    req = build_request(CATALOG, command=program(code), gpu_type="a6000")
+    script = render_script(req, box.ctx())
+    first, job_id = box.run(script, FAKE_RESTARTS="1")
+    assert "data from the snapshot" in first.stdout.decode()
+    (box.run_dir / "work" / "pkg" / "data.txt").unlink()
+    again, _ = box.run(script, JOB_ID=str(job_id), SLURM_RESTART_COUNT="1", FAKE_RESTARTS="1")
+    assert "data from the snapshot" in again.stdout.decode(), again.stderr.decode()
+    assert "1 file(s) of the snapshot are missing from the work dir" in again.stderr.decode()
+
+
+def test_a_store_that_lost_a_file_stops_the_job_before_its_program(box):
+    # A purge took the loose object of one file (the Sandbox's store keeps objects loose): the job
+    # names the file and the fix, and never starts the program.
+    oid = box.git("rev-parse", "refs/rv/snapshots/snap01:pkg/data.txt")
+    (box.store / "objects" / oid[:2] / oid[2:]).unlink()
+    req = build_request(CATALOG, command=program("print('the program ran')"), gpu_type="a6000")
+    result, _ = box.run(render_script(req, box.ctx()))
+    err = result.stderr.decode()
+    assert result.returncode != 0 and "the program ran" not in result.stdout.decode()
+    assert "the store lost 1 file(s) of snapshot snap01" in err and "pkg/data.txt" in err, err
+    assert "run `rv run` again from your machine" in err
+    assert "the store lost 1 file(s)" in box.record()["reason"]
+    assert not (box.run_dir / "work").exists()  # no work dir with a hole is left for a later attempt
+
+
+def test_a_store_that_lost_a_folder_listing_stops_the_job_too(box):
+    oid = box.git("rev-parse", "refs/rv/snapshots/snap01:pkg")  # the tree of pkg/
+    (box.store / "objects" / oid[:2] / oid[2:]).unlink()
+    req = build_request(CATALOG, command=program("print('the program ran')"), gpu_type="a6000")
+    result, _ = box.run(render_script(req, box.ctx()))
+    err = result.stderr.decode()
+    assert result.returncode != 0 and "the program ran" not in result.stdout.decode()
+    assert "the store lost 1 object(s) of snapshot snap01, its folders' listings among them" in err, err
 
 
 STOPPER = """
@@ -1112,12 +1167,6 @@ def test_the_stop_watcher_ends_with_the_program_however_soon_and_leaves_nothing_
     assert proc.returncode == 0 and out == b"" and err == b""
 
 
-def test_the_job_and_the_agent_agree_on_the_bound_of_a_chain_of_layers():
-    from rv.agent import store
-
-    assert f"RV_CHAIN_BROKEN={store.CHAIN_BROKEN}\n" in JOB_RUNTIME.read_text()
-
-
 def test_the_job_writes_its_records_in_the_one_format(box):
     from rv.agent.segment import ENDED_FIELDS, SEGMENT_FIELDS, segment_record
 
@@ -1228,3 +1277,35 @@ def test_a_plain_crash_never_continues(box):
                         gpu_type="a6000", name="r")  # fmt: skip
     result, _ = box.run(render_script(req, box.ctx()))
     assert result.returncode == 3 and box.ended()["reason"] == "crashed" and box.sbatch_calls() == []
+
+
+# --- notifications: once per run, from the job that ends it -----------------------------------------
+
+
+def test_only_the_job_that_ends_the_run_asks_for_mail_and_posts(box):
+    # A chain of two segments with --notify mail and a webhook: segment 1 continues (no word at all),
+    # segment 2 ends the run (Slurm's mail asked for once; the notifier run once, for the end).
+    secrets = write_secrets(box)  # the hook's secret is not among them: the notifier says so, once
+    req = build_request(CATALOG, command=program(STOPPER), gpu_type="a6000", name="chain", signal="USR1@60")
+    script = render_script(req, box.ctx(has_secrets=True, notify=("mail:me@example.org", "secret:MY_HOOK")))
+    assert "rv_notify_mail=me@example.org rv_notify_hooks=MY_HOOK" in script
+    first, _ = box.run(script, FAKE_END_IN="30")
+    assert first.returncode == 0, first.stderr.decode()
+    assert "segment 2 is job 5001" in first.stdout.decode()
+    assert not (box.out / "scontrol-update.log").exists()
+    assert "notify" not in first.stderr.decode() + first.stdout.decode()
+    second, _ = box.run(script, FAKE_END_IN="30", RV_SEGMENT="2", STEP="40", JOB_ID="5001")
+    assert second.returncode == 0 and box.ended() is not None and not secrets.exists()
+    assert (box.out / "scontrol-update.log").read_text() == (
+        "update JobId=5001 MailType=END MailUser=me@example.org\n"
+    )
+    err = second.stderr.decode()
+    assert err.count("rv: notify: secret MY_HOOK is not in the job's environment") == 1, err
+
+
+def test_a_run_without_notify_has_no_notify_values_and_asks_for_no_mail(box):
+    req = build_request(CATALOG, command=program("pass"), gpu_type="a6000", name="quiet")
+    script = render_script(req, box.ctx())
+    assert "rv_notify" not in script
+    result, _ = box.run(script)
+    assert result.returncode == 0 and not (box.out / "scontrol-update.log").exists()

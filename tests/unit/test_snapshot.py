@@ -7,27 +7,24 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from rv.agent import manifest
 from rv.errors import UsageError
-from rv.files import listing
+from rv.files import listing, packs
 from rv.files.listing import (
     MODE_EXEC,
     MODE_FILE,
     MODE_LINK,
     Entry,
-    LocalTree,
     blob_id,
     scan_tree,
     snapshot_id,
 )
 from rv.files.provenance import project_key, provenance
-from rv.files.snapshot import check_sizes, manifest_payload, prepare_snapshot
-from rv.files.treecache import TreeCache
+from rv.files.snapshot import check_sizes, prepare_snapshot
 from rv.remote import agent_client
 
 
@@ -260,25 +257,26 @@ def test_snapshot_id_depends_on_content_mode_and_path_only():
     assert len(snapshot_id([a])) == 24
 
 
-def test_manifest_payload_is_a_delta_against_a_snapshot_the_store_holds(tmp_path):
-    rows = [[f"f{i}", MODE_FILE, blob_id(str(i).encode()), 1] for i in range(100)]
-    changed = [*rows[:99], ["f99", MODE_FILE, blob_id(b"new"), 3], ["extra", MODE_FILE, blob_id(b"e"), 1]]
-    old = LocalTree.of(tmp_path, [Entry(*r) for r in rows])
-    tree = LocalTree.of(tmp_path, [Entry(*r) for r in changed])
-    texts = TreeCache()
-    texts.put_text(old.id, old.manifest)
-    assert manifest_payload(tree, [], texts) == {"text": tree.manifest.decode("ascii")}
-    assert manifest_payload(tree, [tree.id], texts) == {"base": tree.id, "upsert": [], "remove": []}
-    delta = manifest_payload(tree, ["gone", old.id], texts)  # no manifest kept for "gone"
-    assert delta["base"] == old.id
-    assert sorted(r[0] for r in delta["upsert"]) == ["extra", "f99"] and delta["remove"] == []
-    # The changes a listing found since the one before need no comparison at all.
-    listed = replace(tree, previous=(old.id, {"f99": changed[99], "extra": changed[100]}))
-    assert manifest_payload(listed, [old.id]) == delta | {"upsert": [changed[99], changed[100]]}
-    # Against an unrelated tree a delta is no smaller: the full list goes.
-    unrelated = LocalTree.of(tmp_path, [Entry(f"g{i}", MODE_FILE, blob_id(b"x"), 1) for i in range(100)])
-    texts.put_text(unrelated.id, unrelated.manifest)
-    assert "text" in manifest_payload(tree, [unrelated.id], texts)
+def test_what_goes_against_a_snapshot_the_store_holds_is_only_what_it_lacks(tmp_path):
+    # rv's own repository builds both snapshots' commits; against the first, the second sends its
+    # new blob and the trees above it; against nothing, everything; an unknown base counts as none.
+    repo = new_repo(tmp_path / "repo", {f"d{i % 3}/f{i}.txt": f"{i}\n" for i in range(30)})
+    first = prepare_snapshot(repo)
+    local = packs.open_local_store(tmp_path / "cache", first.tree, first.git)
+    c1 = local.build(first.tree)
+    write(repo / "d1/f1.txt", "new\n")
+    second = prepare_snapshot(repo)
+    c2 = local.build(second.tree)
+    sizes = {e.oid: e.size for e in second.tree.entries}
+    sends = local.objects(c2, [c1], sizes)
+    assert [(o.path, o.size) for o in sends.blobs] == [("d1/f1.txt", 4)] and sends.bases == [c1]
+    assert sorted(o.path for o in sends.structure) == ["", "", "d1"]  # the commit, its tree, d1
+    everything = local.objects(c2, [], sizes)
+    assert len(everything.blobs) == 30 and len(everything.structure) == 5
+    assert local.objects(c2, ["0" * 40], sizes).bases == []
+    # The same files make the same commit, in any repository of rv's.
+    other = packs.open_local_store(tmp_path / "cache2", second.tree, second.git)
+    assert other.build(second.tree) == c2
 
 
 def test_manifest_text_splices_like_a_rebuild():

@@ -7,7 +7,6 @@ would over SSH, reading the same stdin stream.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -20,13 +19,11 @@ from pathlib import Path
 import pytest
 from test_snapshot import git, new_repo, write
 
-from rv.agent.manifest import manifest_text as agent_text
-from rv.agent.manifest import text_id
-from rv.agent.store import LAYER_DEPTH
 from rv.errors import RemoteError, UsageError
+from rv.files import packs
 from rv.files.listing import blob_id
 from rv.files.snapshot import make_snapshot, prepare_snapshot
-from rv.files.treecache import StoreCache, TreeCache
+from rv.files.treecache import StoreCache
 from rv.job.cleanup import collect_garbage
 from rv.layout import RemoteLayout
 from rv.remote.agent_client import frame
@@ -77,28 +74,51 @@ def expected_state(repo: Path, paths: list[str]) -> dict[str, tuple]:
     return out
 
 
-def objects_are_sound(layout: RemoteLayout) -> int:
-    """Every object's content hashes to its name; returns how many there are."""
-    n = 0
-    for fan in Path(layout.objects).iterdir():
-        if not fan.is_dir():
-            continue
-        for obj in fan.iterdir():
-            assert blob_id(obj.read_bytes()) == obj.name[:40], f"bad object {obj}"
-            n += 1
-    return n
+def store_git(layout: RemoteLayout, *args: str, check: bool = True) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    proc = subprocess.run(["git", "--git-dir", layout.store, *args], env=env, capture_output=True, text=True)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def store_is_sound(layout: RemoteLayout) -> int:
+    """git's own check of every object in the store; returns how many blobs it holds."""
+    if not Path(layout.store, "objects").is_dir():
+        return 0
+    store_git(layout, "fsck", "--no-dangling", "--no-progress")
+    return len(stored_blobs(layout))
+
+
+def stored_blobs(layout: RemoteLayout) -> set[str]:
+    out = store_git(layout, "cat-file", "--batch-all-objects", "--batch-check=%(objecttype) %(objectname)")
+    return {line.split()[1] for line in out.splitlines() if line.startswith("blob ")}
+
+
+def snapshot_refs(layout: RemoteLayout) -> dict[str, str]:
+    if not Path(layout.store, "objects").is_dir():
+        return {}
+    out = store_git(layout, "for-each-ref", "--format=%(refname) %(objectname)", "refs/rv/snapshots/")
+    return {line.split()[0].rsplit("/", 1)[1]: line.split()[1] for line in out.splitlines()}
+
+
+def packs_in(layout: RemoteLayout) -> list[str]:
+    return sorted(p.name for p in Path(layout.store, "objects", "pack").glob("pack-*.pack"))
 
 
 def job_copy(layout: RemoteLayout, sid: str, dest: Path) -> Path:
-    """The work dir a job makes of snapshot ``sid`` (full or a layer), by the job script's own lines."""
+    """The work dir a job makes of snapshot ``sid``, by the job script's own lines."""
     script = "set -euo pipefail\n" + work_dir_script(layout, sid)
     subprocess.run(["bash", "-c", script], env={**os.environ, "RV_WORK_DIR": str(dest)}, check=True)
     return dest
 
 
 def leftover_temps(layout: RemoteLayout) -> list[str]:
+    """What an upload leaves while it runs: quarantines, index-pack's temp files, temp files."""
+    store = Path(layout.store)
+    found = [p.name for p in store.glob("rv-incoming-*")] + [p.name for p in store.glob("objects/pack/tmp_*")]
     tmp = Path(layout.tmp)
-    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
+    return sorted(found + ([p.name for p in tmp.iterdir()] if tmp.exists() else []))
 
 
 def sample_repo(tmp_path: Path) -> Path:
@@ -118,29 +138,49 @@ def test_snapshot_on_the_cluster_equals_the_local_tree(tmp_path, transport, layo
     repo = sample_repo(tmp_path)
     summaries: list[str] = []
     result = make_snapshot(transport, layout, repo, on_summary=summaries.append)
-    snap = Path(result.remote_path)
-    assert result.created and result.remote_path == layout.snapshot(result.id)
+    assert result.created and result.remote_path == layout.store
     want = expected_state(
         repo, ["train.py", "lib/util.py", "run.sh", "same_as_run.sh", "empty", "link", "odd name #1 'q\".txt"]
     )
-    assert tree_state(snap) == want
-    assert snap.stat().st_mode & 0o222 == 0 and (snap / "lib").stat().st_mode & 0o222 == 0
-    assert (snap / "train.py").stat().st_mode & 0o222 == 0
+    assert tree_state(job_copy(layout, result.id, tmp_path / "work")) == want
+    # The snapshot is a commit of the store, held by its ref, its files the commit's tree.
+    assert snapshot_refs(layout) == {result.id: result.snapshot_commit}
+    assert result.ref == f"refs/rv/snapshots/{result.id}"
+    listed = store_git(layout, "ls-tree", "-r", "-z", "--name-only", result.snapshot_commit).split("\0")
+    assert sorted(p for p in listed if p) == sorted(want)
     meta = json.loads(Path(result.meta_path).read_text())
     assert meta["id"] == result.id and meta["provenance"]["dirty"] is True
+    assert meta["commit"] == result.snapshot_commit
     assert "+print('edited')" in meta["provenance"]["diff"]
     assert summaries == [result.summary]
     assert summaries[0].startswith(f"snapshot {result.id[:12]}: 7 files, ")
     assert "6 new objects" in summaries[0]  # run.sh and same_as_run.sh share one blob
-    assert objects_are_sound(layout) == 7  # ... plus its executable twin <oid>.x
+    assert store_is_sound(layout) == 6
     assert leftover_temps(layout) == []
+
+
+def test_the_same_files_make_the_same_commit_whoever_builds_it(tmp_path, transport, layout):
+    # The commit is a function of the tree: rv's repository on another machine (another cache
+    # folder) makes the same one, so a store holds each snapshot once.
+    repo = sample_repo(tmp_path)
+    one = make_snapshot(transport, layout, repo, cache_dir=tmp_path / "c1")
+    two = make_snapshot(transport, layout, repo, cache_dir=tmp_path / "c2")
+    three = make_snapshot(transport, layout, repo)  # a temporary repository of rv's own
+    assert one.snapshot_commit == two.snapshot_commit == three.snapshot_commit
+    assert (one.created, two.created, three.created) == (True, False, False)
+    # The user's repository is never written: its objects and index are as they were.
+    before = sorted(p.name for p in (repo / ".git" / "objects").rglob("*"))
+    write(repo / "new.txt", "untracked and new\n")
+    make_snapshot(transport, layout, repo, cache_dir=tmp_path / "c1")
+    assert sorted(p.name for p in (repo / ".git" / "objects").rglob("*")) == before
 
 
 def test_unchanged_resnapshot_is_one_round_trip(tmp_path, transport, layout):
     repo = sample_repo(tmp_path)
-    first = make_snapshot(transport, layout, repo)
+    cache_dir = tmp_path / "cache"
+    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     transport.calls.clear()
-    again = make_snapshot(transport, layout, repo)
+    again = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert len(transport.calls) == 1
     assert (again.id, again.created, again.new_objects) == (first.id, False, 0)
     assert "already on the cluster" in again.summary
@@ -152,20 +192,16 @@ def test_one_changed_file_sends_only_that_file_in_one_round_trip(tmp_path, trans
         write(repo / "many" / f"f{i}.txt", f"file {i}\n" * 50)
     cache_dir = tmp_path / "cache"
     first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    packs_before = packs_in(layout)
     write(repo / "many/f7.txt", "changed\n")
     transport.calls.clear()
     second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert (second.new_objects, second.new_bytes) == (1, len("changed\n"))
-    assert len(transport.calls) == 1  # the new object went with the manifest, unasked
-    # The manifest went as a delta against the one sent before: a fraction of the 300-entry list.
+    assert len(transport.calls) == 1  # the new objects went with the first call, unasked
+    # One thin pack: the blob and the two trees above it, a fraction of the 300-entry list.
     full_manifest = frame({"entries": [e.row() for e in prepare_snapshot(repo).tree.entries]})
     assert second.sent_bytes < len(full_manifest) / 4
-    # On the cluster: a layer over the first snapshot holding that one file.
-    assert second.base == first.id and second.remote_path == layout.snapshot_layer(second.id)
-    layer = Path(second.remote_path)
-    assert sorted(str(p.relative_to(layer / "tree")) for p in (layer / "tree").rglob("*") if p.is_file()) == [
-        "many/f7.txt"
-    ]
+    assert len(packs_in(layout)) == len(packs_before) + 1
     work = job_copy(layout, second.id, tmp_path / "work")
     assert (work / "many/f7.txt").read_text() == "changed\n"
     assert tree_state(work) == tree_state(job_copy(layout, first.id, tmp_path / "w1")) | {
@@ -173,36 +209,41 @@ def test_one_changed_file_sends_only_that_file_in_one_round_trip(tmp_path, trans
     }
 
 
-def test_a_base_the_store_does_not_have_falls_back_to_the_full_list(tmp_path, transport, layout):
+def test_a_base_the_store_does_not_have_costs_calls_never_a_wrong_snapshot(tmp_path, transport, layout):
+    # This machine believes the store holds a snapshot it never had (another store's cache, a store
+    # emptied by hand): the thin pack's deltas cannot be resolved, or what it left out is missing;
+    # either way the store says so and the whole snapshot arrives.
     repo = sample_repo(tmp_path)
     cache_dir = tmp_path / "cache"
-    snap = prepare_snapshot(repo)
-    rows = [e.row() for e in snap.tree.entries]
-    stale = agent_text(rows[:-1])
-    TreeCache(cache_dir).put_text(text_id(stale), stale)
-    StoreCache(cache_dir, layout.root).add(snap.project, text_id(stale))  # a base the cluster never had
+    elsewhere = RemoteLayout(str(tmp_path / "elsewhere"))
+    other = make_snapshot(transport, elsewhere, repo, cache_dir=cache_dir)
+    project = prepare_snapshot(repo).project
+    StoreCache(cache_dir, layout.root).add(project, other.id, other.snapshot_commit)
     write(repo / "extra.txt", "x")
     transport.calls.clear()
     result = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert result.created and (Path(result.remote_path) / "extra.txt").read_text() == "x"
-    assert len(transport.calls) == 3  # the delta, refused; the full list; the objects
-    assert StoreCache(cache_dir, layout.root).known(snap.project) == [result.id]
+    assert result.created and (job_copy(layout, result.id, tmp_path / "w") / "extra.txt").read_text() == "x"
+    assert 2 <= len(transport.calls) <= 4
+    assert store_is_sound(layout) == 7
+    assert StoreCache(cache_dir, layout.root).known(project)[0] == result.id
 
 
 def test_later_edits_do_not_change_a_snapshot(tmp_path, transport, layout):
     repo = sample_repo(tmp_path)
     first = make_snapshot(transport, layout, repo)
-    before = tree_state(Path(first.remote_path))
+    before = tree_state(job_copy(layout, first.id, tmp_path / "w1"))
     write(repo / "train.py", "print('after submission')\n")
     (repo / "run.sh").chmod(0o644)
     second = make_snapshot(transport, layout, repo)
     assert second.id != first.id
-    assert tree_state(Path(first.remote_path)) == before
-    assert (Path(second.remote_path) / "train.py").read_text() == "print('after submission')\n"
+    assert tree_state(job_copy(layout, first.id, tmp_path / "w1b")) == before
+    assert (
+        job_copy(layout, second.id, tmp_path / "w2") / "train.py"
+    ).read_text() == "print('after submission')\n"
 
 
 class CutAfter(LocalTransport):
-    """Delivers only the first ``limit`` bytes of a snap-put stream, then closes stdin: a dropped link."""
+    """Delivers only the first ``limit`` bytes of each snap-put stream, then closes stdin: a dropped link."""
 
     def __init__(self, limit: int, **kw) -> None:
         super().__init__(**kw)
@@ -222,36 +263,41 @@ class CutAfter(LocalTransport):
             left -= len(chunk)
 
 
-def test_interrupted_upload_leaves_no_partial_object_and_a_rerun_completes(tmp_path, layout):
+def test_interrupted_upload_leaves_no_partial_pack_and_a_rerun_sends_only_what_is_missing(
+    tmp_path, layout, monkeypatch
+):
+    # Packs of ~600 kB: the link drops in the third; the two before it are whole in the store.
+    monkeypatch.setattr(packs, "CHUNK_BYTES", 600_000)
     repo = sample_repo(tmp_path)
     for i in range(12):
         write(repo / "blobs" / f"b{i}.bin", os.urandom(300_000))
     cut = CutAfter(1_500_000, env=local_python_first())
     with pytest.raises(RemoteError, match="snap-put failed"):
         make_snapshot(cut, layout, repo)
-    landed = objects_are_sound(layout)
+    landed = store_is_sound(layout)
     assert 0 < landed < 18
     assert leftover_temps(layout) == []
-    assert not Path(layout.snapshots).exists() or not any(Path(layout.snapshots).iterdir())
+    assert snapshot_refs(layout) == {}  # no snapshot: its ref moves last
     result = make_snapshot(LocalTransport(env=local_python_first()), layout, repo)
     assert result.created and result.new_objects == 18 - landed
     paths = [str(p.relative_to(repo)) for p in (repo / "blobs").iterdir()] + ["train.py", "run.sh", "link"]
-    snap_state = tree_state(Path(result.remote_path))
+    snap_state = tree_state(job_copy(layout, result.id, tmp_path / "w"))
     assert {k: snap_state[k] for k in paths} == expected_state(repo, paths)
-    objects_are_sound(layout)
+    assert store_is_sound(layout) == 18
 
 
 def test_file_changing_while_sent_is_refused_not_stored(tmp_path, transport, layout):
     repo = sample_repo(tmp_path)
     write(repo / "grows.log", "a" * 1000)
 
-    def edit_between_query_and_upload(_summary: str) -> None:
+    def edit_after_listing(_snap) -> None:
         write(repo / "grows.log", "b" * 1000)  # same size, other content
 
     with pytest.raises(RemoteError, match=r"changed while being sent: grows\.log"):
-        make_snapshot(transport, layout, repo, on_summary=edit_between_query_and_upload)
-    objects_are_sound(layout)
-    assert not any(p.name.endswith(blob_id(b"a" * 1000)) for p in Path(layout.objects).rglob("*"))
+        make_snapshot(transport, layout, repo, on_prepared=edit_after_listing)
+    assert blob_id(b"a" * 1000) not in stored_blobs(layout) if Path(layout.store).exists() else True
+    assert blob_id(b"b" * 1000) not in (stored_blobs(layout) if Path(layout.store).exists() else set())
+    assert snapshot_refs(layout) == {}
     assert leftover_temps(layout) == []
 
 
@@ -324,6 +370,13 @@ def du(path: str) -> int:
     return total
 
 
+def age_packs(layout: RemoteLayout, days: float) -> None:
+    """Make the store's packs as old as a store used weeks ago (git prunes by a pack's age)."""
+    t = time.time() - days * 86400
+    for p in Path(layout.store, "objects", "pack").iterdir():
+        os.utime(p, (t, t))
+
+
 def test_gc_keeps_live_and_recent_runs_and_frees_exactly_what_it_reports(tmp_path, layout, fake_squeue):
     t = gc_transport(tmp_path)
     repo = new_repo(tmp_path / "repo", {"shared.txt": "in every snapshot\n"})
@@ -333,6 +386,7 @@ def test_gc_keeps_live_and_recent_runs_and_frees_exactly_what_it_reports(tmp_pat
     young = snapshot_of(t, layout, repo, {"v.txt": "recent\n"})
     for sid in (live.id, done.id, old.id):
         backdate(layout, sid, 30)
+    age_packs(layout, 30)
     fake_run(layout, "live0001", "still-going", live.id, "101", ended_days=None)
     fake_run(layout, "done0001", "finished", done.id, "102", ended_days=20)
     fake_run(layout, "new00001", "just-ended", young.id, "103", ended_days=1)
@@ -348,10 +402,12 @@ def test_gc_keeps_live_and_recent_runs_and_frees_exactly_what_it_reports(tmp_pat
     before = du(layout.root)
     assert [r["run_id"] for r in dry["runs_removed"]] == ["done0001"]
     assert sorted(r["id"] for r in dry["removed"]) == sorted([done.id, old.id])
+    # Two blobs and a tree and a commit each only the dropped snapshots reach.
+    assert dry["objects_removed"] == 6 and dry["bytes_freed"] > 0
 
     report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=True, dry_run=False)
     after = du(layout.root)
-    assert report["bytes_freed"] == before - after == dry["bytes_freed"]  # measured, and exact
+    assert report["bytes_freed"] == before - after  # measured, and exact
     assert [r["run_id"] for r in report["runs_removed"]] == ["done0001"]
     assert [(c["project"], c["name"]) for c in report["checkpoints_removed"]] == [("proj", "finished")]
     kept = {k["run_id"]: k["why"] for k in report["runs_kept"]}
@@ -360,13 +416,16 @@ def test_gc_keeps_live_and_recent_runs_and_frees_exactly_what_it_reports(tmp_pat
     assert not Path(layout.run_dir("done0001")).exists()
     assert (Path(layout.run_dir("live0001")) / "work" / "train.py").exists()  # the live run stays whole
     assert Path(layout.checkpoint_dir("proj", "still-going")).exists()
-    assert (Path(live.remote_path) / "v.txt").read_text() == "live run\n"
-    assert (Path(young.remote_path) / "shared.txt").read_text() == "in every snapshot\n"
+    assert (job_copy(layout, live.id, tmp_path / "wl") / "v.txt").read_text() == "live run\n"
+    assert (job_copy(layout, young.id, tmp_path / "wy") / "shared.txt").read_text() == "in every snapshot\n"
+    assert sorted(snapshot_refs(layout)) == sorted([live.id, young.id])
     kept_oids = {blob_id(b"in every snapshot\n"), blob_id(b"live run\n"), blob_id(b"recent\n")}
-    assert {p.name for p in Path(layout.objects).glob("*/*")} == kept_oids
-    # A snapshot made again after gc is rebuilt from scratch, correctly.
+    assert stored_blobs(layout) == kept_oids
+    store_is_sound(layout)
+    # A snapshot made again after gc is sent again from scratch, correctly.
     again = snapshot_of(t, layout, repo, {"v.txt": "old, unused\n"})
     assert again.id == old.id and again.created
+    assert (job_copy(layout, again.id, tmp_path / "wa") / "v.txt").read_text() == "old, unused\n"
 
 
 def test_gc_removes_runtime_files_only_when_no_run_sources_them(tmp_path, layout, fake_squeue):
@@ -413,66 +472,71 @@ def test_gc_removes_nothing_when_squeue_fails(tmp_path, layout, fake_squeue):
     fake_squeue.write_text("FAIL")
     with pytest.raises(RemoteError, match=r"squeue failed"):
         collect_garbage(t, layout.root, older_than=0, checkpoints=True, dry_run=False)
-    assert Path(snap.remote_path).exists() and Path(layout.run_dir("done0001")).exists()
+    assert snap.id in snapshot_refs(layout) and Path(layout.run_dir("done0001")).exists()
 
 
 def test_gc_grace_protects_a_submission_in_progress(tmp_path, layout, fake_squeue):
     t = gc_transport(tmp_path)
     snap = make_snapshot(t, layout, new_repo(tmp_path / "repo"))
     report = collect_garbage(t, layout.root, older_than=0, checkpoints=False, dry_run=False)
-    assert report["removed"] == [] and Path(snap.remote_path).exists()
+    assert report["removed"] == [] and snap.id in snapshot_refs(layout)
 
 
-def test_delta_against_a_base_whose_tree_is_gone_checks_every_object(tmp_path, transport, layout):
-    # A manifest left behind without its tree (a build that died, a half-finished gc) must not be
-    # trusted to vouch for objects: they may be gone.
+def purge(layout: RemoteLayout, kinds: set[str]) -> list[str]:
+    """Delete files of the store as a scratch filesystem's purge does (folders stay): ``pack`` (a
+    pack and its index), ``idx`` (an index alone), ``pack-only`` (a pack without its index),
+    ``ref`` (the snapshot refs' files), ``meta`` (the meta files)."""
+    gone = []
+    packs_ = sorted(Path(layout.store, "objects", "pack").glob("pack-*.pack"))
+    for kind, victims in (
+        ("pack", [p for p in packs_[:1]] + [p.with_suffix(".idx") for p in packs_[:1]]),
+        ("idx", [p.with_suffix(".idx") for p in packs_[-1:]]),
+        ("pack-only", packs_[-1:]),
+        (
+            "ref",
+            [
+                *list(Path(layout.store, "refs", "rv", "snapshots").glob("*")),
+                Path(layout.store, "packed-refs"),
+            ],
+        ),
+        ("meta", list(Path(layout.snapshots).glob("*.json"))),
+    ):
+        if kind in kinds:
+            for p in victims:
+                if p.exists():
+                    p.unlink()
+                    gone.append(p.name)
+    return gone
+
+
+@pytest.mark.parametrize(
+    "kinds", [{"pack"}, {"idx"}, {"pack-only"}, {"ref", "meta"}, {"pack", "ref", "meta"}]
+)
+def test_a_store_that_lost_files_is_found_out_and_mended_by_the_next_upload(
+    tmp_path, transport, layout, kinds
+):
+    # One check per upload: the store lists what the commit reaches and it lacks, and the laptop
+    # sends exactly that (known as held, the snapshot would otherwise go unsent: one round trip).
     repo = sample_repo(tmp_path)
+    for i in range(40):
+        write(repo / "pkg" / f"m{i}.py", f"X = {i}\n")
     cache_dir = tmp_path / "cache"
     first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    subprocess.run(["chmod", "-R", "u+w", layout.snapshot(first.id)], check=True)
-    shutil.rmtree(layout.snapshot(first.id))
-    shutil.rmtree(layout.objects)
-    write(repo / "train.py", "print('third')\n")
-    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert second.created and second.new_objects == 6  # every distinct blob again
-    assert (
-        tree_state(Path(second.remote_path))["lib/util.py"]
-        == expected_state(repo, ["lib/util.py"])["lib/util.py"]
-    )
-
-
-def test_file_systems_without_hard_links_get_copies(tmp_path, monkeypatch):
-    # The agent's own functions, called in-process, with os.link failing as on a FS that refuses it.
-    import errno
-
-    from rv.agent import manifest, store
-
-    root = str(tmp_path / "store").encode()
-    for data in (b"plain", b"#!/bin/sh\n"):
-        oid = blob_id(data)
-        dest = store.object_path(root, oid)
-        os.makedirs(os.path.dirname(dest))
-        Path(os.fsdecode(dest)).write_bytes(data)
-        os.chmod(dest, 0o444)
-    os.makedirs(os.path.join(root, b"tmp"))
-
-    def refuse(src, dst):
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
-    monkeypatch.setattr(store.os, "link", refuse)
-    text = manifest.manifest_text(
-        [
-            ["a.txt", manifest.MODE_FILE, blob_id(b"plain"), 5],
-            ["bin/run", manifest.MODE_EXEC, blob_id(b"#!/bin/sh\n"), 10],
-        ]
-    )
-    sid = manifest.text_id(text)
-    assert store.build_snapshot(root, sid, text, {}) == "created"
-    snap = Path(os.fsdecode(store.snapshot_dir(root, sid)))
-    assert (snap / "a.txt").read_bytes() == b"plain" and (snap / "a.txt").stat().st_nlink == 1
-    # Private by default (the agent's umask is 077 unless the profile shares with the group).
-    assert stat.S_IMODE((snap / "a.txt").stat().st_mode) == 0o400
-    assert stat.S_IMODE((snap / "bin/run").stat().st_mode) == 0o500
+    write(repo / "pkg/m0.py", "X = 'second'\n")
+    make_snapshot(transport, layout, repo, cache_dir=cache_dir)  # a second pack, thin
+    write(repo / "pkg/m0.py", "X = 0\n")  # back to the first snapshot
+    assert purge(layout, kinds)
+    again = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert again.id == first.id
+    assert tree_state(job_copy(layout, again.id, tmp_path / "w")) == expected_state(repo, listed_paths(repo))
+    assert snapshot_refs(layout)[again.id] == again.snapshot_commit
+    assert Path(layout.snapshot_meta(again.id)).exists()
+    reached = store_git(layout, "rev-list", "--objects", "--missing=print", again.snapshot_commit)
+    assert not [line for line in reached.splitlines() if line.startswith("?")]  # whole again
+    # Nothing was missing the second time round: one call, nothing sent.
+    transport.calls.clear()
+    assert make_snapshot(transport, layout, repo, cache_dir=cache_dir).new_objects == 0
+    assert len(transport.calls) == 1
 
 
 def test_a_local_error_abandons_the_early_query_cleanly(tmp_path, transport, layout):
@@ -497,7 +561,7 @@ def test_a_remote_file_system_error_names_the_path(tmp_path, transport):
     assert err.value.hint
 
 
-# -- layers ------------------------------------------------------------------------------------
+# -- incremental builds ------------------------------------------------------------------------
 
 
 def listed_paths(repo: Path) -> list[str]:
@@ -508,7 +572,21 @@ def folders(root: Path) -> set[str]:
     return {str(Path(d).relative_to(root)) for d, _dirs, _files in os.walk(root) if Path(d) != root}
 
 
-def test_a_layer_makes_the_same_work_dir_as_a_full_snapshot_whatever_changed(tmp_path, transport, layout):
+def expected_folders(repo: Path) -> set[str]:
+    return {str(q) for p in listed_paths(repo) for q in Path(p).parents if str(q) != "."}
+
+
+def built_from_scratch(tmp_path: Path, repo: Path, name: str) -> str:
+    """The commit of the repo's snapshot from a fresh repository of rv's own: nothing reused."""
+    snap = prepare_snapshot(repo)
+    return packs.open_local_store(tmp_path / name, snap.tree, snap.git).build(snap.tree)
+
+
+def test_each_resubmit_makes_the_same_work_dir_as_a_full_snapshot_whatever_changed(
+    tmp_path, transport, layout
+):
+    # rv's index is updated by the rows that changed: its tree must be the one a build from scratch
+    # makes (the same commit), through every kind of change, and each makes the right work dir.
     repo = new_repo(tmp_path / "repo", {"a/b/c.txt": "c\n", "a/keep.txt": "keep\n", "d/x.txt": "x\n",
                                         "f/deep/g.txt": "the only file under f\n"})  # fmt: skip
     write(repo / "e.sh", "#!/bin/sh\n", 0o755)
@@ -518,206 +596,58 @@ def test_a_layer_makes_the_same_work_dir_as_a_full_snapshot_whatever_changed(tmp
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "all")
     cache_dir = tmp_path / "cache"
-    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert first.base is None and first.remote_path == layout.snapshot(first.id)
-    # Every kind of change a layer has to express:
-    write(repo / "a/keep.txt", "kept, edited\n")  # content
-    (repo / "f/deep/g.txt").unlink()  # the last file of two folders
-    shutil.rmtree(repo / "d")
-    write(repo / "d", "a file where a folder was\n")  # folder -> file
-    (repo / "e.sh").unlink()
-    (repo / "e.sh").symlink_to("a/keep.txt")  # file -> symlink
-    (repo / "lnk").unlink()
-    write(repo / "lnk/inner.txt", "a folder where a symlink was\n")  # symlink -> folder
-    (repo / "a/b/c.txt").chmod(0o755)  # mode only
-    write(repo / "new/dir/file.txt", "new\n")  # new folders
-    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert second.base == first.id and Path(layout.snapshot_layer(second.id)).is_dir()
-    assert not Path(layout.snapshot(second.id)).exists()
-    # The layer keeps its whole manifest too: the next layer starts from it.
-    assert Path(layout.snapshot(second.id) + ".manifest").read_bytes() == prepare_snapshot(repo).tree.manifest
-    work = job_copy(layout, second.id, tmp_path / "w2")
-    paths = listed_paths(repo)
-    assert tree_state(work) == expected_state(repo, paths)
-    # No folder the new tree lacks (f/ and f/deep/ went with their last file; d/ became a file).
-    assert folders(work) == {str(q) for p in paths for q in Path(p).parents if str(q) != "."}
-    # The next layer sits on that layer, holding only what changed since it.
-    write(repo / "a/keep.txt", "keep\n")  # back as in the first snapshot
-    write(repo / "many/f1.txt", "third\n")
-    third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert third.base == second.id
-    assert tree_state(job_copy(layout, third.id, tmp_path / "w3")) == expected_state(repo, listed_paths(repo))
-    meta = json.loads(Path(layout.snapshot_meta(third.id)).read_text())
-    assert sorted(r[0] for r in meta["layer"]["upsert"]) == ["a/keep.txt", "many/f1.txt"]
-    assert meta["layer"]["remove"] == [] and meta["depth"] == 2
-    # Permissions: the layer is as private and read-only as a full snapshot.
-    layer = Path(layout.snapshot_layer(third.id))
-    assert (
-        stat.S_IMODE(layer.stat().st_mode) == 0o500
-        and stat.S_IMODE((layer / "remove").stat().st_mode) == 0o400
-    )
-    assert stat.S_IMODE((layer / "tree/many/f1.txt").stat().st_mode) == 0o400
-    # Past the share of files a layer may hold, the snapshot is a full tree again.
-    for i in range(300):
-        write(repo / "many" / f"f{i}.txt", f"rewritten {i}\n")
-    fourth = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert fourth.base is None and fourth.remote_path == layout.snapshot(fourth.id)
-    assert tree_state(Path(fourth.remote_path)) == expected_state(repo, listed_paths(repo))
+    make_snapshot(transport, layout, repo, cache_dir=cache_dir)
 
+    def everything_at_once() -> None:
+        write(repo / "a/keep.txt", "kept, edited\n")  # content
+        (repo / "f/deep/g.txt").unlink()  # the last file of two folders
+        shutil.rmtree(repo / "d")
+        write(repo / "d", "a file where a folder was\n")  # folder -> file
+        (repo / "e.sh").unlink()
+        (repo / "e.sh").symlink_to("a/keep.txt")  # file -> symlink
+        (repo / "lnk").unlink()
+        write(repo / "lnk/inner.txt", "a folder where a symlink was\n")  # symlink -> folder
+        (repo / "a/b/c.txt").chmod(0o755)  # mode only
+        write(repo / "new/dir/file.txt", "new\n")  # new folders
 
-def expected_folders(repo: Path) -> set[str]:
-    return {str(q) for p in listed_paths(repo) for q in Path(p).parents if str(q) != "."}
-
-
-def test_layers_stack_up_to_a_bound_and_each_makes_the_right_work_dir(tmp_path, transport, layout):
-    # A resubmit's layer holds what changed since the snapshot before it, however much is uncommitted,
-    # so a job applies a chain of them; past LAYER_DEPTH the next is one layer over the full snapshot.
-    repo = new_repo(tmp_path / "repo", {**{f"src/f{i}.txt": f"{i}\n" for i in range(40)}, "d/x.txt": "x\n"})
-    cache_dir = tmp_path / "cache"
-    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     edits = [
-        lambda: write(repo / "src/f0.txt", "edited\n"),
-        lambda: (repo / "src/f1.txt").unlink(),
-        lambda: (shutil.rmtree(repo / "d"), write(repo / "d", "a file where a folder was\n")),
+        everything_at_once,
+        lambda: write(repo / "a/keep.txt", "keep\n"),  # back as in the first snapshot
         lambda: ((repo / "d").unlink(), write(repo / "d/y.txt", "a folder again\n")),
-        lambda: write(repo / "new/a/b.txt", "new folders\n"),
         lambda: (shutil.rmtree(repo / "new"), write(repo / "top.txt", "t\n")),  # folders go with their file
-        lambda: (repo / "src/f2.txt").chmod(0o755),
-        lambda: write(repo / "src/f0.txt", "0\n"),  # back as in the first snapshot
+        lambda: [write(repo / "many" / f"f{i}.txt", f"rewritten {i}\n") for i in range(300)],  # most files
     ]
-    assert len(edits) == LAYER_DEPTH
-    below = first
-    for depth, edit in enumerate(edits, start=1):
+    for n, edit in enumerate(edits):
         edit()
         snap = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-        meta = json.loads(Path(layout.snapshot_meta(snap.id)).read_text())
-        assert (snap.base, meta["depth"]) == (below.id, depth)
-        assert len(meta["layer"]["upsert"]) + len(meta["layer"]["remove"]) <= 2  # this edit only
-        work = job_copy(layout, snap.id, tmp_path / f"w{depth}")
-        assert tree_state(work) == expected_state(repo, listed_paths(repo)), f"layer {depth}"
-        assert folders(work) == expected_folders(repo), f"layer {depth}"
-        below = snap
-    # The chain is full: the next layer sits on the full snapshot, holding all that differs from it.
-    write(repo / "src/f3.txt", "edited\n")
-    merged = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    meta = json.loads(Path(layout.snapshot_meta(merged.id)).read_text())
-    assert (merged.base, meta["depth"]) == (first.id, 1)
-    assert sorted(r[0] for r in meta["layer"]["upsert"]) == ["d/y.txt", "src/f2.txt", "src/f3.txt", "top.txt"]
-    assert meta["layer"]["remove"] == ["d/x.txt", "src/f1.txt"]
-    assert tree_state(job_copy(layout, merged.id, tmp_path / "m")) == expected_state(repo, listed_paths(repo))
-    # ... and the one after it on that layer again.
-    write(repo / "src/f4.txt", "edited\n")
-    after = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert after.base == merged.id
-    assert tree_state(job_copy(layout, after.id, tmp_path / "wa")) == expected_state(repo, listed_paths(repo))
+        assert snap.snapshot_commit == built_from_scratch(tmp_path, repo, f"scratch{n}"), f"edit {n}"
+        work = job_copy(layout, snap.id, tmp_path / f"w{n}")
+        assert tree_state(work) == expected_state(repo, listed_paths(repo)), f"edit {n}"
+        assert folders(work) == expected_folders(repo), f"edit {n}"
 
 
-def remove_snapshot(layout: RemoteLayout, sid: str) -> None:
-    for path in Path(layout.snapshots).glob(f"{sid}*"):
-        if path.is_dir():
-            subprocess.run(["chmod", "-R", "u+w", str(path)], check=True)
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-
-
-def test_a_layer_whose_chain_lost_a_link_is_no_base(tmp_path, transport, layout):
-    # Only a person (or an older rv's gc, which kept one level) removes a snapshot under a layer: a
-    # layer over it would make jobs that fail, so the client is asked for the full list instead.
-    repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" for i in range(40)})
+def test_a_dry_run_between_two_uploads_still_builds_incrementally(tmp_path, transport, layout):
+    # `rv run --dry-run` lists without sending: the next listing's changes are then against a
+    # manifest rv's index does not hold, and the cached manifests bridge the two.
+    repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" for i in range(50)})
     cache_dir = tmp_path / "cache"
     make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     write(repo / "f1.txt", "one\n")
-    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    prepare_snapshot(repo, cache_dir=cache_dir)  # listed, never built
     write(repo / "f2.txt", "two\n")
-    third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert third.base == second.id
-    remove_snapshot(layout, second.id)
-    write(repo / "f3.txt", "three\n")
-    fourth = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert fourth.base is None and fourth.remote_path == layout.snapshot(fourth.id)
-    assert tree_state(job_copy(layout, fourth.id, tmp_path / "w")) == expected_state(repo, listed_paths(repo))
+    snap = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert snap.snapshot_commit == built_from_scratch(tmp_path, repo, "scratch")
+    work = job_copy(layout, snap.id, tmp_path / "w")
+    assert (work / "f1.txt").read_text() == "one\n" and (work / "f2.txt").read_text() == "two\n"
 
 
-@pytest.mark.parametrize("damage", ["missing", "damaged"])
-def test_a_layer_without_a_sound_manifest_file_still_serves_as_a_base(tmp_path, transport, layout, damage):
-    # Layers of an earlier rv have no manifest file (they are spliced from the base's); a damaged one
-    # must cost time, never a wrong tree.
-    repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" for i in range(40)})
-    cache_dir = tmp_path / "cache"
-    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    write(repo / "f1.txt", "one\n")
-    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert second.base == first.id
-    kept = Path(layout.snapshot(second.id) + ".manifest")
-    if damage == "missing":
-        kept.unlink()
-    else:
-        kept.chmod(0o600)
-        kept.write_bytes(kept.read_bytes().replace(b"f1.txt", b"f9.txt", 1))
-    write(repo / "f2.txt", "two\n")
-    third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert tree_state(job_copy(layout, third.id, tmp_path / "w")) == expected_state(repo, listed_paths(repo))
-    if damage == "missing":  # spliced from the base's manifest, as before: a layer again
-        assert third.base == second.id
-        meta = json.loads(Path(layout.snapshot_meta(third.id)).read_text())
-        assert [r[0] for r in meta["layer"]["upsert"]] == ["f2.txt"]
-    else:  # the id check failed, the client sent the full list: a full tree, built right
-        assert third.base is None
-
-
-def test_gc_keeps_every_snapshot_under_a_kept_layer(tmp_path, layout, fake_squeue):
-    t = gc_transport(tmp_path)
-    repo = new_repo(tmp_path / "repo", {f"f{i}.txt": f"{i}\n" for i in range(20)})
-    cache_dir = tmp_path / "cache"
-    chain = [make_snapshot(t, layout, repo, cache_dir=cache_dir)]
-    for i in range(3):
-        write(repo / f"f{i}.txt", f"layer {i}\n")
-        chain.append(make_snapshot(t, layout, repo, cache_dir=cache_dir))
-        assert chain[-1].base == chain[-2].id
-    for snap in chain[:-1]:
-        backdate(layout, snap.id, 30)
-    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
-    assert report["removed"] == []
-    reasons = {k["id"]: k["reason"] for k in report["kept"]}
-    for below, above in itertools.pairwise(chain):
-        assert reasons[below.id] == f"the base of kept layer {above.id}"
-    top = job_copy(layout, chain[-1].id, tmp_path / "w")
-    assert tree_state(top) == expected_state(repo, listed_paths(repo))
-    backdate(layout, chain[-1].id, 30)
-    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
-    assert sorted(r["id"] for r in report["removed"]) == sorted(s.id for s in chain)
-    assert sorted(p.name for p in Path(layout.snapshots).iterdir()) == []
-    assert not any(Path(layout.objects).glob("*/*"))
-
-
-def test_snapshots_of_the_earlier_format_are_still_used_by_jobs_and_collected(tmp_path, layout, fake_squeue):
-    # Stores written by rv 0.1 hold full trees whose meta file lists the entries (version 1).
-    t = gc_transport(tmp_path)
-    repo = new_repo(tmp_path / "repo", {"a.txt": "old store\n"})
-    new = make_snapshot(t, layout, repo)  # objects and folders exist; make an old-format twin of it
-    old_id = "0123456789abcdef01234567"
-    subprocess.run(["cp", "-a", layout.snapshot(new.id), layout.snapshot(old_id)], check=True)
-    rows = [["a.txt", 0o100644, blob_id(b"old store\n"), 10]]
-    Path(layout.snapshot_meta(old_id)).write_text(json.dumps({"version": 1, "id": old_id, "entries": rows}))
-    assert tree_state(job_copy(layout, old_id, tmp_path / "w")) == expected_state(repo, ["a.txt"])
-    subprocess.run(["chmod", "-R", "u+w", layout.snapshot(new.id)], check=True)
-    shutil.rmtree(layout.snapshot(new.id))
-    os.unlink(layout.snapshot_meta(new.id))
-    os.unlink(Path(layout.snapshot(new.id + ".manifest")))
-    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
-    assert report["removed"] == [] and report["objects_removed"] == 0  # its entries keep its objects
-    backdate(layout, old_id, 30)
-    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
-    assert [r["id"] for r in report["removed"]] == [old_id] and report["objects_removed"] == 1
-
-
-# What a delta may add to the changed files' bytes: per object its frame (tag, 20-byte id, 8-byte
-# size) and its manifest row (path, mode, id, size; zlib-compressed JSON, ~70 B for the paths
-# below); per call the header's id and base, the provenance frame (no diff: the edits are
-# committed) and the end tag.
+# What an edit may add to the changed files' bytes: per object its pack entry's header and zlib's
+# frame (stored, level 0: ~15 B); the trees above the files (as deltas against the trees the store
+# holds: tens of bytes each, at most the 11 folders here); per call the header, the commit, the
+# pack's header and checksum, the frames and the provenance frame (no diff: the edits are committed).
+# Deltas against the files' earlier versions may make a file cost less than its bytes.
 FRAMING_PER_FILE = 29 + 80
-FRAMING_PER_CALL = 2048
+FRAMING_PER_CALL = 4096
 
 
 @pytest.mark.parametrize("edited", [1, 40, 400])
@@ -736,16 +666,15 @@ def test_an_edit_of_n_files_sends_their_bytes_plus_bounded_framing_in_one_round_
     changed = sum((repo / name).stat().st_size for name in names)
     transport.calls.clear()
     result = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
-    assert len(transport.calls) == 1  # the objects went with the manifest, unasked
+    assert len(transport.calls) == 1  # the objects went with the first call, unasked
     assert (result.new_objects, result.new_bytes) == (edited, changed)
-    framing = result.sent_bytes - result.new_bytes
-    assert 0 < framing <= edited * FRAMING_PER_FILE + FRAMING_PER_CALL, framing
+    assert result.sent_bytes <= result.new_bytes + edited * FRAMING_PER_FILE + FRAMING_PER_CALL
     work = job_copy(layout, result.id, tmp_path / "work")
     assert all((work / name).read_bytes() == (repo / name).read_bytes() for name in names)
 
 
 class DropLast(LocalTransport):
-    """Delivers the second snap-put stream (the one with the objects) without its last chunk (the
+    """Delivers the second snap-put stream (the one with the blobs) without its last chunk (the
     provenance frame), then closes stdin."""
 
     def __init__(self, **kw) -> None:
@@ -769,15 +698,99 @@ class DropLast(LocalTransport):
 
 
 def test_a_client_gone_before_the_provenance_leaves_objects_but_no_snapshot(tmp_path, layout):
-    # The cluster builds the tree while the client still makes the provenance (it follows the
-    # objects); a client gone before sending it must leave no snapshot and no build folder.
+    # The cluster takes the packs in while the client still makes the provenance (it follows the
+    # packs); a client gone before sending it must leave no snapshot, and no quarantine.
     repo = sample_repo(tmp_path)
     with pytest.raises(RemoteError, match="snap-put failed"):
         make_snapshot(DropLast(env=local_python_first()), layout, repo)
-    assert objects_are_sound(layout) == 7
-    snapshots = Path(layout.snapshots)
-    assert not snapshots.exists() or not [p for p in snapshots.iterdir() if p.is_dir()]
+    assert store_is_sound(layout) == 6
+    assert snapshot_refs(layout) == {} and not list(Path(layout.snapshots).glob("*.json"))
     assert leftover_temps(layout) == []
     result = make_snapshot(LocalTransport(env=local_python_first()), layout, repo)
     assert result.created and result.new_objects == 0
     assert json.loads(Path(result.meta_path).read_text())["provenance"]["dirty"] is True
+
+
+# -- the store of the previous rv -----------------------------------------------------------------
+
+PREVIOUS = "15a5cf5"  # the last commit whose store was one file per object and trees of hard links
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def previous_rv(tmp_path_factory) -> Path:
+    """rv's package as it was at PREVIOUS, from this repository's history."""
+    dest = tmp_path_factory.mktemp("rv-previous")
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", PREVIOUS, "rv"], capture_output=True)
+    assert archive.returncode == 0, archive.stderr.decode()
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+def with_previous_rv(previous: Path, code: str, *args: str) -> str:
+    """Run ``code`` with the previous rv importable (and its agent as `python3`)."""
+    env = {**local_python_first(), "PYTHONPATH": str(previous)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, cwd=previous
+    )  # (not this checkout's folder: `python -c` finds the package in its working folder first)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+OLD_SNAPSHOT = """
+import os, sys
+from rv.layout import RemoteLayout
+from rv.snapshot import make_snapshot
+from rv.transport import LocalTransport
+print(make_snapshot(LocalTransport(env=dict(os.environ)), RemoteLayout(sys.argv[1]), sys.argv[2]).id)
+"""
+
+OLD_WORK_DIR = """
+import sys
+from rv.layout import RemoteLayout
+from rv.slurm.script import work_dir_script
+print("set -euo pipefail\\n" + work_dir_script(RemoteLayout(sys.argv[1]), sys.argv[2]))
+"""
+
+
+def test_a_store_made_by_the_previous_rv_still_serves_its_jobs_and_is_collected(
+    tmp_path, layout, fake_squeue, previous_rv
+):
+    # Read, not migrated: a job the previous rv queued copies its snapshot's folder by that rv's own
+    # runtime, with the git store beside it; new snapshots go into the git store (so the first
+    # upload after the upgrade sends the files again); rv gc collects the old folders and objects
+    # once no kept run uses them, and never the git store's snapshots by the old rules.
+    t = gc_transport(tmp_path)
+    repo = sample_repo(tmp_path)
+    old_id = with_previous_rv(previous_rv, OLD_SNAPSHOT, layout.root, str(repo))
+    assert Path(layout.snapshot(old_id)).is_dir() and Path(layout.objects).is_dir()
+    new = make_snapshot(t, layout, repo)
+    assert new.id == old_id and new.created and new.new_objects == 6  # the same snapshot, sent anew
+    want = expected_state(repo, listed_paths(repo))
+    old_script = with_previous_rv(previous_rv, OLD_WORK_DIR, layout.root, old_id)
+
+    def old_job_copy(dest: Path) -> Path:
+        subprocess.run(["bash", "-c", old_script], env={**os.environ, "RV_WORK_DIR": str(dest)}, check=True)
+        return dest
+
+    assert tree_state(old_job_copy(tmp_path / "old-job")) == want
+    assert tree_state(job_copy(layout, new.id, tmp_path / "new-job")) == want
+    # A live run of the previous rv keeps its snapshot through gc, old folders and git ref alike.
+    fake_run(layout, "live0001", "still-going", old_id, "101", ended_days=None)
+    fake_squeue.write_text("101|RUNNING|None\n")
+    for path in Path(layout.snapshots).iterdir():
+        t30 = time.time() - 30 * 86400
+        os.utime(path, (t30, t30), follow_symlinks=False)
+    age_packs(layout, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert report["removed"] == [] and report["warnings"] == []
+    assert tree_state(old_job_copy(tmp_path / "old-job-2")) == want
+    # Once that run is gone, both go: the old folder and its objects, the ref and its packs' objects.
+    fake_squeue.write_text("")
+    shutil.rmtree(layout.run_dir("live0001"))
+    age_packs(layout, 30)
+    report = collect_garbage(t, layout.root, older_than=14 * 86400, checkpoints=False, dry_run=False)
+    assert sorted(r["id"] for r in report["removed"]) == [old_id, old_id]
+    assert not Path(layout.snapshot(old_id)).exists()
+    assert not [p for p in Path(layout.objects).rglob("*") if p.is_file() and not p.name.startswith(".")]
+    assert snapshot_refs(layout) == {} and stored_blobs(layout) == set()

@@ -1,0 +1,444 @@
+"""The laptop's half of the git store: a snapshot as a git commit, and the packs that carry it.
+
+rv keeps a bare repository of its own per work tree under the cache folder (``git/<name>``), whose
+alternates are the object folders of the repository and its submodules and nested repositories: a
+clean tracked file's blob is already there and is read in place; the blobs of edited and untracked
+files (the listing hashed those) are written into rv's folder (``git hash-object -w --no-filters``),
+never into the user's ``.git``.
+
+The tree is built by git from an index of rv's own (``rv-index``), kept from one snapshot to the
+next: a resubmit updates the rows that changed (``update-index --index-info``) and ``write-tree``
+writes only the trees above them (git's cache-tree keeps the rest). The commit is a function of the
+tree alone (fixed author, date and message, no parent), so the same files make the same commit here
+and on the cluster, whoever sent them.
+
+Packs are made by ``git pack-objects`` from a list of objects: what the snapshot's commit reaches
+and the commits the cluster is known to hold do not (``rev-list --objects C --not K...``), thin
+against those (``-K`` lines: their trees are delta bases the pack may leave out; the cluster's
+``index-pack --fix-thin`` takes them from its store). A large send goes as several packs, the
+commit and its trees first, each taken in whole on the cluster as it arrives: a dropped link costs
+the pack in flight only, and the cluster can tell what is still missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rv.agent import manifest
+from rv.errors import RemoteError
+from rv.files.gitcmd import Git, GitError
+from rv.files.tree import MODE_LINK, LocalTree
+
+if TYPE_CHECKING:
+    from rv.files.progress import ProgressCounter
+    from rv.files.treecache import TreeCache
+
+# The commit of a snapshot: no parent, a fixed author and date, the snapshot's id as its message.
+_WHO = {"NAME": "rv", "EMAIL": "rv@localhost", "DATE": "@0 +0000"}
+COMMIT_ENV = {f"GIT_{role}_{k}": v for role in ("AUTHOR", "COMMITTER") for k, v in _WHO.items()}
+
+# pack-objects' zlib level. 0 (stored) measured fastest end to end on the loopback cluster, where
+# the link is not what limits (benchmarks/sync.py; README "Measured, Sync"): level 1 cost 4.3 s of
+# CPU for 200 MB that level 0 packs in 1.1 s. RV_PACK_COMPRESSION overrides it for slow links.
+PACK_COMPRESSION = int(os.environ.get("RV_PACK_COMPRESSION", "0"))
+
+# A send larger than this goes as several packs (each one a whole pack on the cluster once it has
+# arrived): what a dropped link costs, against a pack's overhead (a pack-objects and an index-pack,
+# two files on the cluster).
+CHUNK_BYTES = 32 << 20
+CHUNK_OBJECTS = 8192
+
+# Delta search (pack-objects' --window) only for sends this small: edits of files the cluster holds
+# an older version of, where a delta is much smaller than the file. A first send has nothing to
+# delta against that is worth the search's time.
+DELTA_OBJECTS = 2000
+
+PACK_DATA, PACK_END, PACKS_END = b"D", b"N", b"E"
+FRAME_MAX = 1 << 20
+
+
+def commit_message(sid: str) -> str:
+    return f"rv snapshot {sid}\n"
+
+
+def store_name(top: Path) -> str:
+    return hashlib.sha256(str(top).encode("utf-8", "surrogateescape")).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class Obj:
+    """An object to send: its id, its path (pack-objects' delta heuristic; "" for the commit and
+    the top tree) and, for a blob, its size."""
+
+    oid: str
+    path: str
+    size: int = 0
+
+
+@dataclass
+class Sends:
+    """What a call carries: packs of these objects, thin against ``bases`` (commits)."""
+
+    structure: list[Obj] = field(default_factory=list)  # the commit and trees: the first pack
+    blobs: list[Obj] = field(default_factory=list)
+    bases: list[str] = field(default_factory=list)
+
+    @property
+    def blob_bytes(self) -> int:
+        return sum(o.size for o in self.blobs)
+
+    def __bool__(self) -> bool:
+        return bool(self.structure or self.blobs)
+
+
+class LocalStore:
+    """rv's own bare repository for one work tree, under the cache folder."""
+
+    def __init__(self, path: Path, git: Git, sources: Iterable[str] = ()) -> None:
+        self.path = path
+        self.git = git
+        self._ensure(list(sources))
+
+    # -- the folder -------------------------------------------------------------------------------
+    def _ensure(self, sources: list[str]) -> None:
+        if not (self.path / "objects").is_dir():
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = Path(tempfile.mkdtemp(prefix=".rv-git-", dir=self.path.parent))
+            try:
+                self.git.run(["init", "-q", "--bare", "--template=", str(tmp)], tmp)
+                with contextlib.suppress(OSError):
+                    os.rename(tmp, self.path)  # or another rv made it a moment ago
+            finally:
+                if tmp.exists():
+                    subprocess.run(["rm", "-rf", str(tmp)], check=False)
+        alternates = self.path / "objects" / "info" / "alternates"
+        want = "".join(f"{s}\n" for s in sources if os.path.isdir(s))
+        try:
+            have = alternates.read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError:
+            have = None
+        if have != want:
+            alternates.parent.mkdir(parents=True, exist_ok=True)
+            tmp_alt = alternates.with_name(f".alternates-{os.getpid()}")
+            tmp_alt.write_text(want, encoding="utf-8", errors="surrogateescape")
+            os.replace(tmp_alt, alternates)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {
+            "GIT_DIR": str(self.path),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_INDEX_FILE": str(self.path / "rv-index"),
+            **extra,
+        }
+
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        input: bytes | None = None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        ok: tuple[int, ...] = (0,),
+    ) -> subprocess.CompletedProcess[bytes]:
+        args = ["-c", "core.protectNTFS=false", "-c", "core.protectHFS=false", *args]
+        return self.git.run(args, cwd or self.path, input=input, env=env or self.env(), ok_codes=ok)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One build at a time per work tree (two rv commands of one repo share the index)."""
+        fd = os.open(self.path / "rv-build.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # -- building the commit ----------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.path / "rv-index.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def build(self, tree: LocalTree, texts: TreeCache | None = None) -> str:
+        """The commit of snapshot ``tree``: its blobs written where git does not have them, its
+        trees made from rv's index. Raises RemoteError when a file changed since it was listed."""
+        sid = tree.id
+        with self._locked():
+            state = self._state()
+            if state.get("sid") == sid and self.has(state.get("commit", "")):
+                return str(state["commit"])
+            changes = self._changes(tree, state, texts)
+            # The index is about to change: until the new state is written, it stands for nothing.
+            with contextlib.suppress(FileNotFoundError):
+                (self.path / "rv-index.json").unlink()
+            if changes is not None and (self.path / "rv-index").exists():
+                rows = [r for r in changes.values() if r is not None]
+                self.write_blobs(tree.root, rows)
+                lines = [_index_line(r) if r is not None else _removal(p) for p, r in changes.items()]
+            else:
+                rows = manifest.manifest_rows(tree.manifest)
+                fresh = tree.unindexed
+                self.write_blobs(tree.root, [r for r in rows if fresh is None or r[0] in fresh])
+                lines = [_index_line(r) for r in rows]
+                with contextlib.suppress(FileNotFoundError):
+                    (self.path / "rv-index").unlink()
+            self.run(["update-index", "-z", "--replace", "--index-info"], input=b"".join(lines))
+            tree_id = self.run(["write-tree", "--missing-ok"]).stdout.decode().strip()
+            commit = (
+                self.run(
+                    ["commit-tree", "--no-gpg-sign", tree_id, "-m", commit_message(sid).rstrip("\n")],
+                    env=self.env(**COMMIT_ENV),
+                )
+                .stdout.decode()
+                .strip()
+            )
+            (self.path / "rv-index.json").write_text(
+                json.dumps({"sid": sid, "tree": tree_id, "commit": commit})
+            )
+            return commit
+
+    def _changes(
+        self, tree: LocalTree, state: dict[str, Any], texts: TreeCache | None
+    ) -> dict[str, list[Any] | None] | None:
+        """What differs between the tree rv's index holds and ``tree``, when that is known cheaply."""
+        have = state.get("sid")
+        if not have:
+            return None
+        if tree.previous is not None and tree.previous[0] == have:
+            return tree.previous[1]
+        old = texts.text(have) if texts is not None else None
+        if old is None:
+            return None
+        a, b = set(old.split(b"\n")), set(tree.manifest.split(b"\n"))
+        changes: dict[str, list[Any] | None] = {}
+        for line in a - b:
+            if line:
+                changes[manifest.parse_line(line)[0]] = None
+        for line in b - a:
+            if line:
+                row = manifest.parse_line(line)
+                changes[row[0]] = row
+        return changes if len(changes) < max(64, tree.files // 2) else None
+
+    def write_blobs(self, root: Path, rows: Sequence[Sequence[Any]]) -> None:
+        """Write the blobs of ``rows`` (files under ``root``) into rv's folder; each must hash to
+        its row's id (else the file changed since it was listed)."""
+        if not rows:
+            return
+        with tempfile.TemporaryDirectory(prefix="rv-links-") as tmp:
+            paths = []
+            for i, (path, mode, _oid, _size) in enumerate(rows):
+                full = os.path.join(root, path)
+                if mode == MODE_LINK:
+                    # A symlink's blob is its target: hash-object would follow the link.
+                    stand_in = os.path.join(tmp, str(i))
+                    try:
+                        target = os.fsencode(os.readlink(full))
+                    except OSError:
+                        target = b""
+                    with open(stand_in, "wb") as fh:
+                        fh.write(target)
+                    full = stand_in
+                paths.append(os.fsencode(full))
+            proc = self.run(
+                ["hash-object", "-w", "--no-filters", "--stdin-paths"],
+                input=b"".join(_c_quoted(p) + b"\n" for p in paths),
+                ok=(0, 128),
+            )
+        got = proc.stdout.decode("ascii", "replace").split()
+        changed = [r[0] for i, r in enumerate(rows) if i >= len(got) or got[i] != r[2]]
+        if proc.returncode != 0 or changed:
+            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            raise RemoteError(
+                f"{len(changed)} file(s) changed while being sent: {shown}",
+                hint="rerun once they stop changing (or .rvignore files a running program writes)",
+            )
+
+    def has(self, oid: str) -> bool:
+        if not oid:
+            return False
+        return self.run(["cat-file", "-e", oid], ok=(0, 1, 128)).returncode == 0
+
+    # -- what to send -----------------------------------------------------------------------------
+    def objects(self, commit: str, bases: Sequence[str], sizes: dict[str, int]) -> Sends:
+        """Everything ``commit`` reaches and the commits ``bases`` do not, split into the structure
+        (commit, trees) and blobs; ``sizes`` gives blob sizes by id (anything else is a tree)."""
+        usable = [b for b in bases if self.has(b)]
+        # The bases are unrelated commits (each snapshot's has no parent): only the aggressive edge
+        # walk counts every object they reach as excluded.
+        args = ["rev-list", "--objects-edge-aggressive", commit, *(["--not", *usable] if usable else [])]
+        out = self.run(args).stdout
+        sends = Sends(bases=usable)
+        for line in out.split(b"\n"):
+            if len(line) < 40 or line.startswith(b"-"):
+                continue  # an edge: a base
+            oid, path = line[:40].decode("ascii"), manifest.dec(line[41:])
+            if oid in sizes:
+                sends.blobs.append(Obj(oid, path, sizes[oid]))
+            else:
+                sends.structure.append(Obj(oid, path))
+        return sends
+
+    def below(self, trees: Sequence[str]) -> list[tuple[str, str]]:
+        """(id, path) of every object under the trees ``trees`` (paths relative to each)."""
+        if not trees:
+            return []
+        out = self.run(["rev-list", "--objects", *trees]).stdout
+        return [
+            (line[:40].decode("ascii"), manifest.dec(line[41:]))
+            for line in out.split(b"\n")
+            if len(line) >= 40
+        ]
+
+    def remember(self, sid: str, commit: str) -> None:
+        """A ref for a snapshot the cluster holds: its objects stay here while it may serve as a base."""
+        self.run(["update-ref", f"refs/rv/snapshots/{sid}", commit])
+
+    # -- packs ------------------------------------------------------------------------------------
+    def stream(self, commit: str, sends: Sends, progress: ProgressCounter | None = None) -> Iterator[bytes]:
+        """The packs of ``sends`` framed for the agent (rv.agent.store.receive_packs).
+
+        Thin against ``sends.bases``: one pack, made by pack-objects' own walk from ``commit`` minus
+        what the bases reach (--thin needs that walk: the bases' objects are what a delta may refer
+        to and the pack leave out). Otherwise one pack per chunk of an explicit list.
+        """
+        if sends.bases:
+            revs = f"{commit}\n" + "".join(f"^{b}\n" for b in sends.bases)
+            count = len(sends.blobs) + len(sends.structure)
+            # --shallow: pack-objects' walk with aggressive edges, as above (its plain --thin one
+            # leaves out only what a parent reaches).
+            shown = _Shown(progress, sends.blob_bytes)
+            yield from self._pack(["--revs", "--thin", "--shallow"], revs.encode(), count, shown)
+            shown.finish(len(sends.blobs))
+        else:
+            blobs = {o.oid for o in sends.blobs}
+            for chunk in _chunks(sends):
+                listing = b"".join(
+                    o.oid.encode() + b" " + _enc(o.path).replace(b"\n", b" ") + b"\n" for o in chunk
+                )
+                shown = _Shown(progress, sum(o.size for o in chunk if o.oid in blobs))
+                yield from self._pack([], listing, len(chunk), shown)
+                shown.finish(sum(1 for o in chunk if o.oid in blobs))
+        yield PACKS_END
+        if progress:
+            progress.done()
+
+    def _pack(self, how: list[str], listing: bytes, count: int, shown: _Shown) -> Iterator[bytes]:
+        window = 10 if "--thin" in how and count <= DELTA_OBJECTS else 0
+        args = [
+            "-c", f"pack.compression={PACK_COMPRESSION}", "pack-objects", "--stdout", "-q",
+            "--delta-base-offset", f"--window={window}", *how,
+        ]  # fmt: skip
+        proc = subprocess.Popen(
+            [self.git.executable, *args],
+            cwd=self.path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")}, **self.env()},
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        try:
+            proc.stdin.write(listing)  # pack-objects reads the whole list before it writes
+            proc.stdin.close()
+            while True:
+                data = (
+                    proc.stdout.read1(FRAME_MAX)
+                    if hasattr(proc.stdout, "read1")
+                    else proc.stdout.read(FRAME_MAX)
+                )
+                if not data:
+                    break
+                yield PACK_DATA + struct.pack(">I", len(data)) + data
+                shown.add(len(data))
+            err = proc.stderr.read()
+            if proc.wait() != 0:
+                raise GitError(
+                    f"git pack-objects failed in {self.path}: {err.decode('utf-8', 'replace')[-400:]}"
+                )
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        yield PACK_END
+
+
+class _Shown:
+    """Progress in the blobs' bytes: a pack's bytes count as they go, up to its blobs' bytes (headers
+    and trees add a little, deltas take some away), and the rest when the pack ends."""
+
+    def __init__(self, progress: ProgressCounter | None, blob_bytes: int) -> None:
+        self.progress, self.left = progress, blob_bytes
+
+    def add(self, n: int) -> None:
+        if self.progress is not None and self.left > 0:
+            step = min(n, self.left)
+            self.left -= step
+            self.progress.add(step)
+
+    def finish(self, files: int) -> None:
+        if self.progress is not None:
+            self.progress.add(self.left, files=files)
+            self.left = 0
+
+
+def _chunks(sends: Sends) -> list[list[Obj]]:
+    """The packs of a send: everything in one when small; else the commit and trees, then blobs by
+    CHUNK_BYTES / CHUNK_OBJECTS."""
+    if sends.blob_bytes <= CHUNK_BYTES and len(sends.blobs) + len(sends.structure) <= CHUNK_OBJECTS:
+        return [sends.structure + sends.blobs] if sends else []
+    out = [list(sends.structure)] if sends.structure else []
+    current: list[Obj] = []
+    size = 0
+    for o in sends.blobs:
+        if current and (size + o.size > CHUNK_BYTES or len(current) >= CHUNK_OBJECTS):
+            out.append(current)
+            current, size = [], 0
+        current.append(o)
+        size += o.size
+    if current:
+        out.append(current)
+    return out
+
+
+def _c_quoted(path: bytes) -> bytes:
+    """A path as a line git reads back (``--stdin-paths`` unquotes C-style quoted lines): quoted only
+    when it holds a newline, a quote or a backslash at its start, or other control bytes."""
+    if not any(b < 0x20 or b == 0x7F for b in path) and not path.startswith((b'"', b"\\")):
+        return path
+    out = bytearray(b'"')
+    for b in path:
+        if b in (0x22, 0x5C):
+            out += b"\\" + bytes([b])
+        elif b < 0x20 or b >= 0x7F:
+            out += b"\\%03o" % b
+        else:
+            out.append(b)
+    return bytes(out + b'"')
+
+
+def _index_line(row: Sequence[Any]) -> bytes:
+    return f"{int(row[1]):o} {row[2]}\t".encode("ascii") + _enc(row[0]) + b"\0"
+
+
+def _removal(path: str) -> bytes:
+    return b"0 " + b"0" * 40 + b"\t" + _enc(path) + b"\0"
+
+
+def _enc(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape")
+
+
+def open_local_store(cache_dir: Path, tree: LocalTree, git: Git) -> LocalStore:
+    return LocalStore(cache_dir / "git" / store_name(tree.root), git, tree.object_dirs)

@@ -1,0 +1,120 @@
+"""The git store on the cluster, through the `rv` program as the cluster's ordinary user, on both layouts.
+
+A scratch filesystem's purge deletes files one by one and leaves the folders: here the store loses
+its files of every kind (a pack, its index, the snapshot refs, the meta files, rv's runtime files)
+while a job waits in the queue. That job must stop before its program with the missing paths and the
+fix; the next `rv run` must find what the store lacks, send it, and run the program on the whole tree.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from projects import git_project, wait_for
+from test_runs import submitted
+
+PROGRAM = "import app.util\nprint('program ran:', app.util.X)\n"
+
+
+def run_folder(remote_root: str, name: str) -> Path:
+    for meta in Path(remote_root, "runs").glob("*/run.json"):
+        if json.loads(meta.read_text()).get("name") == name:
+            return meta.parent
+    raise AssertionError(f"no run named {name} under {remote_root}")
+
+
+def ended(remote_root: str, name: str) -> dict:
+    return wait_for(
+        lambda: (f := run_folder(remote_root, name) / "ENDED").exists() and json.loads(f.read_text()),
+        180, f"run {name} to end", step=0.5,
+    )  # fmt: skip
+
+
+def pack_types(pack: Path) -> set[str]:
+    """The kinds of object a pack holds, as git's verify-pack lists them."""
+    out = subprocess.run(
+        ["git", "verify-pack", "-v", str(pack.with_suffix(".idx"))], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return {
+        line.split()[1]
+        for line in out.stdout.splitlines()
+        if len(line.split()) > 2 and len(line.split()[0]) == 40
+    }
+
+
+def logs(folder: Path) -> tuple[str, str]:
+    out = "".join(p.read_text(errors="replace") for p in folder.glob("logs/*.out"))
+    err = "".join(p.read_text(errors="replace") for p in folder.glob("logs/*.err"))
+    return out, err
+
+
+def test_a_purged_store_stops_the_job_before_its_program_and_the_next_run_mends_it(layout, tmp_path):
+    proj = git_project(
+        tmp_path / "p",
+        {"main.py": PROGRAM, "app/__init__.py": "", "app/util.py": "X = 42\n", "README": "r\n"},
+    )
+    first = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "main.py", cwd=proj, timeout=300
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "program ran: 42" in first.stdout
+    store = Path(layout.remote_root, "store.git")
+    packs = {p: pack_types(p) for p in store.glob("objects/pack/pack-*.pack")}
+    # The commit and its trees; then the blobs the store lacked.
+    assert sorted(packs.values()) == [{"blob"}, {"commit", "tree"}]
+
+    # The same snapshot again, held in the queue for a while; meanwhile the blobs' pack goes.
+    held = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--name", "held", "--sbatch=--begin=now+15", "--",
+        "python3", "main.py", cwd=proj,
+    )  # fmt: skip
+    submitted(held)
+    assert "already on the cluster, nothing to send" in held.stderr
+    (blobs_pack,) = (p for p, types in packs.items() if types == {"blob"})
+    blobs_pack.unlink()
+    blobs_pack.with_suffix(".idx").unlink()
+    record = ended(layout.remote_root, "held")
+    out, err = logs(run_folder(layout.remote_root, "held"))
+    assert "program ran" not in out, out
+    assert record.get("exit_code") != 0
+    assert "the store lost 4 file(s) of snapshot" in err and "so the program was not started" in err, err
+    for path in ("main.py", "app/util.py", "app/__init__.py", "README"):
+        assert path in err
+    assert "run `rv run` again from your machine" in err
+
+    # Now everything else of rv's goes too, file by file: the other pack and its index, the refs,
+    # the meta files, the job's runtime. Folders stay.
+    root = Path(layout.remote_root)
+    gone = [
+        *store.glob("objects/pack/*"), *store.glob("refs/rv/snapshots/*"), store / "packed-refs",
+        *root.glob("snapshots/*.json"), *root.glob("runtime/*"),
+    ]  # fmt: skip
+    for p in gone:
+        if p.exists():
+            p.unlink()
+    assert (store / "objects" / "pack").is_dir() and Path(layout.remote_root, "runtime").is_dir()
+    again = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "main.py", cwd=proj, timeout=300
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "program ran: 42" in again.stdout
+    assert "4 new objects" in again.stderr  # every file sent again, found missing by the store's check
+    # Whole again: a third run sends nothing.
+    third = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "main.py", cwd=proj, timeout=300
+    )
+    assert third.returncode == 0 and "program ran: 42" in third.stdout
+    assert "already on the cluster, nothing to send" in third.stderr
+
+
+def test_rv_status_says_which_git_the_cluster_has(layout):
+    r = layout.run_rv("status", "--json")
+    assert r.returncode == 0, r.stderr
+    git = json.loads(r.stdout)["git"]
+    version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.split()[-1]
+    assert git == {"version": version, "problem": None}  # loopback: the cluster's git is this machine's
+    text = layout.run_rv("status").stdout
+    assert f"git          {version} on the login node" in text
