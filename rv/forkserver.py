@@ -55,6 +55,8 @@ _LOCK_WAIT_S = 2.0
 _PRELOAD_EXTRA = (
     "rv.remote.connect",
     "rv.remote.warm",
+    "rv.remote.warmwire",
+    "rv.remote.warmd",
     "rv.remote.transport",
     "rv.remote.sshconfig",
     "rv.remote.ssh",

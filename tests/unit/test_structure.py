@@ -137,7 +137,6 @@ MAX_TOP_LEVEL_MODULES = 25
 # that owns the split. Delete an entry when its branch lands (a stale entry fails below, so the list
 # only ever shrinks); never add one for new code.
 OVER_LENGTH_BEING_SPLIT = {
-    "rv/remote/warm.py": "remote (the warm connection split into client, daemon and wire format)",
     "rv/files/sync.py": "agentfmt (pull moved into rv/files/pull.py)",
     "rv/agent/runs.py": "agentfmt (rv/agent/runs.py split by concern)",
     "rv_train/trainer.py": "agentfmt (checkpoint and resume moved into rv_train/checkpoint.py)",
