@@ -184,6 +184,30 @@ def test_sbatch_leaves_out_the_types_it_refuses_and_says_when_the_others_start(p
         pipeline.choose_candidates(plan.candidates[:1], estimates[:1], heard)
 
 
+def test_sbatch_is_asked_of_one_type_when_only_it_can_judge_the_placement(profile, repo):
+    # Issue 33: --exclude alone was never probed (uploaded, then refused at submission); rv up's
+    # session (start_up) and a sweep ask the same question.
+    from rv.placement import PlacementOptions
+
+    layout = RemoteLayout("/scratch/me/rv")
+
+    def probes(**placement: str) -> list[tuple[str, str]]:
+        options = pipeline.RunOptions(
+            command=("python", "train.py"), gpu_type="a6000", placement=PlacementOptions(**placement)
+        )
+        plan = pipeline.plan_run(options, profile, here=repo, view=Heard())
+        return pipeline.placement_probes(plan.candidates, plan.context(layout), plan.placement)
+
+    assert probes() == []  # nothing only sbatch can judge: no question before the upload
+    asked = probes(exclude="gpu-01,gpu-02")
+    assert [t for t, _ in asked] == ["a6000"] and "#SBATCH --exclude=gpu-01,gpu-02" in asked[0][1]
+    refused = pipeline.sbatch_refuses(["Requested node configuration is not available"])
+    assert refused.message == (
+        "sbatch refuses this job: Requested node configuration is not available (nothing was sent)"
+    )
+    assert "--exclude" in (refused.hint or "")
+
+
 def test_what_is_said_of_the_environment():
     plan = EnvPlan()
     assert pipeline.environment_line(Environment("/opt/v", None), plan) == "environment: /opt/v (as is)"
