@@ -275,7 +275,8 @@ def test_the_mode_as_the_agent_program_runs_it(tmp_path):
 
 def test_a_metrics_path_that_is_a_folder_says_so_and_notes_name_the_point(tmp_path):
     # Issue 33: a folder "did not exist", and the notes named points by run id.
-    from rv.cli.sweepview import metrics_notes, parse_metrics_reply
+    from rv.cli.sweepview import metrics_notes
+    from rv.job.results import parse_metrics_reply
 
     root = tmp_path / "remote"
     folder = tmp_path / "m"
