@@ -24,6 +24,11 @@ code  meaning
 
 from __future__ import annotations
 
+# The next step when sbatch refuses a job (rv run, rv up, before or at submission).
+PLACEMENT_HINT = (
+    "check --partition, --qos, --account, --constraint, --exclude, --sbatch (rv status lists yours)"
+)
+
 
 class RvError(Exception):
     """An error with one clear line for the user and, where there is one, the next step."""
@@ -74,3 +79,9 @@ class NotFound(RvError):
 
 
 EXIT_INTERRUPTED = 130
+
+
+class Interrupted(RvError):
+    """Ctrl-C, with what is known of what it cut short (sent, not sent, maybe sent)."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -279,7 +279,7 @@ def check_torchrun(tr: LaunchArgs, *, nodes: int, gpus_per_node: int) -> None:
     if gpus_per_node > 0 and nproc not in (None, "gpu", "auto", str(gpus_per_node)):
         raise UsageError(
             f"torchrun --nproc-per-node={nproc} does not match the {gpus_per_node} GPU(s) per node "
-            f"of this job ({nodes} node(s) x {gpus_per_node})",
+            f"of this job ({nodes} node(s) × {gpus_per_node})",
             hint=f"drop --nproc-per-node: rv sets --nproc-per-node={gpus_per_node}",
         )
     nnodes = tr.value("nnodes")
@@ -332,7 +332,7 @@ def accelerate_processes(la: LaunchArgs, *, nodes: int, gpus_per_node: int) -> i
 def check_accelerate(la: LaunchArgs, *, nodes: int, gpus_per_node: int) -> None:
     """Refuse accelerate launch options that contradict the allocation, saying what rv sets instead."""
     total = nodes * max(1, gpus_per_node)
-    shape = f"{nodes} node(s) x {gpus_per_node} GPU(s)" if gpus_per_node else f"{nodes} node(s), no GPU"
+    shape = f"{nodes} node(s) × {gpus_per_node} GPU(s)" if gpus_per_node else f"{nodes} node(s), no GPU"
     given = la.value("num_processes")
     if given is not None:
         if not given.isdigit() or int(given) < 1:

@@ -17,6 +17,7 @@ to the cluster.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -34,37 +35,54 @@ T = TypeVar("T")
 _UNSAFE = re.compile(r"[\s\"'\\%#]|[\x00-\x1f\x7f]")
 _OPTION = re.compile(r"^(--[A-Za-z][A-Za-z0-9-]*|-[A-Za-z])(?:(=|\s+)(.*))?$")
 
-# Options rv writes itself, by every spelling sbatch accepts, with what the user should type instead.
-# A job with both would be rv's guess against the user's: one of them silently loses.
+# Options rv writes itself (sbatch's long names; rv.slurm.options reads every spelling sbatch takes),
+# with what the user should type instead. A job with both would be rv's guess against the user's:
+# one of them silently loses.
 _RV_OWNS: dict[str, str] = {}
-for _words, _instead in (
-    (("--time", "-t"), "rv run --time"),
-    (("--time-min",), "rv run --time-min"),
-    (("--gres", "--gpus", "-G", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket"), "rv run -g/-t"),
-    (("--nodes", "-N"), "rv run --nodes"),
-    (("--ntasks", "-n", "--ntasks-per-node", "--ntasks-per-core", "--ntasks-per-socket"),
+for _names, _instead in (
+    (("time",), "rv run --time"),
+    (("time-min",), "rv run --time-min"),
+    (("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "tres-per-task", "tres-bind"),
+     "rv run -g/-t"),
+    (("nodes",), "rv run --nodes"),
+    (("ntasks", "ntasks-per-node", "tasks-per-node", "ntasks-per-core", "ntasks-per-socket", "ntasks-per-gpu",
+      "ntasks-per-tres"),
      "nothing: rv runs one task per node and the launcher starts the ranks"),
-    (("--cpus-per-task", "-c", "--cpus-per-gpu"), "rv run --cpus"),
-    (("--mem", "--mem-per-cpu", "--mem-per-gpu"), "rv run --mem"),
-    (("--output", "-o", "--error", "-e", "--open-mode", "--input", "-i"),
-     "nothing: rv keeps each job's logs (rv logs)"),
-    (("--signal",), "rv run --signal"),
-    (("--requeue", "--no-requeue"), "nothing: rv's jobs requeue, and the runtime continues them"),
-    (("--dependency", "-d", "--kill-on-invalid-dep"), "nothing: rv chains a run's segments itself"),
-    (("--job-name", "-J"), "rv run --name"),
-    (("--array", "-a"), "rv run --sweep"),
-    (("--partition", "-p"), "rv run --partition"),
-    (("--qos", "-q"), "rv run --qos"),
-    (("--constraint", "-C"), "rv run --constraint"),
-    (("--exclude", "-x"), "rv run --exclude"),
-    (("--nodelist", "-w"), "rv run --nodelist"),
-    (("--reservation",), "rv run --reservation"),
-    (("--account", "-A"), "rv run --account"),
-    (("--wrap",), "rv run -- COMMAND"),
-    (("--parsable", "--test-only", "--wait", "-W"), "nothing: rv submits the job itself"),
+    (("cpus-per-task", "cpus-per-gpu"), "rv run --cpus"),
+    (("mem", "mem-per-cpu", "mem-per-gpu"), "rv run --mem"),
+    (("output", "error", "open-mode", "input"), "nothing: rv keeps each job's logs (rv logs)"),
+    (("signal",), "rv run --signal"),
+    (("requeue", "no-requeue"), "nothing: rv's jobs requeue, and the runtime continues them"),
+    (("dependency", "kill-on-invalid-dep"), "nothing: rv chains a run's segments itself"),
+    (("job-name",), "rv run --name"),
+    (("array",), "rv run --sweep"),
+    (("partition",), "rv run --partition"),
+    (("qos",), "rv run --qos"),
+    (("constraint",), "rv run --constraint"),
+    (("exclude",), "rv run --exclude"),
+    (("nodelist", "nodefile"), "rv run --nodelist"),
+    (("reservation",), "rv run --reservation"),
+    (("account",), "rv run --account"),
+    (("wrap",), "rv run -- COMMAND"),
+    (("parsable", "test-only", "wait"), "nothing: rv submits the job itself"),
 ):  # fmt: skip
-    for _word in _words:
-        _RV_OWNS[_word] = _instead
+    for _name in _names:
+        _RV_OWNS[_name] = _instead
+
+# Options every rv job dies of or is lost to, and why (rv/agent/job.sh needs the login environment,
+# starts the program in the run's work dir, and rv follows jobs on the profile's cluster only).
+_BREAKS: dict[str, tuple[str, str]] = {
+    "chdir": ("rv starts each job in its run's own copy of the code ($RV_WORK_DIR)",
+              "cd in the command instead: rv run -- bash -c 'cd DIR && ...'"),
+    **dict.fromkeys(("clusters", "cluster"), ("rv follows a run's jobs on the profile's cluster only",
+                                              "a profile for that cluster: rv init")),
+    **dict.fromkeys(("help", "usage", "version"), ("sbatch would print text and queue nothing",
+                                                   "man sbatch, on the cluster")),
+}  # fmt: skip
+_EXPORT_BREAKS = (
+    "without ALL the job loses the environment it needs (PATH, HOME: it cannot even start bash)",
+    "--sbatch=--export=ALL,NAME=value adds to it",
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,14 @@ class Placement(PlacementOptions):
     time_min_seconds: int | None = None
     max_fault_retries: int = DEFAULT_MAX_FAULT_RETRIES
 
+    def sbatch_judges(self) -> bool:
+        """Whether it holds what only sbatch can judge (a QoS, a node list, nodes to leave out...):
+        then ``sbatch --test-only`` is asked before anything is sent, by ``rv run`` and ``rv up``."""
+        return bool(
+            self.partition or self.qos or self.constraint or self.exclude or self.nodelist or self.reservation
+            or self.account or self.sbatch or self.time_min_seconds
+        )  # fmt: skip
+
 
 def check_value(flag: str, value: str | None) -> str | None:
     """A placement option's value, refused when it cannot go into an ``#SBATCH`` line."""
@@ -106,9 +132,10 @@ def check_value(flag: str, value: str | None) -> str | None:
 def check_sbatch_option(text: str) -> str:
     """One ``--sbatch`` value: an sbatch option as on an ``#SBATCH`` line, never one rv sets itself.
 
-    ``--begin=now+1hour``, ``--mail-type=END``, ``--exclusive``, ``-x node3`` all pass through (sbatch
-    itself checks them: ``rv run`` asks ``sbatch --test-only`` before anything is sent); ``--time=1h``
-    is refused: ``rv run --time`` says it.
+    ``--begin=now+1hour``, ``--mail-type=END``, ``--exclusive``, ``-L lic`` pass through (sbatch
+    itself checks them: ``rv run`` asks ``sbatch --test-only`` before anything is sent). An option rv
+    sets (``--time=1h``, and ``--tim``, ``-t 1:00``: every spelling sbatch reads as it) is refused
+    with the rv flag to use; one the job cannot run with (``--chdir``, ``--export=NONE``) with why.
     """
     text = text.strip()
     m = _OPTION.match(text)
@@ -118,15 +145,37 @@ def check_sbatch_option(text: str) -> str:
             hint="write it as on an #SBATCH line, e.g. --sbatch=--begin=now+1hour",
         )
     word, value = m.group(1), m.group(3)
-    instead = _RV_OWNS.get(word)
+    from rv.slurm.options import resolve
+
+    option = resolve(word)
+    if option.candidates:
+        raise UsageError(
+            f"--sbatch {text!r}: {word} could be any of "
+            + ", ".join(f"--{name}" for name in option.candidates),
+            hint="write the option's whole name (sbatch refuses a prefix that several options share)",
+        )
+    spelled = (
+        ""
+        if option.name is None or word == f"--{option.name}"
+        else f" (sbatch reads {word} as --{option.name})"
+    )
+    instead = _RV_OWNS.get(option.name or "")
     if instead is not None:
-        raise UsageError(f"--sbatch {text!r}: rv sets {word} itself", hint=f"use {instead}")
+        raise UsageError(f"--sbatch {text!r}: rv sets --{option.name} itself{spelled}", hint=f"use {instead}")
+    breaks = _BREAKS.get(option.name or "")
+    if option.name == "export" and "ALL" not in (value or "").split(","):
+        breaks = _EXPORT_BREAKS
+    if breaks is not None:
+        raise UsageError(f"--sbatch {text!r}: {breaks[0]}{spelled}", hint=breaks[1])
     if value is not None and (not value or _UNSAFE.search(value)):
         raise UsageError(
             f"--sbatch {text!r}: the value cannot go into an #SBATCH line",
             hint="no spaces, quotes, backslashes, '%' or '#' in it",
         )
-    return word if value is None else f"{word}={value}"
+    if value is None:
+        return word
+    # A short option's value is its next word: getopt would read `-L=lic` as the value "=lic".
+    return f"{word}={value}" if word.startswith("--") else f"{word} {value}"
 
 
 def build_placement(
@@ -141,18 +190,22 @@ def build_placement(
     sbatch: Sequence[str] = (),
     time_min: str | None = None,
     time_seconds: int | None = None,
+    time_typed: bool = True,
     max_fault_retries: int | None = None,
 ) -> Placement:
-    """Check every placement option (before any network call) and return them as a Placement."""
-    from rv.timespec import parse_duration
+    """Check every placement option (before any network call) and return them as a Placement.
+    ``time_typed``: whether the job's --time was given (else ``time_seconds`` is rv's default)."""
+    from rv.timespec import format_slurm_time, parse_duration
 
     time_min_seconds = None
     if time_min is not None:
-        time_min_seconds = parse_duration(time_min)
+        time_min_seconds = parse_duration(time_min, flag="--time-min")
         if time_seconds is not None and time_min_seconds > time_seconds:
+            limit = format_slurm_time(time_seconds)
+            which = f"--time {limit}" if time_typed else f"--time, rv's default {limit} (no --time was given)"
             raise UsageError(
-                f"--time-min {time_min} is longer than the job's --time",
-                hint="--time-min is the least time a segment may get; it must be at most --time",
+                f"--time-min {time_min} is longer than the job's {which}",
+                hint=f"--time-min is the least time a segment may get: at most {limit} (or a longer --time)",
             )
     if max_fault_retries is not None and max_fault_retries < 0:
         raise UsageError(
@@ -196,6 +249,20 @@ def type_words(text: str | None) -> list[str] | None:
     return words
 
 
+def one_type(text: str | None, command: str) -> str | None:
+    """``-t`` of a command that holds one allocation (``rv up``): one type, never a list or ``any``."""
+    words = type_words(text)
+    if words is None:
+        return None
+    if len(words) > 1 or words == [ANY]:
+        raise UsageError(
+            f"{command} takes one GPU type, not {text}: it holds one allocation, where rv run may start on "
+            "the first of several",
+            hint=f"name one, e.g. -t {words[0] if words != [ANY] else 'TYPE'} (rv status lists them)",
+        )
+    return words[0]
+
+
 def candidate_types(
     catalog: Mapping[str, GpuType], words: list[str] | None, *, vram_gb: float | None = None
 ) -> tuple[list[GpuType], list[str]]:
@@ -221,8 +288,10 @@ def candidate_types(
                 )
             pool.append(catalog[word])
     if vram_gb is not None:
-        if vram_gb <= 0:
-            raise UsageError(f"--vram {vram_gb:g}: must be more than 0 (GB per GPU)")
+        if not math.isfinite(vram_gb) or vram_gb <= 0:
+            raise UsageError(
+                f"--vram {vram_gb:g}: must be a number of GB per GPU, more than 0", hint="e.g. --vram 40"
+            )
         unknown = [t.name for t in pool if t.vram_gb is None]
         small = [t.name for t in pool if t.vram_gb is not None and t.vram_gb < vram_gb]
         if unknown:
@@ -231,6 +300,13 @@ def candidate_types(
             notes.append(f"--vram {vram_gb:g}: left out {', '.join(small)} (less memory per GPU)")
         pool = [t for t in pool if t.vram_gb is not None and t.vram_gb >= vram_gb]
     if not pool:
+        named = [catalog[w] for w in words or () if w in catalog]
+        if vram_gb is not None and named and all(t.vram_gb is None for t in named):
+            which = ", ".join(t.name for t in named)
+            raise UsageError(
+                f"--vram {vram_gb:g}: the catalog does not know how much memory {which} has per GPU",
+                hint=f"drop --vram to run on {which}, or set vram_gb for it in the profile's catalog",
+            )
         if vram_gb is not None:
             raise UsageError(
                 f"no GPU type of this cluster has {vram_gb:g} GB per GPU",

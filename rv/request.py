@@ -72,7 +72,7 @@ def resources_line(req: JobRequest) -> str:
     head = (
         f"{req.nodes} node(s), CPU only"
         if req.type is None
-        else f"{req.nodes} node(s) x {req.gpus_per_node} {req.type.name}"
+        else f"{req.nodes} node(s) × {req.gpus_per_node} {req.type.name}"
     )
     per_gpu = req.gpus_per_node if req.type is not None and req.gpus_per_node > 0 else 0
 

@@ -147,11 +147,18 @@ def check_value(key: str, value: str) -> str:
     return value
 
 
+# Below this length a value shows nothing of itself: 4 characters of a 9-character password are
+# nearly half of it. Above it, its two first and last characters tell two tokens apart.
+MASK_SHOWS_ENDS_FROM = 20
+_MASK = "*" * 8  # the same width whatever the value's length: a length narrows a guess too
+
+
 def mask(value: str) -> str:
-    """Enough to recognise a value, never enough to use it."""
-    if len(value) <= 8:
-        return "*" * len(value)
-    return value[:2] + "*" * 6 + value[-2:]
+    """Enough to recognise a long value, never enough to use it; nothing of a short one, nor any
+    value's length."""
+    if len(value) < MASK_SHOWS_ENDS_FROM:
+        return _MASK
+    return value[:2] + _MASK + value[-2:]
 
 
 @dataclass(frozen=True)

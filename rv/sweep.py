@@ -8,16 +8,20 @@ Points
     ``--sweep`` varying slowest (``--sweep lr=a,b --sweep seed=0,1``: ``a 0``, ``a 1``, ``b 0``,
     ``b 1``). An item ``A..B`` is the integers A to B inclusive (``seed=0..4``, ``seed=0..2,10``);
     ranges are of integers only: ``lr=1e-4..1e-2`` is refused, since no step would be the obvious one
-    (list the values instead). Values are text, kept as typed (``1e-4`` stays ``1e-4``); a value
-    holding a comma needs ``--sweep-file``.
+    (list the values instead). Values are text, kept as typed (``1e-4`` stays ``1e-4``) but for the
+    spaces around each, which go as they do around names (``lr= 1e-4, 3e-4``); a value holding a
+    comma, or spaces at its ends, needs ``--sweep-file`` as JSON lines.
 
     ``--sweep-file FILE``: explicit points, one per line. JSON lines (one object per line; picked for a
     name ending ``.jsonl``, ``.ndjson`` or ``.json``) or CSV with a header row (``.csv``); any other
     name is read as JSON lines when its first non-blank character is ``{``, else as CSV. Every point
     names the same parameters. JSON numbers keep their spelling (``1e-4``), ``true``/``false`` become
-    those words; ``null``, lists and objects are refused, as are empty CSV cells (write ``""`` in
-    JSON lines for an empty value). Together with ``--sweep``: each line of the file crossed with every
-    combination of the ``--sweep`` values (the file's lines varying slowest).
+    those words, strings are kept exactly; ``null``, lists and objects are refused. CSV cells lose
+    the spaces around them, quoted or not (spreadsheets pad cells; CSV quotes are for commas), and an
+    empty cell is refused (write ``""`` or ``" x "`` in JSON lines for such a value). A UTF-8
+    byte-order mark (a spreadsheet's "CSV UTF-8") is no part of the first name. Together with
+    ``--sweep``: each line of the file crossed with every combination of the ``--sweep`` values (the
+    file's lines varying slowest).
 
     Two points with the same values are refused, and so is a sweep over :data:`MAX_POINTS` points
     (checked before the points are made, so ``seed=0..99999999`` fails at once).
@@ -194,7 +198,7 @@ def parse_sweep_option(text: str) -> tuple[str, tuple[str, ...]]:
     if not rest.strip():
         raise UsageError(f"--sweep {name}: no values", hint=f"give at least one: --sweep {name}=V1,V2,...")
     values: list[str] = []
-    for item in rest.split(","):
+    for item in (part.strip() for part in rest.split(",")):
         if item == "":
             raise UsageError(
                 f"--sweep {name}={rest}: an empty value between commas",
@@ -297,7 +301,8 @@ def _rows_json(text: str, path: str) -> tuple[tuple[str, ...], list[tuple[int, t
 
 
 def _rows_csv(text: str, path: str) -> tuple[tuple[str, ...], list[tuple[int, tuple[str, ...]]]]:
-    reader = csv.reader(io.StringIO(text, newline=""))
+    # skipinitialspace: a quote after the padding still opens a quoted cell (`a, "b,c"`).
+    reader = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True)
     names: tuple[str, ...] | None = None
     rows: list[tuple[int, tuple[str, ...]]] = []
     for cells in reader:
@@ -308,6 +313,7 @@ def _rows_csv(text: str, path: str) -> tuple[tuple[str, ...], list[tuple[int, tu
         if names is None:
             names = tuple(_check_name(c.strip(), f"{path}:{lineno} (the header)") for c in cells)
             continue
+        cells = [c.strip() for c in cells]
         if len(cells) != len(names):
             raise UsageError(
                 f"{where}: {len(cells)} value(s), but the header names {len(names)} ({', '.join(names)})",
@@ -395,7 +401,8 @@ def build_sweep(
 def read_sweep_file(path: Path) -> tuple[str, str]:
     """(text, name for messages) of a ``--sweep-file``; a missing or unreadable one is a usage error."""
     try:
-        return path.read_text(encoding="utf-8"), str(path)
+        # utf-8-sig: a byte-order mark at the start (Excel's "CSV UTF-8") is read as no text.
+        return path.read_text(encoding="utf-8-sig"), str(path)
     except FileNotFoundError:
         raise UsageError(
             f"--sweep-file {path}: no such file", hint="give the path of a JSON lines or CSV file"
@@ -606,3 +613,15 @@ def dry_run_text(sweep: Sweep, command: Sequence[str], parts: Sequence[ArrayPart
         cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
         lines.append("  ".join([*cells, row[-1]]).rstrip())
     return "\n".join(lines) + "\n"
+
+
+def one_type_note(types: Sequence[str]) -> str:
+    """What a sweep that could take several GPU types says of the one it takes (the first: each of
+    them can serve every point, which all ask for the same). A point's array task is queued on one
+    type: a sweep cannot be sent once per type as a run is, or its tasks would hold several places
+    and --parallel could not hold."""
+    first, others = types[0], types[1:]
+    return (
+        f"a sweep runs on one GPU type: {first}, the first that can serve it "
+        f"(-t picks another: {', '.join(others)})"
+    )

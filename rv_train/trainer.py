@@ -803,6 +803,9 @@ def _final_save(run: Run, reason: str) -> Path | None:
     stop always save: the stop protocol and the resume hints rely on that checkpoint."""
     if run.cfg.skip_final_save and reason in ("completed", "reward target"):
         return None
+    done = ckpt.step_dir(run.checkpoint_dir, run.state.step)
+    if (done / ckpt.COMPLETE).is_file():
+        return done  # the periodic save of this very step, which said so already
     return _save(run)
 
 

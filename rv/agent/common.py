@@ -114,11 +114,16 @@ def under(folder, *relpaths):
     return join(folder, *[manifest.enc(p) for p in relpaths])
 
 
+# What parsing malformed JSON may raise: ValueError (UnicodeDecodeError is one), and RecursionError
+# for text nested deeper than the parser recurses ([[[[...): one bad file or line is never a crash.
+UNPARSABLE = (ValueError, RecursionError)
+
+
 def read_json(path):
     try:
         with open(path, "rb") as fh:
             return json.loads(fh.read().decode("utf-8", "replace"))
-    except (OSError, ValueError):
+    except (OSError,) + UNPARSABLE:
         return None
 
 

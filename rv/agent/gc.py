@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 
-from rv.agent import common, envs, layout, manifest, oldstore, rundir, runs, slurmcmd, store
+from rv.agent import common, envs, layout, locks, manifest, oldstore, rundir, runs, slurmcmd, store
 
 
 class Freed:
@@ -97,6 +97,48 @@ def plan_gc(root, args, live):
     return remove_runs, kept, kept_names
 
 
+def _forget_name(root, project, name, run_id, freed, dry):
+    """The name of a removed run, when that run was its newest: its index and its lock file (one
+    file per name ever used would stay forever). Under the name's lock, as rv run takes it: a run
+    of that name being submitted now keeps both."""
+    index = rundir.name_index(root, project, name)
+    if common.read_text(index) != run_id:
+        return  # a newer run has the name (or none did): its index and lock stay
+    lock_path = common.under(root, layout.name_lock(project, name))
+    if dry:
+        common.remove_counted(index, freed, dry)
+        if os.path.exists(lock_path):
+            common.remove_counted(lock_path, freed, dry)
+        return
+    try:
+        with locks.lock(lock_path, "rv gc", wait=0):
+            if common.read_text(index) != run_id:
+                return
+            common.remove_counted(index, freed, dry)
+            # Removed while held: whoever waits for it finds it gone, and takes a new one (locks.lock).
+            common.remove_counted(lock_path, freed, dry)
+    except common.AgentError as exc:
+        if exc.code != "busy":
+            raise
+        return  # a run of this name is being submitted, and it will own the name
+    if "/" in name:
+        # A sweep's point: the sweep's folder of name indexes goes with its last point, so the name
+        # is free again for a plain run, and the sweep's own lock with it.
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(index))
+            _remove_lock_of(common.under(root, layout.name_lock(project, name.rsplit("/", 1)[0])), freed)
+
+
+def _remove_lock_of(lock_path, freed):
+    """A lock file whose name has no index any more, removed while held (busy: left as it is)."""
+    try:
+        with locks.lock(lock_path, "rv gc", wait=0):
+            common.remove_counted(lock_path, freed, False)
+    except common.AgentError as exc:
+        if exc.code != "busy":
+            raise  # busy: a sweep of this name is being submitted, and the lock is its
+
+
 def runs_and_store_gc(args, live=None):
     root = common.root_path(args["root"])
     dry = bool(args.get("dry_run"))
@@ -121,14 +163,8 @@ def runs_and_store_gc(args, live=None):
             {"run_id": run_id, "name": meta.get("name"), "bytes": freed.bytes - before,
              "reason": ((info or {}).get("ended") or {}).get("reason")}
         )  # fmt: skip
-        index = rundir.name_index(root, meta.get("project", ""), meta.get("name", "")) if meta else None
-        if index and common.read_text(index) == run_id:
-            common.remove_counted(index, freed, dry)
-            if "/" in meta.get("name", "") and not dry:
-                # A sweep's point: the sweep's folder of name indexes goes with its last point, so
-                # the name is free again for a plain run.
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.dirname(index))
+        if meta:
+            _forget_name(root, meta.get("project", ""), meta.get("name", ""), run_id, freed, dry)
     if args.get("checkpoints"):
         now = time.time()
         for kind, report_key in (

@@ -797,6 +797,12 @@ rv_task() {
             export RV_PYTHON_EXEC="${PYTHON_EXEC:-}" PYTHON_EXEC="$RV_RANK_LABEL"
         fi
     fi
+    if [ "$rv_launcher" = 1 ] && [ "${SLURM_NODEID:-0}" != 0 ] && [ "${RV_GPUS_PER_NODE:-0}" -gt 1 ] &&
+        [ -z "${OMP_NUM_THREADS+set}" ]; then
+        # torchrun sets OMP_NUM_THREADS=1 for its workers when it is unset, and prints a banner saying
+        # so on every node: the same value set here on the other nodes leaves the first node's banner.
+        export OMP_NUM_THREADS=1
+    fi
     # `trap -`: a background job of a script would otherwise ignore INT and QUIT.
     (
         trap - INT QUIT

@@ -118,7 +118,6 @@ def lock(path, what, exclusive=True, wait=120.0, stale=LOCK_STALE_S):
         while True:
             try:
                 fcntl.flock(fd, flag | fcntl.LOCK_NB)
-                break
             except OSError as exc:
                 if exc.errno in NO_FLOCK:
                     with _mkdir_lock(path, what, wait, stale) as kind:
@@ -127,6 +126,13 @@ def lock(path, what, exclusive=True, wait=120.0, stale=LOCK_STALE_S):
                 if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.time() > deadline:
                     raise _busy(path, os.pread(fd, 4096, 0)) from None
                 time.sleep(0.2)
+                continue
+            if _still_there(fd, path):
+                break
+            # Removed while we waited for it (rv gc removes a name's lock, holding it): a lock on a
+            # file no path names any more locks nothing. Take the one the path names now.
+            os.close(fd)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         if exclusive:
             # Shared holders leave the note alone: it names the last exclusive one, for messages.
             os.ftruncate(fd, 0)
@@ -134,6 +140,16 @@ def lock(path, what, exclusive=True, wait=120.0, stale=LOCK_STALE_S):
         yield "flock"
     finally:
         os.close(fd)
+
+
+def _still_there(fd, path):
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def store_lock(root, exclusive, wait=120.0):

@@ -16,7 +16,9 @@ Reading it, for ``rv sweep results`` and ``rv metrics`` (one call for every run 
 * A last line with no newline that does not parse is a write in progress: skipped, ``partial``. A
   line that a killed segment left half-written and the next segment appended to is split: the
   object that ends it counts (``joined_lines``). Any other line that does not parse is counted
-  (``bad_lines``, the first one's number) and skipped.
+  (``bad_lines``, the first one's number) and skipped, whatever breaks it: a line nested deeper than
+  Python's parser recurses (``RecursionError``, not ``ValueError``) or longer than ``MAX_LINE``
+  (never read whole) is one bad line, so one run's file never hides another run's metrics.
 * A step below one already seen means the program started again from an earlier checkpoint (a
   resumed segment repeats the steps after it): the lines before it at that step or above are
   superseded, as if the file had been cut back there (``rewinds`` counts the lines left out). Lines
@@ -40,6 +42,12 @@ MAX_POINTS = 1000
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _FLATTEN_DEPTH = 4
+# A metrics line is a few hundred bytes; one longer than this is no metrics line, and reading it whole
+# (or trying it from each of its "{") would cost memory and time without bound.
+MAX_LINE = 1 << 20
+# At most this many places a half-written line's successor may start at (each one is a parse).
+_MAX_RECOVER_TRIES = 64
+_UNPARSABLE = common.UNPARSABLE  # what a malformed line may raise
 
 
 def metrics_path(root, run_id, meta):
@@ -139,10 +147,22 @@ class _Metric(object):
 
 
 def _lines(path):
-    """(line number from 1, bytes without the newline, whether it ended with one)."""
+    """(line number from 1, bytes without the newline or None for a line over ``MAX_LINE``, whether
+    it ended with one). A long line is read in bounded pieces and never held whole."""
     with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
+        number = 0
+        while True:
+            raw = fh.readline(MAX_LINE + 1)
+            if not raw:
+                return
+            number += 1
             ended = raw.endswith(b"\n")
+            if len(raw) > MAX_LINE and not ended:
+                while raw and not ended:  # the rest of the long line
+                    raw = fh.readline(MAX_LINE)
+                    ended = raw.endswith(b"\n")
+                yield number, None, ended
+                continue
             yield number, raw.rstrip(b"\r\n") if ended else raw, ended
 
 
@@ -152,9 +172,11 @@ _DECODER = json.JSONDecoder()
 def _parse(raw, ended):
     """(object or None, whether it was recovered from behind a half-written line). A last line with
     no newline is never split: it may be a write in progress whose inner object is already closed."""
+    if raw is None:  # over MAX_LINE
+        return None, False
     try:
         obj = json.loads(raw.decode("utf-8"))
-    except ValueError:  # UnicodeDecodeError is one
+    except _UNPARSABLE:
         return (_recover(raw) if ended else None), True
     return (obj if isinstance(obj, dict) else None), False
 
@@ -165,10 +187,12 @@ def _recover(raw):
     the new segment's: find it (the first ``{`` from which one object runs to the line's end)."""
     text = raw.decode("utf-8", "replace").rstrip()
     start = text.find("{", 1)
-    while start != -1:
+    for _ in range(_MAX_RECOVER_TRIES):
+        if start == -1:
+            break
         try:
             obj, end = _DECODER.raw_decode(text, start)
-        except ValueError:
+        except _UNPARSABLE:
             obj, end = None, -1
         if end == len(text) and isinstance(obj, dict):
             return obj
@@ -207,7 +231,7 @@ def _summarise(path, wanted, limit, skip):
     last_step = None
     for number, raw, ended in _lines(path):
         out["lines"] = number
-        if not raw.strip():
+        if raw is not None and not raw.strip():
             continue
         obj, recovered = _parse(raw, ended)
         if recovered and obj is not None:
@@ -276,6 +300,10 @@ def read_runs(root, run_ids, series=True, limit=DEFAULT_POINTS):
             continue
         path = metrics_path(root, run_id, meta)
         row = {"run_id": run_id, "path": manifest.dec(path), "exists": os.path.isfile(path)}
+        if os.path.isdir(path):
+            row["error"] = (
+                "%s is a folder: RV_METRICS names a file the program appends lines to" % row["path"]
+            )
         if row["exists"]:
             try:
                 row["size"] = os.path.getsize(path)

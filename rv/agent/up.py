@@ -61,7 +61,8 @@ def mode_up(args):
 
     stdin: the secrets (``<n>\\n`` and n bytes), then one line at a time from rv: ``hb`` (still
     here, every few seconds), ``release`` (the shell exited: cancel the job) or ``detach`` (keep it).
-    Frames on stdout, as ``follow`` writes them: ``submitted``, ``state`` (the job's squeue line, on
+    Frames on stdout, as ``follow`` writes them: ``refused`` (nothing was queued: sbatch's words),
+    ``submitted``, ``state`` (the job's squeue line, on
     every poll), ``ready`` (the job wrote its environment file: a shell may start), ``ended`` (it
     ended by itself), ``released`` / ``detached``.
 
@@ -94,7 +95,13 @@ def mode_up(args):
         return gone, error
 
     try:
-        result = submit.submit_run(args, secrets)
+        try:
+            result = submit.submit_run(args, secrets)
+        except common.AgentError as exc:
+            # Frames go to stdout: an error reply there would read as garbage, and rv would know only
+            # that this process ended. sbatch's own words travel as a frame of their own.
+            frames.send({"t": "refused", "error": str(exc), "code": exc.code})
+            return None
         state["job"] = job = result["job_id"]
         frames.send({"t": "submitted", "job_id": job, "previous_run_id": result.get("previous_run_id")})
         _watch_up(args, rdir, job, stdin, frames, state, release)

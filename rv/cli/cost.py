@@ -83,7 +83,7 @@ def cost(ctx: click.Context, gpus: int, gpu_type: str | None, time_: str | None,
     if as_json:
         print_json(rows)
         return
-    click.echo(f"{'TYPE':<10} {'SU/GPU-h':>9} {'SU':>11}   ({gpus} GPU x {rows[0]['hours']:.2f} h)")
+    click.echo(f"{'TYPE':<10} {'SU/GPU-h':>9} {'SU':>11}   ({gpus} GPU × {rows[0]['hours']:.2f} h)")
     for r in rows:
         rate = "?" if r["su_per_gpu_hour"] is None else f"{r['su_per_gpu_hour']:.2f}"
         if not r["possible"]:

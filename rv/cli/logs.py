@@ -96,7 +96,11 @@ def logs(
         def on_run(info: dict[str, Any] | None, sweep: dict[str, Any] | None) -> None:
             s.swept(sweep)
             if info is None:
-                raise query.not_on_cluster(run)
+                raise (
+                    query.missing(s.transport, root, run, "rv logs")
+                    if local is None
+                    else query.not_on_cluster(run)
+                )
             target = parse_runs([info])[0]
             if local is not None:
                 query.cache_learned(store, local, target)
@@ -120,8 +124,12 @@ def logs(
             ctx.exit(130)
         view.flush()
         code = run_exit_code(followed.ended) if follow and segment is None else None
+        target = runs[0] if runs else None
+        if not follow and target is not None and _never_started(target, followed.ended, as_json=as_json):
+            from rv.errors import NotFound
+
+            ctx.exit(NotFound.exit_code)  # the output asked for does not exist
         if isinstance(view, JsonView):
-            target = runs[0] if runs else None
             print_json(
                 {"run": target.name if target else None, "run_id": target.run_id if target else None,
                  "stream": "err" if stderr else "out", "segments": view.segments,
@@ -129,6 +137,19 @@ def logs(
             )  # fmt: skip
         if code is not None:
             ctx.exit(code)
+
+
+def _never_started(target: Any, ended: dict[str, Any] | None, *, as_json: bool) -> bool:
+    """When no job of the run ever started, no output will come from it: said, never a bare nothing.
+    Whether that is final (the run ended without starting) and so an error (not with --json)."""
+    if any(sg.start for sg in target.segments):
+        return False
+    ended = ended or target.ended
+    if ended is None:
+        note(f"run {target.name} has not started yet: rv logs -f {target.name} waits for its output")
+        return False
+    note(f"run {target.name} never started ({ended.get('reason') or 'no record of why'}): it has no output")
+    return not as_json
 
 
 class JsonView:

@@ -77,10 +77,18 @@ def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None
         rows = [dict(v.to_json(), **_served(serves.get(v.run_id or ""))) for v in views if v.live or all_]
         print_json(rows)
         return
-    for line in render_table(fold_sweeps(views, live_only=not all_)):
+    folded = fold_sweeps(views, live_only=not all_)
+    for line in render_table(folded):
         click.echo(line)
     for line in served_lines(views, serves):
         click.echo(line)
+    if not folded:
+        # A bare header reads as "rv lost my runs": say where the ended ones are.
+        note(
+            "no runs in the last 7 days: rv run -- python train.py"
+            if all_
+            else "nothing queued or running: rv ps -a adds what ended in the last 7 days"
+        )
 
 
 def _served(serves: dict | None) -> dict:  # type: ignore[type-arg]

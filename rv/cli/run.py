@@ -100,7 +100,7 @@ if TYPE_CHECKING:
     metavar="NAME=V1,V2",
     help="Run COMMAND at every combination of these values (repeatable; A..B: the integers from A to B), "
     "as one job array: each point a run of its own, named SWEEP/INDEX; {NAME} in COMMAND is the point's "
-    "value, $RV_SWEEP_NAME too.",
+    "value; the program also sees it as RV_SWEEP_<NAME> (upper case: lr in RV_SWEEP_LR).",
 )
 @click.option(
     "--sweep-file",
@@ -207,6 +207,7 @@ def run(
         sweep_file=sweep_file, parallel=parallel, parallel_typed=sources.get("parallel") == COMMAND_LINE,
         notify=notify, follow=follow, placement=placement_of(ctx.params), env=env_of(ctx.params),
         allow_large=allow_large, max_file_size=max_file_size,
+        follow_from=None if sources.get("follow") == COMMAND_LINE else sources.get("follow"),
         # With an explicit `--` the user said the flags after the command are the program's: no check.
         rv_flags=None if _after_separator(command) else option_words(ctx.command),
     )  # fmt: skip
@@ -217,9 +218,13 @@ def run(
         show_dry_run(ctx, plan, sources, as_json=as_json)
         return
     if plan.sweep is not None:
-        with session(ctx) as s:
-            swept = pipeline.launch_sweep(plan, s, run_store(), view)
-        show_sweep(plan, swept, as_json=as_json)
+        from rv.job.interrupt import SubmitStage, said_on_interrupt
+
+        # A Ctrl-C says whether the sweep was sent, was not, or may have been.
+        with said_on_interrupt(SubmitStage("sweep", plan.request.name)) as stage:
+            with session(ctx) as s:
+                swept = pipeline.launch_sweep(plan, s, run_store(), view, stage=stage)
+            show_sweep(plan, swept, as_json=as_json)
         return
     with session(ctx) as s:
         launched = pipeline.launch(plan, s, run_store(), view)
@@ -308,7 +313,7 @@ def show_submitted(launched: Launched, *, as_json: bool) -> None:
             f"  rv logs -f {req.name}    rv ps    rv stop {req.name}"
         )
     else:
-        where = f"{req.gpus}x {req.type.name}" if req.type else "CPU"
+        where = f"{req.gpus}× {req.type.name}" if req.type else "CPU"
         note(
             f"submitted run {req.name}: job {record.job_id} ({where}, {req.nodes} node(s){continues}) "
             f"from {record.short_commit}\n  {resources_line(req)}\n"
@@ -379,6 +384,8 @@ def settings_lines(ctx: click.Context, sources: dict[str, str]) -> list[str]:
 def _shown(value: object) -> str:
     if isinstance(value, list):
         return " ".join(str(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"  # --vram 40, as typed, not 40.0
     return "on" if value is True else str(value)
 
 

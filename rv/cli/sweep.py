@@ -87,7 +87,8 @@ def _fetch_results(s: Any, name: str, sort: SortKey | None) -> list[PointRow]:
     points, views = _points_and_views(snap, name)
     found = parse_metrics_reply(snap.metrics)
     for m in found.values():
-        for line in m.notes():
+        view = views.get(m.run_id)
+        for line in m.notes(view.name if view is not None else None):  # the point's name, grid/3
             warn(line)
     return result_rows(points, views, found, sort)
 
@@ -209,7 +210,11 @@ def metrics(
             raise NotFound("no runs submitted with this profile yet", hint="rv run -- python train.py")
         runs = [r for r in snap.runs if local is None or r.run_id == local.run_id]
         if not runs:
-            raise query.not_on_cluster(run)
+            raise (
+                query.missing(s.transport, root, run, "rv metrics")
+                if local is None
+                else query.not_on_cluster(run)
+            )
         target = runs[-1]
         tty = sys.stdout.isatty()
         shown = None
@@ -226,7 +231,7 @@ def metrics(
                 if text != shown:
                     if follow and tty:
                         sys.stdout.write("\x1b[H\x1b[2J")  # redraw in place
-                    for line in metrics_notes(summary):
+                    for line in metrics_notes(summary, target.name):
                         note(line)
                     sys.stdout.write(text)
                     sys.stdout.flush()

@@ -184,23 +184,27 @@ def _x(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def metrics_notes(run: RunMetrics) -> list[str]:
-    """stderr lines under ``rv metrics``: where the file is and what was odd in it."""
+def metrics_notes(run: RunMetrics, label: str | None = None) -> list[str]:
+    """stderr lines under ``rv metrics``: where the file is and what was odd in it, each headed by
+    ``label`` (the run's name; its id when none is given)."""
+    who = label or run.run_id
+    if run.error:
+        return run.notes(label)
     if not run.exists:
-        return [f"{run.run_id}: no metrics yet: {run.path} does not exist (programs write to $RV_METRICS)"]
-    out = run.notes()
+        return [f"{who}: no metrics yet: {run.path} does not exist (programs write to $RV_METRICS)"]
+    out = run.notes(label)
     if run.rewinds:
         out.append(
-            f"{run.run_id}: {run.rewinds} line(s) left out: a later segment went back to an earlier step "
+            f"{who}: {run.rewinds} line(s) left out: a later segment went back to an earlier step "
             "and wrote those steps again"
         )
     if run.joined_lines:
         out.append(
-            f"{run.run_id}: {run.joined_lines} line(s) began with a half line a killed segment left; "
+            f"{who}: {run.joined_lines} line(s) began with a half line a killed segment left; "
             "their complete part was read"
         )
     if run.partial:
-        out.append(f"{run.run_id}: the last line is being written; it is left out")
+        out.append(f"{who}: the last line is being written; it is left out")
     return out
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rv.errors import UsageError
+from rv.errors import PLACEMENT_HINT, UsageError
 from rv.job import submit
 from rv.job.prepare import job_umask
 from rv.layout import RemoteLayout
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from rv.files.listing import Soon
     from rv.files.progress import Progress
     from rv.files.snapshot import LocalSnapshot, SnapshotResult
+    from rv.job.interrupt import SubmitStage
     from rv.job.records import RunRecord, RunStore
     from rv.job.up import Watchdog
     from rv.pyenv.client import Environment
@@ -146,6 +147,9 @@ class RunOptions(JobOptions):
     parallel_typed: bool = False  # --parallel came from the command line (not a project's default)
     notify: tuple[str, ...] = ()  # --notify WHERE: who is told of the run's end (rv.notify)
     follow: bool = False
+    # Where a follow not typed came from (a project's defaults, e.g. "pyproject.toml [tool.rv]"); None
+    # when -f was typed. A sweep refuses a typed -f and leaves a project's `follow = true` alone.
+    follow_from: str | None = None
     # rv run's option words (each -> whether it takes a value), for the check that none of them went
     # to the program; None when the user wrote `--` before the command and so said they are its own.
     rv_flags: Mapping[str, bool] | None = None
@@ -240,15 +244,14 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         catalog, type_words(o.gpu_type), gpus=o.gpus, mig=o.mig, vram_gb=o.vram, build=build
     )
     if sweep is not None and len(reqs) > 1:
-        raise UsageError(
-            f"a sweep runs on one GPU type, and this one could take {', '.join(map(type_name, reqs))}: "
-            "a point claimed on one type would still hold an array task of the others, so --parallel could "
-            "not hold",
-            hint=f"name one with -t, e.g. -t {type_name(reqs[0])}",
-        )
+        from rv.sweep import one_type_note
+
+        # Each type can serve every point (they all ask for the same): the sweep takes the first.
+        view.note(one_type_note([type_name(r) for r in reqs]))
+        reqs = reqs[:1]
     place = build_placement(
         **dataclasses.asdict(o.placement), time_min=o.time_min, time_seconds=reqs[0].time_seconds,
-        max_fault_retries=o.max_fault_retries,
+        time_typed=o.time is not None, max_fault_retries=o.max_fault_retries,
     )  # fmt: skip
     for message in dict.fromkeys([*notes, *(w for r in reqs for w in r.warnings)]):
         view.warn(message)
@@ -281,7 +284,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
 def plan_up(options: JobOptions, profile: Profile, *, here: Path, view: LaunchView) -> Plan:
     """`rv up`'s plan: a session is a run whose program holds the allocation (rv.job.up.HOLDER)."""
     from rv.job import up
-    from rv.placement import build_placement
+    from rv.placement import build_placement, one_type
     from rv.request import build_request
 
     o = options
@@ -289,8 +292,9 @@ def plan_up(options: JobOptions, profile: Profile, *, here: Path, view: LaunchVi
     # The holder is one plain process per node on purpose (each holds its node), whatever the GPUs:
     # --each-node. A session is one job: nothing continues it, after a fault either.
     req = build_request(
-        profile.gpu_catalog(), command=up.holder_command(), gpus=o.gpus, gpu_type=o.gpu_type, mig=o.mig,
-        time=o.time, mem=o.mem, cpus=o.cpus, name=o.name or submit.default_run_name("up", run_id),
+        profile.gpu_catalog(), command=up.holder_command(), gpus=o.gpus,
+        gpu_type=one_type(o.gpu_type, "rv up"), mig=o.mig, time=o.time, mem=o.mem, cpus=o.cpus,
+        name=o.name or submit.default_run_name("up", run_id),
         nodes=o.nodes, setup=(*profile.setup, *o.setup), max_segments=1, each_node=True,
         partitions=profile.partitions, partition=o.placement.partition,
     )  # fmt: skip
@@ -367,7 +371,7 @@ def read_sweep(o: RunOptions, *, name: str, view: LaunchView) -> Sweep | None:
     sweep = build_sweep(o.sweep, file_text=text, file_name=file_name, parallel=o.parallel)
     for message in check_command(sweep, o.command):
         view.warn(message)
-    if o.follow:
+    if o.follow and o.follow_from is None:  # typed: a project's `follow = true` is for its runs
         raise UsageError(
             "-f follows one run, and each point of a sweep is a run of its own",
             hint=f"drop -f; then rv ps {name}   rv logs -f {name}/0   rv sweep results {name}",
@@ -378,6 +382,8 @@ def read_sweep(o: RunOptions, *, name: str, view: LaunchView) -> Sweep | None:
             hint="run the sweep from scratch, or give each point its start with a --sweep value the "
             "program reads",
         )
+    if o.follow:
+        view.note(f"follow = true ({o.follow_from}) is for single runs: a sweep's points are not followed")
     return sweep
 
 
@@ -482,14 +488,21 @@ class SweepLaunched:
     max_array_size: int  # the cluster's MaxArraySize, which split the arrays
 
 
-def launch_sweep(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) -> SweepLaunched:
+def launch_sweep(
+    plan: Plan, remote: Remote, store: RunStore, view: LaunchView, *, stage: SubmitStage | None = None
+) -> SweepLaunched:
     """`rv run --sweep`: every point a run of its own (SWEEP/INDEX), one snapshot, one environment,
-    one job array (or several, where MaxArraySize splits them), sent in one round trip."""
+    one job array (or several, where MaxArraySize splits them), sent in one round trip.
+
+    ``stage`` follows where the submission stands (rv.job.interrupt): a Ctrl-C under the caller's
+    ``said_on_interrupt`` says whether the sweep was sent, was not, or may have been."""
+    from rv.job.interrupt import SubmitStage, held_interrupts
     from rv.sweep import check_limits, plan_arrays
 
     assert plan.sweep is not None, "launch_sweep needs a sweep's plan"
     sweep, req, layout = plan.sweep, plan.request, remote.layout
     name = req.name
+    stage = stage if stage is not None else SubmitStage("sweep", name)
     facts = _facts(plan)
     # One round trip before anything is sent: the name, points of a sweep of this name that exist
     # (resumed, if they are the same points), MaxArraySize, the user's queue and its limit.
@@ -529,18 +542,21 @@ def launch_sweep(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) 
         return submit.PointRun(index, plan.points[index], context, args)
 
     payload, runs = submit.sweep_payload(layout, parts, make)
+    stage.sending()  # from here on, a Ctrl-C cannot know whether the cluster queued the arrays
     sent = submit.submit_sweep(
         remote.transport, layout, project=uploaded.project, name=name, parts=payload,
         secrets=plan.secrets or None,
     )  # fmt: skip
-    records = [
-        submit.run_record(
-            layout, pr.req, pr.ctx, pr.args, profile=plan.profile.name, job_id=f"{part['array']}_{task}"
-        )
-        for part, made in zip(sent, runs, strict=True)
-        for task, pr in enumerate(made)
-    ]
-    store.add_many(records)
+    with held_interrupts():  # the cluster's answer is here: what was sent is recorded whole
+        records = [
+            submit.run_record(
+                layout, pr.req, pr.ctx, pr.args, profile=plan.profile.name, job_id=f"{part['array']}_{task}"
+            )
+            for part, made in zip(sent, runs, strict=True)
+            for task, pr in enumerate(made)
+        ]
+        store.add_many(records)
+        stage.sent("job array " + ", ".join(str(part["array"]) for part in sent))
     return SweepLaunched(
         name, tuple(str(part["array"]) for part in sent), tuple(pr for made in runs for pr in made),
         tuple(records), check.arrays.max_array_size,
@@ -554,7 +570,14 @@ def start_up(plan: Plan, remote: Remote, store: RunStore, view: StartUpView) -> 
 
     layout, req = remote.layout, plan.request
     facts = _facts(plan)
-    submit.check(remote.transport, layout, project=plan.snapshot.project, name=req.name, from_run=None)
+    # sbatch judges what only it can (a QoS, nodes to leave out) before anything is sent.
+    check = submit.check(
+        remote.transport, layout, project=plan.snapshot.project, name=req.name, from_run=None,
+        probes=placement_probes([req], plan.context(layout), plan.placement),
+    )  # fmt: skip
+    refused = [e.error for e in check.estimates if e.error is not None]
+    if refused:
+        raise sbatch_refuses(refused)
     # The project's environment, as rv run has it: built (or found) before anything is queued.
     env = environment(remote, plan.env_plan, plan.env_setup, view)
     uploaded = upload(remote, plan, view)
@@ -620,14 +643,21 @@ def placement_probes(
     reqs: Sequence[JobRequest], context: ScriptContext, place: Placement
 ) -> list[tuple[str, str]]:
     """What sbatch --test-only is asked before anything is sent: every candidate of a run over several
-    GPU types, and a one-type run's job when it carries Slurm options sbatch alone can judge."""
+    GPU types, and a one-type job (a run, a sweep, rv up's session) when it carries Slurm options
+    sbatch alone can judge (Placement.sbatch_judges: --exclude alone among them)."""
     from rv.placement import probe_script
     from rv.slurm.script import probe_directives
 
-    asks = place.qos or place.reservation or place.sbatch or place.constraint or place.nodelist
-    if len(reqs) == 1 and not (asks or place.partition or place.account or place.time_min_seconds):
+    if len(reqs) == 1 and not place.sbatch_judges():
         return []
     return [(type_name(r), probe_script(probe_directives(r, context))) for r in reqs]
+
+
+def sbatch_refuses(reasons: Sequence[str]) -> UsageError:
+    """The error for a job sbatch --test-only refused (every candidate, in sbatch's words)."""
+    return UsageError(
+        "sbatch refuses this job: " + "; ".join(reasons) + " (nothing was sent)", hint=PLACEMENT_HINT
+    )
 
 
 def choose_candidates(
@@ -648,10 +678,7 @@ def choose_candidates(
         else:
             refused.append(f"{type_name(r)}: {e.error}" if len(reqs) > 1 else e.error)
     if not kept:
-        raise UsageError(
-            "sbatch refuses this job: " + "; ".join(refused) + " (nothing was sent)",
-            hint="check --partition, --qos, --account, --constraint, --sbatch (rv status lists yours)",
-        )
+        raise sbatch_refuses(refused)
     for reason in refused:
         view.warn(f"left out {reason} (sbatch refuses it)")
     return kept

@@ -143,7 +143,7 @@ def resolve(
     if local is not None:
         runs = [r for r in runs if r.run_id == local.run_id]
     if not runs:
-        raise not_on_cluster(ref)
+        raise missing(transport, root, ref) if local is None else not_on_cluster(ref)
     run = runs[-1]  # the newest of that name
     if local is not None:
         cache_learned(store, local, run)
@@ -178,6 +178,39 @@ def resolve_or_sweep(
 def selectors(ref: str) -> dict[str, list[str]]:
     """How the cluster finds a RUN this machine does not know: run id, job id of any segment, name."""
     return {"ids": [ref], "job_ids": [ref] if _JOB_ID.match(ref) else [], "any_names": [ref]}
+
+
+def missing(transport: Transport, root: str, ref: str | None, command: str | None = None) -> NotFound:
+    """Why RUN was not found, in the user's words (one more round trip, on this error's path only):
+    a sweep's name (its points are the runs: ``SWEEP/0``...), a job Slurm rejected as it was
+    submitted (accounting keeps it; there is no run, so no logs), or neither."""
+    if not ref:
+        return not_on_cluster(ref)
+    snap = fetch(transport, root, sweeps=[ref], sacct_days=FINISHED_DAYS)
+    indexes = sorted(
+        {
+            int(r.meta["sweep"].get("index") or 0)
+            for r in snap.runs
+            if (r.meta.get("sweep") or {}).get("name") == ref
+        }
+    )
+    if indexes:
+        then = f"{command} {ref}/{indexes[0]}   " if command else ""
+        return NotFound(
+            f"{ref!r} is a sweep of {len(indexes)} point(s), each a run of its own: name one, e.g. "
+            f"{ref}/{indexes[0]} (points {indexes[0]} to {indexes[-1]})",
+            hint=f"{then}rv ps {ref} lists its points",
+        )
+    from rv.job.records import rejected_at_submission
+
+    rejected = [j for j in snap.accounted if j.name == ref and rejected_at_submission(j)]
+    if rejected:
+        return NotFound(
+            f"run {ref!r} never ran: Slurm rejected its job {rejected[-1].job_id} as it was submitted "
+            "(rv run said why), so there is no run and no logs",
+            hint="rv ps -a shows it; change what Slurm refused, then rv run again",
+        )
+    return not_on_cluster(ref)
 
 
 def not_on_cluster(ref: str | None) -> NotFound:

@@ -425,9 +425,21 @@ def run_views(
     if not live_only:
         for acc in accounted:
             if acc.job_id not in claimed and acc.id.job not in claimed and acc.job_id not in by_id:
-                others.append(_job_view(acc.name, acc.job_id, acc.state, acc.reason, acc.exit_code, acc))
+                view = _job_view(acc.name, acc.job_id, acc.state, acc.reason, acc.exit_code, acc)
+                if rejected_at_submission(acc):
+                    view = replace(view, reason=REJECTED)
+                others.append(view)
     others.sort(key=lambda v: _job_sort_key(v.job_id or ""), reverse=True)
     return views + others
+
+
+REJECTED = "rejected at submission: it never ran, so it has no logs"
+
+
+def rejected_at_submission(job: AccountedJob) -> bool:
+    """A job slurmctld refused as it was submitted (sbatch said why and exited 1): accounting keeps it
+    as FAILED on no node. rv made no run of it (nothing half-made stays), so only sacct knows it."""
+    return job.state == "FAILED" and not job.node_list
 
 
 def _job_view(name: str, job_id: str, state: str, reason: str | None, code: int | None, job: Any) -> RunView:

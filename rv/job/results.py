@@ -124,14 +124,16 @@ class RunMetrics:
     joined_lines: int = 0  # lines split where a killed segment's half line met the next one's
     error: str | None = None
 
-    def notes(self) -> list[str]:
-        """What the reader should know about the file (on stderr)."""
+    def notes(self, label: str | None = None) -> list[str]:
+        """What the reader should know about the file (on stderr), each line headed by ``label``
+        (the run's name, ``grid/3``; its id when none is given)."""
+        who = label or self.run_id
         out = []
         if self.error:
-            out.append(f"{self.run_id}: {self.error}")
+            out.append(f"{who}: {self.error}")
         if self.bad_lines:
             out.append(
-                f"{self.run_id}: {self.bad_lines} line(s) of {self.path} are not JSON objects and were "
+                f"{who}: {self.bad_lines} line(s) of {self.path} are not JSON objects and were "
                 f"skipped (the first: line {self.first_bad_line})"
             )
         return out
@@ -319,18 +321,20 @@ def retry_points(rows: Sequence[PointRow]) -> list[int]:
     return sorted(r.index for r in rows if r.run_id is None or r.state in RETRY_STATES)
 
 
-# How `rv ps` sums up a sweep on one line (points running, pending, finished, failed): the states
-# rv ps shows, by bucket; anything else (REQUEUED, UNKNOWN, STOPPED...) is "other".
+# How `rv ps` sums up a sweep on one line (points running, pending, finished, failed, cancelled): the
+# states rv ps shows, by bucket; anything else (UNKNOWN, STOPPED...) is "other". A cancelled point
+# (rv stop SWEEP) is no failed one: `rv ps SWEEP` and `rv sweep results` say CANCELLED too.
 _BUCKETS = (
     ("running", frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SIGNALING"})),
     ("pending", frozenset({"PENDING", "SUSPENDED"})),
     ("finished", frozenset({"COMPLETED"})),
-    ("failed", RETRY_STATES),
+    ("failed", RETRY_STATES - {"CANCELLED"}),
+    ("cancelled", frozenset({"CANCELLED"})),
 )
 
 
 def sweep_counts(states: Iterable[str]) -> dict[str, int]:
-    """``{"running", "pending", "finished", "failed", "other"}`` counts of the points' states."""
+    """``{"running", "pending", "finished", "failed", "cancelled", "other"}`` counts of the points' states."""
     out = dict.fromkeys([*(name for name, _ in _BUCKETS), "other"], 0)
     for state in states:
         bucket = next((name for name, members in _BUCKETS if state in members), "other")
@@ -366,6 +370,8 @@ def _sweep_state(states: Sequence[str]) -> str:
         return "COMPLETED"
     if counts["failed"]:
         return "FAILED"
+    if counts["cancelled"]:
+        return "CANCELLED"
     return max(set(states), key=states.count) if states else "UNKNOWN"
 
 
@@ -381,8 +387,18 @@ def fold_sweeps(views: Sequence[RunView], *, live_only: bool) -> list[RunView]:
     from rv.job.records import RunView
 
     groups: dict[str, list[RunView]] = {}
-    order: list[RunView | str] = []
+    arrays: dict[str, list[RunView]] = {}  # jobs of a job array rv has no record of: one line each
+    order: list[RunView | str | tuple[str, str]] = []
     for v in views:
+        task = _task_of(v) if v.run_id is None else None
+        if task is not None:
+            # An array task Slurm knows and rv's records do not (after `rv gc`, a sweep's points are
+            # sacct's jobs): one line per array, as for a sweep.
+            if task[0] not in arrays:
+                arrays[task[0]] = []
+                order.append(task)
+            arrays[task[0]].append(v)
+            continue
         if v.sweep is None or v.sweep_index is None:
             if v.live or not live_only:
                 order.append(v)
@@ -393,6 +409,13 @@ def fold_sweeps(views: Sequence[RunView], *, live_only: bool) -> list[RunView]:
         groups[v.sweep].append(v)
     out = []
     for item in order:
+        if isinstance(item, tuple):
+            tasks = arrays[item[0]]
+            if len(tasks) == 1:
+                out.append(tasks[0])
+            elif not live_only or any(t.live for t in tasks):
+                out.append(_array_line(item[0], tasks))
+            continue
         if not isinstance(item, str):
             out.append(item)
             continue
@@ -413,3 +436,22 @@ def fold_sweeps(views: Sequence[RunView], *, live_only: bool) -> list[RunView]:
             )
         )  # fmt: skip
     return out
+
+
+def _task_of(v: RunView) -> tuple[str, str] | None:
+    """(array id, task) of a job that is one task of a job array (``123_4``), else None."""
+    base, _, task = (v.job_id or "").partition("_")
+    return (base, task) if base.isdigit() and task.isdigit() else None
+
+
+def _array_line(array: str, tasks: Sequence[RunView]) -> RunView:
+    """`rv ps`'s one line for a job array's tasks (not rv's runs): counted by state, as a sweep's."""
+    import dataclasses
+
+    states = [t.state for t in tasks]
+    elapsed = [t.elapsed_seconds for t in tasks if t.elapsed_seconds is not None]
+    return dataclasses.replace(
+        tasks[0], state=_sweep_state(states), job_id=array, live=any(t.live for t in tasks),
+        reason=sweep_summary(states), exit_code=None, elapsed_seconds=max(elapsed) if elapsed else None,
+        jobs=tuple(t.job_id or "" for t in tasks), points=len(tasks),
+    )  # fmt: skip

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rv.errors import ConnectError, RemoteError
+from rv.errors import PLACEMENT_HINT, ConnectError, RemoteError
 from rv.job.records import RunRecord
 from rv.job.submit import run_record, submit_args
 from rv.job.watch import FollowerFrameReader
@@ -207,6 +207,12 @@ def start(
             record = run_record(layout, req, ctx, args, profile=profile, job_id=dog.job_id)
             view.submitted(record)
             return dog, record
+        if frame["t"] == "refused":
+            dog.close()
+            raise RemoteError(
+                f"the rv up session's job was not queued: {frame.get('error')}",
+                hint=PLACEMENT_HINT,
+            )
         if frame["t"] == "warn":
             view.warning(str(frame.get("msg")))
 

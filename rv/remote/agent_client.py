@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rv.errors import NotFound, RemoteCommandMissing, RemoteError, RvError, UsageError
+from rv.errors import PLACEMENT_HINT, NotFound, RemoteCommandMissing, RemoteError, RvError, UsageError
 
 if TYPE_CHECKING:
     from rv.remote.transport import Transport
@@ -150,6 +150,18 @@ def frame(obj: Any) -> bytes:
 
 _AGENT_ERRORS: dict[str, type[RvError]] = {"usage": UsageError, "not-found": NotFound, "live": UsageError}
 
+# The next step for each kind of failure the cluster side reports (its words say what failed; the
+# mode's name, `run-check`, is rv's own and means nothing to a user: it goes in no message).
+_AGENT_HINTS: dict[str, str] = {
+    "sbatch": PLACEMENT_HINT,
+    "live": "rv ps   rv stop NAME   or pick another --name",
+    "busy": "wait for it to finish, then run the command again",
+    "squeue": "rv status asks Slurm on the cluster; try again once it answers",
+    "not-found": "rv ps -a lists runs; rv venv ls lists environments",
+    "usage": "change what it names, then run the command again",
+}
+_AGENT_HINT = "rv status checks the connection and Slurm; RV_DEBUG=1 shows what rv sent and got"
+
 
 def call_agent(
     transport: Transport, mode: str, args: dict[str, Any], *, stdin: Any = None, timeout: float | None = None
@@ -178,7 +190,11 @@ def agent_reply(mode: str, exit_code: int, stdout: bytes, stderr: bytes | str) -
         )
     if exit_code != 0:
         tail = " / ".join(stderr.strip().splitlines()[-3:])
-        raise RemoteError(f"remote {mode} failed (exit {exit_code}): {tail or 'no message'}")
+        # Not an answer but a crash (or a cut connection): the step's own name is what a report needs.
+        raise RemoteError(
+            f"remote {mode} failed (exit {exit_code}): {tail or 'no message'}",
+            hint="check the connection (rv status); if it keeps failing, rerun with RV_DEBUG=1 and report it",
+        )
     try:
         reply = json.loads(zlib.decompress(stdout))
     except (zlib.error, ValueError) as exc:
@@ -188,14 +204,13 @@ def agent_reply(mode: str, exit_code: int, stdout: bytes, stderr: bytes | str) -
             "shells",
         ) from exc
     if isinstance(reply, dict) and "error" in reply:
-        hint = None
+        code = str(reply.get("code", ""))
+        hint = _AGENT_HINTS.get(code, _AGENT_HINT)
         if reply.get("errno") in ("ENOSPC", "EDQUOT"):
             hint = "free space under the remote root: `rv sync gc` removes snapshots no job needs"
         elif reply.get("errno") in ("EACCES", "EPERM", "EROFS"):
             hint = "check the profile's remote_root is writable by you (`rv init` to change it)"
-        raise _AGENT_ERRORS.get(reply.get("code", ""), RemoteError)(
-            f"remote {mode}: {reply['error']}", hint=hint
-        )
+        raise _AGENT_ERRORS.get(code, RemoteError)(str(reply["error"]), hint=hint)
     if not isinstance(reply, dict):
         raise RemoteError(f"remote {mode} sent a reply that is not an object: {str(reply)[:120]}")
     return reply

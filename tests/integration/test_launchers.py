@@ -136,6 +136,20 @@ def test_torchrun_says_nothing_about_the_flags_rv_adds(layout, project):
 
 
 @BARE
+def test_torchruns_thread_banner_shows_once_for_two_nodes_and_every_rank_has_one_thread(layout, project):
+    # Issue 33: the demo showed torchrun's OMP_NUM_THREADS banner once per node.
+    (project / "threads.py").write_text("import os\nprint('threads', os.environ['OMP_NUM_THREADS'])\n")
+    git(project, "add", "threads.py")
+    git(project, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "threads")
+    r = layout.run_rv("run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "torchrun", "threads.py",
+                      cwd=project)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = r.stdout + r.stderr
+    assert said.count("Setting OMP_NUM_THREADS environment variable for each process") == 1, said
+    assert sorted(re.findall(r"threads (\S+)", r.stdout)) == ["1"] * 4, r.stdout  # as torchrun sets it
+
+
+@BARE
 def test_accelerate_launch_on_two_nodes_is_one_world_of_four(layout, project):
     r = layout.run_rv(
         "run", "-g", "4", "-t", "a6000", "--mem", "2G", "-f", "--", "accelerate", "launch", "world.py",
@@ -222,7 +236,7 @@ def test_one_process_on_two_gpus_needs_allow_single_process(layout, project):
     # One process, no label (nothing to tell apart), both GPUs, and the catalog's 2 CPUs and
     # 2000 MB per GPU (the bare nodes: 8 CPUs and 8000 MB over 4 GPUs, as `rv init` found).
     assert re.search(r"^node 0 cuda 0,1 cpus 4 mem 4000$", r.stdout, re.M), r.stdout
-    assert "resources: 1 node(s) x 2 a6000; per node 4 CPUs (2 per GPU, from the catalog)" in r.stderr
+    assert "resources: 1 node(s) × 2 a6000; per node 4 CPUs (2 per GPU, from the catalog)" in r.stderr
 
 
 @BARE
@@ -231,7 +245,7 @@ def test_cpus_and_memory_per_gpu_unless_the_options_say_otherwise(layout, projec
     assert dry.returncode == 0, dry.stderr
     assert "#SBATCH --cpus-per-task=2" in dry.stdout and "#SBATCH --mem=2000M" in dry.stdout
     assert (
-        "resources: 1 node(s) x 1 v100; per node 2 CPUs (2 per GPU, from the catalog), "
+        "resources: 1 node(s) × 1 v100; per node 2 CPUs (2 per GPU, from the catalog), "
         "2000M memory (2000M per GPU, from the catalog)"
     ) in dry.stderr
     r = layout.run_rv(

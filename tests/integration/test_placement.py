@@ -81,6 +81,68 @@ def test_what_rv_sets_or_sbatch_refuses_fails_before_anything_is_sent(layout, tm
     assert not (root / "snapshots").exists()  # the check comes before the upload
 
 
+def test_every_spelling_of_an_option_rv_sets_is_refused_before_upload_and_others_reach_sbatch(
+    layout, tmp_path
+):
+    # sbatch reads a unique prefix of a long option, and short forms, as the option itself (issue 33).
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    for typed, owned in (
+        ("--sbatch=--arr=0-2", "--array"),
+        ("--sbatch=--partit=gpu-v100", "--partition"),
+        ("--sbatch=-p gpu-v100", "--partition"),
+        ("--sbatch=--job-n=x", "--job-name"),
+    ):
+        r = layout.run_rv("run", "-g", "0", typed, "--", "true", cwd=proj)
+        assert r.returncode == 2 and f"rv sets {owned} itself" in r.stderr, (typed, r.stderr)
+    for typed, why in (("--sbatch=--export=NONE", "without ALL"), ("--sbatch=--chdir=/tmp", "own copy")):
+        r = layout.run_rv("run", "-g", "0", typed, "--", "true", cwd=proj)
+        assert r.returncode == 2 and why in r.stderr and "next:" in r.stderr, (typed, r.stderr)
+    root = Path(layout.remote_root)
+    assert not (root / "snapshots").exists()  # refused before the upload
+    # A prefix of an option rv leaves alone reaches sbatch, which reads it as that option.
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--sbatch=--comm=rvprefix", "--sbatch=--export=ALL,RV_T=1",
+        "-f", "--",
+        "bash", "-c", SHOW + "; echo RV_T=$RV_T", cwd=proj,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert " Comment=rvprefix" in r.stdout and "RV_T=1" in r.stdout, r.stdout
+
+
+def test_rvs_list_of_sbatch_options_is_the_clusters_own(layout):
+    # Each one-letter prefix names the options that start with it (ambiguous), or the one that does.
+    from rv.slurm.options import LONG_OPTIONS
+
+    names = []
+    for letter in "abcdefghijklmnopqrstuvwxyz":
+        answer = slurm(layout, "bash", "-c", f"sbatch --{letter} </dev/null").stderr
+        if "is ambiguous" in answer:
+            names += re.findall(r"'--([a-z-]+)'", answer.split("possibilities:", 1)[1].splitlines()[0])
+        elif "requires an argument" in answer:
+            names += re.findall(r"option '--([a-z-]+)'", answer)
+        else:
+            assert "unrecognized option" in answer, answer
+    assert sorted(names) == sorted(LONG_OPTIONS)
+
+
+def test_exclude_alone_and_rv_up_are_judged_by_sbatch_before_the_upload(layout, tmp_path):
+    # Issue 33: --exclude alone was never probed (every node excluded: uploaded, then exit 8), and rv up
+    # said "the watchdog of the rv up session ended (exit 0)" for a QoS sbatch refuses.
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    every = ",".join(nodes_of(layout))
+    for argv in (("run", "-g", "0", "--mem", "200M", "--exclude", every, "--", "true"),
+                 ("up", "--detach", "-g", "0", "--mem", "200M", "--exclude", every)):  # fmt: skip
+        r = layout.run_rv(*argv, cwd=proj)
+        assert r.returncode == 2 and "sbatch refuses this job" in r.stderr, (argv, r.stderr)
+        assert "Requested node configuration is not available" in r.stderr and "next:" in r.stderr, r.stderr
+    if layout.name == "default":
+        r = layout.run_rv("up", "--detach", "-g", "0", "--mem", "200M", "--qos", "nonesuch", cwd=proj)
+        assert r.returncode == 2 and "Invalid qos specification" in r.stderr, r.stderr
+    root = Path(layout.remote_root)
+    assert not (root / "snapshots").exists()  # the check comes before the upload
+    assert not (root / "runs").exists() or not list((root / "runs").iterdir())
+
+
 @pytest.mark.parametrize("layout", ["bare"], indirect=True)
 def test_a_projects_defaults_apply_under_the_command_line_and_the_dry_run_names_each_source(layout, tmp_path):
     pyproject = '[project]\nname = "p"\n\n[tool.rv]\nmax-segments = 3\nsbatch = ["--comment=fromproject"]\n'
@@ -97,6 +159,38 @@ def test_a_projects_defaults_apply_under_the_command_line_and_the_dry_run_names_
     (proj / "pyproject.toml").write_text(pyproject + "gpus_total = 2\n")
     bad = layout.run_rv("run", "-g", "0", "--dry-run", "--", "true", cwd=proj)
     assert bad.returncode == 3 and "unknown rv run option 'gpus_total'" in bad.stderr, bad.stderr
+
+
+def test_a_projects_defaults_are_typed_and_follow_there_leaves_sweeps_alone(layout, tmp_path):
+    # Issue 33: `gpu = 2.7` became 2 GPUs, a list of types was one unknown type, `follow = true` made
+    # every sweep fail with "drop -f" though no -f was typed.
+    head = '[project]\nname = "p"\n\n[tool.rv]\n'
+    proj = git_project(tmp_path / "p", {"pyproject.toml": head + 'follow = true\ntype = ["v100", "a6000"]\n'})
+    dry = layout.run_rv("run", "-g", "1", "--dry-run", "--", "true", cwd=proj)
+    assert dry.returncode == 0 and "--gres=gpu:v100:1" in dry.stdout, dry.stderr
+    assert "--type v100,a6000 (pyproject.toml [tool.rv])" in " ".join(dry.stderr.split()), dry.stderr
+    (proj / "pyproject.toml").write_text(head + "follow = true\n")
+    sweep = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--sweep", "x=1,2", "--json", "--", "true", cwd=proj
+    )
+    assert sweep.returncode == 0 and len(json.loads(sweep.stdout)["points"]) == 2, sweep.stderr
+    assert "a sweep's points are not followed" in sweep.stderr
+    typed = layout.run_rv("run", "-g", "0", "--sweep", "x=1,2", "-f", "--", "true", cwd=proj)
+    assert typed.returncode == 2 and "drop -f" in typed.stderr  # typed, it is still refused
+    for table, said in (
+        ("gpu = 2.7\n", "gpu = 2.7 (a number with a point): gpu must be an integer"),
+        ("gpu = true\n", "gpu = true (true/false): gpu must be an integer"),
+        ("time = 8\n", "time = 8 (an integer): time must be a string"),
+        (
+            "max-segments = 2\nmax_segments = 3\n",
+            "max-segments and max_segments are one key written two ways",
+        ),
+        ('env-choice = "none"\n', "unknown rv run option 'env-choice'"),
+    ):
+        (proj / "pyproject.toml").write_text(head + table)
+        bad = layout.run_rv("run", "--dry-run", "--", "true", cwd=proj)
+        assert bad.returncode == 3 and f"{proj / 'pyproject.toml'} [tool.rv]: " in bad.stderr, bad.stderr
+        assert said in bad.stderr and "next:" in bad.stderr, bad.stderr
 
 
 def test_rv_up_takes_placement_from_the_command_line_and_the_project_but_not_its_size(layout, tmp_path):

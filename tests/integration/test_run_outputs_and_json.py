@@ -36,6 +36,27 @@ def test_follow_with_json_from_a_subfolder_keeps_stdout_json_and_outputs_where_t
     assert "not found in the work dir" not in r.stderr
 
 
+def test_rv_ps_with_nothing_live_and_rv_logs_of_a_run_that_never_started_say_so(layout, tmp_path):
+    # Issue 33: a bare header; nothing at all, exit 0.
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    ps = layout.run_rv("ps", cwd=proj)
+    # The cluster user's other jobs (tests running beside this one) are rows too: the hint comes when
+    # there are none.
+    rows = ps.stdout.strip().splitlines()[1:]
+    assert ps.returncode == 0 and bool(rows) != ("nothing queued or running: rv ps -a adds" in ps.stderr), ps
+    r = layout.run_rv("run", "-g", "0", "--mem", "100M", "--name", "later", "--sbatch=--begin=now+1hour",
+                      "--", "echo", "ran", cwd=proj)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    waiting = layout.run_rv("logs", "later", cwd=proj)
+    assert (
+        waiting.returncode == 0 and "run later has not started yet: rv logs -f later waits" in waiting.stderr
+    )
+    assert layout.run_rv("stop", "later", cwd=proj).returncode == 0
+    never = layout.run_rv("logs", "later", cwd=proj)
+    assert never.returncode == 9 and "run later never started (" in never.stderr, never.stderr
+    assert "it has no output" in never.stderr and never.stdout == ""
+
+
 @pytest.mark.parametrize("layout", ["bare"], indirect=True)
 def test_an_output_pattern_copies_every_match_and_one_matching_nothing_is_said(layout, tmp_path):
     make = (

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,7 +199,97 @@ def test_a_point_stopped_at_its_time_limit_continues_from_its_checkpoint_while_t
     assert rows[1]["metrics"]["loss"] == pytest.approx(1 / 60)
 
 
-@pytest.mark.parametrize("layout", ["default"], indirect=True)
+MALFORMED = """\
+import json, os, sys
+with open(os.environ["RV_METRICS"], "a") as fh:
+    if sys.argv[1] == "0":
+        fh.write("[" * 100000 + "\\n")  # deeper than json's parser recurses
+        fh.write('{"loss": "' + "x" * (2 << 20) + '"}\\n')  # longer than any metrics line
+    fh.write(json.dumps({"step": 1, "loss": 1.5 + int(sys.argv[1])}) + "\\n")
+"""
+
+
+def test_a_malformed_metrics_line_is_one_bad_line_and_never_hides_another_point(layout, tmp_path):
+    run_rv = layout.run_rv
+    proj = git_project(tmp_path / "p", {"bad.py": MALFORMED})
+    sweep_sent(
+        run_rv("run", "-g", "0", "--mem", "200M", "--name", "mal", "--sweep", "x=0,1", "--json", "--",
+               "python3", "bad.py", "{x}", cwd=proj)
+    )  # fmt: skip
+    rows = wait_for(all_ended(run_rv, "mal", 2), 120, "both points to end")
+    assert [rows[i]["metrics"]["loss"] for i in (0, 1)] == [1.5, 2.5], rows
+    shown = run_rv("sweep", "results", "mal")
+    assert shown.returncode == 0 and "2.5" in shown.stdout, shown.stderr
+    one = run_rv("metrics", "mal/0")
+    assert (
+        one.returncode == 0 and "2 line(s)" in one.stderr and re.search(r"^loss\s+1\.5", one.stdout, re.M)
+    ), one.stdout + one.stderr
+
+
+def test_the_guides_sweep_runs_as_typed_on_a_cluster_of_two_gpu_types(layout, tmp_path):
+    # Issue 33: the five-minute guide's sweep (no -t) was refused on the demo's own cluster (a6000 and
+    # v100). It takes one type, says which, and every point runs there.
+    proj = git_project(
+        tmp_path / "p", {"train.py": "import os, sys\nprint('lr', sys.argv[2], os.environ['RV_GPU_TYPE'])\n"}
+    )
+    r = layout.run_rv("run", "--sweep", "lr=1e-4,3e-4", "--", "python", "train.py", "--lr", "{lr}", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    m = re.search(
+        r"a sweep runs on one GPU type: (\w+), the first that can serve it \(-t picks another: (\w+)\)",
+        r.stderr,
+    )
+    assert m and {m[1], m[2]} == {"a6000", "v100"}, r.stderr
+    name = re.search(r"submitted sweep (\S+):", r.stderr)[1]
+    rows = wait_for(all_ended(layout.run_rv, name, 2), 180, "both points to end")
+    assert all(p["state"] == "COMPLETED" for p in rows.values()), rows
+    for i, lr in enumerate(("1e-4", "3e-4")):
+        log = layout.run_rv("logs", f"{name}/{i}").stdout
+        assert f"lr {lr} {m[1]}" in log, log
+
+
+def test_names_a_sweep_a_rejected_job_and_what_rv_gc_leaves(layout, tmp_path):
+    # Issue 33: `rv logs SWEEP` said "not on the cluster" right after rv ps listed it; a job Slurm
+    # rejected at submission was FAILED in rv ps -a and unknown to rv logs; after rv gc every array
+    # task was a row of its own, and every name's lock file stayed.
+    run_rv = layout.run_rv
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    sweep_sent(run_rv("run", "-g", "0", "--mem", "100M", "--name", "nm", "--sweep", "x=1,2", "--json", "--",
+                      "true", cwd=proj))  # fmt: skip
+    solo = run_rv("run", "-g", "0", "--mem", "100M", "--name", "solo", "-f", "--", "true", cwd=proj)
+    assert solo.returncode == 0, solo.stderr
+    wait_for(all_ended(run_rv, "nm", 2), 120, "both points to end")
+    for command in ("logs", "metrics"):
+        r = run_rv(command, "nm")
+        assert r.returncode == 9 and "'nm' is a sweep of 2 point(s)" in r.stderr, r.stderr
+        assert f"next: rv {command} nm/0" in r.stderr and "not on the cluster" not in r.stderr, r.stderr
+    names = Path(layout.remote_root) / "names"
+    assert {p.name for p in names.rglob("*.lock")} >= {"solo.lock", "nm.lock"}
+    gc = run_rv("gc", "--older-than", "0")
+    assert gc.returncode == 0, gc.stderr
+    assert list(names.rglob("*.lock")) == [] and list(names.rglob("nm")) == [], list(names.rglob("*"))
+    if layout.name == "default":  # accounting: rv ps -a lists the jobs rv no longer has records of
+        table = run_rv("ps", "-a").stdout
+        assert re.search(r"^nm\s+2pt\s+COMPLETED\s.*\(2 finished\)", table, re.M), table
+        assert not re.search(r"^nm\s+-\s", table, re.M), table  # no row per array task
+        user = layout.cluster["RV_TESTCLUSTER_USER"]
+        rejected = subprocess.run(
+            ["runuser", "-u", user, "--", "sbatch", "-J", "refused", "--exclude=node1,node2", "--mem=100M",
+             "--wrap", "true"],
+            env={"PATH": os.environ["PATH"], "SLURM_CONF": layout.cluster["SLURM_CONF"]}, cwd="/",
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert rejected.returncode == 1, rejected.stderr
+
+        def listed() -> str | None:
+            shown = run_rv("ps", "-a").stdout
+            return shown if "refused" in shown else None
+
+        table = wait_for(listed, 60, "sacct to know the rejected job")
+        assert re.search(r"^refused\s.*FAILED.*\(rejected at submission: it never ran", table, re.M), table
+        r = run_rv("logs", "refused")
+        assert r.returncode == 9 and "run 'refused' never ran: Slurm rejected its job" in r.stderr, r.stderr
+
+
 def test_rv_stop_sweep_cancels_its_running_and_pending_points(layout, tmp_path):
     run_rv = layout.run_rv
     proj = git_project(tmp_path / "p", {"sleep.py": "import time\ntime.sleep(300)\n"})
@@ -215,6 +307,13 @@ def test_rv_stop_sweep_cancels_its_running_and_pending_points(layout, tmp_path):
     assert stop.returncode == 0 and "stopped sweep sl: 4 of its 4 point(s) had not ended" in stop.stderr
     rows = wait_for(all_ended(run_rv, "sl", 4), 60, "every point to end")
     assert all(p["state"] == "CANCELLED" for p in rows.values()), rows
+    # Every view of the sweep agrees: cancelled, not failed (issue 33).
+    table = run_rv("ps", "-a").stdout
+    assert re.search(r"^sl\s+4pt\s+CANCELLED\s.*\(4 cancelled\)", table, re.M), table
+    points = run_rv("ps", "sl").stdout
+    assert len(re.findall(r"^\d\s+\d\s+\S+\s+CANCELLED\s", points, re.M)) == 4, points
+    shown = run_rv("sweep", "results", "sl")
+    assert "4 point(s): 4 cancelled" in shown.stdout + shown.stderr and "failed" not in shown.stdout, shown
     queue = subprocess.run(
         ["squeue", "-h", "-r", "-u", layout.cluster["RV_TESTCLUSTER_USER"], "-n", "sl", "-o", "%i"],
         env={**os.environ, "SLURM_CONF": layout.cluster["SLURM_CONF"]}, capture_output=True, text=True,
@@ -222,6 +321,94 @@ def test_rv_stop_sweep_cancels_its_running_and_pending_points(layout, tmp_path):
     assert queue.stdout.strip() == "", queue.stdout
     again = run_rv("stop", "sl")
     assert again.returncode == 0 and "nothing to stop" in again.stderr
+
+
+def sweep_runs_on_the_cluster(remote_root: str, sweep: str) -> int:
+    """How many runs of ``sweep`` the cluster's agent has made so far (their run.json, read as root)."""
+    found = 0
+    for meta in (Path(remote_root) / "runs").glob("*/run.json"):
+        try:
+            found += (json.loads(meta.read_text()).get("sweep") or {}).get("name") == sweep
+        except ValueError:  # being written
+            continue
+    return found
+
+
+def test_ctrl_c_during_a_sweeps_submit_says_it_may_have_been_sent_and_rv_ps_finds_it(layout, tmp_path):
+    # Issue 33: the array was queued (no local record) while rv said only "interrupted".
+    from terminal import Terminal
+
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    argv = [sys.executable, "-m", "rv", "run", "-g", "0", "--mem", "100M", "--name", "cc",
+            "--sweep", "x=1..150", "--parallel", "1", "--", "sleep", "30"]  # fmt: skip
+    term = Terminal(argv, env=layout.rv_env, cwd=proj)
+    try:
+        # The agent makes the points' runs while it submits: the request has left this machine.
+        wait_for(
+            lambda: sweep_runs_on_the_cluster(layout.remote_root, "cc") > 0, 120, "the submit", step=0.05
+        )
+        term.send("\x03")
+        assert term.wait(60) == 130, term.text
+    finally:
+        term.close()
+    said = " ".join(term.text.split())
+    maybe = "interrupted while sweep cc was being sent: it may have been sent next: rv ps cc" in said
+    sent = re.search(
+        r"interrupted after sweep cc was sent \(job array [\d, ]+\); it is queued and recorded", said
+    )
+    assert maybe or sent, term.text
+    # It was queued: rv ps finds it (from the cluster's records), and rv stop stops it.
+    wait_for(lambda: sweep_runs_on_the_cluster(layout.remote_root, "cc") == 150, 120, "every point's run")
+    points = wait_for(lambda: layout.run_rv("sweep", "results", "cc", "--json"), 60, "the sweep")
+    assert points.returncode == 0 and len(json.loads(points.stdout)["points"]) == 150, points.stderr
+    stop = layout.run_rv("stop", "cc")
+    assert stop.returncode == 0, stop.stderr
+
+
+def agent_running(mode: str, root: str) -> bool:
+    """Whether an rv agent of ``mode`` for the remote root ``root`` runs on this machine now."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        if mode.encode() in words and any(root.encode() in w for w in words):
+            return True
+    return False
+
+
+def test_ctrl_c_before_a_sweep_is_sent_says_nothing_was_queued(layout, tmp_path):
+    from terminal import Terminal
+
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    # The store held by another (as rv gc holds it): the upload waits, and the Ctrl-C comes while it
+    # does, before anything could be submitted. A connection of its own (no warm one, no command
+    # server, no agent started ahead): the agent then runs as a process named by its mode.
+    objects = Path(layout.remote_root) / "objects"
+    user = layout.cluster["RV_TESTCLUSTER_USER"]
+    lock = f"mkdir -p -m 700 {objects} && exec flock -x {objects}/.lock sleep 600"
+    # Its own group: runuser, flock and sleep all go with it at the end.
+    holder = subprocess.Popen(["runuser", "-u", user, "--", "bash", "-c", lock], start_new_session=True)
+    argv = [sys.executable, "-m", "rv", "run", "-g", "0", "--mem", "100M", "--name", "nc", "--sweep", "x=1,2",
+            "--", "true"]  # fmt: skip
+    term = None
+    try:
+        wait_for(lambda: (objects / ".lock").exists(), 30, "the store's lock to be held")
+        direct = {"RV_WARM_SECONDS": "0", "RV_COMMAND_SERVER": "0", "RV_PRESTART_AGENTS": "0"}
+        term = Terminal(argv, env={**layout.rv_env, **direct}, cwd=proj)
+        wait_for(lambda: agent_running("snap-put", layout.remote_root), 120, "the upload", step=0.1)
+        term.send("\x03")
+        assert term.wait(60) == 130, term.text
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+        if term is not None:
+            term.close()
+    said = " ".join(term.text.split())
+    assert "interrupted before sweep nc was sent: nothing was queued" in said, term.text
+    assert sweep_runs_on_the_cluster(layout.remote_root, "nc") == 0
+    ps = layout.run_rv("ps", "-a", "--json")
+    assert ps.returncode == 0 and not [r for r in json.loads(ps.stdout) if r.get("sweep") == "nc"], ps.stdout
 
 
 def test_the_bare_layout_splits_arrays_at_its_max_array_size(bare_cluster):

@@ -54,3 +54,27 @@ def test_gc_removes_day_old_lock_files_of_keys_without_an_environment(tmp_path):
 
     envs.gc_envs(bytes(tmp_path), 86400.0, set(), Freed(), False)
     assert sorted(p.name for p in base.iterdir()) == ["fresh.lock", "kept", "kept.lock"]
+
+
+def test_a_lock_removed_while_held_is_taken_anew_by_whoever_waited(tmp_path):
+    # rv gc removes a name's lock file while holding it (issue 33: one file per name ever used stayed
+    # forever); a waiter must then lock the file the path names, never the removed one.
+    import threading
+
+    from rv.agent import locks
+
+    path = str(tmp_path / "names" / "p" / "run.lock").encode()
+    got = []
+    with locks.lock(path, "rv gc"):
+
+        def waiter():
+            with locks.lock(path, "rv run", wait=10):
+                got.append(os.stat(path).st_ino)
+
+        other = threading.Thread(target=waiter)
+        other.start()
+        time.sleep(0.5)  # the waiter is blocked on the held lock
+        os.unlink(path)
+    other.join(10)
+    # The waiter holds the file the path names (the removed one would lock nothing).
+    assert got and os.path.exists(path) and got[0] == os.stat(path).st_ino

@@ -77,7 +77,7 @@ def test_dry_run_shows_cpus_and_memory_per_gpu_and_options_win(setup, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --cpus-per-task=12" in r.stdout and "#SBATCH --mem=60G" in r.stdout
     assert (
-        "resources: 2 node(s) x 2 a6000; per node 12 CPUs (6 per GPU, from the catalog), "
+        "resources: 2 node(s) × 2 a6000; per node 12 CPUs (6 per GPU, from the catalog), "
         "60G memory (30G per GPU, from the catalog)"
     ) in r.stderr
     r = rv("run", "--dry-run", "-g", "4", "-t", "a6000", "--cpus", "3", "--mem", "5G", "--", "torchrun",

@@ -73,5 +73,34 @@ def test_secret_store_mode_and_mask(tmp_path):
     store = SecretStore(tmp_path / "s.json")
     store.set("TOKEN", "hf_abcdefghijkl", "mycluster")
     assert (tmp_path / "s.json").stat().st_mode & 0o777 == 0o600
-    assert mask("hf_abcdefghijkl") == "hf******kl" and mask("short") == "*****"
+    # Issue 33: these said "hf******kl" and "*****" (4 of 15 characters; the exact length).
+    assert mask("hf_abcdefghijkl") == "********" and mask("short") == "********"
+    assert mask("") == "********" and mask("s3cr3tpw!") == "********"
+    assert mask("hf_" + "x" * 30 + "yz") == "hf********yz"
     assert store.remove(["TOKEN"], "mycluster") == [] and store.remove(["TOKEN"], "mycluster") == ["TOKEN"]
+
+
+def test_a_ctrl_c_says_whether_a_submission_was_sent_and_recording_what_was_sent_runs_whole():
+    import os
+    import signal
+
+    from rv.errors import Interrupted
+    from rv.job.interrupt import SubmitStage, held_interrupts, said_on_interrupt
+
+    said = []
+    for move in (lambda s: None, SubmitStage.sending, lambda s: s.sent("job array 7")):
+        with pytest.raises(Interrupted) as err, said_on_interrupt(SubmitStage("sweep", "g")) as stage:
+            move(stage)
+            raise KeyboardInterrupt
+        said.append((err.value.exit_code, err.value.message, err.value.hint))
+    assert said == [
+        (130, "interrupted before sweep g was sent: nothing was queued", "run it again"),
+        (130, "interrupted while sweep g was being sent: it may have been sent",
+         "rv ps g   (rv stop g if it was and you do not want it)"),
+        (130, "interrupted after sweep g was sent (job array 7); it is queued and recorded", "rv ps g"),
+    ]  # fmt: skip
+    done, before = [], signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), held_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        done.append("recorded")  # the Ctrl-C waits for the block's end
+    assert done == ["recorded"] and signal.getsignal(signal.SIGINT) is before

@@ -128,14 +128,40 @@ def test_refusals_come_before_anything_is_prepared(profile, repo):
             pipeline.RunOptions(command=("python", "train.py", "-g", "4"), rv_flags={"-g": True}),
             profile, here=repo, view=heard,
         )  # fmt: skip
-    with pytest.raises(UsageError, match="a sweep runs on one GPU type"):
+    # (A sweep over several types was refused here; since issue 33 it takes one: the test below.)
+    with pytest.raises(UsageError, match="-f follows one run"):
         pipeline.plan_run(
-            pipeline.RunOptions(command=("python", "train.py"), sweep=("x=1,2",)),
+            pipeline.RunOptions(command=("python", "train.py"), sweep=("x=1,2",), follow=True),
             profile,
             here=repo,
             view=heard,
         )
+    with pytest.raises(UsageError, match="rv up takes one GPU type, not a100,a6000"):
+        pipeline.plan_up(pipeline.JobOptions(gpu_type="a100,a6000"), profile, here=repo, view=heard)
     assert not [s for s in heard.said if "snapshot" in s[1]]  # nothing was listed
+
+
+def test_a_sweep_that_could_take_several_types_takes_the_first_and_says_which(profile, repo):
+    # Issue 33: it was refused, so the guide's sweep (no -t) failed on a cluster of two types.
+    heard = Heard()
+    options = pipeline.RunOptions(command=("python", "train.py", "{x}"), sweep=("x=1,2",))
+    plan = pipeline.plan_run(options, profile, here=repo, view=heard)
+    assert [c.type.name for c in plan.candidates] == ["a100"]
+    assert {r.type.name for r in plan.points.values()} == {"a100"}
+    assert (
+        "note",
+        "a sweep runs on one GPU type: a100, the first that can serve it (-t picks another: a6000)",
+    ) in heard.said
+    # A project's `follow = true` leaves a sweep alone, and says so; a typed -f is refused (above).
+    options = pipeline.RunOptions(
+        command=("python", "train.py", "{x}"), sweep=("x=1,2",), gpu_type="a6000", follow=True,
+        follow_from="pyproject.toml [tool.rv]",
+    )  # fmt: skip
+    assert pipeline.plan_run(options, profile, here=repo, view=heard).sweep is not None
+    assert (
+        "note",
+        "follow = true (pyproject.toml [tool.rv]) is for single runs: a sweep's points are not followed",
+    ) in heard.said
 
 
 def test_sbatch_leaves_out_the_types_it_refuses_and_says_when_the_others_start(profile, repo):
@@ -156,6 +182,30 @@ def test_sbatch_leaves_out_the_types_it_refuses_and_says_when_the_others_start(p
     ]
     with pytest.raises(UsageError, match="sbatch refuses this job"):
         pipeline.choose_candidates(plan.candidates[:1], estimates[:1], heard)
+
+
+def test_sbatch_is_asked_of_one_type_when_only_it_can_judge_the_placement(profile, repo):
+    # Issue 33: --exclude alone was never probed (uploaded, then refused at submission); rv up's
+    # session (start_up) and a sweep ask the same question.
+    from rv.placement import PlacementOptions
+
+    layout = RemoteLayout("/scratch/me/rv")
+
+    def probes(**placement: str) -> list[tuple[str, str]]:
+        options = pipeline.RunOptions(
+            command=("python", "train.py"), gpu_type="a6000", placement=PlacementOptions(**placement)
+        )
+        plan = pipeline.plan_run(options, profile, here=repo, view=Heard())
+        return pipeline.placement_probes(plan.candidates, plan.context(layout), plan.placement)
+
+    assert probes() == []  # nothing only sbatch can judge: no question before the upload
+    asked = probes(exclude="gpu-01,gpu-02")
+    assert [t for t, _ in asked] == ["a6000"] and "#SBATCH --exclude=gpu-01,gpu-02" in asked[0][1]
+    refused = pipeline.sbatch_refuses(["Requested node configuration is not available"])
+    assert refused.message == (
+        "sbatch refuses this job: Requested node configuration is not available (nothing was sent)"
+    )
+    assert "--exclude" in (refused.hint or "")
 
 
 def test_what_is_said_of_the_environment():

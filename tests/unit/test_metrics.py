@@ -97,6 +97,35 @@ def test_bad_lines_in_the_middle_are_counted_and_skipped(tmp_path):
     assert out["metrics"]["loss"]["series"] == [[1, 3], [2, 1]]
 
 
+def test_a_deeply_nested_or_huge_line_is_one_bad_line(tmp_path, monkeypatch):
+    # json.loads of [[[[... raises RecursionError, not ValueError (issue 33): still one bad line, and
+    # the line after it counts. A line over MAX_LINE is never read whole.
+    monkeypatch.setattr(metrics, "MAX_LINE", 4096)
+    deep = "[" * 100_000 + "]" * 100_000
+    deep_object = '{"a": ' * 5000 + "1" + "}" * 5000
+    braces = "{" * 3000
+    huge = '{"step": 3, "loss": "' + "x" * 20_000 + '"}'
+    path = write_lines(
+        tmp_path / "m.jsonl",
+        [{"step": 1, "loss": 3}, deep, deep_object, braces, huge, {"step": 2, "loss": 1}],
+        tail=huge,  # a write in progress: partial, not bad
+    )
+    out = summary(path)
+    assert (out["bad_lines"], out["first_bad_line"], out["partial"]) == (4, 2, True)
+    assert out["metrics"]["loss"]["series"] == [[1, 3], [2, 1]]
+
+
+def test_one_runs_malformed_file_never_hides_another_runs_metrics(tmp_path):
+    root = tmp_path / "remote"
+    make_run(root, "r1", "proj", "grid/0")
+    make_run(root, "r2", "proj", "grid/1")
+    write_lines(root / "outputs" / "proj" / "grid" / "0" / "metrics.jsonl", ["[" * 50_000])
+    write_lines(root / "outputs" / "proj" / "grid" / "1" / "metrics.jsonl", [{"step": 1, "loss": 1}])
+    bad, good = metrics.read_runs(str(root).encode(), ["r1", "r2"], ["loss"], 100)
+    assert (bad["bad_lines"], bad["metrics"]) == (1, {})
+    assert good["metrics"]["loss"]["last"] == 1
+
+
 def test_a_resumed_segment_supersedes_the_steps_it_repeats(tmp_path):
     # Segment 1 reached step 10 and saved at step 6; segment 2 starts from there and writes 7.. again.
     seg1 = [{"step": s, "loss": 100 + s} for s in range(1, 11)]
@@ -242,3 +271,21 @@ def test_the_mode_as_the_agent_program_runs_it(tmp_path):
         "error": "runs must be a list of run ids",
         "code": "usage",
     }
+
+
+def test_a_metrics_path_that_is_a_folder_says_so_and_notes_name_the_point(tmp_path):
+    # Issue 33: a folder "did not exist", and the notes named points by run id.
+    from rv.cli.sweepview import metrics_notes
+    from rv.job.results import parse_metrics_reply
+
+    root = tmp_path / "remote"
+    folder = tmp_path / "m"
+    folder.mkdir()
+    make_run(root, "r1", "proj", "grid/0", metrics=str(folder))
+    make_run(root, "r2", "proj", "grid/1")
+    write_lines(root / "outputs" / "proj" / "grid" / "1" / "metrics.jsonl", ["not json", {"loss": 1}])
+    found = parse_metrics_reply(metrics.read_runs(str(root).encode(), ["r1", "r2"], False, 10))
+    (said,) = metrics_notes(found["r1"], "grid/0")
+    assert said == f"grid/0: {folder} is a folder: RV_METRICS names a file the program appends lines to"
+    assert metrics_notes(found["r2"], "grid/1")[0].startswith("grid/1: 1 line(s) of ")
+    assert found["r2"].notes("grid/1")[0].startswith("grid/1: ")

@@ -67,6 +67,93 @@ def test_options_rv_sets_itself_are_refused_naming_the_rv_flag(text, flag):
     assert "rv sets" in err.value.message and flag in (err.value.hint or "")
 
 
+@pytest.mark.parametrize(
+    "text, owned, flag",
+    [
+        ("--arr=0-2", "--array", "rv run --sweep"),
+        ("--partit=gpu-v100", "--partition", "rv run --partition"),
+        ("--partit gpu-v100", "--partition", "rv run --partition"),
+        ("-p gpu-v100", "--partition", "rv run --partition"),
+        ("-p=gpu-v100", "--partition", "rv run --partition"),
+        ("--job-n=x", "--job-name", "rv run --name"),
+        ("--j=x", "--job-name", "rv run --name"),
+        ("-J x", "--job-name", "rv run --name"),
+        ("--depend=afterok:1", "--dependency", "chains"),
+        ("-d afterok:1", "--dependency", "chains"),
+        ("--sig=USR1@60", "--signal", "rv run --signal"),
+        ("-a 1-3", "--array", "rv run --sweep"),
+        ("--ntasks-per-g=2", "--ntasks-per-gpu", "one task per node"),
+        ("--tasks-per-node=2", "--tasks-per-node", "one task per node"),
+        ("-F nodes.txt", "--nodefile", "rv run --nodelist"),
+        ("--tres-per-task=gres/gpu:2", "--tres-per-task", "rv run -g/-t"),
+    ],
+)
+def test_every_spelling_sbatch_reads_as_an_option_rv_sets_is_refused(text, owned, flag):
+    # sbatch (getopt_long) reads any prefix one option has, and short forms: each is that option.
+    with pytest.raises(UsageError) as err:
+        check_sbatch_option(text)
+    assert f"rv sets {owned} itself" in err.value.message and flag in (err.value.hint or ""), (
+        err.value.message
+    )
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("--export=NONE", "without ALL"),
+        ("--export=HOME,PATH", "without ALL"),
+        ("--export", "without ALL"),
+        ("--chdir=/tmp", "own copy of the code"),
+        ("-D /tmp", "own copy of the code"),
+        ("--ch=/tmp", "own copy of the code"),
+        ("-M other", "profile's cluster"),
+        ("--usage", "queue nothing"),
+    ],
+)
+def test_options_the_job_cannot_run_with_are_refused_with_the_reason(text, why):
+    with pytest.raises(UsageError) as err:
+        check_sbatch_option(text)
+    assert why in err.value.message and err.value.hint, err.value.message
+
+
+def test_a_prefix_several_options_share_is_refused_naming_them_and_other_options_pass():
+    with pytest.raises(UsageError) as err:
+        check_sbatch_option("--no=1")
+    assert "--nodes" in err.value.message and "--no-kill" in err.value.message
+    with pytest.raises(UsageError, match="--time, --time-min"):
+        check_sbatch_option("--tim=10")
+    assert check_sbatch_option("--export=ALL,FOO=1") == "--export=ALL,FOO=1"
+    assert check_sbatch_option("--mail-t=END") == "--mail-t=END"  # sbatch reads it; nothing of rv's
+    assert check_sbatch_option("-L lic") == "-L lic"  # getopt would read `-L=lic` as "=lic"
+    assert check_sbatch_option("--some-newer-option=1") == "--some-newer-option=1"  # sbatch judges it
+
+
+def test_the_long_option_list_is_sbatchs_own():
+    # What sbatch 22.05 answers for each one-letter prefix (tests/captured): every option it names is
+    # in rv's list and rv's list names no other (integration: the cluster's sbatch is asked again).
+    from rv.slurm.options import LONG_OPTIONS, SHORT_OPTIONS
+
+    captured = (Path(__file__).parents[1] / "captured" / "sbatch_long_options_22.05.txt").read_text()
+    assert sorted(LONG_OPTIONS) == sorted(options_in_sbatch_answers(captured))
+    assert set(SHORT_OPTIONS.values()) <= set(LONG_OPTIONS)
+
+
+def options_in_sbatch_answers(text: str) -> list[str]:
+    """The long options sbatch names in its answers to `sbatch --X`: the possibilities of an ambiguous
+    prefix, or the one option a unique prefix is (which, asked without its value, sbatch names)."""
+    import re
+
+    names = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        if "is ambiguous" in line:
+            names += re.findall(r"'--([a-z-]+)'", line.split("possibilities:", 1)[1])
+        elif "requires an argument" in line:
+            names += re.findall(r"option '--([a-z-]+)'", line)
+    return names
+
+
 @pytest.mark.parametrize("text", ["begin=now", "--comment='two words'", "--comment=a%j", "--x=a b", ""])
 def test_what_is_no_sbatch_option_or_cannot_go_into_a_directive_is_refused(text):
     with pytest.raises(UsageError):
@@ -77,6 +164,21 @@ def test_placement_values_are_checked_and_time_min_fits_in_time():
     with pytest.raises(UsageError, match="--qos 'a b' cannot go into an #SBATCH line"):
         build_placement(qos="a b")
     with pytest.raises(UsageError, match="longer than the job's --time"):
+        build_placement(time_min="3h", time_seconds=3600)
+
+
+def test_time_min_errors_name_time_min_and_the_default_time_when_none_was_typed():
+    # Issue 33: they named --time (for a bad --time-min), or a --time the user never typed.
+    for bad, said in (("90", "--time-min '90' has no unit"), ("soon", "cannot read --time-min 'soon'")):
+        with pytest.raises(UsageError) as err:
+            build_placement(time_min=bad, time_seconds=3600)
+        assert said in err.value.message, err.value.message
+    with pytest.raises(UsageError) as err:
+        build_placement(time_min="4h", time_seconds=10740, time_typed=False)
+    assert err.value.message == (
+        "--time-min 4h is longer than the job's --time, rv's default 02:59:00 (no --time was given)"
+    )
+    with pytest.raises(UsageError, match=r"longer than the job's --time 01:00:00$"):
         build_placement(time_min="3h", time_seconds=3600)
     with pytest.raises(UsageError, match="--max-fault-retries -1"):
         build_placement(max_fault_retries=-1)
@@ -112,6 +214,18 @@ def test_vram_narrows_the_types_and_says_what_it_left_out():
     assert any("odd (memory unknown" in n for n in notes) and any("v100" in n for n in notes)
     with pytest.raises(UsageError, match="no GPU type of this cluster has 500 GB per GPU"):
         candidate_types(RIVANNA, None, vram_gb=500)
+
+
+def test_vram_on_a_type_of_unknown_memory_says_so_and_nan_or_inf_is_no_amount():
+    # Issue 33: `-t v100 --vram 16` said no type has 16 GB, when the catalog only lacked v100's memory.
+    catalog = {**RIVANNA, "odd": GpuType("odd", "p", "odd", 4)}
+    with pytest.raises(UsageError) as err:
+        plan_requests(catalog, ["odd"], gpus=1, mig=False, vram_gb=16, build=lambda name: name)
+    assert err.value.message == "--vram 16: the catalog does not know how much memory odd has per GPU"
+    assert "drop --vram" in (err.value.hint or "")
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(UsageError, match="must be a number of GB per GPU, more than 0"):
+            candidate_types(RIVANNA, None, vram_gb=bad)
 
 
 def test_an_unknown_type_names_close_ones():
@@ -191,6 +305,10 @@ def test_directives_carry_the_placement_and_join_constraints():
 @click.option("--max-segments", type=int)
 @click.option("--setup", multiple=True)
 @click.option("--name")
+@click.option("-t", "--type", "gpu_type")
+@click.option("--vram", type=float)
+@click.option("--python", "python_")
+@click.option("-f", "--follow", is_flag=True)
 @click.pass_context
 def tiny(ctx, **_kw):
     sources = apply_layers(
@@ -233,6 +351,38 @@ def test_a_bad_defaults_table_says_what_is_valid():
         run_tiny([], {"setup": "module load x"}, {})
     with pytest.raises(ConfigError, match="unknown rv run option 'name'"):
         run_tiny([], {"name": "x"}, {})  # what names one run is never a project's default
+
+
+@pytest.mark.parametrize(
+    "table, said",
+    [
+        ({"gpu": 2.7}, "project: gpu = 2.7 (a number with a point): gpu must be an integer"),
+        ({"gpu": True}, "project: gpu = true (true/false): gpu must be an integer"),
+        ({"time": 8}, "project: time = 8 (an integer): time must be a string"),
+        ({"vram": "40"}, "project: vram = '40' (a string): vram must be a number"),
+        ({"follow": "yes"}, "project: follow = 'yes' (a string): follow must be true or false"),
+        ({"setup": ["a", 1]}, "setup must be a list of strings"),
+        ({"type": ["a100", 3]}, "type must be a list of strings"),
+        ({"max-segments": 2, "max_segments": 3}, "project: max-segments and max_segments are one key"),
+        ({"python_": "3.11"}, "unknown rv run option 'python_'"),
+        ({"python-": "3.11"}, "unknown rv run option 'python-'"),
+        ({"gpus": 2}, "unknown rv run option 'gpus' (did you mean gpu?)"),
+    ],
+)
+def test_defaults_are_typed_documented_keys_spelt_one_way(table, said):
+    # Issue 33: 2.7 and true became 1 or 2 GPUs, internal names were keys, a second spelling lost.
+    with pytest.raises(ConfigError) as err:
+        run_tiny([], table, {})
+    assert said in err.value.message and err.value.hint, err.value.message
+
+
+def test_the_valid_keys_are_the_options_long_names_and_a_type_list_is_several_types():
+    with pytest.raises(ConfigError) as err:
+        run_tiny([], {"nope": 1}, {})
+    keys = err.value.hint.removeprefix("valid keys: ").split(", ")
+    assert keys == ["follow", "gpu", "max-segments", "python", "setup", "time", "type", "vram"]
+    params, _ = run_tiny([], {"type": ["a100", "a6000"], "vram": 40, "max_segments": 2}, {})
+    assert (params["gpu_type"], params["vram"], params["max_segments"]) == ("a100,a6000", 40.0, 2)
 
 
 def test_only_some_options_take_defaults_the_rest_are_left_to_rv_run():

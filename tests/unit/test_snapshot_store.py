@@ -555,8 +555,10 @@ def test_a_remote_file_system_error_names_the_path(tmp_path, transport):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the remote root's parent should be")
     repo = sample_repo(tmp_path)
-    with pytest.raises(RemoteError, match=r"remote snap-put: Not a directory: .*/not-a-folder/root$"):
+    # Issue 33: the message began with rv's internal step, "remote snap-put: "; now the words alone.
+    with pytest.raises(RemoteError, match=r"^Not a directory: .*/not-a-folder/root$") as err:
         make_snapshot(transport, RemoteLayout(str(blocker / "root")), repo)
+    assert err.value.hint
 
 
 # -- incremental builds ------------------------------------------------------------------------

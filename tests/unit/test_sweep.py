@@ -147,6 +147,28 @@ def test_csv_with_a_header_and_quoted_commas():
     assert rows == [(2, ("1e-4", "a,b")), (3, ("3e-4", "plain"))]
 
 
+def test_csv_with_a_byte_order_mark_and_padded_cells_reads_as_typed_without_the_padding(tmp_path):
+    # Issue 33: Excel's "CSV UTF-8" starts with a byte-order mark, which made the first name
+    # unusable; cells kept the spaces around them though names lose theirs.
+    from rv.sweep import read_sweep_file
+
+    path = tmp_path / "grid.csv"
+    path.write_bytes('\ufefflr, tag\r\n 1e-4 , " a,b " \r\n3e-4,plain\r\n'.encode())
+    names, rows, _ = parse_sweep_file(*read_sweep_file(path))
+    assert names == ("lr", "tag") and rows == [(2, ("1e-4", "a,b")), (3, ("3e-4", "plain"))]
+    with pytest.raises(UsageError, match="no value for tag"):
+        parse_sweep_file("lr,tag\n1e-4,  \n", "g.csv")
+
+
+def test_sweep_values_lose_the_spaces_around_them_as_names_do():
+    assert parse_sweep_option(" lr = 1e-4 , 3e-4 ") == ("lr", ("1e-4", "3e-4"))
+    assert parse_sweep_option("seed= 0..2 ")[1] == ("0", "1", "2")
+    with pytest.raises(UsageError, match="an empty value between commas"):
+        parse_sweep_option("lr=1e-4, ,3e-4")
+    with pytest.raises(UsageError, match="the value '1' is given twice"):
+        parse_sweep_option("seed=1, 1")
+
+
 @pytest.mark.parametrize(
     ("name", "text", "fmt"),
     [

@@ -216,8 +216,11 @@ def test_retry_takes_the_failed_and_the_never_submitted():
 
 def test_rv_ps_one_line_per_sweep_counts():
     states = ["RUNNING", "PENDING", "PENDING", "COMPLETED", "FAILED", "CANCELLED", "STOPPED", "REQUEUED"]
-    assert sweep_counts(states) == {"running": 2, "pending": 2, "finished": 1, "failed": 2, "other": 1}
-    assert sweep_summary(states) == "2 running, 2 pending, 1 finished, 2 failed, 1 other"
+    # A cancelled point is counted as cancelled, not failed (issue 33: this assertion said "2 failed").
+    assert sweep_counts(states) == {
+        "running": 2, "pending": 2, "finished": 1, "failed": 1, "cancelled": 1, "other": 1
+    }  # fmt: skip
+    assert sweep_summary(states) == "2 running, 2 pending, 1 finished, 1 failed, 1 cancelled, 1 other"
     assert sweep_summary(["COMPLETED"] * 3) == "3 finished"
     assert sweep_summary([]) == "no points"
 

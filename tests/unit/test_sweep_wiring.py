@@ -358,7 +358,6 @@ def offline(tmp_path):
         (["--parallel", "2", "-g", "0"], "--parallel caps how many points of a sweep run at once"),
         (["-g", "0", "--sweep", "x=1,2", "-f"], "-f follows one run, and each point of a sweep is a run"),
         (["-g", "0", "--sweep", "x=1,2", "--from", "base"], "--from cannot start a sweep"),
-        (["-g", "1", "--sweep", "x=1,2"], "a sweep runs on one GPU type, and this one could take"),
         (["-g", "0", "--sweep", "x=1,1"], "the value '1' is given twice"),
         (["-g", "0", "--sweep", "x=1,2", "--name", "a/b"], "has characters a run name cannot have"),
     ],
@@ -367,6 +366,17 @@ def test_what_a_sweep_cannot_be_is_refused_before_connecting(offline, args, said
     r = offline("run", *args, "--", "python", "t.py", "{x}")
     assert r.returncode == 2 and said in r.stderr, r.stderr
     assert "connect" not in r.stderr.lower()
+
+
+def test_a_sweep_on_a_cluster_of_several_types_takes_one_and_says_which(offline):
+    # Issue 33: it was refused ("a point claimed on one type would still hold an array task of the
+    # others"), so the guide's sweep failed as typed on a cluster of two types.
+    r = offline("run", "-g", "1", "--dry-run", "--sweep", "x=1,2", "--", "python", "t.py", "{x}")
+    assert r.returncode == 0, r.stderr
+    said = r"a sweep runs on one GPU type: (\S+), the first that can serve it \(-t picks another: (.+)\)"
+    m = re.search(said, r.stderr)
+    assert m and m[1] not in m[2].split(", "), r.stderr
+    assert f" 1 {m[1]};" in r.stderr, r.stderr  # the resources line: the type taken
 
 
 def test_a_sweeps_dry_run_lists_its_points_and_sends_nothing(offline):
@@ -397,3 +407,41 @@ def test_long_agent_arguments_travel_compressed_under_the_kernels_cap(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(zlib.decompress(done.stdout)) == {"runs": []}
     assert encode_args({"a": 1}) == '{"a": 1}'  # short ones stay as they are
+
+
+def test_time_min_over_the_default_time_names_the_default(offline):
+    r = offline("run", "-g", "0", "--time-min", "4h", "--dry-run", "--", "python", "t.py")
+    assert r.returncode == 2 and "rv's default 02:59:00 (no --time was given)" in r.stderr, r.stderr
+    r = offline("run", "-g", "0", "--time-min", "90", "--dry-run", "--", "python", "t.py")
+    assert r.returncode == 2 and "--time-min '90' has no unit" in r.stderr, r.stderr
+
+
+def test_messages_in_the_users_words(offline):
+    # Issue 33: --vram 40.0 shown as a float; rv up -t a,b called a list an unknown type; the --sweep
+    # help named $RV_SWEEP_NAME (it is RV_SWEEP_<NAME>); the dry run wrote the product sign as x.
+    r = offline("run", "-g", "1", "-t", "a100", "--vram", "40.0", "--dry-run", "--", "python", "t.py")
+    assert r.returncode == 0 and "--vram 40 (command line)" in r.stderr, r.stderr
+    assert "resources: 1 node(s) × 1 a100;" in r.stderr, r.stderr
+    r = offline("up", "--detach", "-t", "a100,a6000")
+    assert r.returncode == 2 and "rv up takes one GPU type, not a100,a6000" in r.stderr, r.stderr
+    assert "next: name one, e.g. -t a100" in r.stderr and "connect" not in r.stderr.lower()
+    r = offline("run", "--help")
+    assert "RV_SWEEP_<NAME>" in " ".join(r.stdout.split()) and "$RV_SWEEP_NAME" not in r.stdout
+
+
+def test_an_error_the_cluster_side_reports_is_its_words_and_a_next_step():
+    from rv.errors import RemoteError, UsageError
+    from rv.remote.agent_client import agent_reply
+
+    def reply(obj) -> bytes:
+        return zlib.compress(json.dumps(obj).encode())
+
+    with pytest.raises(UsageError) as err:
+        agent_reply("run-check", 0, reply({"error": "run x is still live (job 5)", "code": "live"}), b"")
+    assert err.value.message == "run x is still live (job 5)" and "rv stop" in (err.value.hint or "")
+    with pytest.raises(RemoteError) as err:
+        agent_reply("sweep-submit", 0, reply({"error": "sbatch rejected the array", "code": "sbatch"}), b"")
+    assert err.value.message == "sbatch rejected the array" and "--qos" in (err.value.hint or "")
+    with pytest.raises(RemoteError) as err:
+        agent_reply("runs", 1, b"", b"Traceback\nKeyError: 'x'\n")
+    assert "KeyError" in err.value.message and "RV_DEBUG=1" in (err.value.hint or "")  # a crash: a report

@@ -85,6 +85,15 @@ def test_the_final_checkpoint_is_named_once(tmp_path, capsys):
     assert f"saved {final} in " in out and "finished at step 3 (completed)\n" in out
 
 
+def test_a_periodic_save_on_the_last_step_names_the_final_checkpoint_once(tmp_path, capsys):
+    # Issue 33: the demo (150 steps, a save every 50) said "saved .../step_0000150" twice: the periodic
+    # save of step 150, then the final save, which found it saved.
+    assert main(["--steps", "4", "--save-every", "2", "--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    final = str(tmp_path / "checkpoints" / "step_0000004")
+    assert out.count(final) == 1 and out.count(str(tmp_path / "checkpoints" / "step_0000002")) == 1, out
+
+
 def test_skip_final_save_still_saves_on_a_stop_signal(tmp_path):
     # The stop protocol: a signal always ends with a checkpoint, whatever the flags say.
     args = ["--task", f"{HELPERS}:SignalAtStep2", "--signals", "SIGUSR2", "--steps", "10",

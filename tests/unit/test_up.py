@@ -178,6 +178,18 @@ def test_a_job_that_ends_before_the_shell_is_reported_with_its_reason(cluster):
     assert not (stubs / "scancel.log").exists()
 
 
+def test_a_job_sbatch_refuses_says_sbatchs_reason_and_nothing_is_left(cluster):
+    # Issue 33: it ended in "the watchdog of the rv up session ended (exit 0)", with no reason.
+    stubs = cluster[0]
+    refusal = "sbatch: error: Batch job submission failed: Invalid qos specification"
+    (stubs / "sbatch").write_text(f"#!/bin/bash\necho '{refusal}' >&2\nexit 1\n")
+    with pytest.raises(up.RemoteError) as err:
+        start(cluster)
+    assert "not queued: sbatch rejected the job: " in err.value.message, err.value.message
+    assert "Invalid qos specification" in err.value.message and "--qos" in (err.value.hint or "")
+    assert not (stubs / "scancel.log").exists()
+
+
 # --- the holder ------------------------------------------------------------------------------------
 
 
