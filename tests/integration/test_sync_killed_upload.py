@@ -19,8 +19,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.conftest import RV_PROGRAM
 from projects import git_project, store_state, wait_for
+
+from tests.integration.conftest import RV_PROGRAM
 
 FILES = 3000  # 40 kB each, 120 MB: packs of 32 MB, so some land whole before a kill
 KILLS = 6
