@@ -115,6 +115,13 @@ from rv.job.prepare import job_umask
     "mail:ADDRESS (Slurm's mail), secret:NAME (a webhook URL kept with `rv env set NAME`), desktop "
     "(while -f or rv wait follows), none (repeatable).",
 )
+@click.option(
+    "--work-dir",
+    type=click.Choice(["shared", "node"]),
+    help="Where the program's work dir is: shared (default; the run's folder on the cluster's shared "
+    "filesystem) or node (each node's local disk; what the program changes there is kept in the run's "
+    "folder at each segment's end and put back at the next).",
+)
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
@@ -168,6 +175,7 @@ def run(
     sweep_file: Path | None,
     parallel: int | None,
     notify: tuple[str, ...],
+    work_dir: str | None,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -272,12 +280,18 @@ def run(
     )  # fmt: skip
     alternatives = [dataclasses.replace(r, setup=req.setup) for r in alternatives]
     reqs = [req, *alternatives]  # each with the folder the program starts in
+    from rv.job.workdir import check_work_dir, many_files_warning
+
+    work = job.WorkDir(check_work_dir(work_dir), profile.node_work_dir)
+    many = many_files_warning(snap.tree.files, len(sweep) if sweep is not None else 1, work.where)
+    if many:
+        warn(many)
     if sweep is not None:
         ctx.exit(
             run_sweep(
                 ctx, profile, sweep, command, req, build, snap=snap, env_plan=env_plan, place=place,
                 secrets=secrets, setup=setup, dry_run=dry_run, as_json=as_json, sources=sources,
-                probes_for=lambda context: placement_probes(reqs, context, place), notify=told,
+                probes_for=lambda context: placement_probes(reqs, context, place), notify=told, work=work,
             )
         )  # fmt: skip
     if dry_run:
@@ -289,7 +303,7 @@ def run(
             layout, run_id=run_id, snapshot_id=snap.id, project=snap.project, account=profile.account,
             has_secrets=bool(secrets), umask=job_umask(profile),
             env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"), placement=place,
-            notify=told,
+            notify=told, work=work,
         )  # fmt: skip
         script = render_script(req, context)
         if as_json:
@@ -340,7 +354,7 @@ def run(
         context = job.script_context(
             s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
-            env_build=env_plan.lines(env.path) if env else (), placement=place, notify=told,
+            env_build=env_plan.lines(env.path) if env else (), placement=place, notify=told, work=work,
         )  # fmt: skip
         submitted = job.submit(
             s.transport, s.layout, req, context, profile=profile.name, secrets=secrets,
@@ -431,7 +445,7 @@ def read_sweep(  # type: ignore[no-untyped-def]
 def run_sweep(  # type: ignore[no-untyped-def]
     ctx: click.Context, profile, sweep, command: tuple[str, ...], req, build, *, snap, env_plan, place,
     secrets, setup: tuple[str, ...], dry_run: bool, as_json: bool, sources: dict[str, str], probes_for,
-    notify: tuple[str, ...] = (),
+    notify: tuple[str, ...] = (), work=None,
 ) -> int:  # fmt: skip
     """`rv run --sweep`: every point a run of its own (SWEEP/INDEX), one snapshot, one environment,
     one job array (or several, where MaxArraySize splits them), sent in one round trip."""
@@ -461,7 +475,7 @@ def run_sweep(  # type: ignore[no-untyped-def]
             layout, run_id=job.new_run_id() + "-0", snapshot_id=snap.id, project=snap.project,
             account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
             env_build=env_plan.lines(f"{layout.root}/envs/<key, found on the cluster>"), placement=place,
-            sweep_env=first.env(), notify=notify,
+            sweep_env=first.env(), notify=notify, work=work,
         )  # fmt: skip
         script = render_script(point_reqs[first.index], context)
         if as_json:
@@ -529,7 +543,7 @@ def run_sweep(  # type: ignore[no-untyped-def]
                 s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
                 account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
                 env_build=env_plan.lines(env.path) if env else (), placement=place, sweep_env=point.env(),
-                notify=notify,
+                notify=notify, work=work,
             )  # fmt: skip
             args = job.submit_args(
                 s.layout, point_reqs[index], context, provenance=provenance, has_secrets=bool(secrets)

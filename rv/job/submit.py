@@ -140,6 +140,15 @@ def check(
     )
 
 
+@dataclass(frozen=True)
+class WorkDir:
+    """Where the run's work dir is (rv.job.workdir): "shared" or "node", and the profile's folder on
+    each node for "node" (None: $SLURM_TMPDIR, $TMPDIR, /tmp)."""
+
+    where: str = "shared"
+    node_folder: str | None = None
+
+
 def script_context(
     layout: RemoteLayout,
     *,
@@ -153,7 +162,9 @@ def script_context(
     placement: Placement | None = None,
     sweep_env: Mapping[str, str] | None = None,
     notify: Sequence[str] = (),
+    work: WorkDir | None = None,
 ) -> ScriptContext:
+    work = work or WorkDir()
     return ScriptContext(
         remote_root=layout.root,
         snapshot_id=snapshot_id,
@@ -166,6 +177,8 @@ def script_context(
         placement=placement or Placement(),
         sweep_env=tuple((sweep_env or {}).items()),
         notify=tuple(notify),
+        work_dir=work.where,
+        node_work_dir=work.node_folder,
     )
 
 
@@ -236,6 +249,8 @@ def submit_args(
         "metrics": run_paths(req, ctx).metrics,
         # --notify: rv wait tells the desktop when it is among them (the cluster tells the others).
         "notify": list(ctx.notify),
+        # --work-dir: "node" keeps the work dir off the shared filesystem (rv/agent/job.sh).
+        "work_dir": ctx.work_dir,
     }
     candidates = None
     if alternatives:
