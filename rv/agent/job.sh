@@ -358,7 +358,6 @@ rv_on_exit() {
     set +eu
     rm -f -- "$RV_JOB_DIR/$RV_JOB_ENV_FILE"  # it holds the secrets: gone with the job
     rv_end_segment "$rc"
-    [ "${rv_work_node:-0}" != 1 ] || rv_node_work_end
     exit "$rv_exit_code"
 }
 
@@ -461,6 +460,7 @@ rv_end_segment() {
         # Slurm runs this job again (node failure, preemption, scontrol requeue): same job id, same
         # segment. Keep the secrets and the work dir for it.
         rv_record requeued "requeued by Slurm" "$rc" "" ""
+        [ "${rv_work_node:-0}" != 1 ] || rv_node_work_end
         rv_exit_code="$rc"
         return
     fi
@@ -534,6 +534,8 @@ rv_end_segment() {
     fi
     rv_record ended "$why" "$rc" "$step" "$next"
     if [ "$rv_program_ran" = 1 ]; then rv_keep_outputs; fi
+    # Before the run's end is written: whoever waits for it finds the node's disk freed.
+    [ "${rv_work_node:-0}" != 1 ] || rv_node_work_end
     rv_exit_code="$rc"
     if [ "$over" = 1 ]; then
         # The run's own exit code: 0 only when the program finished.
@@ -679,11 +681,12 @@ rv_work_save() {
     local index="$RV_WORK_DIR.index" saved="$RV_RUN_DIR/$RV_WORK_SAVED" changed="$rv_node_dir/changed"
     local deleted="$rv_node_dir/deleted"
     [ -d "$RV_WORK_DIR" ] && [ -e "$index" ] || return 0
-    # Names NUL-separated and led by ./, so none (a leading dash, a newline) is read as tar's option.
-    { rv_git "$index" --work-tree="$RV_WORK_DIR" diff-files -z --name-only --diff-filter=d \
-        && rv_git "$index" --work-tree="$RV_WORK_DIR" ls-files -z --others; } | sed -z 's|^|./|' >"$changed" \
-        || return 1
-    rv_git "$index" --work-tree="$RV_WORK_DIR" diff-files -z --name-only --diff-filter=D >"$deleted" || return 1
+    # Names NUL-separated and led by ./, so none (a leading dash, a newline) is read as tar's option;
+    # git asked from the work dir's top (-C), as ls-files names and lists what is under the folder it runs in.
+    local git=(rv_git "$index" -C "$RV_WORK_DIR" --work-tree="$RV_WORK_DIR")
+    { "${git[@]}" diff-files -z --name-only --diff-filter=d && "${git[@]}" ls-files -z --others; } \
+        | sed -z 's|^|./|' >"$changed" || return 1
+    "${git[@]}" diff-files -z --name-only --diff-filter=D >"$deleted" || return 1
     rm -rf -- "$saved.tmp" "$saved.old" || return 1
     if [ -s "$changed" ] || [ -s "$deleted" ]; then
         mkdir -p -- "$saved.tmp" || return 1

@@ -29,7 +29,7 @@ import sys
 import time
 import zlib
 
-from rv.agent import common, locks, manifest, metrics, store
+from rv.agent import common, locks, manifest, metrics, quota, store
 from rv.agent import segment as records
 
 RUN_FILE = b"run.json"
@@ -332,6 +332,14 @@ def _resolve_from(root, project, ref):
 
 
 def mode_run_check(args):
+    out = _run_check(args)
+    if args.get("quota"):
+        # The site's file quota, where a tool tells it: rv run warns before a run passes 90% of it.
+        out["quota"] = quota.report(common.root_path(args["root"]))
+    return out
+
+
+def _run_check(args):
     root = common.root_path(args["root"])
     project, name = args["project"], args["name"]
     if args.get("sweep"):

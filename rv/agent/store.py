@@ -503,12 +503,14 @@ def has_snapshot(root, sid):
 
 
 def _du(path):
-    total = 0
+    """(bytes on disk, files and folders) under ``path``."""
+    total = count = 0
     for dirpath, dirs, files in os.walk(path):
         for name in dirs + files:
             with contextlib.suppress(OSError):
                 total += os.lstat(common.join(dirpath, name)).st_blocks * 512
-    return total
+                count += 1
+    return total, count
 
 
 def _only_reached_by(store, drop, keep):
@@ -586,5 +588,7 @@ def _collect(root, store, in_use, older_than, grace, report, freed, dry):
         # Unreachable objects older than the grace period go; the packs are rewritten into one.
         prune = "--prune=%d.seconds.ago" % int(grace)
         run_git(store, ["-c", "gc.autoDetach=false", "gc", "--quiet", prune])
-    freed.extra += max(0, before - _du(store))  # measured: what git's repack and prune freed
+    after = _du(store)
+    freed.extra += max(0, before[0] - after[0])  # measured: what git's repack and prune freed
+    freed.extra_files += max(0, before[1] - after[1])
     return report

@@ -335,8 +335,11 @@ def run(
         # Before anything is sent: a live run of this name is refused; a finished one is resumed; sbatch
         # judges each candidate (when it would start, or why it refuses it).
         check = job.check(
-            s.transport, s.layout, project=snap.project, name=req.name, from_run=from_run, probes=probes
-        )
+            s.transport, s.layout, project=snap.project, name=req.name, from_run=from_run, probes=probes,
+            new_files=work.new_files(snap.tree.files),
+        )  # fmt: skip
+        if check.quota_warning:
+            warn(check.quota_warning)
         reqs = choose_candidates(reqs, check.estimates)
         req, alternatives = reqs[0], reqs[1:]
         if from_run is None and check.resume_step is not None:
@@ -445,7 +448,7 @@ def read_sweep(  # type: ignore[no-untyped-def]
 def run_sweep(  # type: ignore[no-untyped-def]
     ctx: click.Context, profile, sweep, command: tuple[str, ...], req, build, *, snap, env_plan, place,
     secrets, setup: tuple[str, ...], dry_run: bool, as_json: bool, sources: dict[str, str], probes_for,
-    notify: tuple[str, ...] = (), work=None,
+    notify: tuple[str, ...] = (), work,
 ) -> int:  # fmt: skip
     """`rv run --sweep`: every point a run of its own (SWEEP/INDEX), one snapshot, one environment,
     one job array (or several, where MaxArraySize splits them), sent in one round trip."""
@@ -509,7 +512,10 @@ def run_sweep(  # type: ignore[no-untyped-def]
         check = job.check_sweep(
             s.transport, s.layout, project=snap.project, name=name, probes=probes_for(probe_ctx),
             account=place.account or profile.account, qos=place.qos,
+            new_files=work.new_files(snap.tree.files, len(sweep)),
         )  # fmt: skip
+        if check.quota_warning:
+            warn(check.quota_warning)
         choose_candidates([req], check.estimates)
         resumed = job.check_existing_points(name, check, sweep.points)
         limit = check.limit

@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from rv.errors import RemoteError, UsageError
+from rv.job.footprint import quota_warning, read_quota_report
 from rv.job.records import ClusterRun, RunRecord
+from rv.job.workdir import RUN_FILES, shared_files
 from rv.layout import RemoteLayout
 from rv.names import point_name
 from rv.placement import Estimate, Placement, parse_test_only
@@ -81,6 +83,7 @@ class Check:
     resume_files: bool  # the checkpoint folder holds something (any layout)
     from_run: Mapping[str, Any] | None  # --from: the source's project, name and checkpoint listing
     estimates: tuple[Estimate, ...] = ()  # sbatch --test-only's word on each candidate, when asked
+    quota_warning: str | None = None  # the run would pass 90% of the user's file quota
 
 
 def check(
@@ -91,17 +94,20 @@ def check(
     name: str,
     from_run: FromRun | None,
     probes: Sequence[tuple[str, str]] = (),
+    new_files: int = 0,
 ) -> Check:
     """Refuse a second live run of ``name``; say what its checkpoint folder (and --from's) hold.
 
     ``probes``: (GPU type, probe script) of each candidate: sbatch --test-only says, in the same round
-    trip, when each would start, or why sbatch would refuse it (nothing is submitted).
+    trip, when each would start, or why sbatch would refuse it (nothing is submitted). ``new_files``:
+    the files the run will create on the shared filesystem, weighed against the user's file quota.
     """
     args: dict[str, Any] = {
         "root": layout.root,
         "project": project,
         "name": name,
         "squeue": commands.squeue_user(),
+        "quota": True,
     }
     if probes:
         args["probes"] = [{"type": t, "script": text} for t, text in probes]
@@ -137,6 +143,7 @@ def check(
         resume_files=bool(ckpt.get("steps") or ckpt.get("files")),
         from_run=source,
         estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
+        quota_warning=quota_warning(read_quota_report(reply.get("quota")).root, new_files),
     )
 
 
@@ -147,6 +154,11 @@ class WorkDir:
 
     where: str = "shared"
     node_folder: str | None = None
+
+    def new_files(self, snapshot_files: int, points: int = 1) -> int:
+        """Files a run (or a sweep's ``points``) creates on the shared filesystem: its work dirs, and
+        a few dozen records, scripts and logs each."""
+        return shared_files(snapshot_files, points, self.where) + RUN_FILES * points
 
 
 def script_context(
@@ -346,6 +358,7 @@ class SweepCheck:
     arrays: ArrayLimits
     limit: SubmitLimit | None  # the user's queue limit, where Slurm says
     estimates: tuple[Estimate, ...] = ()
+    quota_warning: str | None = None  # the sweep would pass 90% of the user's file quota
 
 
 def check_sweep(
@@ -357,6 +370,7 @@ def check_sweep(
     probes: Sequence[tuple[str, str]] = (),
     account: str | None = None,
     qos: str | None = None,
+    new_files: int = 0,
 ) -> SweepCheck:
     """One round trip before anything of a sweep is sent: a plain run of its name refuses it; the
     points of a sweep of this name that exist already; MaxArraySize; the user's queue and its limit."""
@@ -367,6 +381,7 @@ def check_sweep(
         "sweep": True,
         "squeue": commands.squeue_user(),
         "slurm": sweep_asks(),
+        "quota": True,
     }
     if probes:
         args["probes"] = [{"type": t, "script": text} for t, text in probes]
@@ -379,6 +394,7 @@ def check_sweep(
         arrays=arrays,
         limit=limit,
         estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
+        quota_warning=quota_warning(read_quota_report(reply.get("quota")).root, new_files),
     )
 
 

@@ -11,7 +11,6 @@ would create many files there, and when it would pass 90% of the user's file quo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from rv.errors import ConfigError, UsageError
 
@@ -20,8 +19,9 @@ WORK_DIRS = ("shared", "node")
 # A run or sweep that would create more work-dir files than this on the shared filesystem is told so.
 MANY_FILES = 100_000
 
-# rv run warns when a run would take the user's file count past this share of the file quota.
-QUOTA_WARN_SHARE = 0.9
+# What a run creates on the shared filesystem besides its work dir: run.json, the script, segment
+# records, logs, a job folder per segment (a chain of ten segments: a few dozen).
+RUN_FILES = 30
 
 _UNSAFE_PATH = re.compile(r"[\s\x00-\x1f\x7f]")
 
@@ -68,36 +68,3 @@ def many_files_warning(files: int, points: int, work_dir: str) -> str | None:
         f"({what} in its work dir{'s' if points > 1 else ''}); sites cap files per user (often 1 M): "
         "--work-dir node checks the code out on each node's local disk instead"
     )
-
-
-@dataclass(frozen=True)
-class Quota:
-    """A user's quota on one filesystem, as the site's tool printed it (None: no limit set)."""
-
-    tool: str  # lfs, mmlsquota, quota
-    filesystem: str
-    bytes_used: int | None
-    bytes_limit: int | None
-    files_used: int | None
-    files_limit: int | None
-
-    @property
-    def files_share(self) -> float | None:
-        if not self.files_limit or self.files_used is None:
-            return None
-        return self.files_used / self.files_limit
-
-
-def quota_warning(quotas: tuple[Quota, ...], new_files: int) -> str | None:
-    """What ``rv run`` says when ``new_files`` more would pass 90% of a file quota (the tightest)."""
-    for q in sorted(quotas, key=lambda q: -(q.files_share or 0)):
-        if not q.files_limit or q.files_used is None:
-            continue
-        after = q.files_used + new_files
-        if after >= QUOTA_WARN_SHARE * q.files_limit:
-            return (
-                f"file quota on {q.filesystem}: {q.files_used:,} of {q.files_limit:,} files used "
-                f"({q.files_used / q.files_limit:.0%}), {after / q.files_limit:.0%} with this run's "
-                f"{new_files:,}; rv gc frees what ended runs left, --work-dir node keeps work dirs off it"
-            )
-    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -167,3 +168,34 @@ def test_a_chain_whose_runtime_files_were_purged_writes_them_again_and_goes_on(l
     assert record["segment"] == 2 and record["exit_code"] == 0, record
     assert "written again for the next segment" in r.stderr
     assert list(Path(layout.remote_root, "runtime").glob("job-*.sh"))
+
+
+# Run once on each node (--each-node) from a subfolder: where each copy stands, and a file of its own.
+EACH = """\
+import os
+node = os.environ["SLURM_NODEID"]
+print("node", node, "cwd", os.getcwd(), flush=True)
+open("from-node-%s.txt" % node, "w").write(node)
+"""
+
+
+def test_each_node_of_a_job_checks_out_a_work_dir_of_its_own(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"sub/each.py": EACH})
+    r = layout.run_rv(
+        "run", "-g", "4", "-t", "a6000", "--mem", "1G", "--each-node", "--work-dir", "node", "--name", "two",
+        "-f", "--", "python3", "each.py", cwd=proj / "sub", timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line.split("] ", 1)[-1].split() for line in r.stdout.splitlines()]
+    seen = {words[1]: words[3] for words in lines if words and words[0] == "node"}
+    assert sorted(seen) == ["0", "1"], r.stdout
+    # Each node in its own folder (named by its node: both are this machine), in the subfolder typed in.
+    assert seen["0"] != seen["1"] and all(cwd.endswith("/work/sub") for cwd in seen.values()), seen
+    assert all(not cwd.startswith(layout.remote_root) for cwd in seen.values())
+    assert all(not Path(cwd).parent.parent.exists() for cwd in seen.values()), "a node's work dir stayed"
+    # The first node's changes are the run's.
+    run = run_folder(layout.remote_root, "two")
+    listing = subprocess.run(
+        ["tar", "-tf", str(run / "work.changes" / "files.tar")], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert listing == ["./sub/from-node-0.txt"], listing
