@@ -655,6 +655,18 @@ rv_work_dir() {
     [ "${rv_work_node:-0}" != 1 ] || rv_work_restore "$tmp"
     rv_try "placing the work dir" mv -- "$index.tmp" "$index"
     rv_try "placing the work dir" mv -- "$tmp" "$RV_WORK_DIR"
+    rv_store_tidy "$index"
+}
+
+# git's own rule for when the store's packs pile up (one per upload), applied by the job on its
+# compute node, in its background at the lowest priority: on the login node a repack would slow
+# every rv command, and a detached one outlive the call that started it. Another job's gc running
+# makes this one a no-op (git's gc.pid); the job's end stops it, which git's atomic renames survive.
+rv_store_tidy() {
+    (
+        renice -n 19 "$BASHPID" >/dev/null 2>&1 || :
+        rv_git "$1" -c gc.autoDetach=false gc --auto --quiet >/dev/null 2>&1 || :
+    ) </dev/null &
 }
 
 # Where this job's work dir is: the run's folder on the shared filesystem, or with --work-dir node a

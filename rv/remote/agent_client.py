@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # other as they do here. Their files are read, never imported: the laptop does not load the agent.
 AGENT_MODULES = (
     "manifest", "segment", "common", "locks", "store", "oldstore", "transfer", "metrics", "quota", "runs",
-    "follow", "up", "envs", "gc", "why", "__main__",
+    "follow", "up", "envs", "gc", "why", "code", "__main__",
 )  # fmt: skip
 _AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 
