@@ -121,7 +121,7 @@ def wait_server(runtime: Path) -> None:
     raise SystemExit(f"the command server did not start (see {runtime}/cmd-*.log)")
 
 
-def imported(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list[str]]:
+def imported(args: list[str], env: dict[str, str], cwd: Path, python: Path) -> tuple[int, list[str]]:
     probe = (
         "import atexit, sys\n"
         "def report():\n"
@@ -132,7 +132,7 @@ def imported(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list
         "atexit.register(report)\n"
         "from rv.cli.main import main\nsys.argv[0] = 'rv'\nmain()\n"
     )
-    r = subprocess.run([sys.executable, "-c", probe, *args], env=env, cwd=cwd, capture_output=True, text=True)
+    r = subprocess.run([python, "-c", probe, *args], env=env, cwd=cwd, capture_output=True, text=True)
     line = next(x for x in r.stderr.splitlines() if x.startswith("IMPORTS"))
     _, count, heavy = line.split()
     return int(count), [] if heavy == "-" else heavy.split(",")
@@ -171,8 +171,9 @@ def main() -> None:
         "--before",
         type=Path,
         metavar="PYTHON",
-        help="the Python of another rv install (e.g. main's venv): its `rv ps` and `rv status`, warm, "
-        "are timed in the same rounds (its own config, runtime folder and connection)",
+        help="the Python of another rv install (e.g. main's venv): its `rv ps` and `rv status` (warm), "
+        "its resubmits (everything on) and its `rv --help` and `rv run --dry-run` are timed in the same "
+        "rounds (its own config, runtime folder, records and connection)",
     )
     args = ap.parse_args()
     groups = set(args.groups.split(","))
@@ -224,13 +225,17 @@ def main() -> None:
     mux.append(ssh[-1])
     before_rv = [str(args.before.parent / "rv")] if args.before else []
     before_env = dict(env, RV_CONFIG=str(home / "rv-before.toml"), RV_RUNTIME_DIR=str(work / "run-before"))
+    before_run_env = dict(
+        before_env, RV_CONFIG=str(home / "rv-before-run.toml"), RV_STATE_DIR=str(home / "state-before-run")
+    )
     if args.before:
         (work / "run-before").mkdir(mode=0o700)
-        run_ok(
-            [*before_rv, "init", "--profile", "bench", "--host", "127.0.0.1", "--port", port, "--user", user,
-             "--identity-file", key, "--known-hosts", known, "--remote-root", f"{base}/ps", "--yes"],
-            before_env,
-        )  # fmt: skip
+        for config_env, root in ((before_env, f"{base}/ps"), (before_run_env, f"{base}/run-before")):
+            run_ok(
+                [*before_rv, "init", "--profile", "bench", "--host", "127.0.0.1", "--port", port, "--user",
+                 user, "--identity-file", key, "--known-hosts", known, "--remote-root", root, "--yes"],
+                config_env,
+            )  # fmt: skip
     rsync_dest = f"{base}/by-hand"
     run_ok([*ssh, f"mkdir -p {rsync_dest}"], env)
 
@@ -313,6 +318,17 @@ def main() -> None:
                         row[name], proc = timed_run([*rv, "-p", profile, *resubmit], cmd_env, cwd=repo)
                         jobs.extend(re.findall(r"^(\d+)\s*$", proc.stdout, re.M))
                         yard[name] = "by hand, fresh"
+                if args.before:
+                    run_ok([*before_rv, "ps"], before_run_env)  # its connection warm, as above
+                    for change in (True, False):
+                        if change:
+                            changed.write_text(f"# changed in round {round_}, before\n")
+                        time.sleep(PAUSE_S)
+                        what = "one file changed" if change else "nothing changed"
+                        name = f"before (the other install): resubmit, {what}"
+                        row[name], proc = timed_run([*before_rv, *resubmit], before_run_env, cwd=repo)
+                        jobs.extend(re.findall(r"^(\d+)\s*$", proc.stdout, re.M))
+                        yard[name] = "by hand, fresh"
                 for label, over in (("fresh", ssh), ("ControlMaster", mux)):
                     changed.write_text(f"# changed in round {round_} by hand\n")
                     name = f"by hand: rsync, then ssh host sbatch ({label})"
@@ -342,10 +358,16 @@ def main() -> None:
     dry = ["run", "--dry-run", "-g", "1", "-t", "a6000", "--", "python", "job.sh"]
     if "local" in groups:
         local = {"rv --help": [], "rv run --dry-run": []}
+        if args.before:
+            local.update({"before: rv --help": [], "before: rv run --dry-run": []})
         for _ in range(args.runs):
             local["rv --help"].append(timed([*rv, "--help"], env))
             local["rv run --dry-run"].append(timed([*rv, *dry], env, cwd=repo))
+            if args.before:
+                local["before: rv --help"].append(timed([*before_rv, "--help"], before_env))
+                local["before: rv run --dry-run"].append(timed([*before_rv, *dry], before_env, cwd=repo))
         stop_warm(runtime, server=True)
+        stop_warm(work / "run-before", server=True)
 
     print(
         f"{state.name} loopback cluster as {user}, {queue_length} jobs of the user queued, rv from "
@@ -357,7 +379,8 @@ def main() -> None:
         print(summary(name, values, None if yardstick else ratios[name]))
     print()
     for name, values in local.items():
-        count, heavy = imported(["--help"] if name == "rv --help" else dry, env, repo)
+        python = args.before if name.startswith("before") else Path(sys.executable)
+        count, heavy = imported(["--help"] if name.endswith("rv --help") else dry, env, repo, python)
         print(f"{summary(name, values, None)}   {count} modules; heavy ones: {', '.join(heavy) or 'none'}")
     q = shlex.quote(base)  # snapshots are read-only: make them writable to remove them
     gone = subprocess.run([*ssh, f"chmod -R u+w {q} && rm -rf {q}"], capture_output=True, text=True)

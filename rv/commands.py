@@ -3,7 +3,8 @@
 Read by the CLI (rv.cli.main: the group and `rv --help`), by the front end (rv.entry, through
 rv.remote.connect: which commands the command server runs) and by the command server (rv.forkserver: what
 it imports ahead of time). Plain data with no imports: the front end reads it before anything else
-is loaded.
+is loaded. :func:`load` imports a command's module by its name, when the command is asked for: the
+one way a command reaches another (`rv sync gc` is `rv gc`), so no command module imports another.
 """
 
 from __future__ import annotations
@@ -90,3 +91,20 @@ ALIASES = {"ls": "ps", "cancel": "stop"}
 def lookup(name: str) -> Command | None:
     """The command a name (or an alias) stands for; None for one rv does not have."""
     return COMMANDS.get(ALIASES.get(name, name))
+
+
+def load(name: str) -> object:
+    """The click command a name (or an alias) stands for, its module imported now; None for one rv
+    does not have, or whose module is not written yet."""
+    import importlib
+
+    found = lookup(name)
+    if found is None:
+        return None
+    try:
+        module = importlib.import_module(found.module)
+    except ModuleNotFoundError as exc:
+        if exc.name != found.module:
+            raise
+        return None  # a command whose module is not written yet simply does not exist
+    return getattr(module, found.attr)

@@ -55,6 +55,8 @@ _LOCK_WAIT_S = 2.0
 _PRELOAD_EXTRA = (
     "rv.remote.connect",
     "rv.remote.warm",
+    "rv.remote.warmwire",
+    "rv.remote.warmd",
     "rv.remote.transport",
     "rv.remote.sshconfig",
     "rv.remote.ssh",
@@ -68,9 +70,11 @@ _PRELOAD_EXTRA = (
     "rv.agent.manifest",
     "rv.files.treecache",
     "rv.job.cleanup",
+    "rv.job.launch",
     "rv.job.query",
     "rv.job.submit",
     "rv.job.watch",
+    "rv.misplaced",
     "rv.pyenv.plan",
     "rv.pyenv.spec",
     "rv.slurm.client",
@@ -83,6 +87,10 @@ _PRELOAD_EXTRA = (
     "rich.table",
     "rich.progress",
     "rich.markup",
+    # GitPython, for the repository's facts each run records (rv.files.repo, on a thread while the
+    # cluster answers): its import costs a served resubmit more than rv's own work there (measured
+    # with benchmarks/cli.py --before), so the copies find it here. Last: the rest comes first.
+    "git",
 )
 
 

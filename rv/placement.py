@@ -68,8 +68,8 @@ for _words, _instead in (
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Slurm's placement options of one run, already checked (``#SBATCH``-safe)."""
+class PlacementOptions:
+    """Slurm's placement options as typed (`rv run` and `rv up` take them alike); not checked yet."""
 
     partition: str | None = None
     qos: str | None = None
@@ -79,6 +79,13 @@ class Placement:
     reservation: str | None = None
     account: str | None = None
     sbatch: tuple[str, ...] = ()  # extra #SBATCH option texts, as typed ("--begin=now+1hour")
+
+
+@dataclass(frozen=True)
+class Placement(PlacementOptions):
+    """Slurm's placement options of one run, already checked (``#SBATCH``-safe) by
+    :func:`build_placement`, with what the run adds to them."""
+
     time_min_seconds: int | None = None
     max_fault_retries: int = DEFAULT_MAX_FAULT_RETRIES
 

@@ -28,6 +28,7 @@ Python 3.6, standard library only: it runs with whatever ``python3`` the job has
 
 import json
 import os
+import re
 import sys
 import time
 from urllib import error as urlerror
@@ -101,8 +102,14 @@ def duration(seconds):
     return "%ds" % secs
 
 
+# Lines Slurm's own tools add to a job's stderr after the program's last words (srun's "error: ...:
+# task 0: Exited with exit code 3", slurmstepd's "Terminating StepId"): not the program's.
+SLURM_LINE = re.compile(r"^(srun|slurmstepd(-[\w.-]+)?): ")
+
+
 def stderr_tail(run_dir, job, lines=STDERR_LINES):
-    """The program's last lines of stderr in this job's log files (rv's own ``rv:`` lines left out)."""
+    """The program's last lines of stderr in this job's log files (rv's own ``rv:`` lines and Slurm's
+    own lines left out)."""
     logs = os.path.join(run_dir, "logs")
     try:
         names = sorted(n for n in os.listdir(logs) if n.startswith(job) and n.endswith(".err"))
@@ -119,7 +126,8 @@ def stderr_tail(run_dir, job, lines=STDERR_LINES):
         except OSError:
             continue
         own = [ln.rstrip() for ln in text.replace("\r", "\n").splitlines()]
-        tail += [ln for ln in own if ln.strip() and not ln.startswith("rv: ")][-lines:]
+        mine = [ln for ln in own if ln.strip() and not ln.startswith("rv: ") and not SLURM_LINE.match(ln)]
+        tail += mine[-lines:]
     return tail[-lines:]
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
-from rv.cli.common import note, print_json, run_store, session
+from rv.cli.common import note, print_json, progress_renderer, run_store, session
 
 
 @click.group()
@@ -26,7 +27,7 @@ def _listing(s, ref: str | None):  # type: ignore[no-untyped-def]
     return found.run, root, call_agent(s.transport, "ckpt-ls", args)
 
 
-def render_listing(listing: dict) -> list[str]:
+def render_listing(listing: dict[str, Any]) -> list[str]:
     """Pure: the `rv ckpt ls` table."""
     from rv.units import human_size
 
@@ -70,7 +71,6 @@ def ls(ctx: click.Context, run: str | None, as_json: bool) -> None:
 @click.pass_context
 def pull(ctx: click.Context, spec: str, local: str | None) -> None:
     """Download RUN's newest complete checkpoint (at or before STEP) to LOCAL (default ./checkpoints/RUN/)."""
-    from rv.cli.sync import progress_after
     from rv.errors import NotFound
     from rv.files import sync as core
     from rv.job.submit import FromRun
@@ -93,7 +93,7 @@ def pull(ctx: click.Context, spec: str, local: str | None) -> None:
         else:
             remote, label = base, "all its checkpoint files"
         dest = Path(local) if local else Path("checkpoints") / found.name / remote.rsplit("/", 1)[-1]
-        with progress_after(what="receiving") as progress:
+        with progress_renderer("receiving") as progress:
             result = core.pull(s.transport, RemoteLayout(root), remote, dest, on_progress=progress)
     from rv.units import human_size
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
@@ -271,41 +270,6 @@ def _sweep(s: Session) -> None:
         sweep_secrets(s.transport, run_store(), s.profile.name, s.layout.root, note)
     except RvError as exc:
         warn(f"could not check for leftover secrets of ended runs: {exc.message}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Starting a job (`rv run`, `rv up`)
-
-
-def prepare_local(  # type: ignore[no-untyped-def]
-    req,
-    profile: Profile,
-    *,
-    allow_large: bool,
-    env_choice: str,
-    requirements,
-    extras,
-    python,
-    system_site_packages,
-    max_file_size: str = "100MB",
-):
-    """rv.job.prepare.prepare_local for the folder the command was typed in, its warnings and notes
-    said on stderr. Returns ``(request, snapshot, environment plan)``."""
-    from rv.config import cache_dir
-    from rv.job.prepare import prepare_local as prepare
-    from rv.units import parse_size
-
-    prepared = prepare(
-        req, profile, allow_large=allow_large, max_file_size=parse_size(max_file_size),
-        env_choice=env_choice, requirements=requirements,
-        extras=extras, python=python, system_site_packages=system_site_packages, cache_dir=cache_dir(),
-        here=Path.cwd(),
-    )  # fmt: skip
-    for message in prepared.warnings:
-        warn(message)
-    for message in prepared.notes:
-        note(message)
-    return prepared.request, prepared.snapshot, prepared.env_plan
 
 
 # --------------------------------------------------------------------------------------------------

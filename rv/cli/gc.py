@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from rv.cli.common import note, print_json, session, warn
@@ -14,7 +16,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     return float(parse_duration(value, flag="--older-than", allow_zero=True))
 
 
-def summary(report: dict) -> str:
+def summary(report: dict[str, Any]) -> str:
     """One line: what went (or would go), and the bytes, as measured on the cluster."""
     from rv.units import human_size
 

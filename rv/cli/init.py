@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rv.cli.common import err_console, escape, note, print_json, warn
 from rv.errors import UsageError
+
+if TYPE_CHECKING:
+    from rv.config import Profile
 
 RIVANNA_HOST = "login.hpc.virginia.edu"
 
@@ -87,8 +92,6 @@ def init(
     \b
       rv init --profile mylab --host login.example.edu --user me --yes
     """
-    from pathlib import Path
-
     from rv.config import load_config, save_config
     from rv.probe import build_profile, check_remote_root, prepare_remote_root, probe
     from rv.remote.sshconfig import check_host, resolve_target
@@ -115,14 +118,7 @@ def init(
     if system_site_packages is None:
         previous = config.profiles.get(name)
         system_site_packages = bool(previous and previous.system_site_packages)
-    for path in (identity_file, known_hosts):
-        if path and not Path(path).expanduser().parent.exists():
-            raise UsageError(f"folder of {path} does not exist")
-    if identity_file and not Path(identity_file).expanduser().is_file():
-        raise UsageError(
-            f"identity file {identity_file} does not exist",
-            hint="pass the path of your private key, e.g. ~/.ssh/id_ed25519",
-        )
+    _check_key_files(identity_file, known_hosts)
 
     def confirm(host_name: str, key_type: str, fp: str) -> bool:
         err_console.print(f"Host key of [bold]{escape(host_name)}[/]: {escape(key_type)} {fp}")
@@ -166,39 +162,62 @@ def init(
     save_config(config.with_profile(profile, make_default if make_default is not None else first))
 
     if as_json:
-        print_json(
-            {
-                "profile": profile.name,
-                "config": str(config.path),
-                "host": host,
-                "user": facts.user,
-                "account": profile.account,
-                "remote_root": profile.remote_root,
-                "share_with_group": profile.share_with_group,
-                "system_site_packages": profile.system_site_packages,
-                "catalog": profile.catalog,
-                "gpus": {n: g.to_dict() for n, g in profile.gpu_catalog().items()},
-                "partitions": {n: p.to_dict() for n, p in profile.partitions.items()},
-            }
-        )
+        print_json(_profile_json(profile, config.path, host, facts.user))
         return
+    for line in _profile_lines(profile, config.path, facts, target, remote_root, latency_ms):
+        click.echo(line)
+
+
+def _check_key_files(identity_file: str | None, known_hosts: str | None) -> None:
+    """The key and known_hosts files named: their folders exist, and the key itself does."""
+    for path in (identity_file, known_hosts):
+        if path and not Path(path).expanduser().parent.exists():
+            raise UsageError(f"folder of {path} does not exist")
+    if identity_file and not Path(identity_file).expanduser().is_file():
+        raise UsageError(
+            f"identity file {identity_file} does not exist",
+            hint="pass the path of your private key, e.g. ~/.ssh/id_ed25519",
+        )
+
+
+def _profile_json(profile: Profile, config_path: Path, host: str, user: str | None) -> dict[str, Any]:
+    """`rv init --json`: the saved profile."""
+    return {
+        "profile": profile.name,
+        "config": str(config_path),
+        "host": host,
+        "user": user,
+        "account": profile.account,
+        "remote_root": profile.remote_root,
+        "share_with_group": profile.share_with_group,
+        "system_site_packages": profile.system_site_packages,
+        "catalog": profile.catalog,
+        "gpus": {n: g.to_dict() for n, g in profile.gpu_catalog().items()},
+        "partitions": {n: p.to_dict() for n, p in profile.partitions.items()},
+    }
+
+
+def _profile_lines(
+    profile: Profile, config_path: Path, facts: Any, target: Any, remote_root: str | None, latency_ms: float
+) -> list[str]:
+    """`rv init`'s report of the saved profile: what rv found, and what to type next."""
+    from rv.probe import usable_lines
+
     gpus = profile.gpu_catalog()
     gpu_line = (
         ", ".join(f"{n} ({g.gpus_per_node}/node, {g.partition})" for n, g in gpus.items()) or "none found"
     )
-    click.echo(f"Saved profile {profile.name!r} to {config.path}")
-    click.echo(
-        f"  host         {facts.user}@{target.hostname}:{target.port} ({latency_ms:.0f} ms to connect)"
-    )
-    click.echo(f"  account      {profile.account or '(none found: pass --account)'}")
-    from rv.probe import usable_lines
-
+    lines = [
+        f"Saved profile {profile.name!r} to {config_path}",
+        f"  host         {facts.user}@{target.hostname}:{target.port} ({latency_ms:.0f} ms to connect)",
+        f"  account      {profile.account or '(none found: pass --account)'}",
+    ]
     for label, text in usable_lines(facts.accounts, facts.associations, {}):  # partitions: below
-        click.echo(f"  {label:<12} {text}")
+        lines.append(f"  {label:<12} {text}")
     expanded = f" (from {remote_root})" if remote_root and remote_root != profile.remote_root else ""
     access = "you and your group can read it" if profile.share_with_group else "only you can read it"
-    click.echo(f"  remote root  {profile.remote_root}{expanded}; {access}")
-    click.echo(f"  catalog      {profile.catalog}: {gpu_line}")
+    lines.append(f"  remote root  {profile.remote_root}{expanded}; {access}")
+    lines.append(f"  catalog      {profile.catalog}: {gpu_line}")
     if profile.partitions:
         # What rv refuses before sending: a job over its partition's time limit or node count.
         parts = [
@@ -208,9 +227,10 @@ def init(
             + (f", QOS {p.qos} {p.qos_max_time}" if p.qos_max_time else "")
             for p in profile.partitions.values()
         ]
-        click.echo(f"  partitions   {'; '.join(parts)}")
+        lines.append(f"  partitions   {'; '.join(parts)}")
     if profile.setup:
-        click.echo(f"  setup        {'; '.join(profile.setup)}")
+        lines.append(f"  setup        {'; '.join(profile.setup)}")
     if profile.system_site_packages:
-        click.echo("  envs         built on top of the setup's interpreter and its packages")
-    click.echo("Next: rv exec sinfo    rv run -g 1 -- python train.py")
+        lines.append("  envs         built on top of the setup's interpreter and its packages")
+    lines.append("Next: rv exec sinfo    rv run -g 1 -- python train.py")
+    return lines

@@ -2,17 +2,21 @@
 
 What the user did not type comes from the project's defaults (``[tool.rv]`` in pyproject.toml, or
 .rv.toml), then the profile's, then rv's own (rv.cli.defaults holds the layering; this module says which
-layers and which options). Slurm's placement options live here too: both commands take them, and a
-site that requires a QoS requires it of a shell as much as of a run.
+layers and which options). Slurm's placement options and the environment's live here too: both
+commands take them, and a site that requires a QoS requires it of a shell as much as of a run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from rv.job.launch import EnvOptions
+    from rv.placement import PlacementOptions
 
 # Options that say what this one command does, never defaults of a project. A sweep's values belong
 # to one command; how many of its points run at once (--parallel) may be a project's habit.
@@ -83,3 +87,54 @@ def placement_options(f: Callable[..., Any]) -> Callable[..., Any]:
     ):
         f = option(f)
     return f
+
+
+def env_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that choose a job's Python environment (`rv run`, `rv up`)."""
+    options = [
+        click.option(
+            "--env", "env_choice", metavar="auto|none|PATH", default="auto", show_default=True,
+            help="The job's Python environment: built from the project's dependency files (auto), only "
+            "the setup lines (none), or an existing venv/conda prefix on the cluster (PATH).",
+        ),
+        click.option(
+            "--requirements", metavar="FILE",
+            help="Build the environment from FILE (default: requirements.txt).",
+        ),
+        click.option(
+            "--extra", "extras", multiple=True,
+            help="A pyproject.toml optional-dependencies group (repeatable).",
+        ),
+        click.option(
+            "--system-site-packages/--no-system-site-packages", default=None,
+            help="Build on top of the interpreter's own packages (a site's torch module), not "
+            "downloading them.",
+        ),
+        click.option(
+            "--python", "python_", metavar="VERSION|PATH", help="Interpreter to build the environment on."
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def placement_of(params: Mapping[str, Any]) -> PlacementOptions:
+    """The placement options (:func:`placement_options`) of a command's parameters."""
+    from rv.placement import PlacementOptions
+
+    return PlacementOptions(
+        partition=params["partition"], qos=params["qos"], constraint=params["constraint"],
+        exclude=params["exclude"], nodelist=params["nodelist"], reservation=params["reservation"],
+        account=params["account"], sbatch=tuple(params["sbatch_options"]),
+    )  # fmt: skip
+
+
+def env_of(params: Mapping[str, Any]) -> EnvOptions:
+    """The environment options (:func:`env_options`) of a command's parameters."""
+    from rv.job.launch import EnvOptions
+
+    return EnvOptions(
+        choice=params["env_choice"], requirements=params["requirements"], extras=tuple(params["extras"]),
+        python=params["python_"], system_site_packages=params["system_site_packages"],
+    )  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import warnings
@@ -10,7 +9,7 @@ import warnings
 import click
 
 from rv import __version__
-from rv.commands import COMMANDS, lookup
+from rv.commands import COMMANDS, load, lookup
 from rv.errors import EXIT_INTERRUPTED, RvError
 
 
@@ -35,16 +34,8 @@ class RvGroup(click.Group):
         return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        found = lookup(cmd_name)
-        if found is None:
-            return None
-        try:
-            command: click.Command = getattr(importlib.import_module(found.module), found.attr)
-            return command
-        except ModuleNotFoundError as exc:
-            if exc.name != found.module:
-                raise
-            return None  # a command whose module is not written yet simply does not exist
+        command = load(cmd_name)
+        return command if isinstance(command, click.Command) else None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, command.help) for name, command in COMMANDS.items()]

@@ -4,14 +4,18 @@ state, and one per sweep (its points counted by state); with SWEEP, one line per
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from rv.cli.common import note, print_json, run_store, session, warn
 from rv.timespec import format_elapsed
 
+if TYPE_CHECKING:
+    from rv.job.records import RunView
 
-def render_table(views: Sequence) -> list[str]:  # Sequence[RunView]; pure: rows in, lines out
+
+def render_table(views: Sequence[RunView]) -> list[str]:  # pure: rows in, lines out
     # Columns as wide as their longest value: a name cut at 22 characters could not be typed back
     # into `rv logs NAME`, and two runs could show the same prefix.
     rows = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from typing import Any
 
 import click
 
@@ -21,7 +22,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
     with session(ctx) as s:
         started = time.monotonic()
-        s.transport.connect()
+        # Every route's transport connects on its own at first use; rv status times that alone. The
+        # Transport protocol (rv.remote.transport) has no connect of its own to call.
+        s.transport.connect()  # type: ignore[attr-defined]
         connect_ms = (time.monotonic() - started) * 1000
         # One round trip, however many jobs are queued: squeue, sinfo, storage, gc's estimate, sweep.
         st = cluster_status(s.transport, s.layout.root, older_than=14 * 86400, sweep=s.sweep_along())
@@ -53,6 +56,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "storage_by_kind": kept["kinds"],
         "storage_files": kept["files_total"],
         "storage_files_by_kind": kept["files"],
+        # The site's quota tools' rows (rv.job.footprint); "root": the remote root's filesystem.
         "quota": [dataclasses.asdict(q) | {"root": q in quota.root} for q in quota.quotas],
         "quota_errors": list(quota.errors),
         "gc_would_free": kept["gc"],
@@ -71,58 +75,66 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         print_json(data)
         return
+    if st.git.get("problem"):
+        warn(st.git["problem"])
+    for line in status_lines(data, may_use, catalog):
+        click.echo(line)
+
+
+def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: Any) -> list[str]:
+    """`rv status`'s text, from the data its --json prints (plus the account lines and the catalog)."""
     from rv.units import human_size
 
-    size = human_size(kept["total"])
-    click.echo(
-        f"{st.user}@{s.profile.host} ({s.profile.name}): connected in {connect_ms:.0f} ms, "
-        f"round trip {st.round_trip_ms:.0f} ms"
-    )
-    click.echo(f"account      {s.profile.account or '-'}")
-    for label, text in may_use:
-        click.echo(f"{label:<12} {text}")
-    click.echo(f"storage      {size} in {kept['files_total']:,} files under {s.layout.root}")
+    kept_kinds, gc, git = data["storage_by_kind"], data["gc_would_free"], data["git"]
+    lines = [
+        f"{data['user']}@{data['host']} ({data['profile']}): connected in {data['connect_ms']:.0f} ms, "
+        f"round trip {data['round_trip_ms']:.0f} ms",
+        f"account      {data['account'] or '-'}",
+        *(f"{label:<12} {text}" for label, text in may_use),
+        f"storage      {human_size(data['storage_bytes'])} in {data['storage_files']:,} files under "
+        f"{data['remote_root']}",
+    ]
+    files = data["storage_files_by_kind"]
     kinds = ", ".join(
-        f"{kind} {human_size(n)} ({kept['files'][kind]:,} files)" for kind, n in kept["kinds"].items() if n
+        f"{kind} {human_size(n)} ({files[kind]:,} files)" for kind, n in kept_kinds.items() if n
     )
-    click.echo(f"  by kind    {kinds or 'nothing yet'}")
-    for line in quota_lines(quota):
-        click.echo(line)
-    gc = kept["gc"]
+    lines.append(f"  by kind    {kinds or 'nothing yet'}")
+    lines += quota_lines(data["quota"], data["quota_errors"])
     if "error" in gc:
-        click.echo(f"  rv gc      cannot tell: {gc['error']}")
+        lines.append(f"  rv gc      cannot tell: {gc['error']}")
     else:
-        click.echo(
+        lines.append(
             f"  rv gc      would free {human_size(gc['bytes_freed'])} in {gc['files_freed']:,} files "
             f"({gc['runs']} ended run(s) older than "
             f"14 days, {gc['snapshots']} snapshot(s), {gc['objects']} object(s))"
         )
-    if st.git.get("problem"):
-        warn(st.git["problem"])
-    elif st.git.get("version"):
-        click.echo(
-            f"git          {st.git['version']} on the login node (jobs need git on the compute nodes too)"
+    if git.get("version") and not git.get("problem"):
+        lines.append(
+            f"git          {git['version']} on the login node (jobs need git on the compute nodes too)"
         )
-    click.echo("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
-    click.echo("GPUs         idle/total")
-    for name, (idle, total) in sorted(gpus.items(), key=lambda kv: -kv[1][0]):
-        click.echo(f"  {name:<10} {idle:>3}/{total:<3} {catalog[name].partition}")
+    jobs = data["jobs"]
+    lines.append("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
+    lines.append("GPUs         idle/total")
+    for name, counts in sorted(data["gpus"].items(), key=lambda kv: -kv[1]["idle"]):
+        lines.append(f"  {name:<10} {counts['idle']:>3}/{counts['total']:<3} {catalog[name].partition}")
+    return lines
 
 
-def quota_lines(report) -> list[str]:  # type: ignore[no-untyped-def]
+def quota_lines(quotas: list[dict[str, Any]], errors: list[str]) -> list[str]:
     """The site's quota, a line per filesystem (the remote root's marked), or why there is none."""
     from rv.units import human_size
 
-    if not report.quotas:
-        why = "; ".join(report.errors) or "no quota tool on the login node (lfs, mmlsquota, quota)"
+    if not quotas:
+        why = "; ".join(errors) or "no quota tool on the login node (lfs, mmlsquota, quota)"
         return [f"quota        not known: {why}"]
     lines = []
-    for q in report.quotas:
-        files = f"{q.files_used:,}" if q.files_used is not None else "?"
-        share = f" ({q.files_share:.0%})" if q.files_share is not None else ""
-        files += f" of {q.files_limit:,} files{share}" if q.files_limit else " files (no limit)"
-        size = human_size(q.bytes_used) if q.bytes_used is not None else "?"
-        size += f" of {human_size(q.bytes_limit)}" if q.bytes_limit else ""
-        mark = "  (rv's files)" if q in report.root else ""
-        lines.append(f"quota        {q.filesystem}: {files}, {size} ({q.tool}){mark}")
+    for q in quotas:
+        used, limit = q["files_used"], q["files_limit"]
+        files = f"{used:,}" if used is not None else "?"
+        share = f" ({used / limit:.0%})" if limit and used is not None else ""
+        files += f" of {limit:,} files{share}" if limit else " files (no limit)"
+        size = human_size(q["bytes_used"]) if q["bytes_used"] is not None else "?"
+        size += f" of {human_size(q['bytes_limit'])}" if q["bytes_limit"] else ""
+        mark = "  (rv's files)" if q["root"] else ""
+        lines.append(f"quota        {q['filesystem']}: {files}, {size} ({q['tool']}){mark}")
     return lines

@@ -23,11 +23,6 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     return parse_size(value)
 
 
-def progress_after(delay: float = 1.0, what: str = "sending") -> Any:
-    """The progress renderer under its earlier name (rv ckpt pull uses it)."""
-    return progress_renderer(what, delay=delay)
-
-
 size_options = [
     click.option(
         "--max-file-size",
@@ -56,7 +51,23 @@ class _Lazy:
         return getattr(self._session.transport, name)
 
 
-@click.group()
+class _SyncGroup(click.Group):
+    """`rv sync gc` is `rv gc` (the name it had before runs had their own cleanup): found in rv's
+    command table when asked for, as `rv gc` is."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), "gc"])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "gc":
+            from rv.commands import load
+
+            gc = load("gc")
+            return gc if isinstance(gc, click.Command) else None
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_SyncGroup)
 def sync() -> None:
     """Push, pull and watch files; collect garbage on the cluster.
 
@@ -244,16 +255,6 @@ def watch(
             )
         except KeyboardInterrupt:
             note("stopped")
-
-
-def _register_gc_alias() -> None:
-    """`rv sync gc` is `rv gc` (the name it had before runs had their own cleanup)."""
-    from rv.cli.gc import gc
-
-    sync.add_command(gc, name="gc")
-
-
-_register_gc_alias()
 
 
 @sync.command()

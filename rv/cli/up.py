@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rv.cli.common import note, run_store, session, warn
-from rv.cli.layered import UP_DEFAULTS, LayeredCommand, placement_options
-from rv.cli.venv import env_options
+from rv.cli.launchview import TerminalLaunch
+from rv.cli.layered import UP_DEFAULTS, LayeredCommand, env_of, env_options, placement_of, placement_options
 
 if TYPE_CHECKING:
+    from rv.job.launch import Plan
     from rv.job.records import RunRecord
+    from rv.job.up import Watchdog
     from rv.slurm.parse import QueuedJob
 
 
-class _View:
-    """What the session says while it starts: on stderr, one line per change."""
+class _View(TerminalLaunch):
+    """What the session says while it starts: on stderr, one line per change. The snapshot's upload
+    shows no progress bar."""
 
     def __init__(self) -> None:
+        super().__init__(upload_bar=False)
         self.shown: tuple[str, str | None, str | None] | None = None
         self.job_id = "?"
 
@@ -137,103 +142,71 @@ def up(
     """
 
     from rv.cli.common import load_profile
-    from rv.config import cache_dir
-    from rv.files.snapshot import upload_snapshot
-    from rv.files.treecache import StoreCache
-    from rv.job import submit as job
-    from rv.job import up as session_up
-    from rv.request import build_request
-    from rv.secrets import job_secrets
+    from rv.job import launch as pipeline
 
     _, profile = load_profile(ctx)
-    run_id = job.new_run_id()
-    # Validated here, before the first network call, as rv run validates. The holder is one plain
-    # process per node on purpose (each holds its node), whatever the GPUs: --each-node.
-    req = build_request(
-        profile.gpu_catalog(), command=session_up.holder_command(), gpus=gpus, gpu_type=gpu_type, mig=mig,
-        time=time_, mem=mem, cpus=cpus, name=name or job.default_run_name("up", run_id), nodes=nodes,
-        setup=(*profile.setup, *setup), max_segments=1, each_node=True, partitions=profile.partitions,
-        partition=partition,
+    options = pipeline.JobOptions(
+        gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus, nodes=nodes, setup=setup,
+        name=name, placement=placement_of(ctx.params), env=env_of(ctx.params), allow_large=allow_large,
+        max_file_size=max_file_size,
     )  # fmt: skip
-    from rv.placement import build_placement
-
-    # A session is one job: nothing continues it, after a fault either (max_fault_retries=0).
-    place = build_placement(
-        partition=partition, qos=qos, constraint=constraint, exclude=exclude, nodelist=nodelist,
-        reservation=reservation, account=account, sbatch=sbatch_options, max_fault_retries=0,
-    )  # fmt: skip
-    for message in req.warnings:
-        warn(message)
-    secrets = job_secrets(profile.name, notice=warn)  # this profile's and the global ones
-    from rv.cli.common import prepare_local
-    from rv.cli.venv import ensure_environment
-    from rv.job.prepare import job_umask
-
-    # The shell starts in the folder rv up was typed in, as a run's program would.
-    req, snap, env_plan = prepare_local(
-        req, profile, allow_large=allow_large, max_file_size=max_file_size, env_choice=env_choice,
-        requirements=requirements, extras=extras, python=python_, system_site_packages=system_site_packages,
-    )  # fmt: skip
-
+    view = _View()
+    # Validated here, before the first network call, as rv run validates.
+    plan = pipeline.plan_up(options, profile, here=Path.cwd(), view=view)
     # The watchdog and the shell share one connection of this command's own (the warm connection
     # carries no terminal): when rv goes, however it goes, the connection closes and the watchdog
     # on the login node cancels the job.
     with session(ctx, direct=True) as s:
-        job.check(s.transport, s.layout, project=snap.project, name=req.name, from_run=None)
-        # The project's environment, as rv run has it: built (or found) before anything is queued.
-        env = ensure_environment(s, env_plan, (*profile.setup, *setup))
-        cache = StoreCache(cache_dir(), f"{profile.name}:{s.layout.root}")
-        uploaded = upload_snapshot(s.transport, s.layout, snap, cache=cache, on_summary=note)
-        context = job.script_context(
-            s.layout, run_id=run_id, snapshot_id=uploaded.id, project=uploaded.project,
-            account=profile.account, has_secrets=bool(secrets), umask=job_umask(profile),
-            env_build=env_plan.lines(env.path) if env else (), placement=place,
-        )  # fmt: skip
-        view = _View()
-        dog, record = session_up.start(
-            s.transport, s.layout, req, context, profile=profile.name, secrets=secrets, view=view,
-            provenance={"branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty,
-                        "env": env.key if env else None},
-        )  # fmt: skip
-        run_store().add(record)
-        released = False
-        try:
-            ready = session_up.wait_ready(dog, view)
-            if detach:
-                session_up.detach(dog)
-                released = True  # nothing to release: the job is the user's to end
-                note(
-                    f"rv up session {req.name} is ready: job {record.job_id} on {','.join(ready.node_list)}, "
-                    f"kept until `rv stop {req.name}` or its time limit ({req.time_slurm})\n"
-                    f"  rv ssh {req.name}        a shell on its first node\n"
-                    f"  rv ssh {req.name} -- CMD run CMD there\n"
-                    f"  rv stop {req.name}       release it"
-                )
-                return
-            from rv.job.inside import JobPlace, attach_command
-            from rv.remote.terminal import relay, term_name, terminal_size
-
-            node = ready.node_list[0]
-            note(
-                f"job {record.job_id} is ready on {node}: a shell in its work dir (exit it to release the "
-                "allocation)"
-            )
-            line = attach_command(JobPlace(s.layout.root, run_id, record.job_id), node, None, pty=True)
-            cols, rows = terminal_size()
-            code = relay(s.connection.open_pty(line, term=term_name(), cols=cols, rows=rows))
-            gone, why = session_up.release(dog)
-            released = True
-            _said_released(record.job_id, gone, why)
+        dog, record = pipeline.start_up(plan, s, run_store(), view)
+        code = _attend(s, dog, record, plan, detach=detach, view=view)
+        if code is not None:
             ctx.exit(code)
-        except KeyboardInterrupt:
-            gone, why = session_up.release(dog)
-            released = True
-            _said_released(record.job_id, gone, why)
-            ctx.exit(130)
-        finally:
-            if not released:
-                # An error on the way (the job ended, the connection failed): whatever is left goes.
-                session_up.release(dog, timeout=30)
+
+
+def _attend(s: Any, dog: Watchdog, record: RunRecord, plan: Plan, *, detach: bool, view: _View) -> int | None:
+    """Wait until the session's job is ready; then leave it be (--detach: None) or hold a shell in it
+    and release the allocation when the shell exits (its exit code; 130 on Ctrl-C while waiting)."""
+    from rv.job import up as session_up
+
+    req, run_id = plan.request, plan.run_id
+    released = False
+    try:
+        ready = session_up.wait_ready(dog, view)
+        if detach:
+            session_up.detach(dog)
+            released = True  # nothing to release: the job is the user's to end
+            note(
+                f"rv up session {req.name} is ready: job {record.job_id} on {','.join(ready.node_list)}, "
+                f"kept until `rv stop {req.name}` or its time limit ({req.time_slurm})\n"
+                f"  rv ssh {req.name}        a shell on its first node\n"
+                f"  rv ssh {req.name} -- CMD run CMD there\n"
+                f"  rv stop {req.name}       release it"
+            )
+            return None
+        from rv.job.inside import JobPlace, attach_command
+        from rv.remote.terminal import relay, term_name, terminal_size
+
+        node = ready.node_list[0]
+        note(
+            f"job {record.job_id} is ready on {node}: a shell in its work dir (exit it to release the "
+            "allocation)"
+        )
+        line = attach_command(JobPlace(s.layout.root, run_id, record.job_id), node, None, pty=True)
+        cols, rows = terminal_size()
+        code = relay(s.connection.open_pty(line, term=term_name(), cols=cols, rows=rows))
+        gone, why = session_up.release(dog)
+        released = True
+        _said_released(record.job_id, gone, why)
+        return code
+    except KeyboardInterrupt:
+        gone, why = session_up.release(dog)
+        released = True
+        _said_released(record.job_id, gone, why)
+        return 130
+    finally:
+        if not released:
+            # An error on the way (the job ended, the connection failed): whatever is left goes.
+            session_up.release(dog, timeout=30)
 
 
 def _said_released(job_id: str, gone: bool, why: str | None) -> None:

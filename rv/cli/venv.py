@@ -1,119 +1,16 @@
 """`rv venv ls|rm|build`: the Python environments rv builds on the cluster, one per set of dependencies.
 
-Also the build's live display for `rv run`: rv's own lines are kept, uv's lines pass through a
-status line (package being fetched or built, elapsed time) on a terminal, and only uv's summary
-lines stay on the screen.
-"""
+`rv venv build` finds or builds one as `rv run` does (rv.job.launch.environment), with the same live
+display (rv.cli.launchview)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
-from rv.cli.common import err_console, note, print_json, session
-
-_SUMMARY = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Audited ")
-
-
-class BuildDisplay:
-    """Lines from the cluster while an environment is found or built."""
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.status: Any = None
-
-    def __call__(self, line: str) -> None:
-        if line.startswith("rv: "):
-            self._print(line[4:])
-            if line.startswith("rv: building") and err_console.is_terminal and self.status is None:
-                self.status = err_console.status("building the environment")
-                self.status.start()
-            return
-        text = line[2:] if line.startswith("| ") else line
-        if text.startswith(_SUMMARY):
-            self._print(f"  {text.strip()}")
-        if self.status is not None:
-            from rich.markup import escape
-
-            elapsed = time.monotonic() - self.started
-            self.status.update(f"building the environment ({elapsed:.0f} s): {escape(text.strip()[:100])}")
-
-    def _print(self, text: str) -> None:
-        if self.status is not None:
-            self.status.console.print(text, markup=False, highlight=False)
-        else:
-            note(text)
-
-    def close(self) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
-
-
-def build_with_progress(s, env_plan, setup: tuple[str, ...], *, force: bool = False):  # type: ignore[no-untyped-def]
-    """The plan's environment on the cluster: found (one round trip) or built now, with progress."""
-    from rv.pyenv.client import ensure
-
-    display = BuildDisplay()
-    try:
-        env = ensure(
-            s.transport, s.layout, setup=setup, spec=env_plan.spec, use=env_plan.use, on_line=display,
-            force=force,
-        )  # fmt: skip
-    finally:
-        display.close()
-    if env.key is None:
-        note(f"environment: {env.path} (as is)")
-    elif env.built:
-        seconds = env.meta.get("build_seconds")
-        note(f"environment {env.key} built in {seconds} s from {env_plan.spec.main_file}: {env.path}")
-    elif env.waited:
-        note(f"environment {env.key}: built meanwhile by another rv, reused")
-    elif env.meta:
-        note(f"environment {env.key} ({env.meta.get('files')})")
-    return env
-
-
-def ensure_environment(s, env_plan, setup: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    """The environment on the cluster, built now (in the foreground, with progress) if it must be;
-    None when the plan needs none (`rv run`, `rv up`)."""
-    if env_plan.spec is None and env_plan.use is None:
-        return None
-    return build_with_progress(s, env_plan, setup)
-
-
-def env_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that choose a job's Python environment (`rv run`, `rv up`)."""
-    options = [
-        click.option(
-            "--env", "env_choice", metavar="auto|none|PATH", default="auto", show_default=True,
-            help="The job's Python environment: built from the project's dependency files (auto), only "
-            "the setup lines (none), or an existing venv/conda prefix on the cluster (PATH).",
-        ),
-        click.option(
-            "--requirements", metavar="FILE",
-            help="Build the environment from FILE (default: requirements.txt).",
-        ),
-        click.option(
-            "--extra", "extras", multiple=True,
-            help="A pyproject.toml optional-dependencies group (repeatable).",
-        ),
-        click.option(
-            "--system-site-packages/--no-system-site-packages", default=None,
-            help="Build on top of the interpreter's own packages (a site's torch module), not "
-            "downloading them.",
-        ),
-        click.option(
-            "--python", "python_", metavar="VERSION|PATH", help="Interpreter to build the environment on."
-        ),
-    ]  # fmt: skip
-    for option in reversed(options):
-        f = option(f)
-    return f
+from rv.cli.common import note, print_json, session
 
 
 @click.group()
@@ -211,7 +108,10 @@ def build(
         )
     for message in env_plan.notes:
         note(message)
-    lines = (*profile.setup, *setup)
+    from rv.cli.launchview import TerminalLaunch
+    from rv.job.launch import environment
+
     with session(ctx) as s:
-        env = build_with_progress(s, env_plan, lines, force=force)
+        env = environment(s, env_plan, (*profile.setup, *setup), TerminalLaunch(), force=force)
+    assert env is not None, "a plan with a spec always has an environment"
     click.echo(env.path)

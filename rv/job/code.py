@@ -18,10 +18,10 @@ import os
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rv.errors import NotFound, RemoteError, UsageError
 from rv.files.gitcmd import Git
@@ -119,6 +119,13 @@ def _store_git(root: str, args: str) -> str:
     )
 
 
+def _writer(pipe: IO[bytes]) -> Callable[[bytes], None]:
+    def write(data: bytes) -> None:
+        pipe.write(data)
+
+    return write
+
+
 def checkout_from_cluster(transport: Transport, root: str, commit: str, dest: Path) -> int:
     """The commit's files streamed from the cluster's store (``git archive``) into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -129,7 +136,7 @@ def checkout_from_cluster(transport: Transport, root: str, commit: str, dest: Pa
     remote_err: list[bytes] = []
     code = transport.stream(
         _store_git(root, f"archive --format=tar {shlex.quote(commit)}"),
-        on_stdout=tar.stdin.write, on_stderr=remote_err.append, timeout=3600,
+        on_stdout=_writer(tar.stdin), on_stderr=remote_err.append, timeout=3600,
     )  # fmt: skip
     tar.stdin.close()
     err = tar.stderr.read().decode("utf-8", "replace") if tar.stderr else ""
@@ -154,7 +161,12 @@ def fetch_from_cluster(transport: Transport, root: str, repo: LocalStore, code: 
         root, "pack-objects --revs --stdout -q"
     )
     remote_err: list[bytes] = []
-    exit_code = transport.stream(line, on_stdout=index.stdin.write, on_stderr=remote_err.append, timeout=3600)
+    exit_code = transport.stream(
+        line,
+        on_stdout=_writer(index.stdin),
+        on_stderr=remote_err.append,
+        timeout=3600,
+    )
     index.stdin.close()
     err = index.stderr.read().decode("utf-8", "replace") if index.stderr else ""
     if index.wait() != 0 or exit_code != 0:

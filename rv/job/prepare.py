@@ -2,7 +2,7 @@
 
 The snapshot of the repo (listed with the cache, size-checked), the folder the program starts in,
 the environment plan, and what the job creates on the cluster may be read by. What is worth telling
-the user comes back as text: the CLI says it (rv.cli.common.prepare_local).
+the user comes back as text: rv.job.launch says it through its view.
 """
 
 from __future__ import annotations

@@ -132,7 +132,11 @@ def resolve(
         same_root = local.remote_root == root
         snap = fetch(transport, local.remote_root, ids=[local.run_id], sweep=sweep if same_root else ())
     elif ref is not None:
-        snap = fetch(transport, root, **selectors(ref), sweep=sweep)
+        where = selectors(ref)
+        snap = fetch(
+            transport, root, ids=where["ids"], job_ids=where["job_ids"], any_names=where["any_names"],
+            sweep=sweep,
+        )  # fmt: skip
     else:
         raise NotFound("no runs submitted with this profile yet", hint="rv run -- python train.py")
     runs = snap.runs
@@ -154,7 +158,11 @@ def resolve_or_sweep(
     local = store.resolve(ref, profile)
     if local is not None:
         return [resolve(transport, store, profile, root, ref).run], False
-    snap = fetch(transport, root, **selectors(ref), sweeps=[ref])
+    where = selectors(ref)
+    snap = fetch(
+        transport, root, ids=where["ids"], job_ids=where["job_ids"], any_names=where["any_names"],
+        sweeps=[ref],
+    )  # fmt: skip
     sweep = [r for r in snap.runs if (r.meta.get("sweep") or {}).get("name") == ref]
     direct = [r for r in snap.runs if r not in sweep or r.name == ref or r.run_id == ref or ref in r.jobs]
     if direct:

@@ -49,6 +49,9 @@ class RunRecord:
     secrets_cleared: bool = False  # rv saw the run end, so its secrets are gone
     jobs: list[str] = field(default_factory=list)  # every segment's job id rv has seen
     ended: dict[str, Any] | None = None  # the run's ENDED record, once rv has seen it
+    # The repository's facts when the run was sent (rv.files.repo.RepoFacts: root, head, branch,
+    # dirty, remote); None for a run sent by an rv that did not record them.
+    git: dict[str, Any] | None = None
 
     @property
     def short_commit(self) -> str:
@@ -300,6 +303,7 @@ class RunView:
     sweep_index: int | None = None
     points: int = 0  # `rv ps`'s one line for a whole sweep: how many points it sums up
     why: str | None = None  # a pending run: its reason in words (rv why's one-line form)
+    git: dict[str, Any] | None = None  # the repository's facts the run was sent with (run.json's "git")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -384,7 +388,7 @@ def run_views(
         if live_only and live_job is None:
             continue
         steps = [s.checkpoint_step for s in run.segments if s.checkpoint_step is not None]
-        sweep = meta.get("sweep") if isinstance(meta.get("sweep"), Mapping) else {}
+        sweep: Mapping[str, Any] = meta["sweep"] if isinstance(meta.get("sweep"), Mapping) else {}
         views.append(
             RunView(
                 name=run.name,
@@ -407,6 +411,7 @@ def run_views(
                 sweep=str(sweep["name"]) if sweep.get("name") else None,
                 sweep_index=_int(sweep.get("index")),
                 why=why,
+                git=dict(meta["git"]) if isinstance(meta.get("git"), Mapping) else None,
             )
         )
     views.sort(key=lambda v: v.created or 0, reverse=True)
@@ -415,9 +420,9 @@ def run_views(
         if job.job_id not in claimed and job.id.job not in claimed:
             others.append(_job_view(job.name, job.job_id, job.state, job.reason, None, job))
     if not live_only:
-        for job in accounted:
-            if job.job_id not in claimed and job.id.job not in claimed and job.job_id not in by_id:
-                others.append(_job_view(job.name, job.job_id, job.state, job.reason, job.exit_code, job))
+        for acc in accounted:
+            if acc.job_id not in claimed and acc.id.job not in claimed and acc.job_id not in by_id:
+                others.append(_job_view(acc.name, acc.job_id, acc.state, acc.reason, acc.exit_code, acc))
     others.sort(key=lambda v: _job_sort_key(v.job_id or ""), reverse=True)
     return views + others
 

@@ -255,6 +255,7 @@ def submit_args(
         "commit": provenance.get("commit"),
         "dirty": bool(provenance.get("dirty")),
         "env": provenance.get("env"),  # the environment's key: rv gc keeps it while this run lives
+        "git": provenance.get("git"),  # the repository's facts (rv.files.repo): rv ps --json shows them
         "submitted_from": socket.gethostname(),
         "has_secrets": has_secrets,
         # $RV_METRICS: where rv sweep results and rv metrics read what the program wrote.
@@ -313,6 +314,7 @@ def run_record(
         submitted_at=time.time(),
         job_id=job_id,
         has_secrets=bool(args["has_secrets"]),
+        git=meta.get("git"),
     )
 
 
@@ -573,4 +575,5 @@ def retry_record(old: ClusterRun, run_id: str, job_id: str, root: str, profile: 
         submitted_at=time.time(),
         job_id=job_id,
         has_secrets=bool(meta.get("has_secrets")),
+        git=meta.get("git") if isinstance(meta.get("git"), dict) else None,
     )

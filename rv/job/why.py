@@ -322,7 +322,7 @@ def judged(waiting: Sequence[Waiting], replies: Sequence[Mapping[str, Any]]) -> 
                 continue
             estimate = parse_test_only("", int(reply.get("code", 1)), str(reply.get("text") or ""))
             if estimate.error is None:
-                start = int(estimate.start) if (estimate.start or "").isdigit() else None
+                start = int(estimate.start) if estimate.start and estimate.start.isdigit() else None
                 sooner = None if start is None or w.expected_start is None else start < w.expected_start
                 kept.append(replace(s, accepted=True, estimate=start, sooner=sooner))
         out.append(replace(w, suggestions=tuple(kept)))
@@ -370,7 +370,7 @@ def explain(
 
     (view,) = [v for v in run_views([run], listing.queued, listing.accounted, now=listing.now) if v.run_id]
     seg = run.current
-    common = {"run": run.name, "run_id": run.run_id, "segment": seg.index if seg else 0,
+    common: dict[str, Any] = {"run": run.name, "run_id": run.run_id, "segment": seg.index if seg else 0,
               "max_segments": run.max_segments, "details": segment_lines(run)}  # fmt: skip
     if waiting:
         parts = [f"{w.gpu_type or 'job'} {w.job_id}: {w.words} ({w.code})" for w in waiting]

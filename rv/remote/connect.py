@@ -12,9 +12,12 @@
       rv.cli.common     Session.transport, on its first use ─▶ open_transport() here
         │  warm?        use_warm(): RV_WARM_SECONDS > 0 and no terminal or tunnel wanted
         ├── yes ──────▶ rv.remote.warm.WarmTransport ── Unix socket ──▶ the profile's background process
-        │                                          (forked from the command server, or started)
-        │                                          holding an rv.remote.ssh.SSHTransport
-        └── no ───────▶ rv.remote.ssh.SSHTransport     a connection of this process's own (direct)
+        │                 │                        (rv.remote.warmd: forked from the command server, or
+        │                 │                        started) holding an rv.remote.ssh.SSHTransport
+        │                 │  serves?    WarmFirst here: the warm one until it cannot take a call (nothing
+        │                 │             ran; on its first use: none running yet, or it will not start)
+        │                 └── no ─────▶ direct, from then on ─┐
+        └── no ───────▶ rv.remote.ssh.SSHTransport ◀──────────┘  a connection of this process's own
                           │
       rv.remote.ssh            which channel, channels(): for an agent call, a pre-started agent; else a
                         pre-started login shell (the hot shell); else a new exec channel
@@ -41,11 +44,15 @@ TYPE_CHECKING = False  # typing's own costs the front end an import; mypy reads 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from pathlib import Path
+    from typing import Any, TypeVar
 
     from rv.config import Profile
     from rv.remote.ssh import SSHTransport
     from rv.remote.sshconfig import SSHTarget
-    from rv.remote.transport import Transport
+    from rv.remote.transport import RunResult, Transport
+    from rv.remote.warm import WarmTransport
+
+    T = TypeVar("T")
 
 DEFAULT_WARM_S = 300.0
 
@@ -171,25 +178,104 @@ def open_transport(
     config_path: Path | str | None = None,
 ) -> Transport:
     """A connected transport for ``profile``: the warm background connection unless use_warm() says
-    no, then a connection of this process's own."""
+    no, then a connection of this process's own.
+
+    The warm one is used while it serves (:class:`WarmFirst`); when it cannot (no process and none
+    can start, a stale or dying one, a dropped connection: rv.remote.warm.WarmUnavailable, raised
+    only before anything ran), the command goes over a direct connection, said on stderr. A command
+    that started is never sent again: what fails after it started is that command's error.
+    """
     if not use_warm():
         debug("connection: direct (RV_WARM_SECONDS=0)")
         return direct_connection(profile, confirm_host_key=confirm_host_key, config_path=config_path)
     from rv.remote import warm
 
-    transport = warm.WarmTransport(
+    def connect_directly() -> SSHTransport:
+        return direct_connection(profile, confirm_host_key=confirm_host_key, config_path=config_path)
+
+    client = warm.WarmTransport(
         target_for(profile, config_path),
         profile_key=warm.profile_key(config_path, profile.name),
         confirm_host_key=confirm_host_key,
         mask=profile_mask(profile),
         idle=warm_seconds(),
         channels=channels(),
-    ).connect()
-    if transport.reused is not None:
-        debug(f"connection: warm ({'reused' if transport.reused else 'new'}, pid {transport.daemon_pid})")
-    elif transport.fallback_reason is None:
+    )
+    try:
+        client.connect()
+    except warm.Cold:
         debug("connection: direct this time (the warm connection starts for the next command)")
-    return transport
+        return connect_directly()
+    except warm.WarmUnavailable as exc:
+        return _directly_because(exc, connect_directly)
+    debug(f"connection: warm ({'reused' if client.reused else 'new'}, pid {client.daemon_pid})")
+    return WarmFirst(client, connect_directly)
+
+
+def _directly_because(reason: Exception, connect_directly: Callable[[], SSHTransport]) -> SSHTransport:
+    """The warm connection cannot serve (nothing ran): say so on stderr, and connect directly."""
+    sys.stderr.write(f"rv: note: connecting directly ({reason})\n")
+    return connect_directly()
+
+
+class WarmFirst:
+    """The transport of a command whose warm connection answered: every call goes through it until
+    it cannot serve one (WarmUnavailable: nothing ran); that call and every later one then go over
+    a connection of this process's own. The one place a warm command turns direct."""
+
+    def __init__(self, warm: WarmTransport, connect_directly: Callable[[], SSHTransport]) -> None:
+        self.warm = warm
+        self.direct: SSHTransport | None = None
+        self._connect_directly = connect_directly
+
+    @property
+    def via_warm(self) -> bool:
+        """Do the calls still go through the warm connection?"""
+        return self.direct is None
+
+    def _route(self, call: Callable[[WarmTransport | SSHTransport], T]) -> T:
+        if self.direct is None:
+            from rv.remote.warm import WarmUnavailable
+
+            try:
+                return call(self.warm)
+            except WarmUnavailable as exc:
+                self.direct = _directly_because(exc, self._connect_directly)
+        return call(self.direct)
+
+    def connect(self) -> WarmFirst:
+        return self  # connected already: open_transport reached the warm connection (`rv status` asks)
+
+    # The Transport API (rv.remote.transport.Transport), each call routed.
+    def stream(self, command: str, **options: Any) -> int:
+        return self._route(lambda t: t.stream(command, **options))
+
+    def run(self, command: str, **options: Any) -> RunResult:
+        return self._route(lambda t: t.run(command, **options))
+
+    def run_agent(self, mode: str, args: dict[str, Any], **options: Any) -> RunResult:
+        return self._route(lambda t: t.run_agent(mode, args, **options))
+
+    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
+        self._route(lambda t: t.put_bytes(data, remote_path, mode))
+
+    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
+        self._route(lambda t: t.put_file(local_path, remote_path, mode))
+
+    def get_file(self, remote_path: str, local_path: str | Path) -> None:
+        self._route(lambda t: t.get_file(remote_path, local_path))
+
+    def close(self) -> None:
+        self.warm.close()
+        if self.direct is not None:
+            self.direct.close()
+            self.direct = None
+
+    def __enter__(self) -> WarmFirst:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def direct_connection(

@@ -2,9 +2,9 @@
 
 One :class:`SSHTransport` holds one connection; every command (an exec channel) and every file
 transfer (one SFTP session, opened once) reuses it. Most commands do not build one themselves: they
-talk to the warm background process (:mod:`rv.remote.warm`), which holds an SSHTransport for them across
-invocations; `rv init`, the fallback when that process is unavailable, and the process itself use
-this class directly.
+talk to the warm background process (:mod:`rv.remote.warmd`, through :mod:`rv.remote.warm`), which
+holds an SSHTransport for them across invocations; `rv init`, the direct connection rv.remote.connect
+turns to when that process is unavailable, and the process itself use this class directly.
 
 Uploads are private: a file is created, chmod-ed to the caller's mode with the profile's mask
 applied (``0600``/``0700`` by default) and only then written, and renamed into place when complete.
@@ -27,15 +27,17 @@ from rv.remote.sshconfig import SSHTarget
 from rv.remote.transport import (
     _CHUNK,
     PRIVATE_MASK,
-    RemoteTimeout,
+    Process,
+    RunResult,
     Stdin,
     TransferError,
-    _chunks,
     _Collecting,
     _temp_name,
     file_mode,
     local_file_mode,
     read_chunks,
+    run_agent_over,
+    run_process,
     write_local_atomically,
 )
 
@@ -210,6 +212,72 @@ def _expand_proxy_command(command: str, t: SSHTarget) -> str:
             out.append(command[i])
             i += 1
     return "".join(out)
+
+
+class _ChannelProcess(Process):
+    """A command on an SSH channel, as run_process drives it."""
+
+    feeder_join_s = 1.0
+
+    def __init__(self, command: str, channel: Any, hostname: str, *, tick: float) -> None:
+        super().__init__(command)
+        self.channel = channel
+        self.hostname = hostname
+        self.tick = tick
+        self.eof_by: float | None = None  # see exit_code: how long output may still trail the exit status
+
+    def write(self, chunk: bytes) -> bool:
+        try:
+            # A view: paramiko's sendall slices what is left after each 32 KiB packet, and slicing
+            # bytes copies the rest of the chunk every time.
+            self.channel.sendall(memoryview(chunk))
+        except (OSError, EOFError, paramiko.SSHException):
+            return False
+        return True
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            self.channel.shutdown_write()  # fails only when the channel is already closed
+
+    def pump(
+        self, wait: float | None, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]
+    ) -> None:
+        channel = self.channel
+        tick = self.tick if self.eof_by is None else 0.02
+        select.select([channel], [], [], tick if wait is None else min(tick, wait))
+        while channel.recv_ready():
+            on_stdout(channel.recv(_CHUNK))
+        while channel.recv_stderr_ready():
+            on_stderr(channel.recv_stderr(_CHUNK))
+
+    def exit_code(self) -> int | None:
+        channel = self.channel
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            # sshd sends the exit status when the command exits, which can be before the last output
+            # it still had to read from the command's pipes: the output is complete at EOF. A
+            # background process still holding the pipes keeps EOF away, so that is waited for only
+            # briefly (OUTPUT_GRACE_S).
+            if (
+                channel.eof_received
+                or channel.closed
+                or (self.eof_by is not None and time.monotonic() >= self.eof_by)
+            ):
+                code = channel.recv_exit_status()
+                return 255 if code == -1 else int(code)
+            if self.eof_by is None:
+                self.eof_by = time.monotonic() + OUTPUT_GRACE_S
+        pending = channel.exit_status_ready() or channel.recv_ready() or channel.recv_stderr_ready()
+        if not pending and (channel.closed or not channel.get_transport().is_active()):
+            # The connection dropped: no exit status will ever come. Say so instead of waiting
+            # forever, so a follower can reconnect.
+            raise ConnectError(f"connection to {self.hostname} was lost", hint="check the network and retry")
+        return None
+
+    def kill(self) -> None:
+        self.channel.close()
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 class SSHTransport(_Collecting):
@@ -485,7 +553,8 @@ class SSHTransport(_Collecting):
         on_started: Callable[[], None] | None = None,
         agent: dict[str, Any] | None = None,
     ) -> int:
-        """Run ``command``, handing output to the callbacks as it arrives; return the exit code.
+        """Run ``command``, handing output to the callbacks as it arrives; return the exit code
+        (rv.remote.transport.run_process drives it).
 
         ``keep_stdin_open`` leaves the command's stdin open until we close the channel, so a remote
         watchdog reading stdin learns at once when rv goes away (Ctrl-C, a dropped laptop lid).
@@ -505,95 +574,25 @@ class SSHTransport(_Collecting):
             except BaseException:
                 channel.close()
                 raise
-        feeder = None
-        failure: list[BaseException] = []
-        if stdin is not None:
-            source = _chunks(stdin)
-
-            # A thread feeds stdin so a command that writes a lot before it reads everything cannot
-            # deadlock against us (both sides' windows full).
-            def feed() -> None:
-                while True:
-                    try:
-                        chunk = next(source)
-                    except StopIteration:
-                        break
-                    except BaseException as exc:  # handed to the caller below, never dropped
-                        failure.append(exc)
-                        channel.close()
-                        return
-                    try:
-                        # A view: paramiko's sendall slices what is left after each 32 KiB packet,
-                        # and slicing bytes copies the rest of the chunk every time.
-                        channel.sendall(memoryview(chunk))
-                    except (OSError, EOFError, paramiko.SSHException):
-                        return  # the command stopped reading (it exited): its exit code says why
-                with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-                    channel.shutdown_write()  # fails only when the channel is already closed
-
-            feeder = threading.Thread(target=feed, daemon=True)
-            feeder.start()
-        elif not keep_stdin_open:
-            channel.shutdown_write()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        tick = 0.2 if cancelled is not None else 0.5
-        eof_by: float | None = None  # see below: how long output may still trail the exit status
         try:
-            while True:
-                wait = tick if eof_by is None else 0.02
-                wait = wait if deadline is None else max(0.0, min(wait, deadline - time.monotonic()))
-                select.select([channel], [], [], wait)
-                while channel.recv_ready():
-                    on_stdout(channel.recv(_CHUNK))
-                while channel.recv_stderr_ready():
-                    data = channel.recv_stderr(_CHUNK)
-                    if on_stderr is not None:
-                        on_stderr(data)
-                if failure:
-                    raise TransferError(
-                        f"upload stopped: reading the data to send failed: {failure[0]}"
-                    ) from failure[0]
-                if (
-                    channel.exit_status_ready()
-                    and not channel.recv_ready()
-                    and not channel.recv_stderr_ready()
-                ):
-                    # sshd sends the exit status when the command exits, which can be before the last
-                    # output it still had to read from the command's pipes: the output is complete
-                    # at EOF. A background process still holding the pipes keeps EOF away, so that
-                    # is waited for only briefly (OUTPUT_GRACE_S).
-                    if channel.eof_received or channel.closed:
-                        break
-                    if eof_by is None:
-                        eof_by = time.monotonic() + OUTPUT_GRACE_S
-                    elif time.monotonic() >= eof_by:
-                        break
-                pending = channel.exit_status_ready() or channel.recv_ready() or channel.recv_stderr_ready()
-                if not pending and (channel.closed or not channel.get_transport().is_active()):
-                    # The connection dropped: no exit status will ever come. Say so instead of
-                    # waiting forever, so a follower can reconnect.
-                    raise ConnectError(
-                        f"connection to {self.target.hostname} was lost", hint="check the network and retry"
-                    )
-                if cancelled is not None and cancelled():
-                    raise Cancelled()
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise RemoteTimeout(
-                        f"remote command timed out after {timeout:g}s: {command[:80]}",
-                        hint="raise the limit with --timeout",
-                    )
-            if failure:
-                raise TransferError(
-                    f"upload stopped: reading the data to send failed: {failure[0]}"
-                ) from failure[0]
-            code = channel.recv_exit_status()
-            return 255 if code == -1 else int(code)
+            return run_process(
+                _ChannelProcess(command, channel, self.target.hostname, tick=0.2 if cancelled else 0.5),
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                stdin=stdin,
+                keep_stdin_open=keep_stdin_open,
+                timeout=timeout,
+                cancelled=cancelled,
+            )
         finally:
-            channel.close()
-            if feeder is not None:
-                feeder.join(timeout=1)
             if self._hot or self._agents:
                 self._refill()  # after the command, so its shell start does not compete with it
+
+    def run_agent(
+        self, mode: str, args: dict[str, Any], *, stdin: Stdin = None, timeout: float | None = None
+    ) -> RunResult:
+        """rv's agent in ``mode`` (rv.remote.agent_client.call_agent): a pre-started one where kept."""
+        return run_agent_over(self.stream, mode, args, stdin=stdin, timeout=timeout)
 
     # -- channels for terminals and tunnels -------------------------------------------------------------
     def open_pty(self, command: str, *, term: str, cols: int, rows: int) -> Any:
@@ -690,7 +689,3 @@ class SSHTransport(_Collecting):
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         write_local_atomically(local_path, lambda sink: self.get_stream(remote_path, sink))
-
-
-class Cancelled(Exception):
-    """The caller went away while its command ran (see SSHTransport.stream's ``cancelled``)."""

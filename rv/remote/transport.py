@@ -3,13 +3,16 @@
 What every part of rv that talks to the cluster is given is a :class:`Transport`; which one, and how
 it got there, is decided in rv.remote.connect (the only module that chooses a route). The three:
 
-* rv.remote.warm.WarmTransport: through the profile's warm background connection.
+* rv.remote.warm.WarmTransport: through the profile's warm background connection (rv.remote.warmd);
+  rv.remote.connect.WarmFirst sends what it cannot take over SSH instead.
 * rv.remote.ssh.SSHTransport: one paramiko connection in this process (and in that background process).
 * :class:`LocalTransport` (here): local bash and files, the one fake seam for unit tests.
 
-Here too: the result type, the errors every transport raises, the upload and download helpers they
-share, and the file-mode rule (private by default). This module imports neither paramiko nor any
-rv module that does: where to connect is rv.remote.sshconfig, connecting is rv.remote.ssh.
+Here too: the one loop that drives a running command (run_process; each transport supplies its
+primitives, a :class:`Process`), the result type, the errors every transport raises, the upload and
+download helpers they share, and the file-mode rule (private by default). This module imports
+neither paramiko nor any rv module that does: where to connect is rv.remote.sshconfig, connecting
+is rv.remote.ssh.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rv.errors import RemoteError
 
@@ -144,6 +147,140 @@ class TransferError(RemoteError):
     """The data being sent could not be read here (a file vanished or failed mid-read)."""
 
 
+class Cancelled(Exception):
+    """The caller went away while its command ran (see run_process's ``cancelled``)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The runner: one loop drives every command, whatever carries it
+
+
+class Process:
+    """One started command, as run_process drives it: the primitives each transport supplies.
+
+    Local bash (:class:`LocalTransport`), an SSH channel (rv.remote.ssh) and the socket to a warm
+    connection's process (rv.remote.warm) each say how to feed the command's stdin, hand on its
+    output, learn its exit code and stop it; the loop around them (stdin from a thread, the
+    deadline, stopping the command on any exception) is written once, in run_process.
+    """
+
+    feeder_join_s = 5.0  # how long the end of the loop waits for the thread feeding stdin
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def write(self, chunk: bytes) -> bool:
+        """Send ``chunk`` to the command's stdin; False when it stopped reading (it exited: its
+        exit code and stderr say why)."""
+        raise NotImplementedError
+
+    def close_stdin(self) -> None:
+        """No more stdin: the command reads end of file."""
+        raise NotImplementedError
+
+    def pump(
+        self, wait: float | None, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]
+    ) -> None:
+        """Hand on the output that arrives within about ``wait`` seconds (None: no deadline, wait
+        as long as suits the command), in this thread: an exception from a callback (Ctrl-C in a
+        progress bar) stops the command."""
+        raise NotImplementedError
+
+    def exit_code(self) -> int | None:
+        """The exit code once the command ended and its output was handed on; None before. Raises
+        when none will ever come (the connection dropped)."""
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        """Stop the command now (a failed read of its stdin, Ctrl-C, the deadline, a callback's
+        error): it must not outlive the caller, exactly as when an SSH channel closes."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the command held, however it ended."""
+        raise NotImplementedError
+
+    def timed_out(self, timeout: float) -> RemoteTimeout:
+        return RemoteTimeout(
+            f"remote command timed out after {timeout:g}s: {self.command[:80]}",
+            hint="raise the limit with --timeout",
+        )
+
+
+def _discard(data: bytes) -> None:
+    pass
+
+
+def _upload_stopped(exc: BaseException) -> TransferError:
+    error = TransferError(f"upload stopped: reading the data to send failed: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def _feed(process: Process, source: Iterator[bytes], failure: list[BaseException]) -> None:
+    """Feed the command's stdin, in a thread of its own: a command that writes a lot before it reads
+    everything cannot deadlock against us (both sides' buffers full)."""
+    try:
+        for chunk in source:
+            if not process.write(chunk):
+                return  # the command stopped reading (it exited): its exit code says why
+        process.close_stdin()
+    except BaseException as exc:  # handed to the caller by run_process, never dropped
+        failure.append(exc)
+        process.kill()  # at once: the command must not wait for the rest of its stdin
+
+
+def run_process(
+    process: Process,
+    *,
+    on_stdout: Callable[[bytes], None],
+    on_stderr: Callable[[bytes], None] | None = None,
+    stdin: Stdin = None,
+    keep_stdin_open: bool = False,
+    timeout: float | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> int:
+    """Drive ``process`` to its end and return its exit code: the one command-stream loop.
+
+    ``stdin`` is fed from a thread; without it the command's stdin is closed at once, unless
+    ``keep_stdin_open`` (a remote watchdog reading stdin learns at once when rv goes away).
+    ``timeout`` bounds the whole command (RemoteTimeout). ``cancelled``, asked a few times a second,
+    stops the command when it turns true (Cancelled). When the data for stdin cannot be produced
+    (a file fails mid-read), the command is stopped at once and TransferError raised. On any
+    exception, the command is killed before the exception goes on.
+    """
+    failure: list[BaseException] = []
+    feeder = None
+    if stdin is not None:
+        feeder = threading.Thread(target=_feed, args=(process, _chunks(stdin), failure), daemon=True)
+        feeder.start()
+    elif not keep_stdin_open:
+        process.close_stdin()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            process.pump(left, on_stdout, on_stderr or _discard)
+            if failure:
+                raise _upload_stopped(failure[0])
+            code = process.exit_code()
+            if code is not None:
+                if failure:
+                    raise _upload_stopped(failure[0])
+                return code
+            if cancelled is not None and cancelled():
+                raise Cancelled()
+            if deadline is not None and timeout is not None and time.monotonic() >= deadline:
+                raise process.timed_out(timeout)
+    except BaseException:
+        process.kill()
+        raise
+    finally:
+        process.close()
+        if feeder is not None:
+            feeder.join(timeout=process.feeder_join_s)
+
+
 class _Collecting:
     """`run` for any transport with `stream`: collect the output instead of handing it on."""
 
@@ -166,8 +303,84 @@ class _Collecting:
         return RunResult(code, b"".join(out), b"".join(err))
 
 
+def run_agent_over(
+    stream: Callable[..., int], mode: str, args: dict[str, Any], *, stdin: Stdin, timeout: float | None
+) -> RunResult:
+    """rv's agent in ``mode``, through ``stream`` of a transport that can hand an agent call to an agent
+    started ahead of time (its ``agent`` option; see rv.remote.ssh's prestart); where it has none of
+    this code, the call runs as any command. The ``run_agent`` of the SSH and warm transports."""
+    from rv.remote.agent_client import agent_command, agent_key
+
+    out: list[bytes] = []
+    err: list[bytes] = []
+    code = stream(
+        agent_command(mode, args),
+        on_stdout=out.append,
+        on_stderr=err.append,
+        stdin=stdin,
+        timeout=timeout,
+        agent={"key": agent_key(), "mode": mode, "args": args},
+    )
+    return RunResult(code, b"".join(out), b"".join(err))
+
+
 # --------------------------------------------------------------------------------------------------
 # Local: the unit-test seam
+
+
+class _LocalProcess(Process):
+    """A local bash command: its pipes and its process group."""
+
+    def __init__(self, command: str, proc: subprocess.Popen[bytes]) -> None:
+        super().__init__(command)
+        self.proc = proc
+        assert proc.stdout is not None and proc.stderr is not None
+        self.reading = {proc.stdout.fileno(): True, proc.stderr.fileno(): False}  # fd -> is it stdout?
+
+    def write(self, chunk: bytes) -> bool:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(chunk)
+            self.proc.stdin.flush()  # as over SSH: each chunk is sent as it comes
+        except (BrokenPipeError, ValueError):
+            return False
+        return True
+
+    def close_stdin(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):  # exited before reading everything
+                self.proc.stdin.close()
+
+    def pump(
+        self, wait: float | None, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]
+    ) -> None:
+        if not self.reading:
+            return
+        ready, _, _ = select.select(list(self.reading), [], [], 0.5 if wait is None else min(0.5, wait))
+        for fd in ready:
+            data = os.read(fd, _CHUNK)
+            if not data:
+                del self.reading[fd]
+            elif self.reading[fd]:
+                on_stdout(data)
+            else:
+                on_stderr(data)
+
+    def exit_code(self) -> int | None:
+        return None if self.reading else self.proc.wait()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group: the command's children too
+
+    def close(self) -> None:
+        self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    def timed_out(self, timeout: float) -> RemoteTimeout:
+        return RemoteTimeout(f"command timed out after {timeout:g}s: {self.command[:80]}")
 
 
 @dataclass
@@ -197,85 +410,14 @@ class LocalTransport(_Collecting):
             env=self.env,
             start_new_session=True,  # so a kill reaches the command's children too
         )
-
-        def kill() -> None:
-            with contextlib.suppress(ProcessLookupError):  # already gone
-                os.killpg(proc.pid, signal.SIGKILL)
-
-        # As over SSH: stdout is read (and its callback runs) in this thread, so an exception from
-        # a callback (Ctrl-C in a progress bar) stops the command; stdin and stderr have threads.
-        failure: list[BaseException] = []
-        threads = []
-
-        def pump_stderr() -> None:
-            assert proc.stderr is not None
-            fd = proc.stderr.fileno()
-            try:
-                for chunk in iter(lambda: os.read(fd, _CHUNK), b""):
-                    if on_stderr is not None:
-                        on_stderr(chunk)
-            except BaseException as exc:  # handed to the caller below, never dropped
-                failure.append(exc)
-                kill()
-
-        threads.append(threading.Thread(target=pump_stderr, daemon=True))
-        if stdin is not None:
-            source = _chunks(stdin)
-
-            def feed() -> None:
-                assert proc.stdin is not None
-                while True:
-                    try:
-                        chunk = next(source)
-                    except StopIteration:
-                        break
-                    except BaseException as exc:  # handed to the caller below, never dropped
-                        failure.append(
-                            TransferError(f"upload stopped: reading the data to send failed: {exc}")
-                        )
-                        failure[-1].__cause__ = exc
-                        kill()
-                        return
-                    try:
-                        proc.stdin.write(chunk)
-                        proc.stdin.flush()  # as over SSH: each chunk is sent as it comes
-                    except (BrokenPipeError, ValueError):
-                        return  # the command exited early: its exit code and stderr say why
-                with contextlib.suppress(BrokenPipeError):  # exited before reading everything
-                    proc.stdin.close()
-
-            threads.append(threading.Thread(target=feed, daemon=True))
-        for t in threads:
-            t.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        try:
-            while True:
-                wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
-                ready, _, _ = select.select([fd], [], [], wait)
-                if ready:
-                    data = os.read(fd, _CHUNK)
-                    if not data:
-                        break
-                    on_stdout(data)
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise RemoteTimeout(f"command timed out after {timeout:g}s: {command[:80]}")
-            code = proc.wait()
-        except BaseException:
-            # Ctrl-C, a timeout, a callback's error: the command must not outlive us (as a closed channel).
-            kill()
-            proc.wait()
-            raise
-        finally:
-            for t in threads:
-                t.join(timeout=5)
-            proc.stdout.close()
-            if proc.stderr is not None:
-                proc.stderr.close()
-        if failure:
-            raise failure[0]
-        return code
+        return run_process(
+            _LocalProcess(command, proc),
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            stdin=stdin,
+            keep_stdin_open=keep_stdin_open,
+            timeout=timeout,
+        )
 
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o600) -> None:
         self._put([data], remote_path, file_mode(mode, self.mask))

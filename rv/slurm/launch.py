@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import shlex
 
-from rv.request import ACCELERATE_MODES, JobRequest, LaunchArgs, TorchrunArgs, launch_ranks
+from rv.launcher import ACCELERATE_MODES, LaunchArgs, TorchrunArgs, launch_ranks
+from rv.request import JobRequest
 
 # rv's rank labeller, shipped beside the job's runtime; the job exports its path as RV_RANK_LABEL.
 RANK_LABEL = '"$RV_RANK_LABEL"'

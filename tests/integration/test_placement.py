@@ -253,7 +253,9 @@ def test_rv_status_lists_the_accounts_qos_and_partitions_one_may_ask_for(layout)
     assert r.returncode == 0, r.stderr
     may = json.loads(r.stdout)["may_use"]
     if layout.name == "default":
-        assert may == {"accounts": ["rv"], "qos": ["high", "normal"], "partitions": ["gpu-a6000", "gpu-v100"]}
+        # capped: the QoS with a one-job limit that `rv why`'s test holds a run with (scripts/testcluster)
+        qos = ["capped", "high", "normal"]
+        assert may == {"accounts": ["rv"], "qos": qos, "partitions": ["gpu-a6000", "gpu-v100"]}
     else:  # no accounting: only sinfo can say
         assert may == {"accounts": [], "qos": [], "partitions": ["gpu"]}
     text = layout.run_rv("status").stdout

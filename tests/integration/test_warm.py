@@ -107,6 +107,39 @@ def test_a_background_process_that_stops_answering_is_replaced_not_waited_for(ru
     warm_connection(run_rv)
 
 
+def test_a_process_that_stops_answering_between_calls_sends_the_rest_direct_running_each_once(
+    run_rv, rv_env, cluster, remote_root
+):
+    # The warm connection answered when the command began, then stopped: the call that finds it so
+    # goes over a direct connection (said once, on stderr), as does every later one, and nothing
+    # runs twice.
+    warm_connection(run_rv)
+    log = f"{remote_root}/calls.log"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from rv.config import load_config
+        from rv.job.cleanup import usage
+        from rv.remote.connect import WarmFirst, open_transport
+        cfg = load_config()
+        t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
+        assert isinstance(t, WarmFirst) and t.via_warm
+        assert t.run("echo one >> {log}").ok
+        os.kill(t.warm.daemon_pid, signal.SIGSTOP)  # alive, accepting connections, answering nothing
+        print(t.run("echo two >> {log}; echo ran").out, end="")
+        assert not t.via_warm
+        kept = usage(t, {remote_root!r}, older_than=86400)  # an agent call
+        print("total" in kept, t.run("cat {log}").out, end="")
+        """
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script], env=rv_env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["ran", "True one", "two"]
+    assert r.stderr.count("rv: note: connecting directly (the background connection did not answer") == 1
+
+
 def test_without_a_private_runtime_folder_commands_connect_directly(run_rv, tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
@@ -173,10 +206,10 @@ def test_a_stdin_watchdog_ends_when_its_follower_is_killed(
         f"""
         import sys
         from rv.config import load_config
-        from rv.remote.connect import open_transport
+        from rv.remote.connect import WarmFirst, open_transport
         cfg = load_config()
         t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
-        assert t._direct is None, "not through the background process"
+        assert isinstance(t, WarmFirst) and t.via_warm, "not through the background process"
         def out(data):
             sys.stdout.buffer.write(data); sys.stdout.flush()
         t.stream("sleep 600 & echo $! > {pid_file}; echo ready; cat >/dev/null; kill $!",
@@ -203,10 +236,10 @@ def test_streams_stdin_exit_codes_and_files_through_the_background_process(
         f"""
         import hashlib, os, stat, sys
         from rv.config import load_config
-        from rv.remote.connect import open_transport
+        from rv.remote.connect import WarmFirst, open_transport
         cfg = load_config()
         t = open_transport(cfg.profile({profile_name(cluster)!r}), config_path=cfg.path)
-        assert type(t).__name__ == "WarmTransport" and t._direct is None, t.fallback_reason
+        assert isinstance(t, WarmFirst) and t.via_warm, "not through the background process"
         data = os.urandom(3_000_000)
         r = t.run("cat; echo err >&2; exit 4", stdin=data)
         assert (r.exit_code, r.stdout, r.stderr) == (4, data, b"err\\n"), (r.exit_code, r.stderr)
@@ -221,7 +254,8 @@ def test_streams_stdin_exit_codes_and_files_through_the_background_process(
         t.get_file(remote, local + ".back")
         assert open(local + ".back", "rb").read() == data
         print(oct(stat.S_IMODE(os.stat(remote).st_mode)), oct(stat.S_IMODE(os.stat(remote + ".sh").st_mode)))
-        print("reused" if t.reused else "new")
+        assert t.via_warm, "fell back to a direct connection half-way"
+        print("reused" if t.warm.reused else "new")
         """
     )
     r = subprocess.run(
@@ -247,7 +281,7 @@ def test_an_upload_read_error_surfaces_instead_of_hanging(run_rv, rv_env, cluste
         def data():
             yield b"x" * 1_000_000
             raise OSError(5, "Input/output error")
-        assert (getattr(t, "_direct", 0) is None) == {path == "warm"}
+        assert getattr(t, "via_warm", False) == {path == "warm"}
         try:
             t.run("cat > /dev/null", stdin=data())
         except TransferError as exc:

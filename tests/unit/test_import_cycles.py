@@ -144,5 +144,16 @@ def test_the_check_sees_lazy_imports_and_skips_type_checking_ones() -> None:
 def test_the_transport_api_imports_neither_of_the_modules_built_on_it() -> None:
     # rv.remote.connect chooses a route; rv.remote.transport is the API every route speaks, below all of them.
     graph = import_graph()
-    assert not {"rv.remote.ssh", "rv.remote.warm", "rv.remote.connect"} & graph["rv.remote.transport"]
-    assert "rv.remote.connect" not in graph["rv.remote.warm"] | graph["rv.remote.ssh"]
+    warm = {"rv.remote.warm", "rv.remote.warmd", "rv.remote.warmwire"}
+    assert not {"rv.remote.ssh", "rv.remote.connect", *warm} & graph["rv.remote.transport"]
+    assert "rv.remote.connect" not in set().union(*(graph[m] for m in {"rv.remote.ssh", *warm}))
+
+
+def test_the_warm_client_is_one_route_and_the_wire_sits_below_both_ends() -> None:
+    # The client never connects directly (rv.remote.connect alone turns a command direct); the
+    # process never imports the client; the frames and errors import neither end.
+    graph = import_graph()
+    assert "rv.remote.ssh" not in graph["rv.remote.warm"]
+    assert "rv.remote.warm" not in graph["rv.remote.warmd"]
+    assert not {"rv.remote.warm", "rv.remote.warmd", "rv.remote.ssh"} & graph["rv.remote.warmwire"]
+    assert "rv.remote.warmwire" in graph["rv.remote.warm"] & graph["rv.remote.warmd"]

@@ -85,7 +85,13 @@ def test_the_end_message_says_run_state_segments_time_and_what_to_type(tmp_path)
 
 def test_a_crash_brings_the_last_lines_of_its_stderr_but_not_rvs_own(tmp_path):
     run = make_run(tmp_path, "crashed", 3)
-    lines = [f"line {i}" for i in range(30)] + ["rv: run train-1 ended after segment 1", "ValueError: boom"]
+    lines = [f"line {i}" for i in range(30)] + ["ValueError: boom", "rv: run train-1 ended after segment 1"]
+    # What srun and slurmstepd write after the program (seen on the bare layout) is not the program's.
+    lines += [
+        "srun: error: gpu-01: task 0: Exited with exit code 3",
+        "slurmstepd-gpu-01: error: *** STEP 4000123.0 ON gpu-01 CANCELLED AT 2026-11-27T21:00:00 ***",
+        "slurmstepd: error: Terminating StepId=4000123.0",
+    ]
     (run / "logs" / "101.err").write_text("\n".join(lines) + "\n")
     (run / "logs" / "1010.err").write_text("another job's log\n")
     _, text, facts = notifier.end_message(str(run), "101")
@@ -93,6 +99,7 @@ def test_a_crash_brings_the_last_lines_of_its_stderr_but_not_rvs_own(tmp_path):
         facts["stderr_tail"][-1] == "ValueError: boom" and len(facts["stderr_tail"]) == notifier.STDERR_LINES
     )
     assert "rv: run" not in "\n".join(facts["stderr_tail"]) and "another job" not in text
+    assert not [ln for ln in facts["stderr_tail"] if ln.startswith(("srun", "slurmstepd"))]
     assert "last lines of stderr (job 101):\n    line 16" in text
 
 

@@ -4,16 +4,15 @@ import pytest
 
 from rv.catalog import RIVANNA, GpuType, Partition
 from rv.errors import UsageError
+from rv.launcher import parse_launcher, parse_torchrun
+from rv.misplaced import detect_misplaced_flags as _detect_misplaced_flags
 from rv.request import (
     DEFAULT_SIGNAL_LEAD,
     RequestError,
     build_request,
     default_name,
-    parse_launcher,
-    parse_torchrun,
     sanitise_name,
 )
-from rv.request import detect_misplaced_flags as _detect_misplaced_flags
 
 
 def detect_misplaced_flags(command, catalog=None):

@@ -125,3 +125,117 @@ def test_the_laptop_and_the_agent_agree_on_the_oldest_git_the_store_works_with()
     from rv.probe import MIN_GIT
 
     assert store.MIN_GIT == MIN_GIT
+
+
+# --- the laptop side's shape (issue 34) ---------------------------------------------------------------
+
+CLI = RV / "cli"
+MAX_MODULE_LINES = 900
+MAX_COMMAND_BODY_LINES = 80
+MAX_TOP_LEVEL_MODULES = 25
+# Modules over MAX_MODULE_LINES that other branches are splitting now: each entry names the branch
+# that owns the split. Delete an entry when its branch lands (a stale entry fails below, so the list
+# only ever shrinks); never add one for new code.
+OVER_LENGTH_BEING_SPLIT = {
+    "rv/files/sync.py": "agentfmt (pull moved into rv/files/pull.py)",
+    "rv/agent/runs.py": "agentfmt (rv/agent/runs.py split by concern)",
+    "rv_train/trainer.py": "agentfmt (checkpoint and resume moved into rv_train/checkpoint.py)",
+}
+
+
+def _is_click_command(node: ast.AST) -> bool:
+    """A function decorated as a click command or group: ``@click.command(...)``, ``@group.command``..."""
+    if not isinstance(node, ast.FunctionDef):
+        return False
+    for deco in node.decorator_list:
+        target = deco.func if isinstance(deco, ast.Call) else deco
+        if isinstance(target, ast.Attribute) and target.attr in ("command", "group"):
+            return True
+    return False
+
+
+def _commands(path: Path) -> list[ast.FunctionDef]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node for node in ast.walk(tree) if _is_click_command(node)]  # type: ignore[misc]
+
+
+COMMAND_MODULES = {module_name(p): p for p in sorted(CLI.glob("*.py")) if _commands(p)}
+
+
+def test_the_command_modules_are_found():
+    # The checks below are only as good as this list: the commands rv has are in it.
+    assert {"rv.cli.run", "rv.cli.up", "rv.cli.init", "rv.cli.sync", "rv.cli.gc", "rv.cli.ckpt"} <= set(
+        COMMAND_MODULES
+    )
+    assert "rv.cli.common" not in COMMAND_MODULES and "rv.cli.launchview" not in COMMAND_MODULES
+
+
+def test_no_command_module_imports_another():
+    # What two commands share lives in a module of its own (rv.cli.common, layered, launchview, the
+    # views) or in the core; one command reaching another goes through rv.commands.load.
+    offenders = [
+        f"{name} imports {other}"
+        for name, path in COMMAND_MODULES.items()
+        for other in sorted(imported_modules(path))
+        if other in COMMAND_MODULES and other != name
+    ]
+    assert not offenders, offenders
+
+
+def test_no_click_command_body_is_over_80_lines():
+    # A command is its options, then a plan, then one call into the core, then rendering. The body
+    # counts from its first statement after the docstring to its last (options and help are not in it).
+    long = []
+    for path in COMMAND_MODULES.values():
+        for fn in _commands(path):
+            body = fn.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            lines = (body[-1].end_lineno or 0) - body[0].lineno + 1 if body else 0
+            if lines > MAX_COMMAND_BODY_LINES:
+                long.append(f"{path.relative_to(RV.parent)}:{fn.lineno} {fn.name}: {lines} lines")
+    assert not long, long
+
+
+def test_the_core_imports_neither_click_nor_rich():
+    # Everything outside rv/cli/ is the core: it reports through callbacks and returns data; how it
+    # looks is the CLI's business (lazy imports and TYPE_CHECKING ones count too).
+    offenders = [
+        f"{module_name(path)} imports {name}"
+        for path in sorted(RV.rglob("*.py"))
+        if CLI not in path.parents
+        for name in sorted(imported_modules(path))
+        if name.split(".")[0] in ("click", "rich")
+    ]
+    assert not offenders, offenders
+
+
+def test_no_module_is_over_900_lines():
+    over = {}
+    for path in sorted([*RV.rglob("*.py"), *(RV.parent / "rv_train").rglob("*.py")]):
+        count = len(path.read_text(encoding="utf-8").splitlines())
+        if count > MAX_MODULE_LINES:
+            over[path.relative_to(RV.parent).as_posix()] = count
+    unexpected = {p: n for p, n in over.items() if p not in OVER_LENGTH_BEING_SPLIT}
+    assert not unexpected, f"over {MAX_MODULE_LINES} lines (split by concern): {unexpected}"
+    stale = sorted(set(OVER_LENGTH_BEING_SPLIT) - set(over))
+    assert not stale, f"split now: delete these from OVER_LENGTH_BEING_SPLIT: {stale}"
+
+
+def test_the_top_of_rv_holds_at_most_25_modules():
+    # The rest lives in the wings: remote/ (connections), files/ (listing, snapshots, sync), job/,
+    # slurm/, pyenv/, agent/, cli/.
+    top = sorted(p.name for p in RV.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_the_script_context_is_built_in_one_place():
+    # rv.job.launch.Plan.context: every job script's context, dry runs, probes and sweeps included.
+    calls = [
+        f"{module_name(path)}:{node.lineno}"
+        for path in sorted(RV.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "script_context"
+    ]
+    assert calls == [calls[0]] and calls[0].startswith("rv.job.launch:"), calls

@@ -1,4 +1,4 @@
-"""The frames between an rv command and its warm connection's process (rv.remote.warm): what goes in comes
+"""The frames between an rv command and its warm connection's process (rv.remote.warmwire): what goes in comes
 out, whole, in order, whatever the sizes; a frame cut short reads as the other side gone."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 
-from rv.remote.warm import _HEADER, SocketFrameReader, send_frame
+from rv.remote.warmwire import HEADER, SocketFrameReader, send_frame
 
 
 def read_all(reader: SocketFrameReader) -> list[tuple[bytes, bytes]]:
@@ -39,6 +39,6 @@ def test_frames_of_every_size_come_out_whole_and_in_order():
 def test_a_frame_cut_short_reads_as_the_other_side_gone():
     for size, cut in ((1 << 20, 100_000), (1000, 10)):
         a, b = socket.socketpair()
-        a.sendall(_HEADER.pack(b"D", size) + os.urandom(cut))
+        a.sendall(HEADER.pack(b"D", size) + os.urandom(cut))
         a.close()
         assert SocketFrameReader(b).read() is None
