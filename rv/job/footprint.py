@@ -63,6 +63,17 @@ def _limit(soft: int | None, hard: int | None) -> int | None:
     return min(limits) if limits else None
 
 
+def _quota(tool: str, name: str, space: Sequence[str], files: Sequence[str], unit: int | None) -> Quota:
+    """A row's (used, soft, hard) of space (plain numbers times ``unit``) and of files."""
+    return Quota(
+        tool, name,
+        bytes_used=_value(space[0], unit, _BINARY),
+        bytes_limit=_limit(_value(space[1], unit, _BINARY), _value(space[2], unit, _BINARY)),
+        files_used=_value(files[0], 1, _DECIMAL),
+        files_limit=_limit(_value(files[1], 1, _DECIMAL), _value(files[2], 1, _DECIMAL)),
+    )  # fmt: skip
+
+
 def _rows(lines: Sequence[str]) -> list[list[str]]:
     """The data rows under a ``Filesystem`` header: a name alone on its line (too long for its
     column) is joined to the numbers on the next."""
@@ -100,15 +111,7 @@ def parse_lfs_quota(text: str) -> list[Quota]:
         nums = words[1:]
         if len(nums) < 7 or not _number(nums[0]) or not _number(nums[4]):
             continue
-        out.append(
-            Quota(
-                "lfs", words[0],
-                bytes_used=_value(nums[0], unit, _BINARY),
-                bytes_limit=_limit(_value(nums[1], unit, _BINARY), _value(nums[2], unit, _BINARY)),
-                files_used=_value(nums[4], 1, _DECIMAL),
-                files_limit=_limit(_value(nums[5], 1, _DECIMAL), _value(nums[6], 1, _DECIMAL)),
-            )
-        )  # fmt: skip
+        out.append(_quota("lfs", words[0], nums[0:3], nums[4:7], unit))
     return out
 
 
@@ -128,15 +131,7 @@ def parse_quota(text: str) -> list[Quota]:
             rest = rest[1:]  # the block grace (6days, 00:30, none)
         if len(rest) < 3 or not all(_number(t) for t in rest[:3]):
             continue
-        out.append(
-            Quota(
-                "quota", words[0],
-                bytes_used=_value(nums[0], unit, _BINARY),
-                bytes_limit=_limit(_value(nums[1], unit, _BINARY), _value(nums[2], unit, _BINARY)),
-                files_used=_value(rest[0], 1, _DECIMAL),
-                files_limit=_limit(_value(rest[1], 1, _DECIMAL), _value(rest[2], 1, _DECIMAL)),
-            )
-        )  # fmt: skip
+        out.append(_quota("quota", words[0], nums[0:3], rest[0:3], unit))
     return out
 
 
@@ -155,15 +150,7 @@ def parse_mmlsquota(text: str) -> list[Quota]:
             continue
         if len(left) < 7 or len(right) < 3 or not _number(left[-5]) or not _number(right[0]):
             continue
-        out.append(
-            Quota(
-                "mmlsquota", left[0],
-                bytes_used=_value(left[-5], unit, _BINARY),
-                bytes_limit=_limit(_value(left[-4], unit, _BINARY), _value(left[-3], unit, _BINARY)),
-                files_used=_value(right[0], 1, _DECIMAL),
-                files_limit=_limit(_value(right[1], 1, _DECIMAL), _value(right[2], 1, _DECIMAL)),
-            )
-        )  # fmt: skip
+        out.append(_quota("mmlsquota", left[0], left[-5:-2], right[0:3], unit))
     return out
 
 

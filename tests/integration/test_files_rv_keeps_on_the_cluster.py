@@ -1,6 +1,6 @@
 """Issue 35 on the real clusters: how many files and bytes rv keeps there, the site's quota (the
 loopback cluster has no quota tool: that path is the one tested here; the tools' text is parsed in
-tests/unit/test_footprint.py), and the files `rv gc` frees, counted on the cluster itself."""
+tests/unit/test_quota_parsers.py), and the files `rv gc` frees, counted on the cluster itself."""
 
 from __future__ import annotations
 
