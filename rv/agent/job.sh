@@ -695,10 +695,13 @@ rv_work_save() {
     [ -d "$RV_WORK_DIR" ] && [ -e "$index" ] || return 0
     # Names NUL-separated and led by ./, so none (a leading dash, a newline) is read as tar's option;
     # git asked from the work dir's top (-C), as ls-files names and lists what is under the folder it runs in.
-    local git=(rv_git "$index" -C "$RV_WORK_DIR" --work-tree="$RV_WORK_DIR")
-    { "${git[@]}" diff-files -z --name-only --diff-filter=d && "${git[@]}" ls-files -z --others; } \
-        | sed -z 's|^|./|' >"$changed" || return 1
-    "${git[@]}" diff-files -z --name-only --diff-filter=D >"$deleted" || return 1
+    # Two walks of the work dir: diff-files (changed, deleted) and ls-files (new).
+    local git=(rv_git "$index" -C "$RV_WORK_DIR" --work-tree="$RV_WORK_DIR") status path
+    "${git[@]}" diff-files -z --name-status >"$changed.status" || return 1
+    while IFS= read -r -d '' status && IFS= read -r -d '' path; do
+        if [ "$status" = D ]; then printf '%s\0' "$path" >&3; else printf './%s\0' "$path"; fi
+    done <"$changed.status" >"$changed" 3>"$deleted" || return 1
+    "${git[@]}" ls-files -z --others | sed -z 's|^|./|' >>"$changed" || return 1
     rm -rf -- "$saved.tmp" "$saved.old" || return 1
     if [ -s "$changed" ] || [ -s "$deleted" ]; then
         mkdir -p -- "$saved.tmp" || return 1
