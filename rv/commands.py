@@ -62,6 +62,12 @@ COMMANDS: dict[str, Command] = {
     "gpu": Command(
         "rv.cli.gpu", "gpu", "What the GPUs of a running job are doing.", served=True, prewarm=True
     ),
+    "code": Command(
+        "rv.cli.code", "code", "VS Code (or another editor) on a session's node, by plain SSH.", served=False
+    ),
+    "jupyter": Command(
+        "rv.cli.jupyter", "jupyter", "JupyterLab in a session, on this machine's browser.", served=False
+    ),
     "forward": Command(
         "rv.cli.forward", "forward", "Forward a port of a running job's node to this machine.", served=False
     ),
@@ -73,9 +79,12 @@ COMMANDS: dict[str, Command] = {
         prewarm=True,
     ),
     "ckpt": Command("rv.cli.ckpt", "ckpt", "List and download a run's checkpoints.", served=True),
-    "diff": Command("rv.cli.code", "diff", "Show the code difference between two runs.", served=True),
+    "diff": Command("rv.cli.runcode", "diff", "Show the code difference between two runs.", served=True),
     "checkout": Command(
-        "rv.cli.code", "checkout", "Write the files a run ran into a new folder (or a branch).", served=True
+        "rv.cli.runcode",
+        "checkout",
+        "Write the files a run ran into a new folder (or a branch).",
+        served=True,
     ),
     "gc": Command("rv.cli.gc", "gc", "Remove what finished runs left on the cluster.", served=True),
     "cost": Command("rv.cli.cost", "cost", "Estimate the SU cost of a job.", served=True),
@@ -84,6 +93,10 @@ COMMANDS: dict[str, Command] = {
         "rv.cli.venv", "venv", "List, build and remove the Python environments jobs run in.", served=True
     ),
     "sync": Command("rv.cli.sync", "sync", "Push, pull and watch files.", served=True),
+    # Not served: a server for as long as it runs, stopped by Ctrl-C in its own terminal.
+    "ui": Command(
+        "rv.cli.ui", "ui", "A local web page of runs, sweeps, metrics and live logs.", served=False
+    ),
 }
 ALIASES = {"ls": "ps", "cancel": "stop"}
 

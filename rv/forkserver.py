@@ -64,6 +64,7 @@ _PRELOAD_EXTRA = (
     "rv.files.listing",
     "rv.files.provenance",
     "rv.files.sync",
+    "rv.files.pull",
     "rv.files.progress",
     "rv.cli.logview",
     "rv.remote.agent_client",

@@ -1,43 +1,15 @@
-"""Where rv keeps things under a profile's remote root. One place, so every module agrees.
+"""Where rv keeps things under a profile's remote root, as absolute paths on the cluster.
 
-<root>/store.git/               the snapshot store: a bare git repository (rv.agent.store); each
-                                snapshot a commit held by refs/rv/snapshots/<id>
-<root>/snapshots/<id>.git.json  the snapshot's provenance, touched at every use (gc's age)
-<root>/objects/.lock            the store's lock (gc exclusive, uploads shared)
-<root>/objects/, snapshots/<id>/    the store of earlier rv versions (rv.agent.oldstore): kept while
-                                runs it queued use it, then collected by rv gc
-<root>/workspaces/<project>/<branch>/   mutable mirror for `rv sync push`
-<root>/runs/<run id>/           one run (a chain of Slurm jobs, its segments); everything but its
-    run.json                    checkpoints and outputs, so one rmtree cleans it up:
-    job.sbatch                  the batch script, the same for every segment
-    submit.env                  the environment segment 1 was submitted with (for continuations)
-    secrets.env                 `rv env` values, mode 0600, deleted when the run ends
-    seg/<k>.job, seg/<k>.json   segment k's job id (written by its submitter) and record (by the job)
-    STOP, ENDED                 `rv stop` was asked; the run is over (JSON: why, exit code)
-    work/                       RV_WORK_DIR: the run's private copy of its snapshot (checked out
-    work.index                  from the store with an index of its own: what the job checked)
-    jobs/<job id>/              RV_JOB_DIR: per Slurm job (node exit codes, stop deliveries)
-    jobs/<job id>/env.sh        the program's environment, for `rv ssh`/`rv up` shells (0600, holds
-                                the secrets; removed when the job ends)
-    up.alive, up.detached       `rv up`: the watchdog's heartbeat; --detach (the job keeps itself)
-    logs/<job id>.out|.err      batch logs; multi-node: <job id>-node<i>.out|.err
-<root>/names/<project>/<name>   the id of the newest run of that name (refusing a second live one)
-<root>/checkpoints/<project>/<name>/    RV_CHECKPOINT_DIR: shared by the runs of one name (resume)
-<root>/outputs/<project>/<name>/        RV_OUTPUT_DIR: likewise
-<root>/cache/{hf,torch,triton,pip,wandb,xdg}   caches kept off the home quota
-<root>/tmp/                     staging for uploads; renamed into place when complete
-<root>/runtime/job-<hash>.sh    rv's job runtime (rv/agent/job.sh) that batch scripts source, and
-<root>/runtime/rank-label-<hash>.py   its rank labeller, and notify-<hash>.py its webhook poster; named
-                                by content, read-only, written once
-
-Everything rv writes here is private to the user (folders 0700, files 0600, executables 0700)
-unless the profile sets ``share_with_group = true``: then the group may read (0750/0640).
+A typed view over :mod:`rv.agent.layout`, the one place the layout is spelled (the agent and the
+job's runtime read the same names; the tree is drawn there).
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+
+from rv.agent import layout as remote_layout
 
 
 @dataclass(frozen=True)
@@ -59,65 +31,71 @@ class RemoteLayout:
 
     @property
     def store(self) -> str:
-        return self._join("store.git")
+        return self._join(remote_layout.STORE)
 
     def snapshot_ref(self, snapshot_id: str) -> str:
-        return f"refs/rv/snapshots/{snapshot_id}"
+        """The ref in :attr:`store` holding the snapshot's commit (a name in the store, not a path)."""
+        return str(remote_layout.snapshot_ref(snapshot_id))
 
+    def snapshot_meta(self, snapshot_id: str) -> str:
+        """The git store's meta file of the snapshot (its mtime: when it was last used)."""
+        return self._join(remote_layout.snapshot_meta(snapshot_id))
+
+    # The store of earlier rv versions (rv.agent.oldstore); snapshots/ holds the git store's meta too.
     @property
     def objects(self) -> str:
-        return self._join("objects")
+        return self._join(remote_layout.OBJECTS)
 
     def object(self, oid: str) -> str:
-        return self._join("objects", oid[:2], oid)
+        return self._join(remote_layout.object_file(oid))
 
     @property
     def snapshots(self) -> str:
-        return self._join("snapshots")
+        return self._join(remote_layout.SNAPSHOTS)
 
     def snapshot(self, snapshot_id: str) -> str:
-        return self._join("snapshots", snapshot_id)
-
-    def snapshot_meta(self, snapshot_id: str) -> str:
-        return self._join("snapshots", snapshot_id + ".git.json")
+        return self._join(remote_layout.snapshot(snapshot_id))
 
     def snapshot_layer(self, snapshot_id: str) -> str:
-        return self._join("snapshots", snapshot_id + ".layer")
+        return self._join(remote_layout.snapshot_layer(snapshot_id))
 
     def workspace(self, project: str, branch: str) -> str:
-        return self._join("workspaces", project, branch.replace("/", "_"))
+        return self._join(remote_layout.workspace(project, branch))
 
     @property
     def runs(self) -> str:
-        return self._join("runs")
+        return self._join(remote_layout.RUNS)
 
     def run_dir(self, run_id: str) -> str:
-        return self._join("runs", run_id)
+        return self._join(remote_layout.run_dir(run_id))
+
+    def in_run(self, run_id: str, relpath: str) -> str:
+        """A path of :mod:`rv.agent.layout` in the run's folder (``SCRIPT``, ``job_env(job)``, ...)."""
+        return self._join(remote_layout.run_dir(run_id), relpath)
 
     def name_index(self, project: str, name: str) -> str:
-        return self._join("names", project, name)
+        return self._join(remote_layout.name_index(project, name))
 
     def checkpoint_dir(self, project: str, name: str) -> str:
-        return self._join("checkpoints", project, name)
+        return self._join(remote_layout.checkpoint_dir(project, name))
 
     def output_dir(self, project: str, name: str) -> str:
-        return self._join("outputs", project, name)
+        return self._join(remote_layout.output_dir(project, name))
 
     def log(self, run_id: str, job_id: str, stream: str = "out", node: int | None = None) -> str:
-        suffix = f"-node{node}" if node is not None else ""
-        return self._join("runs", run_id, "logs", f"{job_id}{suffix}.{stream}")
+        return self.in_run(run_id, remote_layout.log_file(job_id, stream, node))
 
     @property
     def cache(self) -> str:
-        return self._join("cache")
+        return self._join(remote_layout.CACHE)
 
     @property
     def tmp(self) -> str:
-        return self._join("tmp")
+        return self._join(remote_layout.TMP)
 
     @property
     def runtime(self) -> str:
-        return self._join("runtime")
+        return self._join(remote_layout.RUNTIME)
 
     def runtime_file(self, name: str) -> str:
-        return self._join("runtime", name)
+        return self._join(remote_layout.runtime_file(name))

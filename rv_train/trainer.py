@@ -225,19 +225,6 @@ def usage_error(message: str) -> NoReturn:
 
 
 @dataclass
-class TrainState:
-    """Everything besides weights and optimizer that a resume needs."""
-
-    step: int = 0
-    prompts_seen: int = 0  # the data position: global prompts consumed
-    zero_reward_streak: int = 0
-    nonfinite_streak: int = 0
-    skipped_steps: int = 0
-    resumes: int = 0
-    micro_batch_size: int = 0  # what --micro-batch-size auto settled on (0: not yet), kept across resumes
-
-
-@dataclass
 class Run:
     """What setup() builds and train() uses."""
 
@@ -251,7 +238,7 @@ class Run:
     ref: nn.Module | None  # frozen, rebuilt from the original weights; None when beta == 0
     optimizer: torch.optim.Optimizer
     scaler: object
-    state: TrainState
+    state: ckpt.TrainState
     log: MetricsLog
     output_dir: Path
     checkpoint_dir: Path
@@ -330,32 +317,12 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scaler = make_scaler(precision, cfg.strategy, env.device)
 
-    state = TrainState()
-    tracker_ids: dict[str, str] = {}
-    if env.is_main:
-        for partial in ckpt.remove_partial(checkpoint_dir):
-            print(f"removed a half-written checkpoint: {partial}", flush=True)
-    # Rank 0 picks the checkpoint for everyone: ranks that disagreed would hang in the load's collectives.
-    latest = broadcast_object(ckpt.latest_checkpoint(checkpoint_dir) if env.is_main else None, env)
-    if latest is not None:
-        saved = ckpt.load_checkpoint(latest, model, optimizer)
-        state = TrainState(**saved["train_state"])
-        state.resumes += 1
-        if scaler is not None and saved.get("scaler"):
-            scaler.load_state_dict(saved["scaler"])
-        tracker_ids = saved.get("tracker_runs") or {}
-        changed = {
-            k: (v, getattr(cfg, k))
-            for k, v in saved["config"].items()
-            if k not in _FREE_ON_RESUME and v != _jsonable(getattr(cfg, k))
-        }
-    torch.distributed.barrier()  # every rank has read the checkpoint before rank 0 touches the folder
-    if latest is not None and env.is_main:
-        ckpt.clear_preempted(checkpoint_dir)
+    resumed = ckpt.resume(checkpoint_dir, model, optimizer, scaler, cfg, env)
+    state = resumed.state
 
     log = MetricsLog(output_dir, env.is_main, state.step)
     if cfg.log_with:
-        log.trackers = _start_trackers(cfg, env, output_dir, state.step, tracker_ids)
+        log.trackers = _start_trackers(cfg, env, output_dir, state.step, resumed.tracker_ids)
     log.info(
         f"rv_train: {env.world_size} rank(s), {env.backend} on {env.device.type}, strategy {cfg.strategy}"
     )
@@ -368,11 +335,11 @@ def setup(cfg: Config, env: DistEnv) -> Run:
     log.info(f"sampling: {sampler.description}")
     if cfg.log_with:
         log.info(f"trackers: {', '.join(dict.fromkeys(cfg.log_with))}, under {tracker_folder(output_dir)}")
-    if latest is not None:
-        log.info(f"resumed from {latest} at step {state.step} (data position {state.prompts_seen})")
+    if resumed.path is not None:
+        log.info(f"resumed from {resumed.path} at step {state.step} (data position {state.prompts_seen})")
         if cfg.micro_batch_size == AUTO and state.micro_batch_size:
             log.info(f"micro-batch: {state.micro_batch_size} sequences (auto, settled before the checkpoint)")
-        for key, (old, new) in changed.items():
+        for key, (old, new) in resumed.changed.items():
             log.warn(f"--{key.replace('_', '-')} was {old!r} in the checkpoint, now {new!r}")
     if env.is_main:
         (output_dir / "config.json").write_text(
@@ -396,14 +363,6 @@ def setup(cfg: Config, env: DistEnv) -> Run:
         max_new_tokens=max_new_tokens,
         sampler=sampler,
     )
-
-
-# Options that do not change what is learned: changing them on a resume deserves no warning.
-_FREE_ON_RESUME = {
-    "steps", "output_dir", "checkpoint_dir", "save_every", "skip_final_save", "keep_last", "breaker_steps",
-    "max_nonfinite_steps", "stop_at_reward", "signals", "log_samples_every", "log_with", "tracker_project",
-    "threads", "dist_timeout",
-}  # fmt: skip
 
 
 def _start_trackers(
@@ -485,10 +444,6 @@ def _build_policy(cfg: Config, task, examples: list[Example], max_new_tokens: in
         )
         return model, tokenizer
     return load_hf(cfg.model, system_prompt=task.system_prompt, chat_template=cfg.chat_template)
-
-
-def _jsonable(value):
-    return list(value) if isinstance(value, tuple) else value
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -834,15 +789,10 @@ def _completion_text(tokenizer, rollout: Rollout, i: int) -> str:
 
 def _save(run: Run) -> Path:
     t0 = time.perf_counter()
-    state = {
-        "train_state": dataclasses.asdict(run.state),
-        "scaler": run.scaler.state_dict() if run.scaler is not None else None,
-        "config": {k: _jsonable(v) for k, v in dataclasses.asdict(run.cfg).items()},
-        "tracker_runs": run.log.trackers.run_ids,  # rank 0's (it writes state.json): a resume continues them
-    }
-    path = ckpt.save_checkpoint(
-        run.checkpoint_dir, run.state.step, run.model, run.optimizer, state, run.cfg.keep_last
-    )
+    path = ckpt.save_run(
+        run.checkpoint_dir, run.state, run.model, run.optimizer, run.scaler, run.cfg,
+        run.log.trackers.run_ids, run.cfg.keep_last,
+    )  # fmt: skip
     run.log.info(f"saved {path} in {time.perf_counter() - t0:.1f} s")
     return path
 

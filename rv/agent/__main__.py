@@ -15,7 +15,7 @@ import signal
 import sys
 import zlib
 
-from rv.agent import code, common, envs, follow, gc, metrics, runs, store, transfer, up, why
+from rv.agent import code, common, envs, follow, gc, metrics, runs, store, submit, transfer, up, why
 
 # The one table: every mode the agent answers, and the function that answers it.
 MODES = {
@@ -27,10 +27,11 @@ MODES = {
     "scan": transfer.mode_scan,
     "apply": transfer.mode_apply,
     "send": transfer.mode_send,
-    # runs
-    "run-check": runs.mode_run_check,
-    "run-submit": runs.mode_run_submit,
-    "sweep-submit": runs.mode_sweep_submit,
+    # runs: submitting them
+    "run-check": submit.mode_run_check,
+    "run-submit": submit.mode_run_submit,
+    "sweep-submit": submit.mode_sweep_submit,
+    # runs that exist
     "runs": runs.mode_runs,
     "follow": follow.mode_follow,
     "run-stop": runs.mode_run_stop,
@@ -87,6 +88,6 @@ def main(argv):
         common.reply({"error": "%s: %s" % (exc.strerror or exc, where), "code": "oserror", "errno": name})
         return 0
     finally:
-        for path in list(common._cleanup):
+        for path in list(common.cleanup_paths):
             with contextlib.suppress(OSError):
                 common.force_rmtree(path) if os.path.isdir(path) else os.unlink(path)

@@ -9,7 +9,7 @@ user's configuration: the store's own attributes turn conversions off).
 import re
 import shutil
 
-from rv.agent import common, manifest, runs, store
+from rv.agent import common, manifest, rundir, store
 
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
 
@@ -19,7 +19,7 @@ DIFF_MAX = 64 << 20  # bytes of diff text one reply carries
 def _resolve(root, ref):
     """(run id, name, snapshot id, the user's commit it was made from) of the run ``ref`` names, the
     newest of several of one name."""
-    found = runs.select_runs(
+    found = rundir.select_runs(
         root, {"ids": [ref], "any_names": [ref], "job_ids": [ref] if _JOB_ID.match(ref) else []}
     )
     if not found:
@@ -67,7 +67,7 @@ def _diff(root, git_store, a, b):
     call's own that borrows the store's objects, since the store's attributes mark every file
     ``-diff`` (no text diff) along with the conversions they turn off."""
     tmp = common.temp_name(root, "diff")
-    common._cleanup.add(tmp)
+    common.cleanup_paths.add(tmp)
     try:
         store.run_git(tmp, ["init", "-q", "--bare", "--template=", manifest.dec(tmp)], env=store.git_env(tmp))
         env = store.git_env(
@@ -76,5 +76,5 @@ def _diff(root, git_store, a, b):
         _rc, text, _err = store.run_git(tmp, ["diff", "--no-color", "--no-ext-diff", a, b], env=env)
         return text
     finally:
-        common._cleanup.discard(tmp)
+        common.cleanup_paths.discard(tmp)
         shutil.rmtree(tmp, ignore_errors=True)

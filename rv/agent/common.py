@@ -3,7 +3,7 @@
 Private by default: every mode runs under the umask the client sends (077, or 027 when the profile
 shares with the group), explicit modes are masked by it too, and the remote root itself is kept at
 0700 (0750), so nothing under it is reachable by others even in a store written by an older rv.
-Temporary files a mode registers in ``_cleanup`` are removed however the mode ends.
+Temporary files a mode registers in ``cleanup_paths`` are removed however the mode ends.
 """
 
 import contextlib
@@ -47,7 +47,8 @@ def check_relpath(path):
 
 _stdin = None
 
-_cleanup = set()
+# Temporary files and folders a mode made: removed however it ends (rv.agent.__main__ empties it).
+cleanup_paths = set()
 
 UMASK = 0o077  # replaced by the client's (see main); private unless the profile shares with the group
 
@@ -108,6 +109,57 @@ def join(*parts):
     return os.path.join(*parts)
 
 
+def under(folder, *relpaths):
+    """``folder``/``relpath``/...: paths of :mod:`rv.agent.layout` (text) under an agent's folder (bytes)."""
+    return join(folder, *[manifest.enc(p) for p in relpaths])
+
+
+def read_json(path):
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_bytes(path):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def read_text(path):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def write_json(path, obj, mode=0o600):
+    write_atomic(path, (json.dumps(obj, indent=1) + "\n").encode("utf-8"), mode)
+
+
+def tree_bytes(path):
+    """(bytes on disk, newest mtime) of a file or folder."""
+    total, newest = 0, 0.0
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0, 0.0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_blocks * 512, st.st_mtime
+    for dirpath, dirs, files in os.walk(path):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(join(dirpath, name))
+                total += st.st_blocks * 512
+                newest = max(newest, st.st_mtime)
+    return total, newest
+
+
 def makedirs(path, mode=0o755):
     try:
         os.makedirs(path, mode)
@@ -148,14 +200,14 @@ def force_rmtree(path):
 def write_atomic(path, data, mode):
     directory = os.path.dirname(path)
     tmp = temp_name(directory, "meta")
-    _cleanup.add(tmp)
+    cleanup_paths.add(tmp)
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
         os.chmod(tmp, private(mode))
         os.replace(tmp, path)
     finally:
-        _cleanup.discard(tmp)
+        cleanup_paths.discard(tmp)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
 

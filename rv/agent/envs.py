@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from rv.agent import common, locks, manifest, runs
+from rv.agent import common, layout, locks, manifest, rundir, slurmcmd
 
 META = b"rv-env.json"
 
@@ -102,7 +102,7 @@ def tighten(*tops):
 
 
 def envs_dir(root):
-    return common.join(root, b"envs")
+    return common.under(root, layout.ENVS)
 
 
 def _say(message):
@@ -223,7 +223,7 @@ def read_meta(path):
 
 
 def find_uv(root, on_path):
-    own = common.join(root, b"tools", b"uv", b"bin", b"uv")
+    own = common.join(common.under(root, layout.UV_HOME), b"bin", b"uv")
     if os.access(own, os.X_OK):
         return manifest.dec(own), False
     if on_path:
@@ -233,15 +233,15 @@ def find_uv(root, on_path):
 
 def install_uv(root, python):
     """uv into ``<root>/tools/uv`` once, from the index this node reaches; the path to its binary."""
-    tools = common.join(root, b"tools")
-    common.makedirs(tools, 0o700)
-    with locks.lock(common.join(tools, b"uv.lock"), "installing uv", wait=600):
-        own = common.join(tools, b"uv", b"bin", b"uv")
+    common.makedirs(common.under(root, layout.TOOLS), 0o700)
+    home = common.under(root, layout.UV_HOME)
+    with locks.lock(common.under(root, layout.UV_HOME + layout.LOCK), "installing uv", wait=600):
+        own = common.join(home, b"bin", b"uv")
         if os.access(own, os.X_OK):
             return manifest.dec(own)
         _say("the cluster has no uv: installing it once into %s (from the package index)"
-             % manifest.dec(common.join(tools, b"uv")))  # fmt: skip
-        tmp = common.join(tools, b"uv.tmp-" + os.urandom(4).hex().encode())
+             % manifest.dec(home))  # fmt: skip
+        tmp = home + b".tmp-" + os.urandom(4).hex().encode()
         env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
         tried = []
         pip = ["-m", "pip", "install", "-q", "--target", manifest.dec(tmp), "uv"]
@@ -251,7 +251,7 @@ def install_uv(root, python):
             out = proc.communicate(timeout=900)[0].decode("utf-8", "replace")
             if proc.returncode == 0 and os.access(common.join(tmp, b"bin", b"uv"), os.X_OK):
                 tighten(tmp)  # pip's executables are 0711
-                os.rename(tmp, common.join(tools, b"uv"))
+                os.rename(tmp, home)
                 return manifest.dec(own)
             tried.append(
                 "%s: %s"
@@ -268,8 +268,8 @@ def install_uv(root, python):
 
 def _uv_env(root, environ):
     env = dict(environ)
-    env.update(UV_CACHE_DIR=manifest.dec(common.join(root, b"cache", b"uv")),
-               UV_PYTHON_INSTALL_DIR=manifest.dec(common.join(root, b"tools", b"python")),
+    env.update(UV_CACHE_DIR=manifest.dec(common.under(root, layout.UV_CACHE)),
+               UV_PYTHON_INSTALL_DIR=manifest.dec(common.under(root, layout.UV_PYTHONS)),
                UV_NO_PROGRESS="1", NO_COLOR="1")  # fmt: skip
     if not any(env.get(k) for k in ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX")) and env.get(
         "PIP_INDEX_URL"
@@ -460,7 +460,7 @@ def build(root, key, spec, facts, uv, environ):
         shutil.rmtree(src, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
         # What uv wrote outside the venv, whether or not the build worked: its cache's lock files.
-        tighten(common.join(root, b"cache", b"uv"), common.join(root, b"tools", b"python"))
+        tighten(common.under(root, layout.UV_CACHE), common.under(root, layout.UV_PYTHONS))
 
 
 def mode_env(args):
@@ -475,7 +475,7 @@ def mode_env(args):
         uv = install_uv(root, "python3")  # to find (or fetch) the version asked for
     facts = probe(args.get("setup") or [], request, uv)
     if uv is not None:
-        tighten(common.join(root, b"tools", b"python"))  # an interpreter uv fetched for --python
+        tighten(common.under(root, layout.UV_PYTHONS))  # an interpreter uv fetched for --python
     environ = facts.pop("environ")  # after the setup lines: a site's mirror is often set by a module
     key = finish_key(spec, facts, environ)
     path = common.join(envs_dir(root), key.encode())
@@ -489,7 +489,7 @@ def mode_env(args):
         _touch(common.join(path, LAST_USED))
         return {"key": key, "path": manifest.dec(path), "built": False, "exists": True, "meta": meta}
     common.makedirs(envs_dir(root), 0o700)
-    lock_path = common.join(envs_dir(root), key.encode() + b".lock")
+    lock_path = common.join(envs_dir(root), key.encode() + manifest.enc(layout.LOCK))
     held = _lock_build(lock_path, key)
     built = False
     try:
@@ -607,11 +607,11 @@ def list_envs(root):
 
 def envs_in_use(root, squeue_argv, grace=900.0):
     """Keys of environments that runs still alive (or being submitted) were submitted with."""
-    live = runs.live_jobs(squeue_argv)  # if squeue fails, this raises: nothing is removed
+    live = slurmcmd.live_jobs(squeue_argv)  # if squeue fails, this raises: nothing is removed
     used = set()
     now = time.time()
-    for run_id in runs.all_run_ids(root):
-        info = runs.run_info(root, run_id)
+    for run_id in rundir.all_run_ids(root):
+        info = rundir.run_info(root, run_id)
         if info is None:
             continue
         key = info["meta"].get("env")
@@ -643,8 +643,8 @@ def gc_envs(root, older_than, in_use, freed, dry):
             if name.startswith(BUILD_PREFIX) and now - os.lstat(path).st_mtime > 86400:
                 common.remove_counted(path, freed, dry)
             elif (
-                name.endswith(b".lock")
-                and not os.path.isdir(common.join(base, name[: -len(b".lock")]))
+                name.endswith(manifest.enc(layout.LOCK))
+                and not os.path.isdir(common.join(base, name[: -len(layout.LOCK)]))
                 and now - os.lstat(path).st_mtime > 86400
             ):
                 common.remove_counted(path, freed, dry)  # an environment gone, or a build that failed

@@ -13,7 +13,7 @@ import struct
 import sys
 import time
 
-from rv.agent import common, manifest, runs
+from rv.agent import common, layout, manifest, rundir, runs, slurmcmd
 
 POLL_S = 2.0  # how often a follower asks squeue
 
@@ -51,14 +51,14 @@ def _client_gone(timeout):
 
 def _segment_files(rdir, job, streams, node):
     """Log files of one job: the batch log, and per-node logs of a multi-node job."""
-    logs = common.join(rdir, b"logs")
+    logs = common.under(rdir, layout.LOGS)
     try:
         names = os.listdir(logs)
     except OSError:
         names = []
     files = []
     for stream in streams:
-        batch = ("%s.%s" % (job, stream)).encode()
+        batch = manifest.enc(layout.log_name(job, stream))
         if node is None:
             files.append((batch, stream))
         per_node = sorted(n for n in names if re.match(("^%s-node(\\d+)\\.%s$" % (job, stream)).encode(), n))
@@ -121,7 +121,7 @@ def _placed_job(frames, rdir, k, seg, squeue_argv):
     """The job that took segment ``k`` of a run sent once per GPU type (``seg/<k>.claim``), once one
     did; until then, state frames of the first candidate still queued. None: the client went away.
     When none is queued any more and none took it (all cancelled), the segment's representative."""
-    claim = common.join(rdir, b"seg", b"%d.claim" % k)
+    claim = common.under(rdir, layout.segment_file(k, layout.SEGMENT_CLAIM))
     ids = [c[0] for c in seg["candidates"]]
     last, next_poll = None, 0.0
     while True:
@@ -133,7 +133,7 @@ def _placed_job(frames, rdir, k, seg, squeue_argv):
         if now >= next_poll:
             next_poll = now + POLL_S
             try:
-                live = runs.live_jobs(squeue_argv)
+                live = slurmcmd.live_jobs(squeue_argv)
             except common.AgentError as exc:
                 frames.send({"t": "warn", "msg": str(exc), "retry_in": POLL_S})
                 live = None
@@ -165,11 +165,11 @@ def mode_follow(args):
         if args.get("secrets_sweep"):
             try:
                 head["secrets_sweep"] = runs.sweep_secrets(
-                    root, args["secrets_sweep"], runs.live_jobs(args["squeue"])
+                    root, args["secrets_sweep"], slurmcmd.live_jobs(args["squeue"])
                 )
             except common.AgentError as exc:
                 head["secrets_sweep"] = {"error": str(exc)}
-        found = runs.select_runs(root, args["find"])
+        found = rundir.select_runs(root, args["find"])
         if found:
             head["run"] = max(found, key=lambda info: float(info["meta"].get("created") or 0))
             segs = head["run"]["segments"]
@@ -182,7 +182,7 @@ def mode_follow(args):
         run_id = head["run"]["run_id"]
     else:
         run_id = args["run_id"]
-    rdir = runs.run_path(root, run_id)
+    rdir = rundir.run_path(root, run_id)
     streams = args.get("streams") or ["out", "err"]
     node = args.get("node")
     follow = bool(args.get("follow"))
@@ -190,10 +190,10 @@ def mode_follow(args):
     k = int(args.get("from_segment") or only or 1)
     backoff, next_poll, last_state = POLL_S, 0.0, None
     while True:
-        segs = {s["segment"]: s for s in runs.segments(rdir)}
+        segs = {s["segment"]: s for s in rundir.segments(rdir)}
         seg = segs.get(k)
         if seg is None or not seg["job_id"]:
-            ended = runs.read_json(common.join(rdir, runs.ENDED))
+            ended = common.read_json(common.under(rdir, layout.ENDED))
             if ended is not None or not follow or only:
                 frames.send({"t": "end", "ended": ended, "segment": k - 1})
                 return None
@@ -218,7 +218,7 @@ def mode_follow(args):
             now = time.time()
             if now >= next_poll:
                 try:
-                    line = runs.live_jobs(args["squeue"]).get(job)
+                    line = slurmcmd.live_jobs(args["squeue"]).get(job)
                     backoff = POLL_S
                     next_poll = now + POLL_S
                 except common.AgentError as exc:
@@ -236,19 +236,25 @@ def mode_follow(args):
             if _client_gone(0.2):
                 return None
         _drain(frames, rdir, job, streams, node, offsets, k, settle=follow)
-        record = runs.read_json(common.join(rdir, b"seg", b"%d.json" % k))
+        record = common.read_json(common.under(rdir, layout.segment_file(k, "json")))
         frames.send({"t": "segment-end", "segment": k, "job_id": job, "record": record})
         if only:
-            frames.send({"t": "end", "ended": runs.read_json(common.join(rdir, runs.ENDED)), "segment": k})
+            frames.send(
+                {"t": "end", "ended": common.read_json(common.under(rdir, layout.ENDED)), "segment": k}
+            )
             return None
         k += 1
         if follow:
             # The job is gone from the queue; its EXIT trap wrote the next segment or ENDED just before.
             deadline = time.time() + 30
-            while not os.path.exists(common.join(rdir, b"seg", b"%d.job" % k)):
-                if os.path.exists(common.join(rdir, runs.ENDED)) or time.time() > deadline:
+            while not os.path.exists(common.under(rdir, layout.segment_file(k, "job"))):
+                if os.path.exists(common.under(rdir, layout.ENDED)) or time.time() > deadline:
                     frames.send(
-                        {"t": "end", "ended": runs.read_json(common.join(rdir, runs.ENDED)), "segment": k - 1}
+                        {
+                            "t": "end",
+                            "ended": common.read_json(common.under(rdir, layout.ENDED)),
+                            "segment": k - 1,
+                        }
                     )
                     return None
                 frames.beat()

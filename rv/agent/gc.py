@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 
-from rv.agent import common, envs, manifest, oldstore, quota, runs, store
+from rv.agent import common, envs, layout, manifest, oldstore, quota, rundir, runs, slurmcmd, store
 
 
 class Freed:
@@ -71,7 +71,7 @@ def _run_last_activity(rdir, info):
     ended = info["ended"]
     if ended and ended.get("end"):
         return float(ended["end"])
-    return max(runs.tree_bytes(rdir)[1], float(info["meta"].get("created", 0)))
+    return max(common.tree_bytes(rdir)[1], float(info["meta"].get("created", 0)))
 
 
 def plan_gc(root, args, live):
@@ -80,12 +80,12 @@ def plan_gc(root, args, live):
     older_than, grace = float(args["older_than"]), float(args.get("grace", 900))
     remove_runs, kept = [], []
     kept_names = set()
-    for run_id in runs.all_run_ids(root):
-        rdir = runs.run_path(root, run_id)
-        info = runs.run_info(root, run_id)
+    for run_id in rundir.all_run_ids(root):
+        rdir = rundir.run_path(root, run_id)
+        info = rundir.run_info(root, run_id)
         if info is None:
             # A folder without run.json: a submission in progress, or one that died: by age only.
-            if now - runs.tree_bytes(rdir)[1] > max(older_than, grace):
+            if now - common.tree_bytes(rdir)[1] > max(older_than, grace):
                 remove_runs.append((run_id, None))
             continue
         meta = info["meta"]
@@ -115,7 +115,7 @@ def runs_and_store_gc(args, live=None):
     dry = bool(args.get("dry_run"))
     older_than = float(args["older_than"])
     if live is None:
-        live = runs.live_jobs(args["squeue"])  # if squeue fails, nothing is removed
+        live = slurmcmd.live_jobs(args["squeue"])  # if squeue fails, nothing is removed
     freed = Freed()
     report = {"dry_run": dry, "runs_removed": [], "runs_kept": [], "checkpoints_removed": [],
               "outputs_removed": [], "warnings": []}  # fmt: skip
@@ -123,19 +123,19 @@ def runs_and_store_gc(args, live=None):
     report["runs_kept"] = kept
     in_use = set()
     for entry in kept:
-        meta = (runs.run_info(root, entry["run_id"]) or {}).get("meta") or {}
+        meta = (rundir.run_info(root, entry["run_id"]) or {}).get("meta") or {}
         if meta.get("snapshot"):
             in_use.add(meta["snapshot"])
     for run_id, info in remove_runs:
         meta = (info or {}).get("meta") or {}
         before = freed.bytes
-        common.remove_counted(runs.run_path(root, run_id), freed, dry)
+        common.remove_counted(rundir.run_path(root, run_id), freed, dry)
         report["runs_removed"].append(
             {"run_id": run_id, "name": meta.get("name"), "bytes": freed.bytes - before,
              "reason": ((info or {}).get("ended") or {}).get("reason")}
         )  # fmt: skip
-        index = runs.name_index(root, meta.get("project", ""), meta.get("name", "")) if meta else None
-        if index and runs.read_text(index) == run_id:
+        index = rundir.name_index(root, meta.get("project", ""), meta.get("name", "")) if meta else None
+        if index and common.read_text(index) == run_id:
             common.remove_counted(index, freed, dry)
             if "/" in meta.get("name", "") and not dry:
                 # A sweep's point: the sweep's folder of name indexes goes with its last point, so
@@ -144,13 +144,16 @@ def runs_and_store_gc(args, live=None):
                     os.rmdir(os.path.dirname(index))
     if args.get("checkpoints"):
         now = time.time()
-        for kind, report_key in ((b"checkpoints", "checkpoints_removed"), (b"outputs", "outputs_removed")):
-            base = common.join(root, kind)
+        for kind, report_key in (
+            (layout.CHECKPOINTS, "checkpoints_removed"),
+            (layout.OUTPUTS, "outputs_removed"),
+        ):
+            base = common.under(root, kind)
             for project in sorted(os.listdir(base)) if os.path.isdir(base) else []:
                 for name in sorted(os.listdir(common.join(base, project))):
                     key = (manifest.dec(project), manifest.dec(name))
                     path = common.join(base, project, name)
-                    newest = runs.tree_bytes(path)[1]
+                    newest = common.tree_bytes(path)[1]
                     # A sweep's folder holds its points' (SWEEP/INDEX): kept while one of them is.
                     point = [k for k in kept_names if k[0] == key[0] and str(k[1]).startswith(key[1] + "/")]
                     if key in kept_names or point or now - newest < older_than:
@@ -180,20 +183,22 @@ def runtime_gc(root, going, freed, dry, grace):
     """Runtime files (``<root>/runtime/``) that no run's batch script names any more, once older than
     ``grace``: a run folder that stays keeps what its script sources. ``going``: runs removed in a dry
     run (still there, but counted as gone)."""
-    folder = common.join(root, runs.RUNTIME)
+    folder = common.under(root, layout.RUNTIME)
     try:
         names = os.listdir(folder)
     except OSError:
         return []
     named = set()
     skip = set(manifest.enc(r) for r in going)
-    for run_id in os.listdir(runs.runs_dir(root)) if os.path.isdir(runs.runs_dir(root)) else []:
+    for run_id in os.listdir(rundir.runs_dir(root)) if os.path.isdir(rundir.runs_dir(root)) else []:
         if run_id in skip:
             continue
-        rdir = common.join(runs.runs_dir(root), run_id)
+        rdir = common.join(rundir.runs_dir(root), run_id)
         for script in os.listdir(rdir) if os.path.isdir(rdir) else []:
-            if script.endswith(b".sbatch"):  # job.sbatch, or a run over several types' job.<i>.sbatch
-                text = runs.read_bytes(common.join(rdir, script))
+            if script.endswith(
+                manifest.enc(layout.SCRIPT_SUFFIX)
+            ):  # job.sbatch, or a run over several types' job.<i>.sbatch
+                text = common.read_bytes(common.join(rdir, script))
                 named.update(n for n in names if n in text)
     removed = []
     now = time.time()
@@ -210,15 +215,15 @@ def runtime_gc(root, going, freed, dry, grace):
 # (kind, folder under the root, or under each run's folder). The git store first; then an older
 # rv's objects, whose snapshots' files are hard links to them (snapshots count only their folders).
 KINDS = (
-    ("store", store.STORE, False),
-    ("objects", b"objects", False),
-    ("snapshots", b"snapshots", False),
-    ("work dirs", b"work", True),
-    ("work dirs", b"work.changes", True),  # --work-dir node: what the program changed, one tar
-    ("logs", b"logs", True),
-    ("checkpoints", b"checkpoints", False),
-    ("outputs", b"outputs", False),
-    ("environments", b"envs", False),
+    ("store", layout.STORE, False),
+    ("objects", layout.OBJECTS, False),
+    ("snapshots", layout.SNAPSHOTS, False),
+    ("work dirs", layout.WORK, True),
+    ("work dirs", layout.WORK_CHANGES, True),  # --work-dir node: what the program changed, one tar
+    ("logs", layout.LOGS, True),
+    ("checkpoints", layout.CHECKPOINTS, False),
+    ("outputs", layout.OUTPUTS, False),
+    ("environments", layout.ENVS, False),
 )
 
 
@@ -234,15 +239,15 @@ def mode_usage(args):
     out = {}
     live = None
     if args.get("sinfo"):
-        out["user"] = runs.user_name()
-        code, text, err = runs.run_argv(args["squeue"])
-        out["squeue"] = {"text": text, "error": None if code == 0 else runs.squeue_failure(code, err)}
+        out["user"] = slurmcmd.user_name()
+        code, text, err = slurmcmd.run_argv(args["squeue"])
+        out["squeue"] = {"text": text, "error": None if code == 0 else slurmcmd.squeue_failure(code, err)}
         if code == 0:
-            live = runs.jobs_of(text)
-        out["sinfo"] = runs.answer(args["sinfo"])
+            live = slurmcmd.jobs_of(text)
+        out["sinfo"] = slurmcmd.answer(args["sinfo"])
         for key in ("partitions", "associations"):  # what the user may ask Slurm for
             if args.get(key):
-                out[key] = runs.answer(args[key])
+                out[key] = slurmcmd.answer(args[key])
         if args.get("secrets_sweep"):
             if live is not None:
                 out["secrets_sweep"] = runs.sweep_secrets(root, args["secrets_sweep"], live)
@@ -272,10 +277,10 @@ def mode_usage(args):
 
     for kind, folder, per_run in KINDS:
         if per_run:
-            for r in runs.all_run_ids(root):
-                add(kind, count(common.join(runs.run_path(root, r), folder)))
+            for r in rundir.all_run_ids(root):
+                add(kind, count(common.under(rundir.run_path(root, r), folder)))
         else:
-            add(kind, count(common.join(root, folder)))
+            add(kind, count(common.under(root, folder)))
     add("other", count(root))  # run records, scripts, caches, workspaces: whatever is left
     out.update(kinds=sizes, total=sum(sizes.values()), files=counts, files_total=sum(counts.values()))
     if args.get("quota"):

@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 
-from rv.agent import common, manifest
+from rv.agent import common, layout, manifest
 
 # -- locks -----------------------------------------------------------------------------------------
 # flock where the filesystem has it: the kernel drops it when its holder dies. Some Lustre and NFS
@@ -139,4 +139,4 @@ def lock(path, what, exclusive=True, wait=120.0, stale=LOCK_STALE_S):
 def store_lock(root, exclusive, wait=120.0):
     """The store's lock (objects/.lock): gc exclusive, uploads and queries shared."""
     what = "rv gc" if exclusive else "an rv upload"
-    return lock(common.join(root, b"objects", b".lock"), what, exclusive=exclusive, wait=wait)
+    return lock(common.under(root, layout.store_lock()), what, exclusive=exclusive, wait=wait)

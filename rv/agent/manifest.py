@@ -9,7 +9,7 @@ the bytes (a copy and a hash): a resubmit of a 50,000-file repo never parses 50,
 Paths travel as UTF-8 with surrogate escapes and are used as bytes, so file names that are not
 valid UTF-8, and a cluster whose locale is C, both work.
 
-Imports nothing of the agent: laptop modules import this one (and :mod:`rv.agent.segment`) only.
+Imports nothing of the agent: laptop modules import this one (a shared format: see :mod:`rv.agent`).
 """
 
 import hashlib

@@ -33,9 +33,7 @@ import json
 import os
 import re
 
-from rv.agent import common, manifest
-
-METRICS_FILE = b"metrics.jsonl"
+from rv.agent import common, layout, manifest
 
 DEFAULT_POINTS = 100
 MAX_POINTS = 1000
@@ -49,10 +47,8 @@ def metrics_path(root, run_id, meta):
     named = meta.get("metrics")
     if isinstance(named, str) and named.startswith("/"):
         return manifest.enc(named)
-    return common.join(
-        root, b"outputs", manifest.enc(meta.get("project") or ""), manifest.enc(meta.get("name") or run_id),
-        METRICS_FILE,
-    )  # fmt: skip
+    folder = layout.output_dir(meta.get("project") or "", meta.get("name") or run_id)
+    return common.under(root, folder, layout.METRICS_FILE)
 
 
 def _step(obj):
@@ -274,7 +270,7 @@ def read_runs(root, run_ids, series=True, limit=DEFAULT_POINTS):
         if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id.startswith("."):
             out.append({"run_id": run_id, "error": "bad run id"})
             continue
-        meta = _read_json(common.join(root, b"runs", manifest.enc(run_id), b"run.json"))
+        meta = common.read_json(common.under(root, layout.run_dir(run_id), layout.RUN_FILE))
         if not isinstance(meta, dict):
             out.append({"run_id": run_id, "error": "no such run"})
             continue
@@ -288,14 +284,6 @@ def read_runs(root, run_ids, series=True, limit=DEFAULT_POINTS):
                 row["error"] = "%s: %s" % (exc.strerror or exc, manifest.dec(path))
         out.append(row)
     return out
-
-
-def _read_json(path):
-    try:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read().decode("utf-8", "replace"))
-    except (OSError, ValueError):
-        return None
 
 
 def mode_metrics(args):

@@ -17,37 +17,37 @@ import os
 import re
 import time
 
-from rv.agent import common, locks, manifest
+from rv.agent import common, layout, locks, manifest
 
 STALE_BUILD_S = 86400
 
 
 def snapshot_dir(root, sid):
-    return common.join(root, b"snapshots", manifest.enc(sid))
+    return common.under(root, layout.snapshot(sid))
 
 
 def snapshot_exists(root, sid):
-    path = snapshot_dir(root, sid)
-    return os.path.isdir(path) or os.path.isdir(path + b".layer")
+    layer = common.under(root, layout.snapshot_layer(sid))
+    return os.path.isdir(snapshot_dir(root, sid)) or os.path.isdir(layer)
 
 
 def read_meta(root, sid):
-    with open(snapshot_dir(root, sid) + b".json", "rb") as fh:
+    with open(common.under(root, layout.old_snapshot_meta(sid)), "rb") as fh:
         return json.loads(fh.read().decode("ascii"))
 
 
 def read_manifest(root, sid):
-    with open(snapshot_dir(root, sid) + b".manifest", "rb") as fh:
+    with open(common.under(root, layout.snapshot_manifest(sid)), "rb") as fh:
         return fh.read()
 
 
 def clean_stale_temps(root):
-    common.remove_stale(common.join(root, b"tmp"), b".rv-tmp-", common.TMP_STALE_S)
+    common.remove_stale(common.under(root, layout.TMP), b".rv-tmp-", common.TMP_STALE_S)
 
 
 def _remove_if_empty(root):
     """The old store's folders, once nothing of it is left (the lock file stays: the git store uses it)."""
-    objects = common.join(root, b"objects")
+    objects = common.under(root, layout.OBJECTS)
     with contextlib.suppress(OSError):
         for fan in os.listdir(objects):
             if not fan.startswith(b"."):
@@ -55,7 +55,11 @@ def _remove_if_empty(root):
                     os.rmdir(common.join(objects, fan))
 
 
-_SNAP_NAME = re.compile(rb"^([0-9a-f]{24})(\.layer|\.json|\.manifest)?$")
+# What may stand beside a snapshot's id in snapshots/: b"" (its tree), a layer, its meta, its manifest.
+_LAYER = manifest.enc(layout.SNAPSHOT_LAYER)
+_META = manifest.enc(layout.OLD_SNAPSHOT_META)
+_MANIFEST = manifest.enc(layout.SNAPSHOT_MANIFEST)
+_SNAP_NAME = re.compile(rb"^([0-9a-f]{24})(%s)?$" % b"|".join(map(re.escape, (_LAYER, _META, _MANIFEST))))
 
 
 def _snapshot_objects(root, sid, meta):
@@ -76,7 +80,7 @@ def collect_garbage(root, in_use, args, freed, dry):
     grace = float(args.get("grace", 900))
     report = {"removed": [], "kept": [], "objects_removed": 0}
     warnings = []
-    snaps = common.join(root, b"snapshots")
+    snaps = common.under(root, layout.SNAPSHOTS)
     with locks.store_lock(root, exclusive=True, wait=float(args.get("lock_wait", 120))):
         now = time.time()
         names = os.listdir(snaps) if os.path.isdir(snaps) else []
@@ -94,12 +98,12 @@ def collect_garbage(root, in_use, args, freed, dry):
         kept, doomed = {}, []
         for sid in sorted(parts):
             have = parts[sid]
-            if b"" not in have and b".layer" not in have:
+            if b"" not in have and _LAYER not in have:
                 continue  # a meta or manifest left without its tree: see below
             path = snapshot_dir(root, sid)
-            meta_path = path + b".json"
-            folder = path if b"" in have else path + b".layer"
-            used = os.lstat(meta_path).st_mtime if b".json" in have else os.lstat(folder).st_mtime
+            meta_path = common.under(root, layout.old_snapshot_meta(sid))
+            folder = path if b"" in have else common.under(root, layout.snapshot_layer(sid))
+            used = os.lstat(meta_path).st_mtime if _META in have else os.lstat(folder).st_mtime
             age = now - used
             if sid in in_use:
                 kept[sid] = (age, "used by a run that is kept")
@@ -126,7 +130,7 @@ def collect_garbage(root, in_use, args, freed, dry):
             row = {"id": sid, "age_s": round(age)}
             before = freed.bytes
             path = snapshot_dir(root, sid)
-            for suffix in (b"", b".layer", b".json", b".manifest"):
+            for suffix in (b"", _LAYER, _META, _MANIFEST):
                 if suffix in parts[sid]:
                     common.remove_counted(path + suffix, freed, dry)
             row["bytes"] = freed.bytes - before
@@ -135,9 +139,9 @@ def collect_garbage(root, in_use, args, freed, dry):
             report["kept"].append({"id": sid, "age_s": round(kept[sid][0]), "reason": kept[sid][1]})
         # Meta and manifest files left without their tree (a build that died between the renames).
         for sid, have in parts.items():
-            if b"" in have or b".layer" in have:
+            if b"" in have or _LAYER in have:
                 continue
-            for suffix in (b".json", b".manifest"):
+            for suffix in (_META, _MANIFEST):
                 p = snapshot_dir(root, sid) + suffix
                 if suffix in have and now - os.lstat(p).st_mtime > grace:
                     common.remove_counted(p, freed, dry)
@@ -156,7 +160,7 @@ def collect_garbage(root, in_use, args, freed, dry):
         if referenced is not None:
             # In a dry run the removed snapshots still exist: their links are counted as removed by
             # _remove above, so the objects they share are counted as freed here, as they would be.
-            objects = common.join(root, b"objects")
+            objects = common.under(root, layout.OBJECTS)
             for fan in sorted(os.listdir(objects)) if os.path.isdir(objects) else []:
                 fan_path = common.join(objects, fan)
                 if fan.startswith(b".") or not os.path.isdir(fan_path):

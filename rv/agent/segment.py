@@ -8,7 +8,7 @@ agent writes it for segments that never started (``rv stop``), and the laptop re
 :data:`END_REASONS` begin; ``gpu_type`` is the type the segment got (a run over several types
 lands on one; "" for a CPU job).
 
-Imports nothing of the agent: laptop modules import this one (and :mod:`rv.agent.manifest`) only.
+Imports nothing of the agent: laptop modules import this one (a shared format: see :mod:`rv.agent`).
 """
 
 # seg/<k>.json, in the order the job writes them.

@@ -39,11 +39,7 @@ import struct
 import subprocess
 import time
 
-from rv.agent import common, locks, manifest
-
-STORE = b"store.git"
-
-REF_PREFIX = "refs/rv/snapshots/"
+from rv.agent import common, layout, locks, manifest
 
 META_VERSION = 4
 
@@ -90,13 +86,13 @@ def check_oid(oid):
 
 
 def store_path(root):
-    return common.join(root, STORE)
+    return common.under(root, layout.STORE)
 
 
 def meta_path(root, sid):
     # Not <id>.json: that is the meta file of the same snapshot in the store of earlier rv versions,
     # which an older rv (its jobs, its gc) may still read beside this one.
-    return common.join(root, b"snapshots", manifest.enc(check_sid(sid)) + b".git.json")
+    return common.under(root, layout.snapshot_meta(check_sid(sid)))
 
 
 # -- git ---------------------------------------------------------------------------------------------
@@ -207,7 +203,7 @@ def ensure_store(root):
     if not os.path.isdir(common.join(store, b"objects")):
         common.makedirs(root, 0o700)
         tmp = common.temp_name(root, "store")
-        common._cleanup.add(tmp)
+        common.cleanup_paths.add(tmp)
         try:
             # --template= (empty): no sample hooks, no description; the files git needs and ours.
             run_git(tmp, ["init", "-q", "--bare", "--template=", manifest.dec(tmp)], env=git_env(tmp))
@@ -220,7 +216,7 @@ def ensure_store(root):
                     raise
                 # another upload made it a moment ago
         finally:
-            common._cleanup.discard(tmp)
+            common.cleanup_paths.discard(tmp)
             if os.path.isdir(tmp):
                 shutil.rmtree(tmp, ignore_errors=True)
     _write_if_missing(common.join(store, b"HEAD"), b"ref: refs/heads/main\n")
@@ -232,16 +228,17 @@ def ensure_store(root):
 
 
 def ref_name(sid):
-    return REF_PREFIX + check_sid(sid)
+    return layout.snapshot_ref(check_sid(sid))
 
 
 def snapshot_refs(store):
     """``{snapshot id: commit}`` of every snapshot ref (one git call)."""
-    _rc, out, _err = run_git(store, ["for-each-ref", "--format=%(objectname) %(refname)", REF_PREFIX])
+    prefix = layout.SNAPSHOT_REF_PREFIX
+    _rc, out, _err = run_git(store, ["for-each-ref", "--format=%(objectname) %(refname)", prefix])
     refs = {}
     for line in out.decode("ascii", "replace").splitlines():
         oid, _, name = line.partition(" ")
-        sid = name[len(REF_PREFIX) :]
+        sid = name[len(prefix) :]
         if _SID.match(sid):
             refs[sid] = oid
     return refs
@@ -280,8 +277,9 @@ PACK_DATA, PACK_END, PACKS_END = b"D", b"N", b"E"
 
 def _quarantine(store):
     """A folder of this call's own for incoming packs (removed however the call ends)."""
-    path = common.join(store, b"rv-incoming-%d-" % os.getpid() + os.urandom(4).hex().encode())
-    common._cleanup.add(path)
+    name = layout.STORE_QUARANTINE + "%d-%s" % (os.getpid(), os.urandom(4).hex())
+    path = common.under(store, name)
+    common.cleanup_paths.add(path)
     os.mkdir(path, 0o700)
     os.mkdir(common.join(path, b"pack"), 0o700)
     return path
@@ -289,7 +287,7 @@ def _quarantine(store):
 
 def clean_stale_quarantines(store):
     """Quarantines of calls that were killed before they could remove theirs."""
-    common.remove_stale(store, b"rv-incoming-", STALE_QUARANTINE_S)
+    common.remove_stale(store, manifest.enc(layout.STORE_QUARANTINE), STALE_QUARANTINE_S)
 
 
 def _pack_order(name):
@@ -368,7 +366,7 @@ def receive_packs(store):
                 proc.stdin.close()
             proc.kill()
             proc.wait()
-        common._cleanup.discard(quarantine)
+        common.cleanup_paths.discard(quarantine)
         shutil.rmtree(quarantine, ignore_errors=True)
     return packs, received, error
 
@@ -484,13 +482,14 @@ def has_snapshot(root, sid):
     """Is there a ref for ``sid`` in the store, or an old store's folder (:mod:`rv.agent.oldstore`)?"""
     if not re.match(r"^[0-9A-Za-z_-]+$", sid or ""):
         return False
-    snaps = common.join(root, b"snapshots", manifest.enc(sid))
-    if os.path.isdir(snaps) or os.path.isdir(snaps + b".layer"):
+    if os.path.isdir(common.under(root, layout.snapshot(sid))) or os.path.isdir(
+        common.under(root, layout.snapshot_layer(sid))
+    ):
         return True
     store = store_path(root)
     if not os.path.isdir(common.join(store, b"objects")):
         return False
-    rc, _out, _err = run_git(store, ["rev-parse", "-q", "--verify", REF_PREFIX + sid], ok=(0, 1, 128))
+    rc, _out, _err = run_git(store, ["rev-parse", "-q", "--verify", layout.snapshot_ref(sid)], ok=(0, 1, 128))
     return rc == 0
 
 

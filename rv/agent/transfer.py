@@ -100,7 +100,7 @@ def mode_apply(args):
         parent = os.path.dirname(p)
         common.makedirs(parent)
         tmp = common.temp_name(parent, "up")
-        common._cleanup.add(tmp)
+        common.cleanup_paths.add(tmp)
         try:
             hasher = manifest.blob_hasher(size)
             common.receive_into(tmp, size, hasher)
@@ -115,7 +115,7 @@ def mode_apply(args):
             done["uploaded"] += 1
             done["uploaded_bytes"] += size
         finally:
-            common._cleanup.discard(tmp)
+            common.cleanup_paths.discard(tmp)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     if common.read_exact(1) != b"E":

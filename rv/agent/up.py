@@ -1,17 +1,12 @@
 """``up``: ``rv up``'s job, submitted as ``run-submit`` does, then its watchdog for as long as rv is
 there (it cancels the job when rv says so, goes quiet or goes away)."""
 
-import contextlib
 import os
 import select
 import sys
 import time
 
-from rv.agent import common, follow, manifest, runs
-
-UP_ALIVE = b"up.alive"  # the watchdog's heartbeat counter, read by the job's holder
-
-UP_DETACHED = b"up.detached"  # rv up --detach: the holder keeps the allocation without a watchdog
+from rv.agent import common, follow, layout, rundir, slurmcmd, submit
 
 
 class _Input:
@@ -77,7 +72,7 @@ def mode_up(args):
     (``up.alive`` in the run's folder, a counter) stops moving: a login node that went down.
     """
     root = common.root_path(args["root"])
-    rdir = runs.run_path(root, args["run_id"])
+    rdir = rundir.run_path(root, args["run_id"])
     stdin = _Input()
     secrets = stdin.sized()
     frames = follow.Frames()
@@ -88,7 +83,7 @@ def mode_up(args):
         if not state["job"] or state["done"]:
             return True, None
         state["done"] = True
-        code, _, err = runs.run_argv([*args["scancel"], state["job"]])
+        code, _, err = slurmcmd.run_argv([*args["scancel"], state["job"]])
         if code != 0:
             # rv may be gone and never read this; the job's holder ends the job by itself once
             # this process's heartbeat stops.
@@ -99,7 +94,7 @@ def mode_up(args):
         return gone, error
 
     try:
-        result = runs._submit(args, secrets)
+        result = submit.submit_run(args, secrets)
         state["job"] = job = result["job_id"]
         frames.send({"t": "submitted", "job_id": job, "previous_run_id": result.get("previous_run_id")})
         _watch_up(args, rdir, job, stdin, frames, state, release)
@@ -111,17 +106,16 @@ def mode_up(args):
 def _tidy_released(rdir):
     """What the job's EXIT trap does, for a job Slurm killed before its trap could finish (KillWait
     after scancel's TERM): its secrets and environment files go, and the run gets its end."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(common.join(rdir, runs.SECRETS))
-    runs._remove_job_envs(rdir)
-    if not os.path.exists(common.join(rdir, runs.ENDED)):
-        runs._end_run(rdir, "cancelled by rv up (its shell ended, or rv went away)", 1)
+    rundir.remove_secrets(rdir)
+    rundir.remove_job_envs(rdir)
+    if not os.path.exists(common.under(rdir, layout.ENDED)):
+        rundir.end_run(rdir, "cancelled by rv up (its shell ended, or rv went away)", 1)
 
 
 def _watch_up(args, rdir, job, stdin, frames, state, release):
     silence = float(args.get("silence", 60))
-    env_file = common.join(rdir, b"jobs", manifest.enc(job), runs.JOB_ENV)
-    alive = common.join(rdir, UP_ALIVE)
+    env_file = common.under(rdir, layout.job_env(job))
+    alive = common.under(rdir, layout.UP_ALIVE)
     heard, beats, next_beat, next_poll, ready = time.time(), 0, 0.0, 0.0, False
     while True:
         line = stdin.line(0.5)
@@ -136,7 +130,7 @@ def _watch_up(args, rdir, job, stdin, frames, state, release):
                 frames.send({"t": "released", "job_id": job, "gone": gone, "error": error})
                 return
             if line == "detach":
-                common.write_atomic(common.join(rdir, UP_DETACHED), ("%f\n" % now).encode(), 0o600)
+                common.write_atomic(common.under(rdir, layout.UP_DETACHED), ("%f\n" % now).encode(), 0o600)
                 state["done"] = True
                 frames.send({"t": "detached", "job_id": job})
                 return
@@ -150,7 +144,7 @@ def _watch_up(args, rdir, job, stdin, frames, state, release):
             next_beat = now + 10.0
         if now >= next_poll:
             try:
-                squeue = runs.live_jobs(args["squeue"]).get(job)
+                squeue = slurmcmd.live_jobs(args["squeue"]).get(job)
             except common.AgentError as exc:
                 frames.send({"t": "warn", "msg": str(exc)})
                 squeue = "?"
@@ -160,8 +154,8 @@ def _watch_up(args, rdir, job, stdin, frames, state, release):
                 state["done"] = True
                 time.sleep(1.0)  # shared filesystems show a job's last writes a moment late
                 frames.send({"t": "ended", "job_id": job,
-                             "record": runs.read_json(common.join(rdir, b"seg", b"1.json")),
-                             "ended": runs.read_json(common.join(rdir, runs.ENDED))})  # fmt: skip
+                             "record": common.read_json(common.under(rdir, layout.segment_file(1, "json"))),
+                             "ended": common.read_json(common.under(rdir, layout.ENDED))})  # fmt: skip
                 return
             if squeue != "?":
                 frames.send({"t": "state", "job_id": job, "squeue": squeue})
@@ -178,7 +172,7 @@ def _wait_gone(squeue_argv, job, timeout):
     deadline, error = time.time() + timeout, None
     while time.time() < deadline:
         try:
-            if job not in runs.live_jobs(squeue_argv):
+            if job not in slurmcmd.live_jobs(squeue_argv):
                 return True, None
             error = None
         except common.AgentError as exc:

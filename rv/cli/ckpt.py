@@ -71,8 +71,9 @@ def ls(ctx: click.Context, run: str | None, as_json: bool) -> None:
 @click.pass_context
 def pull(ctx: click.Context, spec: str, local: str | None) -> None:
     """Download RUN's newest complete checkpoint (at or before STEP) to LOCAL (default ./checkpoints/RUN/)."""
+    from rv.agent import layout as remote_layout
     from rv.errors import NotFound
-    from rv.files import sync as core
+    from rv.files import pull as core
     from rv.job.submit import FromRun
     from rv.layout import RemoteLayout
 
@@ -82,7 +83,7 @@ def pull(ctx: click.Context, spec: str, local: str | None) -> None:
         steps = [st for st in listing["steps"] if st["complete"]]
         if wanted.step is not None:
             steps = [st for st in steps if st["step"] <= wanted.step]
-        base = f"checkpoints/{found.meta['project']}/{found.meta['name']}"
+        base = remote_layout.checkpoint_dir(found.meta["project"], found.meta["name"])  # under the root
         if steps:
             remote, label = f"{base}/{steps[-1]['name']}", f"step {steps[-1]['step']}"
         elif listing["steps"] or wanted.step is not None or not listing["exists"]:

@@ -1,102 +1,115 @@
-"""`rv diff RUN_A RUN_B` and `rv checkout RUN DIR | --branch NAME`: the code a run ran (rv.job.code)."""
+"""`rv code [PATH]`: VS Code (or another editor) on a node of a live `rv up` session, by plain SSH."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import subprocess
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from rv.cli.common import load_profile, note, run_store, session
+from rv.cli.common import note, run_store, session, warn
+from rv.cli.upsession import SessionCommand, live_or_new
+
+if TYPE_CHECKING:
+    from rv.remote.nodessh import SshFiles
 
 
-def _find(ctx: click.Context, refs: list[str], *, diff: bool):  # type: ignore[no-untyped-def]
-    """(the runs' commits, their diff or b"", this machine's repository, where they were found)."""
-    from rv.config import cache_dir
-    from rv.files.gitcmd import Git
-    from rv.job import code
-
-    _, profile = load_profile(ctx)
-    repo = code.local_repo(cache_dir(), Path.cwd(), Git())
-    found = code.known_here(refs, code.resolve_records(run_store(), profile.name, refs), repo)
-    if found is not None and repo is not None:
-        text = code.diff_here(repo, found[0].commit, found[1].commit) if diff else b""
-        return found, text, repo, None
-    with session(ctx) as s:
-        runs, text = code.ask_cluster(s.transport, s.layout.root, refs, diff=diff)
-    return runs, text, repo, s
-
-
-@click.command()
-@click.argument("run_a")
-@click.argument("run_b")
-@click.pass_context
-def diff(ctx: click.Context, run_a: str, run_b: str) -> None:
-    """Show what differs between the code RUN_A ran and RUN_B's, as `git diff` prints it.
-
-    RUN is a run name (its newest run), a run id or a job id of any segment. From this machine's own
-    repository of snapshots when it holds both, else in one call to the cluster's store.
-    """
-    runs, text, _repo, asked = _find(ctx, [run_a, run_b], diff=True)
-    sys.stdout.buffer.write(text)
-    sys.stdout.flush()
-    a, b = runs
-    where = "the cluster's store" if asked is not None else "this machine's repository of snapshots"
-    same = "; the same files" if not text else ""
-    note(f"rv diff: {a.name} (snapshot {a.snapshot[:12]}) to {b.name} (snapshot {b.snapshot[:12]}), "
-         f"from {where}{same}")  # fmt: skip
-
-
-@click.command()
-@click.argument("run")
-@click.argument("dest", required=False, type=click.Path(path_type=Path))
+@click.command(cls=SessionCommand)
+@click.argument("path", required=False)
 @click.option(
-    "--branch", metavar="NAME",
-    help="Make the run's files a commit on a new local branch NAME of this repository, and switch to it "
-    "(never over uncommitted changes).",
-)  # fmt: skip
+    "--editor",
+    default="code",
+    show_default=True,
+    help="The editor's command: code, cursor, windsurf, codium, ... (one taking --remote ssh-remote+HOST).",
+)
+@click.option("--yes", is_flag=True, help="Add the Include line to ~/.ssh/config without asking.")
+@click.option("--new", is_flag=True, help="Start a new session even when one is live.")
 @click.pass_context
-def checkout(ctx: click.Context, run: str, dest: Path | None, branch: str | None) -> None:
-    """Write the exact files RUN ran into DIR, a new folder (or, with --branch, a new branch here).
+def code(ctx: click.Context, /, path: str | None, editor: str, yes: bool, new: bool, **_: object) -> None:
+    """Open an editor on a node of a live session, through plain SSH (VS Code's Remote-SSH).
 
-    Exec bits and symlinks are kept; nothing is converted. RUN is a run name, a run id or a job id.
+    Reuses the newest live session that rv code or rv jupyter started (--name: that one), or starts
+    one as `rv up --detach` would, with rv up's options (-g, -t, --time, placement, ...). rv writes
+    an entry for the session's node in ~/.ssh/rv/config (the first time it asks to add one
+    `Include` line for it at the top of ~/.ssh/config), so `ssh HOST`, scp and Remote-SSH reach the
+    node through the login node, inside the job: what they run sees its GPUs and its environment.
+    PATH: where the editor opens on the node (default: the run's work dir; relative: inside it).
+    The session lasts until `rv stop NAME` or its time limit.
+
+    \b
+      rv code                         VS Code on a new (or the live) session's node
+      rv code -g 1 -t a6000 --time 4h
+      rv code --editor cursor
     """
     from rv.errors import UsageError
-    from rv.files.gitcmd import Git
-    from rv.job import code
+    from rv.job import editor as core
+    from rv.job.serve import remember
+    from rv.remote import nodessh
+    from rv.remote.connect import target_for
 
-    safe = run.replace("/", "-")
-    if (dest is None) == (branch is None):
-        raise UsageError(
-            "rv checkout writes a run's files into a new folder DIR, or onto a new branch with --branch "
-            "NAME: give one of them",
-            hint=f"rv checkout {run} ./{safe}-code   or   rv checkout {run} --branch {safe}",
+    if not editor or any(c.isspace() for c in editor):
+        raise UsageError(f"--editor {editor!r}: one command name", hint="e.g. --editor cursor")
+    files = nodessh.SshFiles.for_home()
+    store = run_store()
+    with session(ctx) as s:
+        profile = s.profile
+        target = target_for(profile, s.config.path)
+        keys = nodessh.public_keys(target.identity_files)  # before anything is started: a clear error
+        rj = live_or_new(ctx, s, base="code", new=new)
+        hop = nodessh.LoginHop(
+            host=profile.host, port=profile.port, user=profile.user, identity_file=profile.identity_file,
+            known_hosts=profile.known_hosts, ssh_config=os.environ.get("RV_SSH_CONFIG"),
+        )  # fmt: skip
+        ended = [
+            nodessh.host_alias(profile.name, r.name)
+            for r in store.all(profile.name)
+            if r.ended is not None and r.serves.get("editor_host")
+        ]
+        host = core.node_ssh(
+            s.transport, rj, profile=profile.name, hop=hop, user=target.user,
+            identity_files=target.identity_files, public_keys=keys, files=files, drop=ended,
+        )  # fmt: skip
+        where = host.work_dir if not path else (path if path.startswith("/") else f"{host.work_dir}/{path}")
+        remember(store, rj, profile.name, editor_host=host.alias, editor_path=where)
+    if not host.sftp:
+        warn(f"node {host.entry.node} has no sftp-server: scp needs -O (the old protocol) there")
+    _include(files, yes=yes)
+    click.echo(host.alias)
+    line = [editor, "--remote", f"ssh-remote+{host.alias}", where]
+    found = shutil.which(editor)
+    if found is None:
+        note(
+            f"{editor} is not on PATH. The session's node is the SSH host {host.alias}:\n"
+            f"  ssh {host.alias}\n  {shlex.join(line)}"
         )
-    git = Git()
-    top = None
-    if dest is not None:
-        code.check_new_folder(dest)
-    else:
-        assert branch is not None
-        top = code.check_branch(Path.cwd(), git, branch, run)
-    runs, _text, repo, asked = _find(ctx, [run], diff=False)
-    (found,) = runs
-    if dest is not None:
-        if asked is None and repo is not None:
-            files = code.checkout_here(repo, found.commit, dest)
-        else:
-            with session(ctx) as s:
-                files = code.checkout_from_cluster(s.transport, s.layout.root, found.commit, dest)
-        note(f"wrote run {found.name}'s {files} file(s) (snapshot {found.snapshot[:12]}) into {dest}")
         return
-    assert branch is not None and top is not None
-    from rv.config import cache_dir
-    from rv.files.packs import LocalStore, store_name
+    note(f"opening {editor} on {host.alias}:{where} (ssh {host.alias} reaches the node too)")
+    sys.stdout.flush()
+    ctx.exit(subprocess.run([found, *line[1:]], check=False).returncode)
 
-    local = repo or LocalStore(cache_dir() / "git" / store_name(top), git)
-    if local.commit_of(found.snapshot) is None:
-        with session(ctx) as s:
-            code.fetch_from_cluster(s.transport, s.layout.root, local, found)
-    made = code.make_branch(top, git, local, found, branch)
-    note(f"on branch {branch}: commit {made[:12]} holds run {found.name}'s files "
-         f"(snapshot {found.snapshot[:12]})")  # fmt: skip
+
+def _include(files: SshFiles, *, yes: bool) -> None:
+    """One Include line for rv's file at the top of ~/.ssh/config: asked for once (or --yes)."""
+    if files.has_include():
+        return
+    line = files.include_line
+    if not yes:
+        if not sys.stdin.isatty():
+            warn(
+                f"~/.ssh/config does not include rv's SSH config: add this line at its top\n  {line}\n"
+                "(or run rv code --yes); until then: ssh -F ~/.ssh/rv/config HOST"
+            )
+            return
+        if not click.confirm(
+            f"Add `{line}` at the top of {files.user_config}, so that ssh and VS Code find rv's sessions?",
+            default=True,
+            err=True,
+        ):
+            warn(f"not added; ssh -F {files.config} HOST reaches the session meanwhile")
+            return
+    changed = files.add_include()
+    note(f"added `{line}` at the top of {changed}")

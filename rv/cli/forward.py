@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from rv.cli.common import note, run_store, session, warn
+from rv.cli.common import note, run_store, session
+from rv.cli.forwarding import serve_forward
 
 
 @click.command()
@@ -32,8 +33,8 @@ def forward(ctx: click.Context, ports: str, run: str | None, node: int) -> None:
       rv forward 6006 train-3f9a          TensorBoard at http://127.0.0.1:6006
       rv forward 8888:18888               Jupyter of the latest run at http://127.0.0.1:18888
     """
-    from rv.job.inside import job_state, node_address, running_job
-    from rv.remote.tunnel import Forwarder, bind_local, parse_ports
+    from rv.job.inside import node_address, running_job
+    from rv.remote.tunnel import bind_local, parse_ports
 
     remote_port, local_port = parse_ports(ports)
     listener = bind_local(local_port)  # a busy port fails here, before any connection
@@ -50,18 +51,6 @@ def forward(ctx: click.Context, ports: str, run: str | None, node: int) -> None:
                 f"forwarding {url} to port {remote_port} of {name} ({addr.reach}), job {rj.job_id} of run "
                 f"{rj.name}; Ctrl-C to stop"
             )
-
-            def still_running() -> bool:
-                job = job_state(s.transport, rj.job_id)
-                return job is not None and job.state == "RUNNING"
-
-            connection = s.connection
-            fwd = Forwarder(listener, lambda: connection.open_tunnel(addr.reach, remote_port), on_error=warn)
-            try:
-                fwd.serve(still_wanted=still_running)
-            except KeyboardInterrupt:
-                note(f"stopped forwarding ({fwd.connections} connection(s))")
-                return
-            note(f"job {rj.job_id} of run {rj.name} is no longer running: stopped forwarding")
+            serve_forward(s, rj, listener, addr.reach, remote_port)
     finally:
         listener.close()

@@ -47,9 +47,9 @@ def render_table(views: Sequence[RunView]) -> list[str]:  # pure: rows in, lines
 def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None:
     """List your runs (one line each: segment, state, exit code, why it ended), sweeps (one line each:
     how many points are in which state) and other jobs; with SWEEP, each point of that sweep."""
-    from rv.cli.sweepview import fold_sweeps
     from rv.job import query
     from rv.job.records import run_views
+    from rv.job.results import fold_sweeps
 
     store = run_store()
     with session(ctx) as s:
@@ -71,19 +71,42 @@ def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None
         _points(snap, sweep, as_json)
         return
     views = run_views(snap.runs, snap.queued, snap.accounted, now=snap.now)
+    serves = {r.run_id: r.serves for r in mine.values() if r.serves}
     if as_json:
         # Data: a sweep's points stay runs of their own (each names its sweep and index).
-        print_json([v.to_json() for v in views if v.live or all_])
+        rows = [dict(v.to_json(), **_served(serves.get(v.run_id or ""))) for v in views if v.live or all_]
+        print_json(rows)
         return
     for line in render_table(fold_sweeps(views, live_only=not all_)):
         click.echo(line)
+    for line in served_lines(views, serves):
+        click.echo(line)
+
+
+def _served(serves: dict | None) -> dict:  # type: ignore[type-arg]
+    return {"serves": serves} if serves else {}
+
+
+def served_lines(views: Sequence, serves: dict) -> list[str]:  # type: ignore[type-arg]
+    """Below the table: what each live `rv code` / `rv jupyter` session serves (pure)."""
+    lines = []
+    for v in views:
+        what = serves.get(v.run_id or "") if v.live and v.state == "RUNNING" else None
+        if not what:
+            continue
+        if what.get("editor_host"):
+            lines.append(f"{v.name}: editor  ssh {what['editor_host']}  (rv code --name {v.name})")
+        if what.get("notebook_url"):
+            lines.append(f"{v.name}: notebook {what['notebook_url']}  (rv jupyter --name {v.name})")
+    return ["", *lines] if lines else []
 
 
 def _points(snap, sweep: str, as_json: bool) -> None:  # type: ignore[no-untyped-def]
     """`rv ps SWEEP`: one line per point (the newest run of each)."""
-    from rv.cli.sweepview import point_lines, point_runs
+    from rv.cli.sweepview import point_lines
     from rv.errors import NotFound
     from rv.job.records import run_views
+    from rv.job.results import point_runs
 
     points = point_runs(snap.runs, sweep)
     if not points:

@@ -15,21 +15,16 @@ from typing import IO, Any
 import click
 
 from rv.cli.common import note, print_json, session, warn
+from rv.cli.plot import plot_curve
 from rv.cli.sweepview import (
-    DEFAULT_SERIES_POINTS,
-    PointRow,
-    RunMetrics,
-    SortKey,
     metrics_notes,
     metrics_table,
-    plot_lines,
     render_text,
-    result_rows,
     results_csv,
     results_footer,
-    results_json,
     results_table,
 )
+from rv.job.results import DEFAULT_SERIES_POINTS, PointRow, RunMetrics, SortKey, result_rows, results_json
 
 
 @click.group()
@@ -84,8 +79,8 @@ def results(ctx: click.Context, name: str, sort_: str | None, as_json: bool, as_
 
 def _fetch_results(s: Any, name: str, sort: SortKey | None) -> list[PointRow]:
     """One round trip: the sweep's runs, squeue and each point's metrics."""
-    from rv.cli.sweepview import parse_metrics_reply
     from rv.job import query
+    from rv.job.results import parse_metrics_reply
 
     metrics = {"series": [sort.metric] if sort else False, "points": DEFAULT_SERIES_POINTS}
     snap = query.fetch(s.transport, s.layout.root, sweeps=[name], metrics=metrics)
@@ -99,16 +94,11 @@ def _fetch_results(s: Any, name: str, sort: SortKey | None) -> list[PointRow]:
 
 def _points_and_views(snap: Any, name: str) -> tuple[list[Any], dict[str, Any]]:
     """The sweep's points (the newest run of each) and each run's row as rv ps has it."""
-    from rv.cli.sweepview import point_runs
-    from rv.errors import NotFound
-    from rv.job.records import run_views
+    from rv.job.results import points_and_views
 
-    points = point_runs(snap.runs, name)
-    if not points:
-        raise NotFound(f"no sweep named {name!r} on this cluster", hint="rv ps lists runs and sweeps")
+    points, views = points_and_views(snap, name)
     if snap.squeue_error:
         warn(f"squeue failed, so which points are queued or running is unknown: {snap.squeue_error}")
-    views = {v.run_id: v for v in run_views(snap.runs, snap.queued, now=snap.now) if v.run_id}
     return points, views
 
 
@@ -126,64 +116,36 @@ def retry(ctx: click.Context, name: str, parallel: int | None, dry_run: bool) ->
     """Run again the points of SWEEP that failed or were cancelled (one job array), each as a new run of
     its name (so from its checkpoint, if it saved one), with the same snapshot, environment and command."""
     from rv.cli.common import run_store
-    from rv.cli.sweepview import retry_points
-    from rv.job import query
-    from rv.job import submit as job
+    from rv.job.retry import arrays_of, plan_retry, send_retry
     from rv.secrets import job_secrets
-    from rv.sweep import check_limits, plan_arrays
 
     with session(ctx) as s:
         # One round trip for what to retry and how: the sweep's runs, squeue, MaxArraySize, limits.
-        snap = query.fetch(s.transport, s.layout.root, sweeps=[name], slurm=job.sweep_asks())
-        points, views = _points_and_views(snap, name)
-        rows = result_rows(points, views, {})
-        indexes = retry_points(rows)
-        if not indexes:
+        plan = plan_retry(s.transport, s.layout.root, name, parallel=parallel, account=s.profile.account)
+        if plan.squeue_error:
+            warn(f"squeue failed, so which points are queued or running is unknown: {plan.squeue_error}")
+        if not plan.indexes:
             note(f"nothing to retry: no point of sweep {name} failed or was cancelled")
             return
-        runs = {r.run_id: r for r in snap.runs}
-        old = {p.index: (p.run_id, runs[p.run_id].name) for p in points if p.index in indexes and p.run_id}
-        states = {r.index: r.state for r in rows}
-        first = runs[old[indexes[0]][0]]
-        if parallel is None:
-            parallel = (first.meta.get("sweep") or {}).get("parallel")
-        profile = s.profile
-        arrays, limit = job.sweep_limits(snap.slurm, account=profile.account, qos=None)
-        check_limits(
-            len(indexes), max_jobs=limit.jobs if limit else None, queued=len(snap.queued),
-            limit=limit.what if limit else "MaxSubmitJobs",
-        )  # fmt: skip
-        parts = plan_arrays(
-            indexes, parallel=parallel, max_array_size=arrays.max_array_size,
-            max_array_tasks=arrays.max_array_tasks,
-        )  # fmt: skip
-        listing = ", ".join(f"{i} ({states[i].lower()})" for i in indexes)
+        listing = plan.listing()
         if dry_run:
-            for part in parts:
+            for part in plan.parts:
                 click.echo(f"--array={part.spec}: {part.describe()}")
-            note(f"dry run: would retry {len(indexes)} point(s) of sweep {name}: {listing}; nothing was sent")
+            count = len(plan.indexes)
+            note(f"dry run: would retry {count} point(s) of sweep {name}: {listing}; nothing was sent")
             return
-        secrets = job_secrets(profile.name, notice=warn)
-        if secrets and not first.meta.get("has_secrets"):
+        secrets = job_secrets(s.profile.name, notice=warn)
+        if secrets and not plan.first.meta.get("has_secrets"):
             warn(f"sweep {name} was sent without secrets: its points run again as they were, without them")
-        sent = job.submit_sweep(
-            s.transport, s.layout, project=str(first.meta.get("project")), name=name,
-            parts=job.retry_payload(parts, old), secrets=secrets or None,
-        )  # fmt: skip
-        records = [
-            job.retry_record(
-                runs[old[index][0]], run_id, f"{part['array']}_{task}", s.layout.root, profile.name
-            )
-            for part, planned in zip(sent, parts, strict=True)
-            for task, (index, run_id) in enumerate(zip(planned.points, part["runs"], strict=True))
-        ]
-        run_store().add_many(records)
+        sent = send_retry(
+            s.transport, s.layout, plan, secrets=secrets or None, profile=s.profile.name, store=run_store()
+        )
     if not sys.stdout.isatty():  # data for a script; on a terminal the line below has them
-        for array in sent:
-            click.echo(array["array"])
+        for array in arrays_of(sent):
+            click.echo(array)
     note(
-        f"retrying {len(indexes)} point(s) of sweep {name}: {listing}, as job array(s) "
-        f"{', '.join(str(p['array']) for p in sent)}\n  rv ps {name}    rv sweep results {name}"
+        f"retrying {len(plan.indexes)} point(s) of sweep {name}: {listing}, as job array(s) "
+        f"{', '.join(arrays_of(sent))}\n  rv ps {name}    rv sweep results {name}"
     )
 
 
@@ -197,7 +159,7 @@ def emit_metrics(run: RunMetrics, plot: str | None, out: IO[str], *, width: int)
     chosen = plot or next((n for n in sorted(run.metrics) if "loss" in n), min(run.metrics))
     if chosen not in run.metrics:
         raise click.UsageError(f"--plot {chosen}: no such metric; there are {', '.join(sorted(run.metrics))}")
-    lines = plot_lines(run.metrics[chosen].series, width=min(60, max(10, width - 12)))
+    lines = plot_curve(run.metrics[chosen].series, width=min(60, max(10, width - 12)))
     if lines:
         out.write(f"\n{chosen} by {run.x or 'step'}:\n" + "\n".join(lines) + "\n")
 
@@ -223,9 +185,9 @@ def metrics(
     import time
 
     from rv.cli.common import run_store
-    from rv.cli.sweepview import parse_metrics_reply
     from rv.errors import NotFound
     from rv.job import query
+    from rv.job.results import parse_metrics_reply
 
     if follow and as_json:
         raise click.UsageError("-f redraws a table; --json prints one summary: pick one")

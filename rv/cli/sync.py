@@ -157,7 +157,7 @@ def pull(
     """
     from rv.config import state_dir
     from rv.errors import UsageError
-    from rv.files import sync as core
+    from rv.files import pull as core
 
     if force and keep_local:
         raise UsageError("--force and --keep-local contradict each other", hint="pick one")

@@ -15,10 +15,10 @@ need not resolve on the login node.
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rv.agent import layout as remote_layout
 from rv.errors import RemoteError, UsageError
 from rv.gpustat import NODE_SCRIPT, NodeGpus, parse_report
 from rv.job import query
@@ -26,7 +26,6 @@ from rv.job.records import ClusterRun, RunStore
 from rv.layout import RemoteLayout
 from rv.slurm import commands
 from rv.slurm.parse import NodeAddress, QueuedJob, parse_node_addresses, parse_squeue
-from rv.slurm.script import JOB_ENV_FILE
 
 if TYPE_CHECKING:
     from rv.remote.transport import Transport
@@ -61,11 +60,11 @@ class JobPlace:
 
     @property
     def env_file(self) -> str:
-        return posixpath.join(self.run_dir, "jobs", self.job_id, JOB_ENV_FILE)
+        return RemoteLayout(self.root).in_run(self.run_id, remote_layout.job_env(self.job_id))
 
     @property
     def work_dir(self) -> str:
-        return posixpath.join(self.run_dir, "work")
+        return RemoteLayout(self.root).in_run(self.run_id, remote_layout.WORK)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ class RunRecord:
     # The repository's facts when the run was sent (rv.files.repo.RepoFacts: root, head, branch,
     # dirty, remote); None for a run sent by an rv that did not record them.
     git: dict[str, Any] | None = None
+    # What an `rv up` session serves, as rv code and rv jupyter set it up (rv ps shows it):
+    # "editor_host" (the ssh Host), "editor_path", "notebook_url", "notebook_port" (on the node).
+    serves: dict[str, Any] = field(default_factory=dict)
 
     @property
     def short_commit(self) -> str:

@@ -15,6 +15,7 @@ Then, over the session's one connection:
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import socket
 import time
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from rv.agent import layout as remote_layout
 from rv.errors import RemoteError, UsageError
 from rv.job.footprint import quota_warning, read_quota_report
 from rv.job.records import ClusterRun, RunRecord
@@ -283,7 +285,7 @@ def submit_args(
         "runtime": runtime_files(),
         "has_secrets": has_secrets,
         "squeue": commands.squeue_user(),
-        "sbatch": commands.sbatch(f"{ctx.run_dir}/job.sbatch"),
+        "sbatch": commands.sbatch(posixpath.join(ctx.run_dir, remote_layout.SCRIPT)),
         **({"candidates": candidates} if candidates else {}),
     }
 

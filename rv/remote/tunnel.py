@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import select
 import socket
 import threading
@@ -42,6 +43,11 @@ def parse_ports(spec: str) -> tuple[int, int]:
 def bind_local(port: int) -> socket.socket:
     """A listening socket on 127.0.0.1:``port``; a clear error when the port is taken."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if os.name == "posix":
+        # The port of a forward just stopped stays in TIME_WAIT for a minute: binding it again at once
+        # (rv forward or rv jupyter run again, for the same URL) must work. (Not on Windows, where the
+        # option lets a second listener take a port in use.)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("127.0.0.1", port))
         sock.listen(16)

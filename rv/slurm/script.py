@@ -34,6 +34,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rv.agent import layout as remote_layout
 from rv.errors import ConfigError, UsageError
 from rv.layout import RemoteLayout
 from rv.placement import Placement
@@ -49,7 +50,7 @@ RANK_LABELLER = _AGENT / "ranklabel.py"
 NOTIFIER = _AGENT / "notify.py"
 
 # The job's environment file (in $RV_JOB_DIR) that `rv ssh` and `rv up` start their shells from.
-JOB_ENV_FILE = "env.sh"
+JOB_ENV_FILE = remote_layout.JOB_ENV
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ID = re.compile(r"[A-Za-z0-9._-]+")
@@ -202,7 +203,7 @@ def _directives(req: JobRequest, ctx: ScriptContext) -> list[str]:
         lines.append(f"#SBATCH --cpus-per-task={req.cpus_per_task}")
     if req.mem is not None:
         lines.append(_directive("mem", req.mem, "memory"))
-    logs = posixpath.join(ctx.run_dir, "logs")
+    logs = posixpath.join(ctx.run_dir, remote_layout.LOGS)
     lines.append(f"#SBATCH --output={logs}/%j.out")
     lines.append(f"#SBATCH --error={logs}/%j.err")
     lines.append("#SBATCH --open-mode=append")
@@ -218,7 +219,7 @@ def probe_directives(req: JobRequest, ctx: ScriptContext) -> list[str]:
 
 # The JSON-lines file a program writes its metrics to ($RV_METRICS), in the run's output folder: it
 # outlives the run's records (rv gc), each run name has its own, and later segments append to it.
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = remote_layout.METRICS_FILE
 
 
 @dataclass(frozen=True)

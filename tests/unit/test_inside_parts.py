@@ -336,11 +336,11 @@ def test_a_tunnel_that_cannot_open_is_told_and_the_next_connection_tried():
 
 
 def test_attach_env_file_is_the_scripts(tmp_path):
-    from rv.agent import runs
+    from rv.agent import layout
     from rv.slurm.script import JOB_ENV_FILE
 
     # The agent (which cannot import rv.slurm) names the same file the job script writes.
-    assert runs.JOB_ENV.decode() == JOB_ENV_FILE
+    assert layout.JOB_ENV == JOB_ENV_FILE
     assert os.path.basename(PLACE.env_file) == JOB_ENV_FILE
 
 

@@ -15,8 +15,9 @@ from test_snapshot_store import local_python_first, tree_state
 
 from rv.files.listing import redact_url
 from rv.files.progress import TransferProgress
+from rv.files.pull import PullConflict, PullLedger, pull
 from rv.files.snapshot import make_snapshot
-from rv.files.sync import PullConflict, PullLedger, pull, push
+from rv.files.sync import push
 from rv.layout import RemoteLayout
 from rv.remote.transport import LocalTransport, TransferError
 

@@ -13,7 +13,7 @@ import rv
 RV = Path(rv.__file__).resolve().parent
 AGENT = RV / "agent"
 # The formats both sides share: the only modules of rv/agent/ that laptop code may import.
-SHARED_FORMATS = {"rv.agent.manifest", "rv.agent.segment"}
+SHARED_FORMATS = {"rv.agent.manifest", "rv.agent.segment", "rv.agent.layout"}
 
 
 def module_name(path: Path) -> str:
@@ -119,6 +119,60 @@ def test_the_jobs_own_chaining_sbatch_keeps_the_options_of_rv_slurm_commands():
         assert as_in_job in words, (option, chain)
 
 
+def _private_uses(path: Path) -> set[str]:
+    """``module._name`` where ``module`` is another agent module this file imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    agent = {p.stem for p in AGENT_FILES}
+    local = {}  # the name a module goes by here -> the agent module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "rv.agent":
+            local.update(
+                {alias.asname or alias.name: alias.name for alias in node.names if alias.name in agent}
+            )
+    local = {name: module for name, module in local.items() if module != path.stem}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in local:
+            found.add(f"{local[node.value.id]}.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rv.agent."):
+            module = node.module.rpartition(".")[2]  # from rv.agent.m import _x
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return {
+        use for use in found if use.split(".")[1].startswith("_") and not use.split(".")[1].startswith("__")
+    }
+
+
+@pytest.mark.parametrize("path", AGENT_FILES, ids=lambda p: p.name)
+def test_no_agent_module_uses_another_ones_private_names(path):
+    assert not _private_uses(path)
+
+
+def test_the_private_name_check_sees_a_private_use(tmp_path):
+    # The positive case: a module that reaches into another's private function is caught.
+    (tmp_path / "up.py").write_text(
+        "from rv.agent import runs as r, common\n"
+        "from rv.agent.gc import _plan, Freed\n"
+        "r._submit({}, None)\ncommon.x\n"
+    )
+    assert _private_uses(tmp_path / "up.py") == {"runs._submit", "gc._plan"}
+
+
+def test_the_agent_program_ships_every_agent_module_after_what_it_imports():
+    from rv.remote.agent_client import AGENT_MODULES
+
+    # ranklabel and notify are no modules of the agent program: they are shipped into <root>/runtime/
+    # beside job.sh, for jobs to run.
+    program = {p.stem for p in AGENT_FILES} - {"__init__", "ranklabel", "notify"}
+    assert sorted(AGENT_MODULES) == sorted(program)
+    for i, module in enumerate(AGENT_MODULES):
+        needs = {
+            m.rpartition(".")[2]
+            for m in imported_modules(AGENT / f"{module}.py")
+            if m.startswith("rv.agent.")
+        }
+        assert needs <= set(AGENT_MODULES[:i]), (module, needs - set(AGENT_MODULES[:i]))
+
+
 def test_the_laptop_and_the_agent_agree_on_the_oldest_git_the_store_works_with():
     # rv init checks the cluster's git from the laptop (rv.probe), the agent before every upload.
     from rv.agent import store
@@ -136,11 +190,7 @@ MAX_TOP_LEVEL_MODULES = 25
 # Modules over MAX_MODULE_LINES that other branches are splitting now: each entry names the branch
 # that owns the split. Delete an entry when its branch lands (a stale entry fails below, so the list
 # only ever shrinks); never add one for new code.
-OVER_LENGTH_BEING_SPLIT = {
-    "rv/files/sync.py": "agentfmt (pull moved into rv/files/pull.py)",
-    "rv/agent/runs.py": "agentfmt (rv/agent/runs.py split by concern)",
-    "rv_train/trainer.py": "agentfmt (checkpoint and resume moved into rv_train/checkpoint.py)",
-}
+OVER_LENGTH_BEING_SPLIT: dict[str, str] = {}
 
 
 def _is_click_command(node: ast.AST) -> bool:

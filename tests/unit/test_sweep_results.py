@@ -11,34 +11,36 @@ import pytest
 from click.testing import CliRunner
 
 from rv.agent import metrics as agent_metrics
-from rv.agent import runs as agent_runs
+from rv.agent import rundir as agent_rundir
 from rv.agent.segment import ended_record, segment_record
+from rv.cli.plot import plot_curve
 from rv.cli.sweep import emit_metrics, emit_results, sweep
 from rv.cli.sweepview import (
     BEST_MARK,
     SPARK,
+    metrics_notes,
+    metrics_table,
+    render_text,
+    results_csv,
+    results_footer,
+    results_table,
+    sparkline,
+)
+from rv.errors import UsageError
+from rv.job.records import parse_runs, run_views
+from rv.job.results import (
     PointRow,
     PointRun,
     SortKey,
     guess_direction,
-    metrics_notes,
-    metrics_table,
     parse_metrics_reply,
-    plot_lines,
     point_runs,
-    render_text,
     result_rows,
-    results_csv,
-    results_footer,
     results_json,
-    results_table,
     retry_points,
-    sparkline,
     sweep_counts,
     sweep_summary,
 )
-from rv.errors import UsageError
-from rv.job.records import parse_runs, run_views
 from rv.slurm.parse import SQUEUE_FORMAT, parse_squeue
 
 NOW = 1_800_000_000.0
@@ -120,7 +122,7 @@ def sweep_root(tmp_path):
 def gather(root: Path, sort: SortKey | None):
     """What `rv sweep results` does with the one reply: the agent's records and metrics (read here
     in-process from the temp root), squeue, rv ps's states."""
-    rows = agent_runs.select_runs(str(root).encode(), {"ids": [f"run{i}" for i in range(4)]})
+    rows = agent_rundir.select_runs(str(root).encode(), {"ids": [f"run{i}" for i in range(4)]})
     runs = parse_runs(rows)
     views = {
         v.run_id: v for v in run_views(runs, parse_squeue(squeue_line("102", "grid/2")), now=NOW) if v.run_id
@@ -273,22 +275,31 @@ def test_sparklines():
     assert sparkline(list(range(1000)), 16) == "".join(sorted(sparkline(list(range(1000)), 16)))
 
 
-def test_plot_of_a_series():
+def test_plot_of_a_series_is_a_curve_from_its_lowest_to_its_highest():
     series = [(s, float(s)) for s in range(0, 100)]
-    lines = plot_lines(series, width=20, height=4)
+    lines = plot_curve(series, width=20, height=4)
     assert len(lines) == 4 + 2
-    # 20 columns of 5 steps each, drawn at their means: 2, 7, ..., 97.
-    assert lines[0].startswith("97 ┤") and lines[3].startswith(" 2 ┤")
-    assert lines[0].endswith("█")  # the highest column reaches the top row
-    assert len(lines[3]) == len(" 2 ┤") + 20 and " " not in lines[3][len(" 2 ┤") :]  # every column shows
-    assert lines[5].split() == ["0", "99"]
-    assert plot_lines([], width=10) == []
+    assert lines[0].startswith("99 ┤") and lines[3].startswith(" 0 ┤")
+    # A rising line: the top row's dots at the right end, the bottom row's at the left, every column drawn.
+    cells = [line[len("99 ┤") :] for line in lines[:4]]
+    assert cells[0][-1] != " " and cells[0][0] == " " and cells[3][0] != " " and cells[3][-1] == " "
+    assert all(any(row[c] != " " for row in cells) for c in range(20))
+    assert all(ch == " " or 0x2800 <= ord(ch) <= 0x28FF for row in cells for ch in row)
+    assert lines[4] == "   └" + "─" * 20 and lines[5].split() == ["0", "99"]
+    assert plot_curve([], width=10) == []
 
 
-def test_plot_of_few_points_uses_one_column_each():
-    lines = plot_lines([(1, 1.0), (5, 3.0), (9, 2.0)], width=60, height=2)
-    assert lines[0] == "3 ┤ █ "[:0] + "3 ┤" + " " + "█" + " "
-    assert lines[1] == "1 ┤▁██"
+def test_plot_joins_few_points_with_lines():
+    lines = plot_curve([(1, 1.0), (5, 3.0), (9, 2.0)], width=8, height=2)
+    cells = [line[len("3 ┤") :] for line in lines[:2]]
+    # Three points across 16 dot columns: the line between them leaves no column empty.
+    dots = [[(ord(ch) - 0x2800) if ch != " " else 0 for ch in row] for row in cells]
+    left, right = 0x01 | 0x02 | 0x04 | 0x40, 0x08 | 0x10 | 0x20 | 0x80  # a cell's two columns of dots
+    columns = [any(row[i] & half for row in dots) for i in range(8) for half in (left, right)]
+    assert all(columns), cells
+    assert lines[0].startswith("3 ┤") and lines[1].startswith("1 ┤") and lines[3].split() == ["1", "9"]
+    flat = plot_curve([(1, 2.0), (2, 2.0)], width=4, height=2)  # one value: a level line mid-plot
+    assert flat[0].startswith("2 ┤") and flat[1][len("2 ┤") :].strip()
 
 
 # --- rv metrics --------------------------------------------------------------------------------------

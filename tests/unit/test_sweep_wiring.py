@@ -18,13 +18,15 @@ from pathlib import Path
 import pytest
 
 from rv.agent import gc as agent_gc
-from rv.agent import runs as agent_runs
+from rv.agent import rundir as agent_rundir
+from rv.agent import slurmcmd as agent_slurmcmd
+from rv.agent import submit as agent_submit
 from rv.agent.common import AgentError
 from rv.catalog import RIVANNA
 from rv.cli.ps import render_table
-from rv.cli.sweepview import fold_sweeps
 from rv.errors import UsageError
 from rv.job.records import RunView
+from rv.job.results import fold_sweeps
 from rv.job.submit import SweepCheck, check_existing_points, script_context, submit_args
 from rv.layout import RemoteLayout
 from rv.names import check_run_name, lookup_hint, point_name, split_point_name
@@ -102,7 +104,7 @@ def test_squeue_lists_each_array_task_as_its_point_names_it():
     assert [(j.job_id, j.state, j.reason) for j in jobs] == [
         ("4002205_1", "PENDING", "JobArrayTaskLimit"), ("4002205_0", "RUNNING", None)
     ]  # fmt: skip
-    assert sorted(agent_runs.jobs_of(text)) == ["4002205_0", "4002205_1"]
+    assert sorted(agent_slurmcmd.jobs_of(text)) == ["4002205_0", "4002205_1"]
 
 
 # --- the agent's side, on a temp root with Slurm's commands as stubs ----------------------------------
@@ -120,7 +122,7 @@ def point_script(root: Path, run_id: str, name: str = "grid/0") -> str:
 
 
 def test_the_array_script_runs_each_tasks_own_point_script(tmp_path):
-    script = agent_runs._array_script(point_script(tmp_path, "ab12-0"), "grid", "/r/runs", "ab12", "0-5%2")
+    script = agent_submit._array_script(point_script(tmp_path, "ab12-0"), "grid", "/r/runs", "ab12", "0-5%2")
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash" and "#SBATCH --job-name=grid" in lines
     assert "#SBATCH --output=/r/runs/ab12-%a/logs/%A_%a.out" in lines
@@ -172,7 +174,7 @@ def part(root: Path, prefix: str, indexes, after: bool = False) -> dict:
 def test_sweep_submit_makes_each_point_a_run_and_chains_the_parts(tmp_path, slurm_stubs):
     root = tmp_path / "remote"
     payload = {"secrets": "export K=v\n", "parts": [part(root, "aa", [0, 1, 2]), part(root, "bb", [3], True)]}
-    reply = agent_runs._sweep_submit(sweep_args(root), payload)
+    reply = agent_submit._sweep_submit(sweep_args(root), payload)
     assert reply == {
         "parts": [{"array": "7001", "runs": ["aa-0", "aa-1", "aa-2"]}, {"array": "7002", "runs": ["bb-0"]}]
     }
@@ -196,22 +198,22 @@ def test_sweep_submit_is_all_or_nothing(tmp_path, slurm_stubs, monkeypatch):
     monkeypatch.setenv("REFUSE", "2")  # the second array is refused: the first is cancelled
     payload = {"secrets": None, "parts": [part(root, "aa", [0, 1]), part(root, "bb", [2], True)]}
     with pytest.raises(AgentError, match=r"sbatch rejected the array of points grid/2: .*QOSMaxSubmit"):
-        agent_runs._sweep_submit(sweep_args(root), payload)
+        agent_submit._sweep_submit(sweep_args(root), payload)
     assert slurm_stubs.read_text().splitlines()[-1] == "scancel 7001"
     assert list((root / "runs").iterdir()) == [] and not (root / "names" / "proj" / "grid").exists()
 
 
 def test_a_sweep_and_a_plain_run_never_share_a_name(tmp_path, slurm_stubs):
     root = tmp_path / "remote"
-    agent_runs._sweep_submit(sweep_args(root), {"secrets": None, "parts": [part(root, "aa", [0])]})
+    agent_submit._sweep_submit(sweep_args(root), {"secrets": None, "parts": [part(root, "aa", [0])]})
     check = {"root": str(root), "project": "proj", "name": "grid", "squeue": ["squeue"]}
     with pytest.raises(AgentError, match="grid is the name of a sweep"):
-        agent_runs.mode_run_check(check)
+        agent_submit.mode_run_check(check)
     (root / "names" / "proj" / "solo").write_text("r1\n")
     with pytest.raises(AgentError, match="a run named solo exists: a sweep needs a name no run has"):
-        agent_runs._sweep_submit(dict(sweep_args(root), name="solo"), {"secrets": None, "parts": []})
+        agent_submit._sweep_submit(dict(sweep_args(root), name="solo"), {"secrets": None, "parts": []})
     with pytest.raises(AgentError, match="a run named solo exists"):
-        agent_runs.mode_run_check(dict(check, name="solo", sweep=True))
+        agent_submit.mode_run_check(dict(check, name="solo", sweep=True))
 
 
 def test_a_retry_is_the_old_points_script_as_the_new_run(tmp_path, slurm_stubs):
@@ -220,10 +222,10 @@ def test_a_retry_is_the_old_points_script_as_the_new_run(tmp_path, slurm_stubs):
     # Run ids that are each other's prefixes: only the whole word is replaced.
     payload = {"secrets": None, "parts": [part(root, "p", list(range(4)))]}
     payload["parts"][0]["points"][3]["script"] += "# p-30 p-3x p-3\n"
-    agent_runs._sweep_submit(sweep_args(root), payload)
+    agent_submit._sweep_submit(sweep_args(root), payload)
     point = {"name": "grid/3", "like": "p-3", "meta_update": {"submitted_from": "here"}}
     retried = {"prefix": "q", "spec": "0", "after_previous": False, "points": [point]}
-    agent_runs._sweep_submit(sweep_args(root), {"secrets": "export K=new\n", "parts": [retried]})
+    agent_submit._sweep_submit(sweep_args(root), {"secrets": "export K=new\n", "parts": [retried]})
     new = (root / "runs" / "q-0" / "job.sbatch").read_text()
     assert f"RV_RUN_DIR={root}/runs/q-0 RV_RUN_ID=q-0 " in new and f"--output={root}/runs/q-0/logs/" in new
     assert "# p-30 p-3x q-0\n" in new and not re.search(r"[^\w.-]p-3[^\w.-]", new.replace("# p-30 p-3x", ""))
@@ -235,30 +237,30 @@ def test_a_retry_is_the_old_points_script_as_the_new_run(tmp_path, slurm_stubs):
     shutil.rmtree(root / "snapshots" / "s1")
     gone = dict(retried, prefix="r")
     with pytest.raises(AgentError, match="snapshot s1 of point grid/3 is gone"):
-        agent_runs._sweep_submit(sweep_args(root), {"secrets": None, "parts": [gone]})
+        agent_submit._sweep_submit(sweep_args(root), {"secrets": None, "parts": [gone]})
 
 
 def test_runs_selects_a_sweep_and_a_live_point_brings_its_sweep(tmp_path, slurm_stubs):
     root = tmp_path / "remote"
-    agent_runs._sweep_submit(sweep_args(root), {"secrets": None, "parts": [part(root, "aa", [0, 1, 2])]})
+    agent_submit._sweep_submit(sweep_args(root), {"secrets": None, "parts": [part(root, "aa", [0, 1, 2])]})
     (root / "runs" / "aa-0" / "ENDED").write_text("{}")
     (root / "runs" / "aa-1" / "ENDED").write_text("{}")
     enc = str(root).encode()
-    assert [r["run_id"] for r in agent_runs.select_runs(enc, {"sweeps": ["grid"]})] == [
+    assert [r["run_id"] for r in agent_rundir.select_runs(enc, {"sweeps": ["grid"]})] == [
         "aa-0",
         "aa-1",
         "aa-2",
     ]
-    assert [r["run_id"] for r in agent_runs.select_runs(enc, {"live": True})] == ["aa-2"]
-    whole = agent_runs.select_runs(enc, {"live": True, "whole_sweeps": True})
+    assert [r["run_id"] for r in agent_rundir.select_runs(enc, {"live": True})] == ["aa-2"]
+    whole = agent_rundir.select_runs(enc, {"live": True, "whole_sweeps": True})
     assert [r["run_id"] for r in whole] == ["aa-0", "aa-1", "aa-2"]
     (root / "runs" / "aa-2" / "ENDED").write_text("{}")
-    assert agent_runs.select_runs(enc, {"live": True, "whole_sweeps": True}) == []
+    assert agent_rundir.select_runs(enc, {"live": True, "whole_sweeps": True}) == []
 
 
 def test_gc_keeps_a_sweeps_folders_while_a_point_is_kept(tmp_path, slurm_stubs):
     root = tmp_path / "remote"
-    agent_runs._sweep_submit(sweep_args(root), {"secrets": None, "parts": [part(root, "aa", [0, 1])]})
+    agent_submit._sweep_submit(sweep_args(root), {"secrets": None, "parts": [part(root, "aa", [0, 1])]})
     old = time.time() - 30 * 86400
     for i in (0, 1):
         ckpt = root / "checkpoints" / "proj" / "grid" / str(i)

@@ -14,15 +14,12 @@ from test_snapshot_store import local_python_first, tree_state
 
 from rv.errors import NotFound, UsageError
 from rv.files.listing import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id
+from rv.files.pull import PullLedger, _PullWriter, plan_pull, pull
 from rv.files.sync import (
-    PullLedger,
     PushPlan,
     RemoteEntry,
-    _PullWriter,
     parse_size,
-    plan_pull,
     plan_push,
-    pull,
     push,
     tree_id,
     watch,

@@ -1,0 +1,91 @@
+"""What `rv code` and `rv jupyter` share: `rv up`'s options, and a live session, reused or started.
+
+The session is a detached `rv up` started by `rv up` itself (its command, invoked with ``--detach``
+and the options given here), so it is sized, placed, snapshotted and given its environment exactly
+as `rv up` does; it lives until `rv stop NAME` or its time limit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from rv.cli.common import Session, note, run_store, warn
+from rv.cli.layered import UP_DEFAULTS, LayeredCommand
+
+if TYPE_CHECKING:
+    from rv.job.inside import RunningJob
+
+# rv up's options that size or place a new session: said to be unused when a live one is reused.
+_SIZING = ("gpus", "gpu_type", "mig", "time_", "mem", "cpus", "nodes", "partition", "qos", "constraint",
+           "exclude", "nodelist", "reservation", "account", "sbatch_options", "setup")  # fmt: skip
+
+
+class SessionCommand(LayeredCommand):
+    """A command taking `rv up`'s options (all but --detach), their defaults as `rv up` takes them."""
+
+    only = UP_DEFAULTS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(up_params())
+
+
+def up_params() -> list[click.Parameter]:
+    import copy
+
+    from rv.commands import load
+
+    up = load("up")
+    assert isinstance(up, click.Command)
+    params = []
+    for param in up.params:
+        if param.name == "detach":
+            continue
+        if param.name == "name" and isinstance(param, click.Option):
+            param = copy.copy(param)  # rv up's own keeps its help
+            param.help = "The session to reuse, or a new one's name (default: the newest live one, else new)."
+        params.append(param)
+    return params
+
+
+def live_or_new(ctx: click.Context, s: Session, *, base: str, new: bool) -> RunningJob:
+    """The newest live session rv code or rv jupyter set up (``--name``: that one), or a new
+    detached `rv up` session named ``BASE-xxxxxx`` (``--name``: that name), once it runs."""
+    from rv.job import serve
+    from rv.job.inside import running_job
+    from rv.job.submit import default_run_name, new_run_id
+
+    store = run_store()
+    profile, root = s.profile.name, s.layout.root
+    name: str | None = ctx.params.get("name")
+    if new:
+        found = None
+    elif name:
+        record = store.resolve(name, profile)
+        found = serve.live_session(s.transport, store, profile, root, [record] if record else [])
+    else:
+        found = serve.live_session(s.transport, store, profile, root, serve.candidates(store, profile, root))
+    if found is not None:
+        typed = [p for p in _SIZING if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
+        if typed:
+            warn(
+                f"reusing session {found.name}: the options for a new one ({', '.join(typed)}) are not used; "
+                "--new starts a new session"
+            )
+        nodes = ",".join(found.nodes)
+        note(f"session {found.name}: job {found.job_id} on {nodes} (rv stop {found.name} ends it)")
+        serve.remember(store, found, profile, kind=base)
+        return found
+    from rv.commands import load
+
+    up = load("up")
+    assert isinstance(up, click.Command)
+    name = name or default_run_name(base, new_run_id())
+    args = {p.name: ctx.params[p.name] for p in up_params() if p.name}
+    # `rv up --detach` itself: sized, placed, snapshotted and given its environment as rv up does.
+    ctx.invoke(up, **{**args, "name": name, "detach": True})
+    rj = running_job(s.transport, store, profile, root, name)
+    serve.remember(store, rj, profile, kind=base)
+    return rj
