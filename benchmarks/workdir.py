@@ -12,6 +12,14 @@ median of --repeat, page cache warm:
 
   copy     cp -R -P --preserve=mode,timestamps --reflink=auto SNAP WORK; chmod -R u+w WORK  (before)
   git      rv's rv_work_dir (rv.slurm.script.work_dir_script): read-tree + checkout-index + check
+  node     --work-dir node, the job's own lines: the same checkout into a folder of the job's own on
+           the node's disk (--node-dir: the profile's node_work_dir; default /tmp), then, timed
+           apart as "end", what each segment's end adds: rv_work_save (nothing changed here) and
+           the folder's removal
+
+The store (and the old folder) are on --fs, the shared filesystem's stand-in; "shared files" is what
+each method leaves there per run. On this machine /tmp and the store's folder are one ext4 disk:
+--node-dir /dev/shm stands for a node's local SSD.
 
 --fs DIR runs the same in another folder (e.g. an XFS or btrfs mount, where reflinks apply).
 """
@@ -37,15 +45,19 @@ from sync import make_repo  # noqa: E402
 from rv.files.snapshot import make_snapshot  # noqa: E402
 from rv.layout import RemoteLayout  # noqa: E402
 from rv.remote.transport import LocalTransport  # noqa: E402
-from rv.slurm.script import work_dir_script  # noqa: E402
+from rv.slurm.script import runtime_files, runtime_path, work_dir_script  # noqa: E402
 
 COPY = 'cp -R -P --preserve=mode,timestamps --reflink=auto -- "$1" "$2" && chmod -R u+w -- "$2"'
 
 
-def timed(script: str, snap: Path, work: Path, env: dict[str, str] | None = None) -> float:
+def timed(
+    script: str, snap: Path, work: Path, env: dict[str, str] | None = None, keep: bool = False
+) -> float:
     start = time.perf_counter()
     subprocess.run(["bash", "-c", script, "bash", str(snap), str(work)], check=True, env=env)
     elapsed = time.perf_counter() - start
+    if keep:
+        return elapsed  # counted by the caller, removed with the folder
     subprocess.run(["chmod", "-R", "u+w", str(work)], check=True)
     shutil.rmtree(work)
     for leftover in (Path(f"{work}.index"),):
@@ -70,6 +82,22 @@ def store_with_snapshot(base: Path, files: int, mb: int) -> tuple[str, Path, str
     return script, old, layout.root
 
 
+def node_scripts(layout: RemoteLayout, snapshot_id: str, run_dir: Path, node_dir: Path) -> tuple[str, str]:
+    """(the start of a --work-dir node job's work dir, its segment's end), as the job runtime does them."""
+    runtime = runtime_files()[os.path.basename(runtime_path(layout, "job"))]
+    values = (
+        f"RV_SNAPSHOT={snapshot_id} rv_store={layout.store} RV_RUN_ID=bench RV_RUN_DIR={run_dir} "
+        f"rv_job=1 rv_work_node=1 rv_work_base={node_dir} SLURMD_NODENAME=node1"
+    )
+    start = "\n".join(["set -euo pipefail", runtime, values, "rv_work_place", "rv_work_dir"])
+    end = "\n".join(["set -euo pipefail", runtime, values, "rv_work_place", "rv_node_work_end"])
+    return start, end
+
+
+def count_files(path: Path) -> int:
+    return sum(len(d) + len(f) for _p, d, f in os.walk(path)) if path.exists() else 0
+
+
 def fs_type(path: Path) -> str:
     return subprocess.run(
         ["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True
@@ -82,31 +110,61 @@ def main() -> None:
     ap.add_argument("--mb", type=int, nargs="+", default=[200, 800])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--fs", type=Path, nargs="*", default=[Path(tempfile.gettempdir())])
+    ap.add_argument("--node-dir", type=Path, nargs="*", default=[Path("/tmp")])
     args = ap.parse_args()
-    print(f"{'folder':<22} {'fs':<10} {'files':>7} {'MB':>5}  {'copy':>8} {'git':>8}  git/copy")
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (1 min), {os.cpu_count()} CPUs", flush=True)
     for where in args.fs:
         for files, mb in zip(args.files, args.mb, strict=True):
             base = Path(tempfile.mkdtemp(prefix="rv-workdir-", dir=where))
             try:
-                git_script, old, _root = store_with_snapshot(base, files, mb)
-                results: dict[str, list[float]] = {"copy": [], "git": []}
-                for i in range(args.repeat):  # interleaved, so drift hits both alike
-                    order = ["copy", "git"] if i % 2 == 0 else ["git", "copy"]
+                git_script, old, root = store_with_snapshot(base, files, mb)
+                layout = RemoteLayout(root)
+                sid = git_script.rsplit("RV_SNAPSHOT=", 1)[1].split()[0].strip("'")
+                nodes = {f"node {d}": Path(tempfile.mkdtemp(prefix="rv-node-", dir=d)) for d in args.node_dir}
+                methods = ["copy", "git", *nodes]
+                results: dict[str, list[float]] = {k: [] for k in methods}
+                ends: dict[str, list[float]] = {k: [] for k in nodes}
+                shared: dict[str, int] = {}
+                for i in range(args.repeat):  # interleaved, rotated, so drift and load hit all alike
+                    order = methods[i % len(methods) :] + methods[: i % len(methods)]
                     for name in order:
-                        work = base / f"work-{name}-{i}"
+                        work = base / f"work-{name.replace(' ', '_').replace('/', '_')}-{i}"
                         if name == "copy":
-                            results[name].append(timed(COPY, old, work))
-                        else:
+                            results[name].append(timed(COPY, old, work, keep=i == 0))
+                            shared[name] = shared.get(name) or count_files(work)
+                        elif name == "git":
                             env = {**os.environ, "RV_WORK_DIR": str(work)}
-                            results[name].append(timed(git_script, old, work, env))
-                copy, git = (statistics.median(results[k]) for k in ("copy", "git"))
-                spread = {k: f"{min(v):.2f}-{max(v):.2f}" for k, v in results.items()}
-                print(
-                    f"{str(where)[:22]:<22} {fs_type(base):<10} {files:>7} {mb:>5}  {copy:>7.2f}s "
-                    f"{git:>7.2f}s  {git / copy:>7.2f}x   "
-                    f"(spread copy {spread['copy']} s, git {spread['git']} s)",
-                    flush=True,
-                )
+                            results[name].append(timed(git_script, old, work, env, keep=i == 0))
+                            shared[name] = shared.get(name) or count_files(work)
+                        else:
+                            run_dir = base / f"run-{i}"
+                            run_dir.mkdir()
+                            start, end = node_scripts(layout, sid, run_dir, nodes[name])
+                            t0 = time.perf_counter()
+                            subprocess.run(["bash", "-c", start], check=True)
+                            results[name].append(time.perf_counter() - t0)
+                            t0 = time.perf_counter()
+                            subprocess.run(["bash", "-c", end], check=True)
+                            ends[name].append(time.perf_counter() - t0)
+                            shared[name] = count_files(run_dir)
+                            shutil.rmtree(run_dir)
+                load = os.getloadavg()[0]
+                print(f"\n{files:,} files, {mb} MB; store on {where} ({fs_type(base)}); "
+                      f"median of {args.repeat}, load now {load:.1f}")  # fmt: skip
+                copy = statistics.median(results["copy"])
+                for name in methods:
+                    med = statistics.median(results[name])
+                    extra = ""
+                    if name in ends:
+                        extra = f"  + end {statistics.median(ends[name]):.2f}s"
+                    low, high = min(results[name]), max(results[name])
+                    print(
+                        f"  {name:<20} {med:>7.2f}s  {med / copy:>5.2f}x copy (spread {low:.2f}-{high:.2f} s)"
+                        f"{extra}  shared files per run: {shared[name]:,}",
+                        flush=True,
+                    )
+                for d in nodes.values():
+                    shutil.rmtree(d, ignore_errors=True)
             finally:
                 subprocess.run(["chmod", "-R", "u+w", str(base)], check=False)
                 shutil.rmtree(base, ignore_errors=True)

@@ -79,6 +79,13 @@ COMMANDS: dict[str, Command] = {
         prewarm=True,
     ),
     "ckpt": Command("rv.cli.ckpt", "ckpt", "List and download a run's checkpoints.", served=True),
+    "diff": Command("rv.cli.runcode", "diff", "Show the code difference between two runs.", served=True),
+    "checkout": Command(
+        "rv.cli.runcode",
+        "checkout",
+        "Write the files a run ran into a new folder (or a branch).",
+        served=True,
+    ),
     "gc": Command("rv.cli.gc", "gc", "Remove what finished runs left on the cluster.", served=True),
     "cost": Command("rv.cli.cost", "cost", "Estimate the SU cost of a job.", served=True),
     "env": Command("rv.cli.secrets", "env", "Manage secrets passed to jobs.", served=False),

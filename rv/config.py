@@ -121,6 +121,10 @@ class Profile:
     partitions: dict[str, Partition] = field(default_factory=dict)
     # Where every run's end is told unless `rv run --notify` says otherwise (rv.notify's forms).
     notify: tuple[str, ...] = ()
+    # Where jobs' work dirs live unless `rv run --work-dir` says otherwise (rv.job.workdir), and the
+    # folder on each node's local disk for --work-dir node (None: $SLURM_TMPDIR, $TMPDIR, /tmp).
+    work_dir: str | None = None
+    node_work_dir: str | None = None
 
     @property
     def default_partition(self) -> Partition | None:
@@ -166,6 +170,8 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "sbatch": list,
     "partitions": dict,
     "notify": list,
+    "work_dir": str,
+    "node_work_dir": str,
 }
 # The profile keys that are Slurm placement options (account is one too, and older than these).
 PLACEMENT_KEYS = ("partition", "qos", "constraint", "exclude", "nodelist", "reservation")
@@ -347,6 +353,12 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
     notify = table.get("notify", [])
     if not all(isinstance(text, str) for text in notify):
         raise ConfigError(f"{where}: notify must be a list of strings, e.g. notify = ['mail:me@example.org']")
+    from rv.job.workdir import WORK_DIRS, check_node_work_dir
+
+    work_dir = table.get("work_dir")
+    if work_dir is not None and work_dir not in WORK_DIRS:
+        raise ConfigError(f"{where}: work_dir must be shared or node, not {work_dir!r}")
+    node_work_dir = check_node_work_dir(table.get("node_work_dir"), where)
     builtin = BUILTIN_CATALOGS.get(catalog, {})
     gpus = {
         gname: _parse_gpu(where, gname, gtable, builtin.get(gname))
@@ -376,6 +388,8 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         python=table.get("python"),
         partitions=partitions,
         notify=tuple(notify),
+        work_dir=work_dir,
+        node_work_dir=node_work_dir,
     )
 
 
@@ -433,6 +447,10 @@ def _profile_values(p: Profile) -> dict[str, Any]:
         values["sbatch"] = list(p.sbatch)
     if p.notify:
         values["notify"] = list(p.notify)
+    if p.work_dir:
+        values["work_dir"] = p.work_dir
+    if p.node_work_dir:
+        values["node_work_dir"] = p.node_work_dir
     return values
 
 

@@ -38,6 +38,10 @@ from rv.agent import common, layout, locks, manifest, rundir, slurmcmd
 
 META = b"rv-env.json"
 
+# Every file of a complete environment (NUL-separated paths), written last: a scratch filesystem's
+# purge deletes files and leaves folders, so an environment is used only while all of them are there.
+FILES = b"rv-env-files"
+
 LAST_USED = b".last-used"
 
 BUILD_PREFIX = b".build-"
@@ -178,6 +182,36 @@ def _touch(path):
         with open(path, "ab"):
             pass
         os.utime(path, None)
+
+
+def _listing(path):
+    """The environment's files and links (relative paths), less Python's bytecode caches (written
+    and rewritten as programs import) and rv's own stamps."""
+    found = []
+    top = len(path.rstrip(b"/")) + 1
+    for dirpath, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != b"__pycache__"]
+        for name in files:
+            found.append(os.path.join(dirpath, name)[top:])
+        # A link to a folder is one entry (os.walk does not enter it).
+        found.extend(os.path.join(dirpath, d)[top:] for d in dirs if os.path.islink(os.path.join(dirpath, d)))
+    return sorted(p for p in found if p not in (LAST_USED, FILES))
+
+
+def write_files(path):
+    common.write_atomic(common.join(path, FILES), b"\0".join(_listing(path)), 0o600)
+
+
+def missing_files(path):
+    """Files of the environment at ``path`` that are gone, or None when it has no listing (built by
+    an rv before the listing: it cannot be checked). Its listing gone counts as everything gone."""
+    try:
+        with open(common.join(path, FILES), "rb") as fh:
+            want = fh.read().split(b"\0")
+    except FileNotFoundError:
+        return [FILES] if read_meta(path) and read_meta(path).get("files_listed") else None
+    have = set(_listing(path))
+    return [p for p in want if p and p not in have]
 
 
 def read_meta(path):
@@ -408,10 +442,11 @@ def build(root, key, spec, facts, uv, environ):
         meta = {"key": key, "kind": spec["kind"], "files": spec["label"], "extras": spec["extras"],
                 "python": facts["executable"], "python_version": facts["version"],
                 "system_site_packages": spec["system_site_packages"], "built_at": time.time(),
-                "build_seconds": round(time.time() - started, 2), "uv": uv}  # fmt: skip
+                "build_seconds": round(time.time() - started, 2), "uv": uv, "files_listed": True}  # fmt: skip
         with open(common.join(tmp, META), "w") as fh:
             json.dump(meta, fh)
         tighten(tmp)  # uv's .lock in the venv
+        write_files(tmp)
         old = None
         if os.path.lexists(final):  # --force: the old one steps aside only now, when the new one is whole
             old = common.join(base, BUILD_PREFIX + b"old-" + os.urandom(4).hex().encode())
@@ -447,6 +482,9 @@ def mode_env(args):
     meta = read_meta(path)
     if meta is not None and args.get("force"):
         meta = None  # rebuilt under the lock below; the old one goes only when the new one is complete
+    holes = _holes(path, key) if meta is not None else None
+    if holes:
+        meta = None  # purged: rebuilt like --force, never used with holes
     if meta is not None:
         _touch(common.join(path, LAST_USED))
         return {"key": key, "path": manifest.dec(path), "built": False, "exists": True, "meta": meta}
@@ -455,7 +493,9 @@ def mode_env(args):
     held = _lock_build(lock_path, key)
     built = False
     try:
-        meta = None if args.get("force") else read_meta(path)
+        meta = None if args.get("force") or holes else read_meta(path)
+        if meta is not None and _holes(path, key):
+            meta = None
         if meta is not None:
             _touch(common.join(path, LAST_USED))
             return {"key": key, "path": manifest.dec(path), "built": False, "exists": True, "meta": meta,
@@ -477,7 +517,7 @@ def mode_env(args):
         meta = build(root, key, spec, facts, uv, environ)
         built = True
         return {"key": key, "path": manifest.dec(path), "built": True, "exists": True, "meta": meta,
-                "installed_uv": installed_uv}  # fmt: skip
+                "installed_uv": installed_uv, "rebuilt_holes": len(holes or ())}  # fmt: skip
     finally:
         if not built and read_meta(path) is None:
             # No environment came of it: its lock file would stay for good. Removed while held; one
@@ -485,6 +525,20 @@ def mode_env(args):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lock_path)
         held.__exit__(None, None, None)
+
+
+def _holes(path, key):
+    """The files a purge took from the environment (said on stderr), or [] / None (not checkable)."""
+    gone = missing_files(path)
+    if gone:
+        shown = ", ".join(manifest.dec(p) for p in gone[:3]) + (
+            " and %d more" % (len(gone) - 3) if len(gone) > 3 else ""
+        )
+        _say(
+            "environment %s lost %d file(s) (a purge of the filesystem?): %s; building it again"
+            % (key, len(gone), shown)
+        )
+    return gone
 
 
 def _lock_build(lock_path, key):

@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 
-from rv.agent import common, envs, layout, locks, manifest, oldstore, rundir, runs, slurmcmd, store
+from rv.agent import common, envs, layout, locks, manifest, oldstore, quota, rundir, runs, slurmcmd, store
 
 
 class Freed:
@@ -22,7 +22,9 @@ class Freed:
     def __init__(self):
         self.inodes = {}
         self.dir_bytes = 0
+        self.dirs = 0
         self.extra = 0  # measured (or, in a dry run, estimated) elsewhere: what git's gc freed
+        self.extra_files = 0  # the same, in files (the quota counts them too)
 
     def note(self, path):
         for dirpath, dirs, files in os.walk(path) if os.path.isdir(path) and not os.path.islink(path) else []:
@@ -33,9 +35,11 @@ class Freed:
                 if not os.path.islink(p):
                     with contextlib.suppress(OSError):
                         self.dir_bytes += os.lstat(p).st_blocks * 512
+                        self.dirs += 1
         if os.path.isdir(path) and not os.path.islink(path):
             with contextlib.suppress(OSError):
                 self.dir_bytes += os.lstat(path).st_blocks * 512
+                self.dirs += 1
         else:
             self._file(path)
 
@@ -44,6 +48,15 @@ class Freed:
             st = os.lstat(path)
             entry = self.inodes.setdefault((st.st_dev, st.st_ino), [st.st_blocks * 512, st.st_nlink, 0])
             entry[2] += 1
+
+    @property
+    def files(self):
+        """Files (and folders) whose last link went: what a file quota counts."""
+        return (
+            self.extra_files
+            + self.dirs
+            + sum(1 for _size, links, seen in self.inodes.values() if seen >= links)
+        )
 
     @property
     def bytes(self):
@@ -198,6 +211,7 @@ def runs_and_store_gc(args, live=None):
     report["runtime_removed"] = runtime_gc(root, [r for r, _ in remove_runs] if dry else (), freed, dry,
                                            float(args.get("grace", 900)))  # fmt: skip
     report["bytes_freed"] = freed.bytes
+    report["files_freed"] = freed.files
     return report
 
 
@@ -241,6 +255,7 @@ KINDS = (
     ("objects", layout.OBJECTS, False),
     ("snapshots", layout.SNAPSHOTS, False),
     ("work dirs", layout.WORK, True),
+    ("work dirs", layout.WORK_CHANGES, True),  # --work-dir node: what the program changed, one tar
     ("logs", layout.LOGS, True),
     ("checkpoints", layout.CHECKPOINTS, False),
     ("outputs", layout.OUTPUTS, False),
@@ -275,29 +290,37 @@ def mode_usage(args):
             else:
                 out["secrets_sweep"] = {"error": out["squeue"]["error"]}
     seen = set()
-    sizes = {}
+    sizes, counts = {}, {}
 
     def count(path):
-        total = 0
-        for dirpath, dirs, files in os.walk(path):
-            for name in dirs + files:
+        """(bytes, files) under ``path`` not counted yet: each inode once, folders too (a file quota
+        counts every inode)."""
+        total = files = 0
+        for dirpath, dirs, names in os.walk(path):
+            for name in dirs + names:
                 with contextlib.suppress(OSError):
                     st = os.lstat(common.join(dirpath, name))
                     if (st.st_dev, st.st_ino) in seen:
                         continue
                     seen.add((st.st_dev, st.st_ino))
                     total += st.st_blocks * 512
-        return total
+                    files += 1
+        return total, files
+
+    def add(kind, found):
+        sizes[kind] = sizes.get(kind, 0) + found[0]
+        counts[kind] = counts.get(kind, 0) + found[1]
 
     for kind, folder, per_run in KINDS:
         if per_run:
-            sizes[kind] = sum(
-                count(common.under(rundir.run_path(root, r), folder)) for r in rundir.all_run_ids(root)
-            )
+            for r in rundir.all_run_ids(root):
+                add(kind, count(common.under(rundir.run_path(root, r), folder)))
         else:
-            sizes[kind] = count(common.under(root, folder))
-    sizes["other"] = count(root)  # run records, scripts, caches, workspaces: whatever is left
-    out.update(kinds=sizes, total=sum(sizes.values()))
+            add(kind, count(common.under(root, folder)))
+    add("other", count(root))  # run records, scripts, caches, workspaces: whatever is left
+    out.update(kinds=sizes, total=sum(sizes.values()), files=counts, files_total=sum(counts.values()))
+    if args.get("quota"):
+        out["quota"] = quota.report(root)
     version = store.git_version()
     out["git"] = {
         "version": ".".join(str(v) for v in version) if version else None,
@@ -305,8 +328,9 @@ def mode_usage(args):
     }
     try:
         gc = runs_and_store_gc(dict(args, dry_run=True), live=live)
-        out["gc"] = {"bytes_freed": gc["bytes_freed"], "runs": len(gc["runs_removed"]),
-                     "snapshots": len(gc["removed"]), "objects": gc["objects_removed"]}  # fmt: skip
+        out["gc"] = {"bytes_freed": gc["bytes_freed"], "files_freed": gc["files_freed"],
+                     "runs": len(gc["runs_removed"]), "snapshots": len(gc["removed"]),
+                     "objects": gc["objects_removed"]}  # fmt: skip
     except common.AgentError as exc:
         out["gc"] = {"error": str(exc)}
     out["work_ms"] = (time.time() - started) * 1000
@@ -320,5 +344,6 @@ def mode_gc(args):
     freed = Freed()
     in_use = envs.envs_in_use(root, args["squeue"], float(args.get("grace", 900)))
     removed, kept = envs.gc_envs(root, float(args["older_than"]), in_use, freed, bool(args.get("dry_run")))
-    report.update(envs_removed=removed, envs_kept=kept, bytes_freed=report["bytes_freed"] + freed.bytes)
+    report.update(envs_removed=removed, envs_kept=kept, bytes_freed=report["bytes_freed"] + freed.bytes,
+                  files_freed=report["files_freed"] + freed.files)  # fmt: skip
     return report

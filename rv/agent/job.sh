@@ -34,7 +34,8 @@
 # rv_launcher (1: a launcher starts ranks as $PYTHON_EXEC), rv_outputs (array: -o paths),
 # RV_RANK_LABEL (the labeller, with rv_labeled), rv_exclude (the user's --exclude, kept when a fault
 # excludes more) and rv_max_fault_retries; with --notify, rv_notify_mail (addresses, comma-separated),
-# rv_notify_hooks (secret names) and rv_notify_prog (the notifier). The program is the function rv_program.
+# rv_notify_hooks (secret names) and rv_notify_prog (the notifier); with --work-dir node, rv_work_node=1
+# and rv_work_base (the profile's folder on each node, or empty). The program is the function rv_program.
 #
 # A run over several GPU types: the submitter sends one job per type and lists them in
 # seg/<k>.candidates ("JOB TYPE" lines); the run folder's `candidates` file names each type's batch
@@ -67,7 +68,8 @@ rv_begin() {
     rv_save_submit_env
     export RV_RUN_DIR RV_RUN_ID RV_RUN_NAME RV_MAX_SEGMENTS RV_JOB_DIR RV_CHECKPOINT_DIR RV_OUTPUT_DIR \
         RV_METRICS RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL RV_STOP_LEAD
-    export RV_WORK_DIR="$RV_RUN_DIR/work"
+    rv_work_place
+    rv_runtime_keep
     # The exit handler is in place before any step that can fail: every end is recorded.
     trap rv_on_exit EXIT
     # scancel and the time limit send TERM; before the program runs that ends the script, after it
@@ -147,6 +149,39 @@ rv_save_submit_env() {
         declare -fx
     } >"$RV_RUN_DIR/submit.env.tmp"
     mv -f -- "$RV_RUN_DIR/submit.env.tmp" "$RV_RUN_DIR/submit.env"
+}
+
+# The runtime files this job uses, kept in memory: a scratch filesystem's purge may delete them while
+# the run goes on (each segment reads them once, at its start), and the segment that submits the next
+# one writes them again when they are gone (rv_runtime_mend), as they were.
+rv_runtime_keep() {
+    local f
+    rv_runtime_files=("${rv_runtime:-}" "${RV_RANK_LABEL:-}" "${rv_notify_prog:-}")
+    rv_runtime_texts=()
+    for f in "${rv_runtime_files[@]}"; do
+        if [ -n "$f" ]; then rv_runtime_texts+=("$(cat -- "$f" 2>/dev/null)"); else rv_runtime_texts+=(''); fi
+    done
+}
+
+rv_runtime_mend() {
+    local i f mode
+    for i in "${!rv_runtime_files[@]}"; do
+        f="${rv_runtime_files[i]}"
+        if [ -z "$f" ] || [ -e "$f" ]; then continue; fi
+        if [ -z "${rv_runtime_texts[i]}" ]; then
+            printf "rv's runtime file %s is gone (a purge of the filesystem?): \`rv run --name %s\` resumes" \
+                "$f" "$RV_RUN_NAME"
+            return 1
+        fi
+        echo "rv: rv's runtime file $f was deleted (a purge of the filesystem?): written again for the" \
+            "next segment" >&2
+        case "$f" in *.py) mode=500 ;; *) mode=400 ;; esac
+        { mkdir -p -- "$(dirname -- "$f")" && printf '%s\n' "${rv_runtime_texts[i]}" >"$f.tmp.$$" \
+            && chmod "$mode" -- "$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f"; } 2>/dev/null || {
+            printf "rv's runtime file %s is gone and could not be written again" "$f"
+            return 1
+        }
+    done
 }
 
 # rv_try WHAT COMMAND...: run a step before the program; on failure record WHAT and its error, exit.
@@ -331,6 +366,7 @@ rv_on_exit() {
 # (a fault's, with the user's own), or nothing. Prints the first job's id, or why it failed.
 rv_submit_next() {
     local exclude="${1:-}" scripts=() types=() ids=() script type out next=$((RV_SEGMENT + 1)) i
+    rv_runtime_mend || return 1
     if [ -e "$RV_RUN_DIR/candidates" ]; then
         while read -r script type; do
             scripts+=("$script")
@@ -424,6 +460,7 @@ rv_end_segment() {
         # Slurm runs this job again (node failure, preemption, scontrol requeue): same job id, same
         # segment. Keep the secrets and the work dir for it.
         rv_record requeued "requeued by Slurm" "$rc" "" ""
+        [ "${rv_work_node:-0}" != 1 ] || rv_node_work_end
         rv_exit_code="$rc"
         return
     fi
@@ -497,6 +534,8 @@ rv_end_segment() {
     fi
     rv_record ended "$why" "$rc" "$step" "$next"
     if [ "$rv_program_ran" = 1 ]; then rv_keep_outputs; fi
+    # Before the run's end is written: whoever waits for it finds the node's disk freed.
+    [ "${rv_work_node:-0}" != 1 ] || rv_node_work_end
     rv_exit_code="$rc"
     if [ "$over" = 1 ]; then
         # The run's own exit code: 0 only when the program finished.
@@ -613,8 +652,107 @@ rv_work_dir() {
     fi
     out="$(rv_git "$index.tmp" --work-tree="$tmp" checkout-index -a -u 2>&1)" || :
     rv_work_dir_whole "$index.tmp" "$tmp" "$out"
+    [ "${rv_work_node:-0}" != 1 ] || rv_work_restore "$tmp"
     rv_try "placing the work dir" mv -- "$index.tmp" "$index"
     rv_try "placing the work dir" mv -- "$tmp" "$RV_WORK_DIR"
+    rv_store_tidy "$index"
+}
+
+# git's own rule for when the store's packs pile up (one per upload), applied by the job on its
+# compute node, in its background at the lowest priority: on the login node a repack would slow
+# every rv command, and a detached one outlive the call that started it. Another job's gc running
+# makes this one a no-op (git's gc.pid); the job's end stops it, which git's atomic renames survive.
+rv_store_tidy() {
+    (
+        renice -n 19 "$BASHPID" >/dev/null 2>&1 || :
+        rv_git "$1" -c gc.autoDetach=false gc --auto --quiet >/dev/null 2>&1 || :
+    ) </dev/null &
+}
+
+# Where this job's work dir is: the run's folder on the shared filesystem, or with --work-dir node a
+# folder of this job's own on the node's local disk (the profile's node_work_dir, else $SLURM_TMPDIR,
+# else $TMPDIR, else /tmp), named by run, job and node: two nodes sharing one /tmp (the loopback
+# cluster's do) never share a work dir, and a requeue on the same node finds its own.
+rv_work_place() {
+    if [ "${rv_work_node:-0}" = 1 ]; then
+        rv_node_dir="${rv_work_base:-${SLURM_TMPDIR:-${TMPDIR:-/tmp}}}/rv-$RV_RUN_ID-$rv_job-${SLURMD_NODENAME:-$(hostname)}"
+        export RV_WORK_DIR="$rv_node_dir/work"
+    else
+        export RV_WORK_DIR="$RV_RUN_DIR/work"
+    fi
+}
+
+# --work-dir node keeps on the shared filesystem only what the program changed: at each segment's end
+# the files it created or changed in its work dir (git's index of the snapshot tells which) go into
+# one tar in the run's folder, and the snapshot's files it deleted into a list beside it; the next
+# segment (or a requeue) checks the snapshot out on its node and puts them back. Two files at most,
+# however many the program wrote, and none when it changed nothing.
+RV_WORK_SAVED=work.changes
+
+rv_work_save() {
+    local index="$RV_WORK_DIR.index" saved="$RV_RUN_DIR/$RV_WORK_SAVED" changed="$rv_node_dir/changed"
+    local deleted="$rv_node_dir/deleted"
+    [ -d "$RV_WORK_DIR" ] && [ -e "$index" ] || return 0
+    # Names NUL-separated and led by ./, so none (a leading dash, a newline) is read as tar's option;
+    # git asked from the work dir's top (-C), as ls-files names and lists what is under the folder it runs in.
+    # Two walks of the work dir: diff-files (changed, deleted) and ls-files (new).
+    local git=(rv_git "$index" -C "$RV_WORK_DIR" --work-tree="$RV_WORK_DIR") status path
+    "${git[@]}" diff-files -z --name-status >"$changed.status" || return 1
+    while IFS= read -r -d '' status && IFS= read -r -d '' path; do
+        if [ "$status" = D ]; then printf '%s\0' "$path" >&3; else printf './%s\0' "$path"; fi
+    done <"$changed.status" >"$changed" 3>"$deleted" || return 1
+    "${git[@]}" ls-files -z --others | sed -z 's|^|./|' >>"$changed" || return 1
+    rm -rf -- "$saved.tmp" "$saved.old" || return 1
+    if [ -s "$changed" ] || [ -s "$deleted" ]; then
+        mkdir -p -- "$saved.tmp" || return 1
+        if [ -s "$changed" ]; then
+            tar -cf "$saved.tmp/files.tar" --null -C "$RV_WORK_DIR" -T "$changed" || return 1
+        fi
+        if [ -s "$deleted" ]; then cp -- "$deleted" "$saved.tmp/deleted" || return 1; fi
+    fi
+    if [ -e "$saved" ]; then mv -- "$saved" "$saved.old" || return 1; fi
+    if [ -e "$saved.tmp" ]; then mv -- "$saved.tmp" "$saved" || return 1; fi
+    rm -rf -- "$saved.old"
+}
+
+rv_work_restore() {  # rv_work_restore DIR: the last segment's changes over the snapshot's files in DIR
+    local saved="$RV_RUN_DIR/$RV_WORK_SAVED"
+    [ -d "$saved" ] || return 0
+    if [ -e "$saved/files.tar" ]; then
+        rv_try "restoring what the last segment's program wrote in its work dir" \
+            tar -xpf "$saved/files.tar" -C "$1"
+    fi
+    if [ -s "$saved/deleted" ]; then
+        # shellcheck disable=SC2016  # expanded by the inner shell
+        rv_try "removing the files the last segment's program deleted from its work dir" \
+            bash -c 'cd -- "$1" && xargs -0 rm -f --' rv-restore "$1" <"$saved/deleted"
+    fi
+    echo "rv: work dir on $(hostname) ($1): the snapshot with what earlier segments' programs changed"
+}
+
+# At the segment's end (also a requeue's, or a time limit's), on the batch script's node: save what
+# the program changed, then free the node's disk. A save that fails leaves the folder where it is.
+rv_node_work_end() {
+    if rv_work_save; then
+        rm -rf -- "$rv_node_dir" 2>/dev/null || { chmod -R u+w -- "$rv_node_dir" && rm -rf -- "$rv_node_dir"; } || :
+    else
+        echo "rv: warning: could not save what the program changed in its work dir into" \
+            "$RV_RUN_DIR/$RV_WORK_SAVED; the work dir stays on $(hostname) in $rv_node_dir" >&2
+    fi
+}
+
+# In each node's task (--work-dir node): a node other than the batch script's makes a work dir of its
+# own and starts where the batch script stood in its; the batch script's node keeps the one it made.
+# PYTHONPATH was set (the env-build hook) to the first node's folder: it names this one's instead.
+rv_task_work_dir() {
+    local head="$RV_WORK_DIR" rel
+    rv_work_place
+    [ "$RV_WORK_DIR" != "$head" ] || return 0
+    rv_work_dir
+    rel="${PWD#"$head"}"
+    cd -- "$RV_WORK_DIR$rel" || return 1
+    if [ -n "${PYTHONPATH:-}" ]; then export PYTHONPATH="${PYTHONPATH//"$head"/$RV_WORK_DIR}"; fi
+    rv_task_own_dir="$rv_node_dir"
 }
 
 # git on the run's store, with the index $1, reading none of the user's git configuration (a
@@ -786,7 +924,8 @@ rv_is_launcher() {
 # stop watcher beside it. (A task is a new shell: it sees exported variables and functions only.)
 rv_task() {
     export -n -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send rv_is_launcher rv_program  # not the program's
-    local rv_labeled="$1" rv_launcher="$2" rv_job="$3"
+    local rv_labeled="$1" rv_launcher="$2" rv_job="$3" rv_task_own_dir=''
+    if [ "${rv_work_node:-0}" = 1 ]; then rv_task_work_dir || return 1; fi
     if [ "$rv_labeled" = 1 ]; then
         # The labeller appends to this node's log files (a one-node srun's stdout is a pipe).
         local log="$RV_RUN_DIR/logs/$rv_job"
@@ -823,6 +962,8 @@ rv_task() {
     kill -KILL "$watcher" 2>/dev/null
     wait "$watcher" 2>/dev/null || :
     if [ "$RV_NODES" -gt 1 ]; then printf '%s\n' "$rc" >"$RV_JOB_DIR/node$SLURM_NODEID.exit"; fi
+    # Another node's work dir: only the first node's changes are kept (rv_node_work_end).
+    if [ -n "$rv_task_own_dir" ]; then rm -rf -- "$rv_task_own_dir" 2>/dev/null || :; fi
     return "$rc"
 }
 
@@ -892,11 +1033,18 @@ rv_launch() {
         per_node=(--open-mode=append --output="$RV_RUN_DIR/logs/$rv_job-node%n.out"
             --error="$RV_RUN_DIR/logs/$rv_job-node%n.err")
     fi
+    local task='rv_task "$@"'
+    if [ "${rv_work_node:-0}" = 1 ] && [ "$RV_NODES" -gt 1 ]; then
+        # Each node makes its own work dir: the task needs the runtime's functions and the store.
+        export rv_work_node rv_work_base rv_store rv_runtime
+        # shellcheck disable=SC2016  # expanded by the task's shell
+        task='. "$rv_runtime" || exit 1; rv_task "$@"'
+    fi
     rv_program_ran=1 rv_rc=0
     # ${a[@]+...}: an empty array under `set -u` is an error in bash before 4.4 (RHEL 7).
     srun --nodes="$RV_NODES" --ntasks="$RV_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
         ${per_node[@]+"${per_node[@]}"} \
-        bash -c 'rv_task "$@"' rv-task "${rv_labeled:-0}" "${rv_launcher:-0}" "$rv_job" || rv_rc=$?
+        bash -c "$task" rv-task "${rv_labeled:-0}" "${rv_launcher:-0}" "$rv_job" || rv_rc=$?
     if [ "$RV_NODES" -gt 1 ] && [ "$rv_rc" -ne 0 ]; then
         # srun exits with the highest code of all tasks, so the nodes --kill-on-bad-exit stopped (143)
         # would hide the one that failed: report the lowest code below 128 a node recorded.

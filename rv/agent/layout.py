@@ -114,6 +114,7 @@ FAULTS = "faults"
 SEG = "seg"
 WORK = "work"
 WORK_INDEX = WORK + ".index"  # the git index the work dir was checked out with (job.sh)
+WORK_CHANGES = WORK + ".changes"  # --work-dir node: what the program changed (files.tar, deleted)
 JOBS = "jobs"
 JOB_ENV = "env.sh"  # jobs/<id>/env.sh: the job's environment, secrets included
 LOGS = "logs"

@@ -18,8 +18,9 @@ the ref. Rules every mode keeps:
   again at every use (``git rev-list --objects --missing=print``: an index lookup per object), since
   a scratch filesystem's purge deletes files and leaves folders: what is missing is named, and the
   laptop sends it again.
-* Packs pile up one per send; ``git gc --auto`` (run after each new snapshot, in the background when
-  it has work) consolidates them by git's own rules. ``rv gc`` drops refs and lets git prune what
+* Packs pile up one per send; ``git gc --auto`` consolidates them by git's own rules, run by jobs
+  in their background on their compute node (never detached on the login node: gc.autoDetach is
+  off). ``rv gc`` drops refs and lets git prune what
   they held, with a grace period; uploads hold the store lock shared, gc exclusively.
 * The user's git configuration never applies: no system or global config is read, and
   ``info/attributes`` turns off every conversion (eol, filters, ident, export-ignore), so a
@@ -58,8 +59,9 @@ CONFIG = (
     b"\tsymlinks = true\n"
     b"\tfileMode = true\n"
     b"[gc]\n"
-    # The background repack of gc --auto runs on a login node others share: one thread.
-    b"\tautoDetach = true\n"
+    # Never a repack left running in the background of a login node others share: jobs run git's
+    # gc --auto, in their own background, on their compute node (rv/agent/job.sh: rv_store_tidy).
+    b"\tautoDetach = false\n"
     b"[pack]\n"
     b"\tthreads = 1\n"
 )
@@ -408,12 +410,6 @@ def set_ref(store, sid, commit):
     run_git(store, ["update-ref", ref_name(sid), commit])
 
 
-def gc_auto(store):
-    """git's own rule for when packs have piled up: nothing to do is a quick look; work goes to a
-    background process of git's (gc.autoDetach)."""
-    run_git(store, ["gc", "--auto", "--quiet"], ok=None)
-
-
 def snapshot_status(root, sid):
     """What the store holds of snapshot ``sid``: ``(commit or None, missing object ids)``."""
     store = store_path(root)
@@ -478,7 +474,6 @@ def mode_snap_put(args):
             return result
         write_meta(root, sid, commit, payload, provenance())
         set_ref(store, sid, commit)  # last: the snapshot exists once every object was found
-        gc_auto(store)
         result["status"] = "created"
         return result
 
@@ -502,12 +497,14 @@ def has_snapshot(root, sid):
 
 
 def _du(path):
-    total = 0
+    """(bytes on disk, files and folders) under ``path``."""
+    total = count = 0
     for dirpath, dirs, files in os.walk(path):
         for name in dirs + files:
             with contextlib.suppress(OSError):
                 total += os.lstat(common.join(dirpath, name)).st_blocks * 512
-    return total
+                count += 1
+    return total, count
 
 
 def _only_reached_by(store, drop, keep):
@@ -585,5 +582,7 @@ def _collect(root, store, in_use, older_than, grace, report, freed, dry):
         # Unreachable objects older than the grace period go; the packs are rewritten into one.
         prune = "--prune=%d.seconds.ago" % int(grace)
         run_git(store, ["-c", "gc.autoDetach=false", "gc", "--quiet", prune])
-    freed.extra += max(0, before - _du(store))  # measured: what git's repack and prune freed
+    after = _du(store)
+    freed.extra += max(0, before[0] - after[0])  # measured: what git's repack and prune freed
+    freed.extra_files += max(0, before[1] - after[1])
     return report

@@ -18,7 +18,7 @@ import sys
 import time
 import zlib
 
-from rv.agent import common, layout, locks, manifest, rundir, slurmcmd, store
+from rv.agent import common, layout, locks, manifest, quota, rundir, slurmcmd, store
 
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 
@@ -54,6 +54,14 @@ def _resolve_from(root, project, ref):
 
 
 def mode_run_check(args):
+    out = _run_check(args)
+    if args.get("quota"):
+        # The site's file quota, where a tool tells it: rv run warns before a run passes 90% of it.
+        out["quota"] = quota.report(common.root_path(args["root"]))
+    return out
+
+
+def _run_check(args):
     root = common.root_path(args["root"])
     project, name = args["project"], args["name"]
     if args.get("sweep"):

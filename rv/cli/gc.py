@@ -33,6 +33,8 @@ def summary(report: dict[str, Any]) -> str:
     kept = report["runs_kept"]
     live = sum(1 for k in kept if k["why"].startswith("live"))
     freed = human_size(report["bytes_freed"])
+    files = report.get("files_freed")
+    freed += f" in {files:,} files" if files is not None else ""
     return f"{verb} {freed}: {', '.join(parts)}; kept {len(kept)} run(s) ({live} live)"
 
 
@@ -74,7 +76,9 @@ def gc(ctx: click.Context, older_than: float, checkpoints: bool, dry_run: bool, 
             for row in report.get(key, []):
                 click.echo(f"{verb}  {what} of {row['project']}/{row['name']}  {human_size(row['bytes'])}")
         for row in report["removed"]:
-            click.echo(f"{verb}  snapshot {row['id']}  {human_size(row['bytes'])}")
+            # The git store's snapshots share objects: what they free together is in the summary.
+            size = f"  {human_size(row['bytes'])}" if row.get("bytes") is not None else ""
+            click.echo(f"{verb}  snapshot {row['id']}{size}")
         for row in report.get("envs_removed", []):
             click.echo(f"{verb}  environment {row['key']} ({row.get('files')})  {human_size(row['bytes'])}")
         for row in report["runs_kept"]:

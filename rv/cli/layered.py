@@ -45,6 +45,8 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
         own["sbatch"] = list(profile.sbatch)
     if profile.notify:
         own["notify"] = list(profile.notify)
+    if profile.work_dir:
+        own["work_dir"] = profile.work_dir
     layers = [project_layer(find_repo_top(Path.cwd(), Git())), Layer(f"profile {profile.name}", own)]
     return apply_layers(ctx, layers, exclude=NOT_DEFAULTS, only=only)
 

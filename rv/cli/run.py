@@ -123,6 +123,13 @@ if TYPE_CHECKING:
     "mail:ADDRESS (Slurm's mail), secret:NAME (a webhook URL kept with `rv env set NAME`), desktop "
     "(while -f or rv wait follows), none (repeatable).",
 )
+@click.option(
+    "--work-dir",
+    type=click.Choice(["shared", "node"]),
+    help="Where the program's work dir is: shared (default; the run's folder on the cluster's shared "
+    "filesystem) or node (each node's local disk; what the program changes there is kept in the run's "
+    "folder at each segment's end and put back at the next).",
+)
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
@@ -176,6 +183,7 @@ def run(
     sweep_file: Path | None,
     parallel: int | None,
     notify: tuple[str, ...],
+    work_dir: str | None,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -205,7 +213,8 @@ def run(
         max_segments=max_segments, from_run=from_, max_fault_retries=max_fault_retries,
         each_node=each_node, allow_single_process=allow_single_process, sweep=sweep_options,
         sweep_file=sweep_file, parallel=parallel, parallel_typed=sources.get("parallel") == COMMAND_LINE,
-        notify=notify, follow=follow, placement=placement_of(ctx.params), env=env_of(ctx.params),
+        notify=notify, work_dir=work_dir, follow=follow, placement=placement_of(ctx.params),
+        env=env_of(ctx.params),
         allow_large=allow_large, max_file_size=max_file_size,
         follow_from=None if sources.get("follow") == COMMAND_LINE else sources.get("follow"),
         # With an explicit `--` the user said the flags after the command are the program's: no check.

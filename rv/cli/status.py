@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from typing import Any
@@ -33,6 +34,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for what, error in (("squeue", st.squeue_error), ("sinfo", st.sinfo_error)):
         if error:
             warn(f"{what} failed on the cluster, so what it tells is missing below: {error}")
+    from rv.job.footprint import read_quota_report
     from rv.probe import parse_associations, parse_partitions, usable_lines
 
     associations = parse_associations(st.associations_text)
@@ -41,6 +43,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     may_use = usable_lines(accounts, associations, partitions)
     gpus = availability_by_type(st.nodes, catalog)
     jobs = Counter(j.state for j in st.jobs)
+    quota = read_quota_report(kept["quota"])
     data = {
         "profile": s.profile.name,
         "host": s.profile.host,
@@ -51,6 +54,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "remote_root": s.layout.root,
         "storage_bytes": kept["total"],
         "storage_by_kind": kept["kinds"],
+        "storage_files": kept["files_total"],
+        "storage_files_by_kind": kept["files"],
+        # The site's quota tools' rows (rv.job.footprint); "root": the remote root's filesystem.
+        "quota": [dataclasses.asdict(q) | {"root": q in quota.root} for q in quota.quotas],
+        "quota_errors": list(quota.errors),
         "gc_would_free": kept["gc"],
         "git": st.git,
         "jobs": dict(jobs),
@@ -83,15 +91,21 @@ def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: 
         f"round trip {data['round_trip_ms']:.0f} ms",
         f"account      {data['account'] or '-'}",
         *(f"{label:<12} {text}" for label, text in may_use),
-        f"storage      {human_size(data['storage_bytes'])} under {data['remote_root']}",
+        f"storage      {human_size(data['storage_bytes'])} in {data['storage_files']:,} files under "
+        f"{data['remote_root']}",
     ]
-    kinds = ", ".join(f"{kind} {human_size(n)}" for kind, n in kept_kinds.items() if n)
+    files = data["storage_files_by_kind"]
+    kinds = ", ".join(
+        f"{kind} {human_size(n)} ({files[kind]:,} files)" for kind, n in kept_kinds.items() if n
+    )
     lines.append(f"  by kind    {kinds or 'nothing yet'}")
+    lines += quota_lines(data["quota"], data["quota_errors"])
     if "error" in gc:
         lines.append(f"  rv gc      cannot tell: {gc['error']}")
     else:
         lines.append(
-            f"  rv gc      would free {human_size(gc['bytes_freed'])} ({gc['runs']} ended run(s) older than "
+            f"  rv gc      would free {human_size(gc['bytes_freed'])} in {gc['files_freed']:,} files "
+            f"({gc['runs']} ended run(s) older than "
             f"14 days, {gc['snapshots']} snapshot(s), {gc['objects']} object(s))"
         )
     if git.get("version") and not git.get("problem"):
@@ -103,4 +117,24 @@ def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: 
     lines.append("GPUs         idle/total")
     for name, counts in sorted(data["gpus"].items(), key=lambda kv: -kv[1]["idle"]):
         lines.append(f"  {name:<10} {counts['idle']:>3}/{counts['total']:<3} {catalog[name].partition}")
+    return lines
+
+
+def quota_lines(quotas: list[dict[str, Any]], errors: list[str]) -> list[str]:
+    """The site's quota, a line per filesystem (the remote root's marked), or why there is none."""
+    from rv.units import human_size
+
+    if not quotas:
+        why = "; ".join(errors) or "no quota tool on the login node (lfs, mmlsquota, quota)"
+        return [f"quota        not known: {why}"]
+    lines = []
+    for q in quotas:
+        used, limit = q["files_used"], q["files_limit"]
+        files = f"{used:,}" if used is not None else "?"
+        share = f" ({used / limit:.0%})" if limit and used is not None else ""
+        files += f" of {limit:,} files{share}" if limit else " files (no limit)"
+        size = human_size(q["bytes_used"]) if q["bytes_used"] is not None else "?"
+        size += f" of {human_size(q['bytes_limit'])}" if q["bytes_limit"] else ""
+        mark = "  (rv's files)" if q["root"] else ""
+        lines.append(f"quota        {q['filesystem']}: {files}, {size} ({q['tool']}){mark}")
     return lines

@@ -110,6 +110,15 @@ class LocalStore:
         self.git = git
         self._ensure(list(sources))
 
+    @classmethod
+    def existing(cls, path: Path, git: Git) -> LocalStore | None:
+        """The repository at ``path`` as it is (its alternates untouched), or None when there is none."""
+        if not (path / "objects").is_dir():
+            return None
+        store = cls.__new__(cls)
+        store.path, store.git = path, git
+        return store
+
     # -- the folder -------------------------------------------------------------------------------
     def _ensure(self, sources: list[str]) -> None:
         if not (self.path / "objects").is_dir():
@@ -307,6 +316,25 @@ class LocalStore:
     def remember(self, sid: str, commit: str) -> None:
         """A ref for a snapshot the cluster holds: its objects stay here while it may serve as a base."""
         self.run(["update-ref", f"refs/rv/snapshots/{sid}", commit])
+
+    def commit_of(self, sid: str) -> str | None:
+        """The commit of a snapshot this repository remembers, when its objects are all here."""
+        got = self.run(["rev-parse", "-q", "--verify", f"refs/rv/snapshots/{sid}^{{commit}}"], ok=(0, 1, 128))
+        commit = got.stdout.decode("ascii", "replace").strip()
+        if got.returncode != 0 or not commit:
+            return None
+        whole = self.run(["rev-list", "--objects", "--missing=print", commit], ok=(0, 1, 128))
+        return commit if whole.returncode == 0 and b"\n?" not in b"\n" + whole.stdout else None
+
+    def tidy(self) -> None:
+        """git's own rule for when loose objects pile up here (the blobs of files edited between
+        snapshots): past gc.auto's 6,700 it packs what the remembered snapshots and the index reach
+        (never what the alternates hold) and drops the rest an hour old. In the foreground: a
+        detached gc would outlive the rv command that started it."""
+        self.run(
+            ["-c", "gc.autoDetach=false", "-c", "gc.pruneExpire=1.hour.ago", "gc", "--auto", "--quiet"],
+            ok=(0, 1, 128),
+        )
 
     # -- packs ------------------------------------------------------------------------------------
     def stream(self, commit: str, sends: Sends, progress: ProgressCounter | None = None) -> Iterator[bytes]:

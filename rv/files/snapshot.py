@@ -418,9 +418,13 @@ def upload_snapshot(
     then the blobs the store lacks); more only to mend a store that lost objects.
 
     ``cache`` (rv.files.treecache.StoreCache) remembers which snapshots the store holds.
-    ``cache_dir`` holds rv's own git repository for the work tree (a temporary one without it).
+    ``cache_dir`` holds rv's own git repository for the work tree (the cache's folder when ``cache``
+    is given, else a temporary one): kept, its index makes the next snapshot's commit cheap, and it
+    is where ``rv diff`` and ``rv checkout`` find the snapshots this machine sent.
     (``_first``: the shipping, its first call and that call's reply, when make_snapshot made them.)
     """
+    if cache_dir is None and cache is not None:
+        cache_dir = cache.directory
     with contextlib.ExitStack() as stack:
         if _first is None:
             ship = _shipping(transport, layout, snap, cache, cache_dir, on_progress, stack)
@@ -498,6 +502,7 @@ def _finish_upload(
     if cache is not None:
         cache.add(snap.project, snap.id, ship.commit)
         ship.local.remember(snap.id, ship.commit)
+        ship.local.tidy()
     return SnapshotResult(
         id=snap.id,
         remote_path=ship.layout.store,

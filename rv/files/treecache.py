@@ -162,6 +162,7 @@ class StoreCache:
     """
 
     def __init__(self, directory: Path, store_key: str) -> None:
+        self.directory = directory  # the cache folder: rv's repositories of snapshots are there too
         self.path = directory / "git-stores" / _name(store_key)
 
     def _load(self) -> dict[str, list[list[str]]]:

@@ -146,6 +146,7 @@ class RunOptions(JobOptions):
     parallel: int | None = None
     parallel_typed: bool = False  # --parallel came from the command line (not a project's default)
     notify: tuple[str, ...] = ()  # --notify WHERE: who is told of the run's end (rv.notify)
+    work_dir: str | None = None  # --work-dir shared|node (rv.job.workdir)
     follow: bool = False
     # Where a follow not typed came from (a project's defaults, e.g. "pyproject.toml [tool.rv]"); None
     # when -f was typed. A sweep refuses a typed -f and leaves a project's `follow = true` alone.
@@ -175,6 +176,7 @@ class Plan:
     notify: tuple[str, ...] = ()  # who is told of the run's end, checked (rv.notify.parse_targets)
     sweep: Sweep | None = None
     points: Mapping[int, JobRequest] = field(default_factory=dict)  # a sweep's point requests by index
+    work: submit.WorkDir = field(default_factory=submit.WorkDir)  # where the work dir is (--work-dir)
 
     @property
     def request(self) -> JobRequest:
@@ -197,12 +199,14 @@ class Plan:
             layout, run_id=run_id or self.run_id, snapshot_id=snapshot_id, project=project,
             account=self.profile.account, has_secrets=bool(self.secrets), umask=job_umask(self.profile),
             env_build=env_build, placement=self.placement, sweep_env=sweep_env, notify=self.notify,
+            work=self.work,
         )  # fmt: skip
 
 
 def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchView) -> Plan:
     """`rv run`'s plan: every option validated against the profile, the snapshot and environment
     prepared; warnings and notes said through ``view``. Sends nothing."""
+    from rv.job.workdir import check_work_dir, many_files_warning
     from rv.misplaced import detect_misplaced_flags
     from rv.placement import build_placement, plan_requests, type_words
     from rv.request import build_request, default_name
@@ -228,6 +232,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         run_name = submit.default_run_name(default_name(o.command), run_id)
     sweep = read_sweep(o, name=run_name or "", view=view)
     setup = (*profile.setup, *o.setup)
+    work = submit.WorkDir(check_work_dir(o.work_dir), profile.node_work_dir)
 
     def build(gpu_type: str | None, command: tuple[str, ...] = o.command) -> JobRequest:
         return build_request(
@@ -265,6 +270,10 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         run_id, profile, reqs, place, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
         env_setup=setup, command=o.command, from_run=from_run, notify=o.notify, here=here, view=view,
     )  # fmt: skip
+    plan = dataclasses.replace(plan, work=work)
+    many = many_files_warning(plan.snapshot.tree.files, len(sweep) if sweep is not None else 1, work.where)
+    if many:
+        view.warn(many)
     if sweep is None:
         return plan
     from rv.names import point_name
@@ -453,7 +462,10 @@ def launch(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) -> Lau
     check = submit.check(
         remote.transport, layout, project=plan.snapshot.project, name=plan.request.name,
         from_run=plan.from_run, probes=placement_probes(reqs, plan.context(layout), plan.placement),
+        new_files=plan.work.new_files(plan.snapshot.tree.files),
     )  # fmt: skip
+    if check.quota_warning:
+        view.warn(check.quota_warning)
     reqs = choose_candidates(reqs, check.estimates, view)
     req = reqs[0]
     if plan.from_run is None and check.resume_step is not None:
@@ -510,7 +522,10 @@ def launch_sweep(
         remote.transport, layout, project=plan.snapshot.project, name=name,
         probes=placement_probes([req], plan.context(layout, run_id="probe"), plan.placement),
         account=plan.placement.account or plan.profile.account, qos=plan.placement.qos,
+        new_files=plan.work.new_files(plan.snapshot.tree.files, len(sweep)),
     )  # fmt: skip
+    if check.quota_warning:
+        view.warn(check.quota_warning)
     choose_candidates([req], check.estimates, view)
     resumed = submit.check_existing_points(name, check, sweep.points)
     limit = check.limit

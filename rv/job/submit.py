@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from rv.agent import layout as remote_layout
 from rv.errors import RemoteError, UsageError
+from rv.job.footprint import quota_warning, read_quota_report
 from rv.job.records import ClusterRun, RunRecord
+from rv.job.workdir import RUN_FILES, shared_files
 from rv.layout import RemoteLayout
 from rv.names import point_name
 from rv.placement import Estimate, Placement, parse_test_only
@@ -83,6 +85,7 @@ class Check:
     resume_files: bool  # the checkpoint folder holds something (any layout)
     from_run: Mapping[str, Any] | None  # --from: the source's project, name and checkpoint listing
     estimates: tuple[Estimate, ...] = ()  # sbatch --test-only's word on each candidate, when asked
+    quota_warning: str | None = None  # the run would pass 90% of the user's file quota
 
 
 def check(
@@ -93,17 +96,20 @@ def check(
     name: str,
     from_run: FromRun | None,
     probes: Sequence[tuple[str, str]] = (),
+    new_files: int = 0,
 ) -> Check:
     """Refuse a second live run of ``name``; say what its checkpoint folder (and --from's) hold.
 
     ``probes``: (GPU type, probe script) of each candidate: sbatch --test-only says, in the same round
-    trip, when each would start, or why sbatch would refuse it (nothing is submitted).
+    trip, when each would start, or why sbatch would refuse it (nothing is submitted). ``new_files``:
+    the files the run will create on the shared filesystem, weighed against the user's file quota.
     """
     args: dict[str, Any] = {
         "root": layout.root,
         "project": project,
         "name": name,
         "squeue": commands.squeue_user(),
+        "quota": True,
     }
     if probes:
         args["probes"] = [{"type": t, "script": text} for t, text in probes]
@@ -139,7 +145,22 @@ def check(
         resume_files=bool(ckpt.get("steps") or ckpt.get("files")),
         from_run=source,
         estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
+        quota_warning=quota_warning(read_quota_report(reply.get("quota")).root, new_files),
     )
+
+
+@dataclass(frozen=True)
+class WorkDir:
+    """Where the run's work dir is (rv.job.workdir): "shared" or "node", and the profile's folder on
+    each node for "node" (None: $SLURM_TMPDIR, $TMPDIR, /tmp)."""
+
+    where: str = "shared"
+    node_folder: str | None = None
+
+    def new_files(self, snapshot_files: int, points: int = 1) -> int:
+        """Files a run (or a sweep's ``points``) creates on the shared filesystem: its work dirs, and
+        a few dozen records, scripts and logs each."""
+        return shared_files(snapshot_files, points, self.where) + RUN_FILES * points
 
 
 def script_context(
@@ -155,7 +176,9 @@ def script_context(
     placement: Placement | None = None,
     sweep_env: Mapping[str, str] | None = None,
     notify: Sequence[str] = (),
+    work: WorkDir | None = None,
 ) -> ScriptContext:
+    work = work or WorkDir()
     return ScriptContext(
         remote_root=layout.root,
         snapshot_id=snapshot_id,
@@ -168,6 +191,8 @@ def script_context(
         placement=placement or Placement(),
         sweep_env=tuple((sweep_env or {}).items()),
         notify=tuple(notify),
+        work_dir=work.where,
+        node_work_dir=work.node_folder,
     )
 
 
@@ -239,6 +264,8 @@ def submit_args(
         "metrics": run_paths(req, ctx).metrics,
         # --notify: rv wait tells the desktop when it is among them (the cluster tells the others).
         "notify": list(ctx.notify),
+        # --work-dir: "node" keeps the work dir off the shared filesystem (rv/agent/job.sh).
+        "work_dir": ctx.work_dir,
     }
     candidates = None
     if alternatives:
@@ -335,6 +362,7 @@ class SweepCheck:
     arrays: ArrayLimits
     limit: SubmitLimit | None  # the user's queue limit, where Slurm says
     estimates: tuple[Estimate, ...] = ()
+    quota_warning: str | None = None  # the sweep would pass 90% of the user's file quota
 
 
 def check_sweep(
@@ -346,6 +374,7 @@ def check_sweep(
     probes: Sequence[tuple[str, str]] = (),
     account: str | None = None,
     qos: str | None = None,
+    new_files: int = 0,
 ) -> SweepCheck:
     """One round trip before anything of a sweep is sent: a plain run of its name refuses it; the
     points of a sweep of this name that exist already; MaxArraySize; the user's queue and its limit."""
@@ -356,6 +385,7 @@ def check_sweep(
         "sweep": True,
         "squeue": commands.squeue_user(),
         "slurm": sweep_asks(),
+        "quota": True,
     }
     if probes:
         args["probes"] = [{"type": t, "script": text} for t, text in probes]
@@ -368,6 +398,7 @@ def check_sweep(
         arrays=arrays,
         limit=limit,
         estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
+        quota_warning=quota_warning(read_quota_report(reply.get("quota")).root, new_files),
     )
 
 

@@ -18,7 +18,9 @@ class ClusterStatus:
     round_trip_ms: float  # the call, less the time the agent worked on the cluster
     jobs: list[QueuedJob]
     nodes: list[NodeInfo]
-    usage: dict[str, Any]  # what rv keeps by kind ("kinds", "total") and what gc would free ("gc")
+    # What rv keeps by kind, in bytes ("kinds", "total") and files ("files", "files_total"), what gc
+    # would free ("gc"), and the quota tools' answer ("quota": rv.job.footprint reads it).
+    usage: dict[str, Any]
     squeue_error: str | None = None
     sinfo_error: str | None = None
     sweep: dict[str, Any] | None = None  # the secrets sweep that rode along, if one was asked for
@@ -45,6 +47,7 @@ def cluster_status(
         "sinfo": commands.sinfo_nodes(),
         "partitions": commands.sinfo_partitions(),
         "associations": commands.sacctmgr_associations(),
+        "quota": True,
     }
     if sweep:
         args["secrets_sweep"] = list(sweep)
@@ -57,7 +60,7 @@ def cluster_status(
         round_trip_ms=max(0.0, elapsed - float(reply.get("work_ms") or 0.0)),
         jobs=[] if squeue.get("error") else parse_squeue(squeue.get("text") or ""),
         nodes=[] if sinfo.get("error") else parse_sinfo_nodes(sinfo.get("text") or ""),
-        usage={key: reply[key] for key in ("kinds", "total", "gc")},
+        usage={key: reply.get(key) for key in ("kinds", "total", "gc", "files", "files_total", "quota")},
         git=reply.get("git") or {},
         squeue_error=squeue.get("error"),
         sinfo_error=sinfo.get("error"),

@@ -107,6 +107,10 @@ class ScriptContext:
     sweep_env: tuple[tuple[str, str], ...] = ()
     # Where the run's end is told (rv.notify: "mail:ADDRESS", "secret:NAME", "desktop"), checked.
     notify: tuple[str, ...] = ()
+    # Where the program's work dir is (rv.job.workdir): "shared" (the run's folder) or "node" (each
+    # node's local disk, in node_work_dir when the profile names one); checked.
+    work_dir: str = "shared"
+    node_work_dir: str | None = None
 
     @property
     def layout(self) -> RemoteLayout:
@@ -155,6 +159,8 @@ def _check_context(ctx: ScriptContext) -> None:
     ):
         if not _ID.fullmatch(value) or value.startswith((".", "-")):
             raise ValueError(f"{label} {value!r} must match [A-Za-z0-9._-]+ and not start with '.' or '-'")
+    if ctx.work_dir not in ("shared", "node"):
+        raise ValueError(f"work dir {ctx.work_dir!r} must be shared or node")
     if not _UMASK.fullmatch(ctx.umask):
         raise ValueError(f"umask {ctx.umask!r} must be three octal digits")
     for name, _ in (*ctx.extra_env, *ctx.sweep_env):
@@ -264,6 +270,9 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
     ]
     if req.labeled:
         lines.append(f"export RV_RANK_LABEL={_q(runtime_path(layout, 'rank-label'))}")
+    if ctx.work_dir == "node":
+        lines.append("# --work-dir node: the work dir on each node's own disk; the run keeps what changed.")
+        lines.append(f"rv_work_node=1 rv_work_base={_q(ctx.node_work_dir or '')}")
     lines += _notify_values(ctx)
     if ctx.sweep_env:
         lines.append("# This point of the sweep: its program reads its values here too.")
@@ -325,7 +334,8 @@ def render_script(req: JobRequest, ctx: ScriptContext) -> str:
         _values(req, ctx),
         [
             f"rv_runtime={_q(runtime)}",
-            '[ -r "$rv_runtime" ] || { echo "rv: the job runtime $rv_runtime is missing" >&2; exit 1; }',
+            '[ -r "$rv_runtime" ] || { echo "rv: the job runtime $rv_runtime is missing (a purge of the'
+            f' filesystem?): rv run --name {req.name} sends it again and resumes" >&2; exit 1; }}',
             '. "$rv_runtime"',
             "rv_begin",
         ],

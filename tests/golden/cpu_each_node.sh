@@ -32,7 +32,7 @@ rv_exclude='' rv_max_fault_retries=2
 export RV_RANK_LABEL=/scratch/u/rv/runtime/rank-label-HASH.py
 
 rv_runtime=/scratch/u/rv/runtime/job-HASH.sh
-[ -r "$rv_runtime" ] || { echo "rv: the job runtime $rv_runtime is missing" >&2; exit 1; }
+[ -r "$rv_runtime" ] || { echo "rv: the job runtime $rv_runtime is missing (a purge of the filesystem?): rv run --name prep sends it again and resumes" >&2; exit 1; }
 . "$rv_runtime"
 rv_begin
 

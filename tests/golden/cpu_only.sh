@@ -34,7 +34,7 @@ rv_outputs=()
 rv_exclude='' rv_max_fault_retries=2
 
 rv_runtime=/scratch/u/rv/runtime/job-HASH.sh
-[ -r "$rv_runtime" ] || { echo "rv: the job runtime $rv_runtime is missing" >&2; exit 1; }
+[ -r "$rv_runtime" ] || { echo "rv: the job runtime $rv_runtime is missing (a purge of the filesystem?): rv run --name prep sends it again and resumes" >&2; exit 1; }
 . "$rv_runtime"
 rv_begin
 

@@ -201,3 +201,32 @@ def test_env_none_and_env_path(run_rv, cluster, tmp_path):
 
     bad = run_rv("run", "-g", "0", "--env", "/nonexistent/venv", "--", *show, cwd=proj)
     assert bad.returncode != 0 and "no bin/python there" in bad.stderr
+
+
+def test_a_purged_environment_is_built_again_never_used_with_holes(layout, tmp_path):
+    """A scratch purge deletes files and leaves folders: one module of the environment, then every
+    file of it. Each time the next `rv run` finds the holes, builds it again, and the program runs."""
+    proj = make_project(tmp_path / "proj", "six==1.16.0\n")
+    run = layout.run_rv
+    first = run("run", "-g", "0", "--no-system-site-packages", "-f", "--", "python", "main.py", cwd=proj)
+    assert first.returncode == 0, first.stderr
+    (key,) = envs(layout.remote_root)
+    env = Path(layout.remote_root) / "envs" / key
+    (six,) = env.glob("lib/python*/site-packages/six.py")
+    six.unlink()
+    one = run("run", "-g", "0", "--no-system-site-packages", "-f", "--", "python", "main.py", cwd=proj)
+    assert one.returncode == 0, one.stderr
+    assert f"environment {key} lost 1 file(s) (a purge of the filesystem?)" in one.stderr, one.stderr
+    assert "site-packages/six.py" in one.stderr and "building environment" in one.stderr
+    assert program_lines(one)[0].split()[1] == "1.16.0" and six.exists()
+
+    for path in [p for p in env.rglob("*") if not p.is_dir() or p.is_symlink()]:
+        path.unlink()
+    assert env.is_dir() and not any(p for p in env.rglob("*") if not p.is_dir())
+    every = run("run", "-g", "0", "--no-system-site-packages", "-f", "--", "python", "main.py", cwd=proj)
+    assert every.returncode == 0, every.stderr
+    assert "building environment" in every.stderr
+    assert program_lines(every)[0].split()[1] == "1.16.0"
+    # Whole again: the next run uses it as it is.
+    whole = run("run", "-g", "0", "--no-system-site-packages", "-f", "--", "python", "main.py", cwd=proj)
+    assert whole.returncode == 0 and "building" not in whole.stderr and "lost" not in whole.stderr

@@ -19,7 +19,7 @@ JOB_SH = (Path(rv.__file__).resolve().parent / "agent" / "job.sh").read_text(enc
 RUN_ENTRIES = {
     names.RUN_FILE, names.SCRIPT, names.CANDIDATES, names.ARRAY_SCRIPT, names.SUBMIT_ENV, names.SECRETS,
     names.STOP, names.ENDED, names.FAULTS, names.SEG, names.WORK, names.JOBS, names.LOGS, names.UP_ALIVE,
-    names.UP_DETACHED, names.WORK_INDEX,
+    names.UP_DETACHED, names.WORK_INDEX, names.WORK_CHANGES,
 }  # fmt: skip
 
 
@@ -114,6 +114,8 @@ def test_the_job_runtime_names_a_runs_files_as_the_layout_does():
     assert f'export RV_WORK_DIR="$RV_RUN_DIR/{names.WORK}"' in JOB_SH
     assert f'index="$RV_WORK_DIR{names.WORK_INDEX.removeprefix(names.WORK)}"' in JOB_SH
     assert f'"{names.snapshot_ref("$RV_SNAPSHOT")}"' in JOB_SH
+    # --work-dir node: what the program changed, kept in the run's folder.
+    assert f"RV_WORK_SAVED={names.WORK_CHANGES}\n" in JOB_SH
 
 
 def test_the_notifier_names_a_runs_files_as_the_layout_does():

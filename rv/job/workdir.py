@@ -1,0 +1,70 @@
+"""Where a job's work dir lives, and what a run costs the shared filesystem in files.
+
+``--work-dir shared`` (rv's default): each run checks its snapshot out into its own folder on the
+shared filesystem, as many files as the snapshot holds. ``--work-dir node``: each node of each job
+checks it out on its own local disk, and only what the program changed goes back to the run's
+folder, as one tar (rv/agent/job.sh: rv_work_save). Sites cap files per user (1 M is common on
+Lustre scratch) and their metadata servers suffer first, so ``rv run`` says when a run or a sweep
+would create many files there, and when it would pass 90% of the user's file quota.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rv.errors import ConfigError, UsageError
+
+WORK_DIRS = ("shared", "node")
+
+# A run or sweep that would create more work-dir files than this on the shared filesystem is told so.
+MANY_FILES = 100_000
+
+# What a run creates on the shared filesystem besides its work dir: run.json, the script, segment
+# records, logs, a job folder per segment (a chain of ten segments: a few dozen).
+RUN_FILES = 30
+
+_UNSAFE_PATH = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
+def check_work_dir(value: str | None) -> str:
+    """``--work-dir`` (or the project's or profile's ``work-dir``): shared or node."""
+    if value is None:
+        return "shared"
+    if value not in WORK_DIRS:
+        raise UsageError(
+            f"--work-dir {value!r}: expected shared (the run's folder on the shared filesystem) or node "
+            "(each node's local disk)",
+            hint="rv run --work-dir node -- ...",
+        )
+    return value
+
+
+def check_node_work_dir(path: str | None, where: str) -> str | None:
+    """A profile's ``node_work_dir``: an absolute folder on each compute node's local disk."""
+    if path is None:
+        return None
+    if not path.startswith("/") or _UNSAFE_PATH.search(path):
+        raise ConfigError(
+            f"{where}: node_work_dir {path!r} must be an absolute path without spaces",
+            hint="e.g. node_work_dir = '/local/scratch' (a folder on each compute node's own disk); leave "
+            "it out to use $SLURM_TMPDIR, else $TMPDIR, else /tmp",
+        )
+    return path
+
+
+def shared_files(files: int, points: int, work_dir: str) -> int:
+    """Files a run (``points`` 1) or a sweep would create on the shared filesystem for work dirs."""
+    return files * points if work_dir == "shared" else 0
+
+
+def many_files_warning(files: int, points: int, work_dir: str) -> str | None:
+    """What ``rv run`` says before sending a run or sweep whose work dirs would multiply files."""
+    total = shared_files(files, points, work_dir)
+    if total <= MANY_FILES:
+        return None
+    what = f"{points} points x {files:,} files" if points > 1 else f"{files:,} files"
+    return (
+        f"this {'sweep' if points > 1 else 'run'} creates {total:,} files on the cluster's shared filesystem "
+        f"({what} in its work dir{'s' if points > 1 else ''}); sites cap files per user (often 1 M): "
+        "--work-dir node checks the code out on each node's local disk instead"
+    )

@@ -1,0 +1,201 @@
+"""Issue 35 on the real clusters: work dirs on each node's own disk, and chains that outlive a purge.
+
+`--work-dir node` checks the snapshot out on the node (both loopback nodes are this machine and share
+/tmp, so each job's folder is named by run, job and node); what the program changed there is kept in
+the run's folder as one tar at each segment's end and put back at the next. Everything runs as the
+non-root cluster user, on both layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from conftest import make_remote_dir
+from projects import git_project, wait_for
+from test_store import ended, run_folder
+from test_sweeps import all_ended, sweep_sent
+
+from rv.config import load_config, save_config
+
+# Three segments, each a clean stop with progress (the stop protocol, without waiting for a signal).
+# The first changes its work dir in every way a program can; the later ones print what they find.
+CHAIN = """\
+import os
+seg = int(os.environ["RV_SEGMENT"])
+ckpt = os.environ["RV_CHECKPOINT_DIR"]
+print("cwd", os.getcwd(), flush=True)
+if seg == 1:
+    assert open("data.txt").read() == "original\\n"
+    with open("data.txt", "a") as fh:
+        fh.write("seg1\\n")
+    os.remove("gone.txt")
+    os.makedirs("out", exist_ok=True)
+    open("out/made.txt", "w").write("made in 1\\n")
+    open("-dash\\nname", "w").write("odd\\n")
+    os.symlink("data.txt", "link")
+else:
+    print("seen", seg, open("data.txt").read().split(), os.path.exists("gone.txt"),
+          open("out/made.txt").read().strip(), open("-dash\\nname").read().strip(), os.readlink("link"),
+          flush=True)
+    with open("data.txt", "a") as fh:
+        fh.write("seg%d\\n" % seg)
+if seg < 3:
+    open(os.path.join(ckpt, "PREEMPTED"), "w").write(str(seg))
+"""
+
+
+def test_a_node_work_dir_keeps_what_the_program_changed_across_segments_and_leaves_nothing(layout, tmp_path):
+    proj = git_project(
+        tmp_path / "p", {"chain.py": CHAIN, "data.txt": "original\n", "gone.txt": "g\n", "keep.txt": "k\n"}
+    )
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--name", "nodechain", "--work-dir", "node", "-o", "out/*.txt",
+        "-f", "--", "python3", "chain.py", cwd=proj, timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = run_folder(layout.remote_root, "nodechain")
+    assert json.loads((run / "ENDED").read_text())["segment"] == 3
+    # Each segment's program ran on the node's disk, in a folder of its own job, never in the run's folder.
+    cwds = [line.split(" ", 1)[1] for line in r.stdout.splitlines() if line.startswith("cwd ")]
+    assert len(cwds) == 3 and len(set(cwds)) == 3, r.stdout
+    for cwd in cwds:
+        assert not cwd.startswith(layout.remote_root) and f"/rv-{run.name}-" in cwd, cwd
+        assert not Path(cwd).parent.exists(), f"{cwd}: the node's work dir outlived its job"
+    # What segment 1 changed, segment 2 found; and segment 2's own change, segment 3.
+    assert "seen 2 ['original', 'seg1'] False made in 1 odd data.txt" in r.stdout, r.stdout
+    assert "seen 3 ['original', 'seg1', 'seg2'] False made in 1 odd data.txt" in r.stdout, r.stdout
+    # On the shared filesystem: no work dir, the changes as one tar and the deleted names.
+    assert not (run / "work").exists()
+    assert sorted(p.name for p in (run / "work.changes").iterdir()) == ["deleted", "files.tar"]
+    # -o still applies, from the node's work dir.
+    made = Path(layout.remote_root, "outputs").glob("*/nodechain/out/made.txt")
+    assert [p.read_text() for p in made] == ["made in 1\n"]
+
+
+SWEEP_POINT = (
+    "import os, sys\nopen(os.path.join(os.environ['RV_OUTPUT_DIR'], 'r.txt'), 'w').write(sys.argv[1])\n"
+)
+
+
+def test_a_sweep_of_20_points_with_node_work_dirs_leaves_no_work_dir_file_on_the_shared_filesystem(
+    layout, tmp_path
+):
+    # The profile's folder on each node, and the project's key: both as a user would set them.
+    node_dir = f"/tmp/rv-it-node-{uuid.uuid4().hex[:8]}"
+    make_remote_dir(node_dir, layout.cluster["RV_TESTCLUSTER_USER"])
+    config = Path(layout.rv_env["RV_CONFIG"])
+    cfg = load_config(config)
+    name = layout.cluster["RV_TESTCLUSTER_PROFILE"]
+    save_config(
+        cfg.with_profile(dataclasses.replace(cfg.profile(name), node_work_dir=node_dir), make_default=True)
+    )
+    files = {f"pkg/m{i}.py": f"X = {i}\n" for i in range(30)}
+    proj = git_project(tmp_path / "p", {"point.py": SWEEP_POINT, ".rv.toml": 'work-dir = "node"\n', **files})
+    try:
+        sent = sweep_sent(
+            layout.run_rv(
+                "run", "-g", "0", "--mem", "100M", "--name", "wide", "--sweep", "i=0..19", "--json", "--",
+                "python3", "point.py", "{i}", cwd=proj,
+            )
+        )  # fmt: skip
+        assert len(sent["points"]) == 20
+        rows = wait_for(all_ended(layout.run_rv, "wide", 20), 600, "the sweep's 20 points to end", step=3)
+        assert {p["state"] for p in rows.values()} == {"COMPLETED"}, rows
+        outputs = sorted(Path(layout.remote_root, "outputs").glob("*/wide/*/r.txt"))
+        assert sorted(p.read_text() for p in outputs) == sorted(str(i) for i in range(20))
+        # No file of the snapshot anywhere under the remote root but in the store's packs: no work dir,
+        # no changes kept (the program changed nothing in its work dir).
+        root = Path(layout.remote_root)
+        snapshot_names = {"point.py", ".rv.toml", *(Path(f).name for f in files)}
+        found = [p for p in root.rglob("*") if p.name in snapshot_names]
+        assert found == [], found[:5]
+        runs = [p for p in (root / "runs").iterdir()]
+        assert len(runs) == 20
+        assert all(not (p / "work").exists() and not (p / "work.changes").exists() for p in runs)
+        # And nothing left on the nodes' disk.
+        assert list(Path(node_dir).iterdir()) == []
+    finally:
+        shutil.rmtree(node_dir, ignore_errors=True)
+
+
+def test_rv_run_names_node_work_dirs_when_a_sweep_would_create_over_100000_files(run_rv, tmp_path):
+    proj = git_project(tmp_path / "p", {f"d/f{i}.txt": f"{i}\n" for i in range(2000)} | {"t.py": "pass\n"})
+    r = run_rv("run", "--dry-run", "-g", "0", "--sweep", "i=0..50", "--", "python3", "t.py", "{i}", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert "this sweep creates 102,051 files on the cluster's shared filesystem" in r.stderr, r.stderr
+    assert "--work-dir node" in r.stderr
+    quiet = run_rv(
+        "run", "--dry-run", "--json", "-g", "0", "--work-dir", "node", "--sweep", "i=0..50", "--", "python3",
+        "t.py", "{i}", cwd=proj,
+    )  # fmt: skip
+    assert quiet.returncode == 0, quiet.stderr
+    assert "files on the cluster's shared filesystem" not in quiet.stderr
+    assert "rv_work_node=1 rv_work_base=''" in json.loads(quiet.stdout)["script"]  # the script says where
+
+
+# Segment 1 deletes rv's runtime files, as a scratch purge would while the run goes on.
+PURGER = """\
+import glob, os
+seg = int(os.environ["RV_SEGMENT"])
+ckpt = os.environ["RV_CHECKPOINT_DIR"]
+root = os.path.dirname(os.path.dirname(os.environ["RV_RUN_DIR"]))
+if seg == 1:
+    gone = glob.glob(os.path.join(root, "runtime", "*"))
+    for path in gone:
+        os.remove(path)
+    print("purged", len(gone), flush=True)
+    open(os.path.join(ckpt, "PREEMPTED"), "w").write("1")
+else:
+    print("segment", seg, "ran", flush=True)
+"""
+
+
+def test_a_chain_whose_runtime_files_were_purged_writes_them_again_and_goes_on(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"purger.py": PURGER})
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--name", "purged", "-f", "--", "python3", "purger.py",
+        cwd=proj, timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "purged 1" in r.stdout or "purged 2" in r.stdout or "purged 3" in r.stdout, r.stdout
+    assert "segment 2 ran" in r.stdout, r.stdout
+    record = ended(layout.remote_root, "purged")
+    assert record["segment"] == 2 and record["exit_code"] == 0, record
+    assert "written again for the next segment" in r.stderr
+    assert list(Path(layout.remote_root, "runtime").glob("job-*.sh"))
+
+
+# Run once on each node (--each-node) from a subfolder: where each copy stands, and a file of its own.
+EACH = """\
+import os
+node = os.environ["SLURM_NODEID"]
+print("node", node, "cwd", os.getcwd(), flush=True)
+open("from-node-%s.txt" % node, "w").write(node)
+"""
+
+
+def test_each_node_of_a_job_checks_out_a_work_dir_of_its_own(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"sub/each.py": EACH})
+    r = layout.run_rv(
+        "run", "-g", "4", "-t", "a6000", "--mem", "1G", "--each-node", "--work-dir", "node", "--name", "two",
+        "-f", "--", "python3", "each.py", cwd=proj / "sub", timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line.split("] ", 1)[-1].split() for line in r.stdout.splitlines()]
+    seen = {words[1]: words[3] for words in lines if words and words[0] == "node"}
+    assert sorted(seen) == ["0", "1"], r.stdout
+    # Each node in its own folder (named by its node: both are this machine), in the subfolder typed in.
+    assert seen["0"] != seen["1"] and all(cwd.endswith("/work/sub") for cwd in seen.values()), seen
+    assert all(not cwd.startswith(layout.remote_root) for cwd in seen.values())
+    assert all(not Path(cwd).parent.parent.exists() for cwd in seen.values()), "a node's work dir stayed"
+    # The first node's changes are the run's.
+    run = run_folder(layout.remote_root, "two")
+    listing = subprocess.run(
+        ["tar", "-tf", str(run / "work.changes" / "files.tar")], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert listing == ["./sub/from-node-0.txt"], listing
