@@ -39,7 +39,7 @@ import struct
 import subprocess
 import time
 
-from rv.agent import common, layout, locks, manifest
+from rv.agent import common, layout, locks, manifest, packfile
 
 META_VERSION = 4
 
@@ -272,7 +272,7 @@ def missing_objects(store, commit, env=None):
 
 # -- receiving packs ---------------------------------------------------------------------------------
 
-PACK_DATA, PACK_END, PACKS_END = b"D", b"N", b"E"
+PACK_DATA, PACK_END, PACKS_END, WHOLE_PACK = b"D", b"N", b"E", b"W"
 
 
 def _quarantine(store):
@@ -317,9 +317,10 @@ def receive_packs(store):
     """Read packs framed as ``D <len:4> <bytes>``..., ``N`` after each, ``E`` after the last.
 
     Each goes to its own ``git index-pack --stdin --fix-thin`` in a quarantine whose alternate is
-    the store, and into the store once accepted. Returns (packs taken in, their bytes, an error
-    message or None). After a refused pack the rest of the stream is read and dropped, so the reply
-    still comes after the whole request.
+    the store, and into the store once accepted. A ``W <count:4>`` pack is whole objects, written
+    into a pack by :mod:`rv.agent.packfile` (no index-pack: see there why). Returns (packs taken
+    in, their bytes, an error message or None). After a refused pack the rest of the stream is
+    read and dropped, so the reply still comes after the whole request.
     """
     quarantine = _quarantine(store)
     env = git_env(
@@ -356,6 +357,16 @@ def receive_packs(store):
                     if error is None:
                         _migrate(quarantine, store)
                         packs += 1
+            elif tag == WHOLE_PACK:
+                (count,) = struct.unpack(">I", common.read_exact(4))
+                if error is not None:
+                    packfile.skip_objects()
+                    continue
+                _name, n, error = packfile.receive(common.join(quarantine, b"pack"), count)
+                received += n
+                if error is None:
+                    _migrate(quarantine, store)
+                    packs += 1
             elif tag == PACKS_END:
                 break
             else:

@@ -30,6 +30,7 @@ import os
 import struct
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,8 @@ CHUNK_OBJECTS = 8192
 DELTA_OBJECTS = 2000
 
 PACK_DATA, PACK_END, PACKS_END = b"D", b"N", b"E"
+WHOLE_PACK, OBJECT = b"W", b"O"  # a pack of whole objects, written on the cluster by rv.agent.packfile
+TYPE_CODES = {b"commit": 1, b"tree": 2, b"blob": 3}  # as a pack entry names them
 FRAME_MAX = 1 << 20
 
 
@@ -340,9 +343,12 @@ class LocalStore:
     def stream(self, commit: str, sends: Sends, progress: ProgressCounter | None = None) -> Iterator[bytes]:
         """The packs of ``sends`` framed for the agent (rv.agent.store.receive_packs).
 
-        Thin against ``sends.bases``: one pack, made by pack-objects' own walk from ``commit`` minus
-        what the bases reach (--thin needs that walk: the bases' objects are what a delta may refer
-        to and the pack leave out). Otherwise one pack per chunk of an explicit list.
+        Against ``sends.bases`` (an edit of a snapshot the cluster holds): one thin pack, made by
+        pack-objects' own walk from ``commit`` minus what the bases reach (--thin needs that walk:
+        the bases' objects are what a delta may refer to and the pack leave out); its deltas keep an
+        edit's trees and large files small. Otherwise (a first send, what the store says it lacks)
+        whole objects by chunks, each written into a pack on the cluster by rv.agent.packfile:
+        git's index-pack there cost as much as the whole tar stream a user compares with.
         """
         if sends.bases:
             revs = f"{commit}\n" + "".join(f"^{b}\n" for b in sends.bases)
@@ -352,18 +358,38 @@ class LocalStore:
             shown = _Shown(progress, sends.blob_bytes)
             yield from self._pack(["--revs", "--thin", "--shallow"], revs.encode(), count, shown)
             shown.finish(len(sends.blobs))
-        else:
+        elif sends:
             blobs = {o.oid for o in sends.blobs}
-            for chunk in _chunks(sends):
-                listing = b"".join(
-                    o.oid.encode() + b" " + _enc(o.path).replace(b"\n", b" ") + b"\n" for o in chunk
-                )
-                shown = _Shown(progress, sum(o.size for o in chunk if o.oid in blobs))
-                yield from self._pack([], listing, len(chunk), shown)
-                shown.finish(sum(1 for o in chunk if o.oid in blobs))
+            chunks = _chunks(sends)
+            with self._objects([o.oid for chunk in chunks for o in chunk]) as read:
+                for chunk in chunks:
+                    shown = _Shown(progress, sum(o.size for o in chunk if o.oid in blobs))
+                    yield from _whole_pack(chunk, read, shown)
+                    shown.finish(sum(1 for o in chunk if o.oid in blobs))
         yield PACKS_END
         if progress:
             progress.done()
+
+    @contextlib.contextmanager
+    def _objects(self, oids: list[str]) -> Iterator[_ObjectReader]:
+        """``git cat-file --batch`` over ``oids``, in their order: each object's type, size and bytes
+        (from this repository or its alternates, the user's repositories)."""
+        proc = subprocess.Popen(
+            [self.git.executable, "cat-file", "--batch"],
+            cwd=self.path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")}, **self.env()},
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        listing = "".join(f"{oid}\n" for oid in oids).encode("ascii")
+        feeder = threading.Thread(target=_feed, args=(proc.stdin, listing), daemon=True, name="rv-cat-file")
+        feeder.start()
+        try:
+            yield _ObjectReader(proc.stdout, self.path)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            feeder.join()
 
     def _pack(self, how: list[str], listing: bytes, count: int, shown: _Shown) -> Iterator[bytes]:
         window = 10 if "--thin" in how and count <= DELTA_OBJECTS else 0
@@ -419,6 +445,57 @@ class _Shown:
         if self.progress is not None:
             self.progress.add(self.left, files=files)
             self.left = 0
+
+
+def _feed(pipe: Any, data: bytes) -> None:
+    """Write ``data`` to a process's stdin and close it (a thread's: the process answers as it reads)."""
+    with contextlib.suppress(OSError):  # the process was stopped: the reader says why
+        pipe.write(data)
+    with contextlib.suppress(OSError):
+        pipe.close()
+
+
+class _ObjectReader:
+    """Reads ``git cat-file --batch``'s answers: a header line, then the object's bytes."""
+
+    def __init__(self, out: Any, where: Path) -> None:
+        self.out, self.where = out, where
+
+    def header(self, oid: str) -> tuple[int, int]:
+        """The type code and size of the next object, which must be ``oid``."""
+        line = self.out.readline().split()
+        if len(line) != 3 or line[0].decode("ascii", "replace") != oid or line[1] not in TYPE_CODES:
+            shown = b" ".join(line).decode("utf-8", "replace") or "nothing"
+            raise GitError(f"git cat-file in {self.where} answered {shown!r} for {oid}")
+        return TYPE_CODES[line[1]], int(line[2])
+
+    def read(self, n: int) -> bytes:
+        data = self.out.read(n)
+        if len(data) != n:
+            raise GitError(f"git cat-file in {self.where} stopped in the middle of an object")
+        return bytes(data)
+
+
+def _whole_pack(chunk: list[Obj], read: _ObjectReader, shown: _Shown) -> Iterator[bytes]:
+    """One ``W`` pack: its count, then each object of ``chunk`` as ``O <type> <size> <id> <bytes>``,
+    in frames of about FRAME_MAX (many small objects go in one)."""
+    out = bytearray(WHOLE_PACK + struct.pack(">I", len(chunk)))
+    for o in chunk:
+        kind, size = read.header(o.oid)
+        out += OBJECT + struct.pack(">BQ", kind, size) + bytes.fromhex(o.oid)
+        left = size
+        while left:
+            piece = read.read(min(FRAME_MAX, left))
+            left -= len(piece)
+            out += piece
+            if len(out) >= FRAME_MAX:
+                yield bytes(out)
+                shown.add(len(out))
+                out.clear()
+        read.read(1)  # the newline after each object
+    out += PACK_END
+    yield bytes(out)
+    shown.add(len(out))
 
 
 def _chunks(sends: Sends) -> list[list[Obj]]:
