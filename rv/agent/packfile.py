@@ -29,6 +29,12 @@ class BadPack(Exception):
     """What the laptop sent is not the pack it announced."""
 
 
+def _create(path):
+    """A new file, read-only once closed as git's packs are, under the agent's umask (private unless
+    the profile shares with the group)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444), "wb")
+
+
 def _entry_header(kind, size):
     """An object's type and size as a pack entry starts (a varint: 4 bits of size, then 7 a byte)."""
     out = bytearray()
@@ -49,7 +55,7 @@ class PackWriter:
         self.folder = folder
         self.count = count
         self.tmp = common.join(folder, b"tmp_pack_rv_%d_%s" % (os.getpid(), os.urandom(4).hex().encode()))
-        self.fh = open(self.tmp, "wb")
+        self.fh = _create(self.tmp)
         self.sha = hashlib.sha1()
         self.offset = 0
         self.entries = []  # (id, crc32 of the entry, offset)
@@ -109,12 +115,10 @@ class PackWriter:
             raise BadPack("an object came twice in one pack")
         index = _index(entries, checksum)
         idx_tmp = self.tmp + b".idx"
-        with open(idx_tmp, "wb") as fh:
+        with _create(idx_tmp) as fh:
             fh.write(index)
             fh.flush()
             os.fsync(fh.fileno())
-        for path in (self.tmp, idx_tmp):
-            os.chmod(path, 0o444)
         os.rename(self.tmp, common.join(self.folder, name + b".pack"))
         os.rename(idx_tmp, common.join(self.folder, name + b".idx"))
         return name

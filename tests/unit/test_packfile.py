@@ -65,6 +65,16 @@ def framed(objects: list[tuple[int, str, bytes]]) -> bytes:
     )
 
 
+UMASK = 0o022
+
+
+@pytest.fixture(autouse=True)
+def umask():
+    old = os.umask(UMASK)
+    yield
+    os.umask(old)
+
+
 @pytest.fixture
 def store(tmp_path):
     repo = tmp_path / "store.git"
@@ -98,7 +108,21 @@ def test_a_pack_of_whole_objects_is_one_git_reads_checks_and_checks_out(source, 
     git(store, f"--work-tree={out}", "checkout-index", "-a")
     assert (out / "pieces.bin").read_bytes() == (source / "pieces.bin").read_bytes()
     assert os.readlink(out / "link") == "small.py"
-    assert (folder / f"{name.decode()}.pack").stat().st_mode & 0o777 == 0o444
+    for suffix in (".pack", ".idx"):  # read-only, and under the umask (the fixture's: 022)
+        assert (folder / f"{name.decode()}{suffix}").stat().st_mode & 0o777 == 0o444 & ~UMASK
+
+
+def test_a_private_umask_leaves_the_pack_to_its_owner(source, store, feed):
+    objects = objects_of(source)
+    feed(framed(objects))
+    old = os.umask(0o077)
+    try:
+        name, _received, error = packfile.receive(os.fsencode(store / "objects" / "pack"), len(objects))
+    finally:
+        os.umask(old)
+    assert error is None
+    for suffix in (".pack", ".idx"):
+        assert (store / "objects" / "pack" / f"{name.decode()}{suffix}").stat().st_mode & 0o777 == 0o400
 
 
 def test_an_object_that_is_not_what_its_id_says_refuses_the_pack_and_leaves_nothing(source, store, feed):
