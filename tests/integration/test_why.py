@@ -48,6 +48,11 @@ class Slurm:
         state, _, reason = out.partition("|")
         return state, reason
 
+    def planned(self, job: str) -> bool:
+        """Whether Slurm has planned the job's start (a scheduling pass has seen it)."""
+        start = self.as_user("squeue", "-h", "-j", job, "-o", "%S", check=False).stdout.strip()
+        return start not in ("", "N/A")
+
     def cancel_all(self) -> None:
         if self.jobs:
             self.as_user("scancel", *self.jobs, check=False)
@@ -92,6 +97,9 @@ def test_why_a_run_waits_behind_a_higher_priority_job_and_past_the_backfill_wind
         script, f"--partition={partition}", "--gres=gpu:a6000:2", f"--nodelist={node}", "-t", "10"
     )
     wait_for(lambda: slurm.state(ahead)[0] == "PENDING", 30, "the job ahead to pend")
+    # Its planned start (what the --time suggestion counts back from) comes with a scheduling pass:
+    # on a loaded machine, later than its pending state.
+    wait_for(lambda: slurm.planned(ahead), 60, "Slurm to plan the job ahead's start")
     proj = git_project(tmp_path / "p", {"a.py": "print('hi')\n"})
     # Our run wants the node's other a6000 for 2 days: longer than the backfill window (1 day), and
     # longer than the gap before the job ahead starts, so it cannot go in now.
