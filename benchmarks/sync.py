@@ -498,11 +498,17 @@ def main() -> None:
         if phase in phases and sent[phase]:
             changed, objects, wire = sent[phase][-1]
             n = 1 if phase == "c" else n_changed
-            print(
+            head = (
                 f"{titles[phase]} (rv api, last round): the changed files hold {changed:,} B; rv sent "
-                f"{objects:,} B of objects, {wire:,} B in all: {wire - objects:,} B of manifest, provenance "
-                f"and framing ({(wire - objects) / n:,.0f} B per changed file)"
+                f"{objects:,} B of new objects as {wire:,} B in all: "
             )
+            if wire >= objects:
+                extra = wire - objects
+                tail = f"{extra:,} B of trees, provenance and framing ({extra / n:,.0f} B per changed file)"
+            else:  # a thin pack: the edits went as deltas against the files' earlier versions
+                share = wire / max(objects, 1)
+                tail = f"deltas against the files' earlier versions, {share:.0%} of their bytes"
+            print(head + tail)
         report.setdefault("sent", {})[phase] = sent[phase]  # type: ignore[index]
 
     def ratio(phase: str, name: str, yard: str) -> float:
