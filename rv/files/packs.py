@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import struct
@@ -67,6 +68,13 @@ DELTA_OBJECTS = 2000
 
 PACK_DATA, PACK_END, PACKS_END = b"D", b"N", b"E"
 WHOLE_PACK, OBJECT = b"W", b"O"  # a pack of whole objects, written on the cluster by rv.agent.packfile
+
+# Blobs from this size go whole (rv.agent.packfile); smaller objects in packs of pack-objects. The
+# agent's Python costs ~55 us an object; index-pack's two collision-detecting SHA-1 passes cost ~6.5
+# ns a byte more than hashlib's: they break even near 8 KB. First syncs of benchmarks/sync.py's repos
+# on the loopback cluster, medians of 3 and 2 (5,000 files, 200 MB / 50,000 files, 800 MB): all
+# whole 2.43 / 9.49 s, from 8 KB 2.15 / 8.91 s, from 64 KB 2.38 / 9.20 s, all packs 3.59 / 8.90 s.
+WHOLE_MIN_BYTES = 8 << 10
 TYPE_CODES = {b"commit": 1, b"tree": 2, b"blob": 3}  # as a pack entry names them
 FRAME_MAX = 1 << 20
 
@@ -347,8 +355,10 @@ class LocalStore:
         pack-objects' own walk from ``commit`` minus what the bases reach (--thin needs that walk:
         the bases' objects are what a delta may refer to and the pack leave out); its deltas keep an
         edit's trees and large files small. Otherwise (a first send, what the store says it lacks)
-        whole objects by chunks, each written into a pack on the cluster by rv.agent.packfile:
-        git's index-pack there cost as much as the whole tar stream a user compares with.
+        by chunks, each as two packs: its small objects made by pack-objects and taken in by git's
+        index-pack (C, per object), its large blobs sent whole and written into a pack by
+        rv.agent.packfile (index-pack's collision-detecting SHA-1 over their bytes cost as much as
+        the whole tar stream a user compares with; the agent's Python costs per object instead).
         """
         if sends.bases:
             revs = f"{commit}\n" + "".join(f"^{b}\n" for b in sends.bases)
@@ -361,10 +371,18 @@ class LocalStore:
         elif sends:
             blobs = {o.oid for o in sends.blobs}
             chunks = _chunks(sends)
-            with self._objects([o.oid for chunk in chunks for o in chunk]) as read:
+            whole = [o.oid for chunk in chunks for o in chunk if o.size >= WHOLE_MIN_BYTES]
+            with self._objects(whole) as read:
                 for chunk in chunks:
                     shown = _Shown(progress, sum(o.size for o in chunk if o.oid in blobs))
-                    yield from _whole_pack(chunk, read, shown)
+                    small = [o for o in chunk if o.size < WHOLE_MIN_BYTES]  # the commit and trees too
+                    if small:
+                        listing = b"".join(
+                            o.oid.encode() + b" " + _enc(o.path).replace(b"\n", b" ") + b"\n" for o in small
+                        )
+                        yield from self._pack([], listing, len(small), shown)
+                    if len(small) < len(chunk):
+                        yield from _whole_pack([o for o in chunk if o.size >= WHOLE_MIN_BYTES], read, shown)
                     shown.finish(sum(1 for o in chunk if o.oid in blobs))
         yield PACKS_END
         if progress:
@@ -374,6 +392,9 @@ class LocalStore:
     def _objects(self, oids: list[str]) -> Iterator[_ObjectReader]:
         """``git cat-file --batch`` over ``oids``, in their order: each object's type, size and bytes
         (from this repository or its alternates, the user's repositories)."""
+        if not oids:
+            yield _ObjectReader(io.BytesIO(), self.path)
+            return
         proc = subprocess.Popen(
             [self.git.executable, "cat-file", "--batch"],
             cwd=self.path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -159,6 +159,24 @@ def test_snapshot_on_the_cluster_equals_the_local_tree(tmp_path, transport, layo
     assert leftover_temps(layout) == []
 
 
+def test_a_first_upload_sends_small_objects_in_gits_packs_and_large_blobs_whole(tmp_path, transport, layout):
+    # Small objects go through pack-objects and index-pack; blobs from WHOLE_MIN_BYTES go whole and
+    # the agent writes their pack: one upload makes both, and git finds the store sound.
+    repo = sample_repo(tmp_path)
+    large = {f"data/big{i}.bin": os.urandom(packs.WHOLE_MIN_BYTES + i) for i in range(3)}
+    for rel, data in large.items():
+        write(repo / rel, data)
+    write(repo / "data/just_under.bin", os.urandom(packs.WHOLE_MIN_BYTES - 1))
+    result = make_snapshot(transport, layout, repo)
+    assert result.created
+    assert len(packs_in(layout)) == 3  # the commit and trees; the small blobs; the large ones
+    paths = [*large, "data/just_under.bin", "train.py", "run.sh", "link", "empty"]
+    snap_state = tree_state(job_copy(layout, result.id, tmp_path / "work"))
+    assert {k: snap_state[k] for k in paths} == expected_state(repo, paths)
+    assert store_is_sound(layout) == 10
+    assert leftover_temps(layout) == []
+
+
 def test_the_same_files_make_the_same_commit_whoever_builds_it(tmp_path, transport, layout):
     # The commit is a function of the tree: rv's repository on another machine (another cache
     # folder) makes the same one, so a store holds each snapshot once.
