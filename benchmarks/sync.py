@@ -530,7 +530,8 @@ def main() -> None:
     if created:
         rv_files = max(n for name, n in created[-1].items() if name.startswith("rv"))
         share = rv_files / n_files * 100
-        print(f"  (a) files created <= 1% of the repo's: {share:.2f}%  {'met' if share <= 1.0 else 'NOT met'}")
+        met = "met" if share <= 1.0 else "NOT met"
+        print(f"  (a) files created <= 1% of the repo's: {share:.2f}%  {met}")
     for p, limit in (("b", 0.35), ("c", 0.35), ("d", 0.5)):
         if p in phases and results[p].get("rsync"):
             print(f"  {titles[p]}: rv warm <= {limit}x rsync: {verdict(ratio(p, 'rv warm', 'rsync'), limit)}")
