@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import functools
 import hashlib
 import io
@@ -17,6 +18,7 @@ import shlex
 import struct
 import tokenize
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,23 +71,57 @@ def shipped_source(source: str) -> str:
     return "".join(lines)
 
 
+Shipped = tuple[tuple[str, ...], tuple[int, ...], str, str]
+
+
 @functools.cache
-def _agent_sources() -> tuple[tuple[str, ...], tuple[int, ...], str, str]:
+def _agent_sources() -> Shipped:
     """The agent's modules as shipped: names, lengths, one compressed blob of them all, and a key.
 
     One zlib stream of all modules packs 15% smaller than one per module (they share words); the
-    key (what the cluster's compiled-code cache is named by) hashes the shipped text.
+    key (what the cluster's compiled-code cache is named by) hashes the shipped text. Stripping
+    the sources (tokenize, ast) takes ~0.25 s, which a command started without the command server
+    would pay every time: the result is kept in the cache folder, named by the sources' hash.
     """
-    names, texts = [], []
-    for module in AGENT_MODULES:
-        names.append(f"rv.agent.{module}")
-        texts.append(shipped_source((_AGENT_DIR / f"{module}.py").read_text("utf-8")).encode("utf-8"))
+    names = tuple(f"rv.agent.{module}" for module in AGENT_MODULES)
+    sources = [(_AGENT_DIR / f"{module}.py").read_bytes() for module in AGENT_MODULES]
+    from rv.config import cache_dir, write_private
+
+    # Named by this file too: how the sources are stripped and packed is written here.
+    made_by = (*names, __name__), [*sources, Path(__file__).read_bytes()]
+    kept = cache_dir() / "agent" / f"{_digest(*made_by)[:32]}.json"
+    shipped = _read_shipped(kept, names)
+    if shipped is None:
+        texts = [shipped_source(src.decode("utf-8")).encode("utf-8") for src in sources]
+        # Level 9: every command pays for the bytes on the line; compressing happens once per version.
+        blob = base64.b64encode(zlib.compress(b"".join(texts), 9)).decode("ascii")
+        shipped = (names, tuple(len(t) for t in texts), blob, _digest(names, texts)[:20])
+        with contextlib.suppress(OSError):  # a cache: without it, the next command strips again
+            write_private(kept, json.dumps(shipped).encode("ascii"))
+    return shipped
+
+
+def _digest(names: Sequence[str], texts: Sequence[bytes]) -> str:
     digest = hashlib.sha256()
     for name, text in zip(names, texts, strict=True):
         digest.update(name.encode() + b"\0" + text)
-    # Level 9: every command pays for the bytes on the line; compressing happens once per process.
-    blob = base64.b64encode(zlib.compress(b"".join(texts), 9)).decode("ascii")
-    return tuple(names), tuple(len(t) for t in texts), blob, digest.hexdigest()[:20]
+    return digest.hexdigest()
+
+
+def _read_shipped(path: Path, names: tuple[str, ...]) -> Shipped | None:
+    """A kept result, when it is whole: its blob must still hash to its key (else it is made again)."""
+    try:
+        got_names, sizes, blob, key = json.loads(path.read_bytes())
+        whole = zlib.decompress(base64.b64decode(blob))
+    except (OSError, ValueError, TypeError, zlib.error):
+        return None
+    if tuple(got_names) != names or len(sizes) != len(names) or sum(sizes) != len(whole):
+        return None
+    offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    texts = [whole[offsets[i] : offsets[i + 1]] for i in range(len(names))]
+    if _digest(names, texts)[:20] != key:
+        return None
+    return names, tuple(sizes), blob, key
 
 
 def agent_key() -> str:

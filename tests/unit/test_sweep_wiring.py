@@ -4,6 +4,7 @@ tests/integration/test_sweeps.py)."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -412,6 +413,28 @@ def test_the_agent_travels_without_comments_or_docstrings_and_keeps_its_line_num
         assert shipped.count("\n") == source.count("\n"), module
         assert without_docstrings(ast.parse(shipped)) == without_docstrings(ast.parse(source)), module
     assert len(_agent_bootstrap()) < 64 * 1024
+
+
+def test_the_stripped_agent_is_kept_in_the_cache_and_a_damaged_copy_is_made_again(tmp_path, monkeypatch):
+    # Stripping takes ~0.25 s: a command started without the command server would pay it each time.
+    from rv.remote import agent_client
+
+    monkeypatch.setenv("RV_CACHE_DIR", str(tmp_path))
+    agent_client._agent_sources.cache_clear()
+    made = agent_client._agent_sources()
+    (kept,) = (tmp_path / "agent").iterdir()
+    assert kept.stat().st_mode & 0o777 == 0o600
+    agent_client._agent_sources.cache_clear()
+    monkeypatch.setattr(agent_client, "shipped_source", lambda _s: pytest.fail("stripped again"))
+    assert agent_client._agent_sources() == made
+    monkeypatch.undo()
+    monkeypatch.setenv("RV_CACHE_DIR", str(tmp_path))
+    data = json.loads(kept.read_text())
+    data[2] = base64.b64encode(zlib.compress(b"x" * sum(data[1]))).decode()  # right length, wrong text
+    kept.write_text(json.dumps(data))
+    agent_client._agent_sources.cache_clear()
+    assert agent_client._agent_sources() == made
+    agent_client._agent_sources.cache_clear()
 
 
 def _tokens(source: str):
