@@ -208,8 +208,22 @@ def test_the_host_key_prompt_is_answered_on_the_callers_terminal(rv_env, runtime
     assert "127.0.0.1" in known.read_text()
 
 
-def test_a_dead_or_stale_server_is_replaced_and_the_command_still_runs(rv_env, runtime):
-    env = dict(rv_env, RV_RUNTIME_DIR=str(runtime))
+def test_a_dead_or_stale_server_is_replaced_and_the_command_still_runs(rv_env, runtime, tmp_path):
+    # A copy of rv that this test may edit (never the installed package): the program imports it
+    # first, and so does every server it starts.
+    copy = tmp_path / "site"
+    shutil.copytree(
+        Path(__import__("rv").__file__).parent, copy / "rv", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    env = dict(rv_env, RV_RUNTIME_DIR=str(runtime), PYTHONPATH=str(copy))
+    where = subprocess.run(
+        [sys.executable, "-c", "import rv; print(rv.__file__)"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert where.stdout.startswith(str(copy)), where
     first = started_server(env)
 
     os.kill(first, signal.SIGKILL)  # its socket file stays behind
@@ -219,13 +233,10 @@ def test_a_dead_or_stale_server_is_replaced_and_the_command_still_runs(rv_env, r
     second = server_pid(runtime, other_than=first)
 
     # rv's code changes under a running server (an edit, an upgrade): it must not run the old code.
-    probe = Path(__import__("rv").__file__).parent / f"zz_probe_{uuid.uuid4().hex[:8]}.py"
-    try:
-        probe.write_text("")
-        r = front(env, "exec", "echo ran again")
-        assert (r.returncode, r.stdout) == (0, "ran again\n"), r.stderr
-    finally:
-        probe.unlink()
+    edited = copy / "rv" / "errors.py"
+    edited.write_text(edited.read_text() + "# edited while a server ran\n")
+    r = front(env, "exec", "echo ran again")
+    assert (r.returncode, r.stdout) == (0, "ran again\n"), r.stderr
     assert wait_gone(second)
     assert f"[{second}] rv changed since this server started: exiting" in server_log(runtime)
     assert not served(runtime, second, "exec")
