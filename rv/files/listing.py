@@ -590,22 +590,10 @@ class _Scan:
         old_text = self.cache.text(state["sid"])
         if old_text is None:
             return None
-        repos = _map(lambda r: _ask_repo(self.top, r[0], self.git, r[1], False), state["repos"], 4)
-        for repo, (_prefix, _gd, sig, config) in zip(repos, state["repos"], strict=True):
-            if sig is None or repo.sig != sig or sorted(repo.config.items()) != config:
-                return None
-            if repo.config.get("core.filemode", "true").lower() in ("false", "0", "no", "off"):
-                return None  # git ignores the executable bit here: every file's is read instead
-        # The same submodules and nested repositories, each checked out or not as before.
+        repos = self._same_repositories(state)
+        if repos is None:
+            return None
         structure = [list(s) for s in state["structure"]]
-        nested_now = {s for r in repos for s in r.nested}
-        gitlinks = {s for s, _ in structure} - nested_now
-        if [s for s, _ in structure if s not in gitlinks] != [
-            s for s in (n for r in repos for n in r.nested)
-        ]:
-            return None
-        if any((self.top / s / ".git").exists() != present for s, present in structure):
-            return None
         modified = set().union(*(r.modified for r in repos))
         untracked = {p for r in repos for p in r.others}
         applies = state["attrs"][0]
@@ -635,20 +623,9 @@ class _Scan:
             for p in (*before, *modified, *untracked, *fixed)
             if p not in excluded and p not in secrets and not _skipped(p)
         }
-        index_of: dict[str, Any] = {}
-        for p in look:
-            if p in fixed:
-                index_of[p] = fixed[p]
-            elif p in before:
-                index_of[p] = before[p][0]
-            elif p in untracked:
-                index_of[p] = None
-            else:
-                # Modified just now: last time git vouched for it, so its row held the index's id.
-                row = manifest.row_at(old_text, p)
-                if row is None:
-                    return None
-                index_of[p] = [row[1], row[2]]
+        index_of = _index_ids(look, fixed, before, untracked, old_text)
+        if index_of is None:
+            return None
         hasher = _Hasher(self.top, before)
         listed = {p for p in look if p in modified or p in untracked or p in fixed}
         results: dict[str, Any] = hasher.many(list(listed))
@@ -714,6 +691,27 @@ class _Scan:
         return self._finish(text, sid, large_rows, files, total, set(excluded), warnings, info, new_state,
                             (state["sid"], changes), secrets)  # fmt: skip
 
+    def _same_repositories(self, state: dict[str, Any]) -> list[Any] | None:
+        """The repositories asked again, or None when one changed since the last listing: its index
+        or config, the executable bit's meaning, or which submodules and nested repositories exist
+        (each checked out or not as before)."""
+        repos = _map(lambda r: _ask_repo(self.top, r[0], self.git, r[1], False), state["repos"], 4)
+        for repo, (_prefix, _gd, sig, config) in zip(repos, state["repos"], strict=True):
+            if sig is None or repo.sig != sig or sorted(repo.config.items()) != config:
+                return None
+            if repo.config.get("core.filemode", "true").lower() in ("false", "0", "no", "off"):
+                return None  # git ignores the executable bit here: every file's is read instead
+        structure = [list(s) for s in state["structure"]]
+        nested_now = {s for r in repos for s in r.nested}
+        gitlinks = {s for s, _ in structure} - nested_now
+        if [s for s, _ in structure if s not in gitlinks] != [
+            s for s in (n for r in repos for n in r.nested)
+        ]:
+            return None
+        if any((self.top / s / ".git").exists() != present for s, present in structure):
+            return None
+        return repos
+
     def _finish(
         self,
         text: bytes,
@@ -743,3 +741,25 @@ class _Scan:
             self.cache.put_text(tree.id, text)
             self.cache.put_state(self.top, dict(state, sid=tree.id, files=files, bytes=total, large=large))
         return tree
+
+
+def _index_ids(
+    look: set[str], fixed: dict[str, Any], before: dict[str, Any], untracked: set[str], old_text: bytes
+) -> dict[str, Any] | None:
+    """What the index said of each path to look at (its [blob id, mode]; None for untracked), or None
+    when the last manifest lacks a path git vouched for (list afresh)."""
+    index_of: dict[str, Any] = {}
+    for p in look:
+        if p in fixed:
+            index_of[p] = fixed[p]
+        elif p in before:
+            index_of[p] = before[p][0]
+        elif p in untracked:
+            index_of[p] = None
+        else:
+            # Modified just now: last time git vouched for it, so its row held the index's id.
+            row = manifest.row_at(old_text, p)
+            if row is None:
+                return None
+            index_of[p] = [row[1], row[2]]
+    return index_of

@@ -334,6 +334,58 @@ def pull(
         raise UsageError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, not {on_conflict!r}")
     ledger = ledger if ledger is not None else PullLedger(None)
     listing = scan_remote(transport, layout, remote)
+    dest = _destination(listing, remote, local)
+    local_stats, local_ids = _local_state(listing, dest)
+    plan = plan_pull(listing.entries, local_stats, local_ids)
+    conflicts = _conflicts(transport, layout, remote, dest, listing, plan, local_stats, local_ids, ledger)
+    kept: tuple[str, ...] = ()
+    overwritten: tuple[str, ...] = ()
+    if conflicts:
+        if on_conflict == "refuse":
+            raise PullConflict(conflicts, dest)
+        if on_conflict == "keep-local":
+            kept = tuple(conflicts)
+            plan = _without(plan, set(conflicts), listing)
+        else:
+            overwritten = tuple(conflicts)
+    # From here on local files change; everything that could refuse has refused.
+    _make_folders_and_links(listing, plan, dest)
+    sizes_by_path = {r.path: r.size for r in listing.entries}
+    writer = _PullWriter(
+        dest,
+        [p for p, _ in plan.download],
+        plan.total_bytes,
+        on_progress,
+        sizes=[sizes_by_path[p] for p, _ in plan.download],
+        local_ids=[i for _, i in plan.download],
+        ledger=ledger,
+    )
+    try:
+        if plan.download:
+            _download(transport, layout, remote, plan, writer)
+        downloading = {p for p, _ in plan.download}
+        for r in listing.entries:
+            if r.kind == "f" and r.path not in downloading and r.path not in kept:
+                path = dest if r.path == "" else dest / r.path
+                known = ledger.entries.get(ledger.key(path))
+                ledger.record(path, known[2] if known else None)  # unchanged: equal to the cluster's
+    finally:
+        ledger.save()  # what did arrive is recorded even when the pull stopped half way
+    return PullResult(
+        remote,
+        dest,
+        writer.downloaded,
+        writer.downloaded_bytes,
+        writer.same,
+        plan.unchanged,
+        tuple(writer.warnings),
+        kept,
+        overwritten,
+    )
+
+
+def _destination(listing: RemoteListing, remote: str, local: str | Path | None) -> Path:
+    """Where REMOTE lands here (as cp names it); refuses a missing REMOTE or a folder over a file."""
     if listing.kind == "missing":
         raise NotFound(
             f"{remote} does not exist on the cluster ({listing.path})",
@@ -347,6 +399,14 @@ def pull(
         raise UsageError(
             f"{dest} is a file here, but {remote} is a folder on the cluster", hint="pick another LOCAL"
         )
+    return dest
+
+
+def _local_state(
+    listing: RemoteListing, dest: Path
+) -> tuple[dict[str, os.stat_result | None], dict[str, str]]:
+    """The local stat of each listed path, and the blob id (or link target) of those that may be
+    unchanged: a file of the same size whose mtime differs is hashed, one of the same mtime is not."""
     local_stats: dict[str, os.stat_result | None] = {}
     local_ids: dict[str, str] = {}
     for r in listing.entries:
@@ -377,28 +437,23 @@ def pull(
             got = hash_path(path)
             if got:
                 local_ids[r.path] = got[1]
-    plan = plan_pull(listing.entries, local_stats, local_ids)
-    conflicts = _conflicts(transport, layout, remote, dest, listing, plan, local_stats, local_ids, ledger)
-    kept: tuple[str, ...] = ()
-    overwritten: tuple[str, ...] = ()
-    if conflicts:
-        if on_conflict == "refuse":
-            raise PullConflict(conflicts, dest)
-        if on_conflict == "keep-local":
-            kept = tuple(conflicts)
-            skip = set(conflicts)
-            sizes = {r.path: r.size for r in listing.entries}
-            download = tuple(d for d in plan.download if d[0] not in skip)
-            plan = PullPlan(
-                download,
-                plan.mkdir,
-                tuple(s for s in plan.symlink if s[0] not in skip),
-                plan.unchanged,
-                sum(sizes[p] for p, _ in download),
-            )
-        else:
-            overwritten = tuple(conflicts)
-    # From here on local files change; everything that could refuse has refused.
+    return local_stats, local_ids
+
+
+def _without(plan: PullPlan, skip: set[str], listing: RemoteListing) -> PullPlan:
+    """``plan`` less the paths in ``skip`` (the local files --keep-local keeps)."""
+    sizes = {r.path: r.size for r in listing.entries}
+    download = tuple(d for d in plan.download if d[0] not in skip)
+    return PullPlan(
+        download,
+        plan.mkdir,
+        tuple(s for s in plan.symlink if s[0] not in skip),
+        plan.unchanged,
+        sum(sizes[p] for p, _ in download),
+    )
+
+
+def _make_folders_and_links(listing: RemoteListing, plan: PullPlan, dest: Path) -> None:
     if listing.kind == "dir":
         dest.mkdir(parents=True, exist_ok=True)
     for d in plan.mkdir:
@@ -409,52 +464,27 @@ def pull(
         if link.is_symlink() or link.exists():
             link.unlink()
         os.symlink(target, link)
-    sizes_by_path = {r.path: r.size for r in listing.entries}
-    writer = _PullWriter(
-        dest,
-        [p for p, _ in plan.download],
-        plan.total_bytes,
-        on_progress,
-        sizes=[sizes_by_path[p] for p, _ in plan.download],
-        local_ids=[i for _, i in plan.download],
-        ledger=ledger,
-    )
+
+
+def _download(
+    transport: Transport, layout: RemoteLayout, remote: str, plan: PullPlan, writer: _PullWriter
+) -> None:
+    """Stream the planned files from the cluster into ``writer``; a failed or short stream raises."""
+    errors: list[bytes] = []
     try:
-        if plan.download:
-            errors: list[bytes] = []
-            try:
-                code = transport.stream(
-                    _send_command(layout, remote),
-                    on_stdout=writer.feed,
-                    on_stderr=errors.append,
-                    stdin=frame({"files": [list(d) for d in plan.download]}),
-                )
-            finally:
-                writer.abort()
-            if code != 0 or not writer.finished:
-                tail = b"".join(errors).decode("utf-8", "replace").strip().splitlines()[-3:]
-                raise RemoteError(
-                    f"pull of {remote} failed (exit {code}): {' / '.join(tail) or 'stream ended early'}"
-                )
-        downloading = {p for p, _ in plan.download}
-        for r in listing.entries:
-            if r.kind == "f" and r.path not in downloading and r.path not in kept:
-                path = dest if r.path == "" else dest / r.path
-                known = ledger.entries.get(ledger.key(path))
-                ledger.record(path, known[2] if known else None)  # unchanged: equal to the cluster's
+        code = transport.stream(
+            _send_command(layout, remote),
+            on_stdout=writer.feed,
+            on_stderr=errors.append,
+            stdin=frame({"files": [list(d) for d in plan.download]}),
+        )
     finally:
-        ledger.save()  # what did arrive is recorded even when the pull stopped half way
-    return PullResult(
-        remote,
-        dest,
-        writer.downloaded,
-        writer.downloaded_bytes,
-        writer.same,
-        plan.unchanged,
-        tuple(writer.warnings),
-        kept,
-        overwritten,
-    )
+        writer.abort()
+    if code != 0 or not writer.finished:
+        tail = b"".join(errors).decode("utf-8", "replace").strip().splitlines()[-3:]
+        raise RemoteError(
+            f"pull of {remote} failed (exit {code}): {' / '.join(tail) or 'stream ended early'}"
+        )
 
 
 def _conflicts(
