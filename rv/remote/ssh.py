@@ -412,6 +412,11 @@ class SSHTransport(_Collecting):
             )
         return exc
 
+    def reconnect(self) -> None:
+        """Connect afresh: the connection was lost while a call ran (rv.remote.agent_client asks)."""
+        self.close()
+        self.connect()
+
     @property
     def client(self) -> Any:
         return self.connect()._client

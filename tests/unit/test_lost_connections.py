@@ -101,3 +101,102 @@ def test_a_channel_closed_with_its_connection_is_a_lost_connection_and_one_kille
     with pytest.raises(ConnectionLost, match="connection to h was lost while a command ran"):
         _ChannelProcess("cmd", _Closed(_Transport(active=False)), "h", tick=0.5).exit_code()
     assert _ChannelProcess("cmd", _Closed(_Transport(active=True)), "h", tick=0.5).exit_code() == 255
+
+
+# --- agent calls whose connection is lost before their answer (rv.remote.agent_client.call_agent) -----
+
+
+class _Flaky:
+    """A transport whose first ``losses`` agent calls lose the connection after they ran."""
+
+    def __init__(self, replies: dict[str, dict], losses: int = 1) -> None:
+        self.replies = replies
+        self.losses = losses
+        self.calls: list[str] = []
+        self.reconnects = 0
+
+    def run_agent(self, mode, args, *, stdin=None, timeout=None):
+        import json
+        import zlib
+
+        from rv.remote.transport import RunResult
+
+        self.calls.append(mode)
+        if self.losses:
+            self.losses -= 1
+            raise ConnectionLost("connection to h was lost while a command ran")
+        return RunResult(0, zlib.compress(json.dumps(self.replies[mode]).encode()), b"")
+
+    def reconnect(self) -> None:
+        self.reconnects += 1
+
+
+def test_every_agent_mode_says_what_a_lost_connection_does_to_it():
+    from rv.agent.__main__ import MODES
+    from rv.remote.agent_client import ON_LOST
+
+    assert set(ON_LOST) == set(MODES)
+    assert ON_LOST["run-submit"] in MODES and ON_LOST[ON_LOST["run-submit"]] is True
+
+
+@pytest.mark.parametrize("mode", ["runs", "run-stop", "usage", "ckpt-ls", "why-probe"])
+def test_a_call_safe_to_repeat_is_asked_again_once_over_a_fresh_connection(mode, capsys):
+    from rv.remote.agent_client import call_agent
+
+    t = _Flaky({mode: {"ok": 1}})
+    assert call_agent(t, mode, {}, stdin=b"data") == {"ok": 1}
+    assert (t.calls, t.reconnects) == ([mode, mode], 1)
+    assert capsys.readouterr().err == (
+        "rv: note: connection to h was lost while a command ran; reconnected and asked again\n"
+    )
+    t = _Flaky({mode: {"ok": 1}}, losses=2)  # lost again: that is the command's error
+    with pytest.raises(ConnectionLost, match=r"^connection to h was lost while a command ran$"):
+        call_agent(t, mode, {})
+    assert (t.calls, t.reconnects) == ([mode, mode], 1)
+
+
+@pytest.mark.parametrize("mode", ["sweep-submit", "snap-put", "gc", "env"])
+def test_a_call_not_safe_to_repeat_is_never_sent_again_and_says_it_may_have_been_done(mode, capsys):
+    from rv.remote.agent_client import call_agent
+
+    t = _Flaky({mode: {"ok": 1}})
+    with pytest.raises(ConnectionLost, match="may have been done") as raised:
+        call_agent(t, mode, {}, stdin=b"data")
+    assert "before running the command again" in str(raised.value.hint)
+    assert (t.calls, t.reconnects, capsys.readouterr().err) == ([mode], 0, "")
+
+
+def test_a_call_whose_stdin_was_a_stream_is_not_sent_again():
+    from rv.remote.agent_client import call_agent
+
+    t = _Flaky({"scan": {"ok": 1}})
+    with pytest.raises(ConnectionLost):
+        call_agent(t, "scan", {}, stdin=iter([b"a stream", b"read once"]))
+    assert t.calls == ["scan"]
+
+
+def test_a_submission_lost_after_it_arrived_is_not_sent_again(capsys):
+    from rv.remote.agent_client import call_agent
+
+    t = _Flaky({"run-arrived": {"arrived": True, "job_id": "42", "candidates": []}})
+    assert call_agent(t, "run-submit", {"run_id": "r1"}, stdin=b"SECRET=1\n")["job_id"] == "42"
+    assert (t.calls, t.reconnects) == (["run-submit", "run-arrived"], 1)
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_submission_lost_before_it_arrived_is_sent_again(capsys):
+    from rv.remote.agent_client import call_agent
+
+    t = _Flaky({"run-arrived": {"arrived": False, "job_id": None}, "run-submit": {"job_id": "43"}})
+    assert call_agent(t, "run-submit", {"run_id": "r1"})["job_id"] == "43"
+    assert t.calls == ["run-submit", "run-arrived", "run-submit"]
+    assert "had not reached the cluster, and was sent again" in capsys.readouterr().err
+
+
+def test_a_submission_whose_check_is_lost_too_says_it_may_have_been_sent():
+    from rv.remote.agent_client import call_agent
+
+    t = _Flaky({}, losses=2)
+    with pytest.raises(ConnectionLost, match="may have been done"):
+        call_agent(t, "run-submit", {"run_id": "r1"})
+    assert t.calls == ["run-submit", "run-arrived"]
