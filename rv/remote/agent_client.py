@@ -19,7 +19,7 @@ import struct
 import sys
 import tokenize
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -257,8 +257,9 @@ _AGENT_HINT = "rv status checks the connection and Slurm; RV_DEBUG=1 shows what 
 # holds them equal): True, it is asked again, once, over a fresh connection (a read, or a change that
 # a repeat leaves as the first left it); a mode's name, that mode is asked first, with the same
 # arguments, whether the call arrived (``arrived``: its reply is then the call's), and the call is
-# sent again only if it did not; False, never again: the command fails saying it may have been done.
-ON_LOST: dict[str, bool | str] = {
+# sent again only if it did not; False, never again: the command fails saying it may have been done;
+# a function, True or False by the call's arguments.
+ON_LOST: dict[str, bool | str | Callable[[dict[str, Any]], bool]] = {
     "snap-put": False,  # an upload, from a stream: the next run sends what the store lacks
     "snap-code": True,
     "scan": True,
@@ -276,7 +277,9 @@ ON_LOST: dict[str, bool | str] = {
     "why-probe": True,  # sbatch --test-only submits nothing
     "metrics": True,
     "up": False,
-    "gc": False,  # its reply says what it removed: a repeat would say nothing
+    # The listing (--dry-run) removes nothing; a collection's reply says what it removed, and a
+    # repeat would say nothing.
+    "gc": lambda args: bool(args.get("dry_run")),
     "usage": True,
     "env": False,  # a build
     "venv-ls": True,
@@ -298,6 +301,8 @@ def call_agent(
         return _call_once(transport, mode, args, stdin, timeout)
     except ConnectionLost as lost:
         on_lost = ON_LOST[mode]
+        if callable(on_lost):
+            on_lost = on_lost(args)
         reconnect = getattr(transport, "reconnect", None)
         if on_lost is False or reconnect is None or not (stdin is None or isinstance(stdin, bytes)):
             if on_lost is True:

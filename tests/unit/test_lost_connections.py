@@ -155,13 +155,24 @@ def test_a_call_safe_to_repeat_is_asked_again_once_over_a_fresh_connection(mode,
     assert (t.calls, t.reconnects) == ([mode, mode], 1)
 
 
+def test_gc_s_listing_is_asked_again_and_a_collection_is_not():
+    from rv.remote.agent_client import call_agent
+
+    t = _Flaky({"gc": {"ok": 1}})
+    assert call_agent(t, "gc", {"dry_run": True}) == {"ok": 1} and t.calls == ["gc", "gc"]
+    t = _Flaky({"gc": {"ok": 1}})
+    with pytest.raises(ConnectionLost, match="may have been done"):
+        call_agent(t, "gc", {"dry_run": False})
+    assert t.calls == ["gc"]
+
+
 @pytest.mark.parametrize("mode", ["sweep-submit", "snap-put", "gc", "env"])
 def test_a_call_not_safe_to_repeat_is_never_sent_again_and_says_it_may_have_been_done(mode, capsys):
     from rv.remote.agent_client import call_agent
 
     t = _Flaky({mode: {"ok": 1}})
     with pytest.raises(ConnectionLost, match="may have been done") as raised:
-        call_agent(t, mode, {}, stdin=b"data")
+        call_agent(t, mode, {"dry_run": False}, stdin=b"data")
     assert "before running the command again" in str(raised.value.hint)
     assert (t.calls, t.reconnects, capsys.readouterr().err) == ([mode], 0, "")
 
