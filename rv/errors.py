@@ -60,7 +60,7 @@ class ConnectError(RvError):
 
 class ConnectionLost(ConnectError):
     """The connection dropped while a command ran, before its exit status came: the command may have
-    run. rv.remote.agent_client decides whether an agent call may be asked again (SAFE_TO_REPEAT)."""
+    run. rv.remote.agent_client decides whether an agent call may be asked again (ON_LOST)."""
 
 
 class AuthError(RvError):

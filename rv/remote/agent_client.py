@@ -260,7 +260,7 @@ _AGENT_HINT = "rv status checks the connection and Slurm; RV_DEBUG=1 shows what 
 # sent again only if it did not; False, never again: the command fails saying it may have been done;
 # a function, True or False by the call's arguments.
 ON_LOST: dict[str, bool | str | Callable[[dict[str, Any]], bool]] = {
-    "snap-put": False,  # an upload, from a stream: the next run sends what the store lacks
+    "snap-put": True,  # objects by their ids, then the ref: a repeat changes nothing (if not a stream)
     "snap-code": True,
     "scan": True,
     "apply": False,  # rv sync push's files, from a stream

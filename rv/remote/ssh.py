@@ -255,8 +255,8 @@ class _ChannelProcess(Process):
         # Whether the channel closed is read once, first: paramiko's transport thread can take the exit
         # status, EOF and close (sshd sends them together when the command ends) between any two reads
         # here. Read after "no exit status yet", a closed channel looked like a dropped connection, and
-        # a command that had ended with 0 failed as "connection ... was lost" (1 in ~1,000 agent calls
-        # on a loaded machine; `rv stop` at a test's end, once).
+        # a command that had ended with 0 failed as "connection ... was lost" (3 in 3,800 rv ps, status
+        # and stop on 2 cores under a load of 8-14; a test's closing `rv stop` in CI, once).
         closed = channel.closed
         if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
             # sshd sends the exit status when the command exits, which can be before the last output

@@ -166,7 +166,7 @@ def test_gc_s_listing_is_asked_again_and_a_collection_is_not():
     assert t.calls == ["gc"]
 
 
-@pytest.mark.parametrize("mode", ["sweep-submit", "snap-put", "gc", "env"])
+@pytest.mark.parametrize("mode", ["sweep-submit", "apply", "gc", "env", "up"])
 def test_a_call_not_safe_to_repeat_is_never_sent_again_and_says_it_may_have_been_done(mode, capsys):
     from rv.remote.agent_client import call_agent
 
