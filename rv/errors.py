@@ -58,6 +58,11 @@ class ConnectError(RvError):
     exit_code = 4
 
 
+class ConnectionLost(ConnectError):
+    """The connection dropped while a command ran, before its exit status came: the command may have
+    run. rv.remote.agent_client decides whether an agent call may be asked again (ON_LOST)."""
+
+
 class AuthError(RvError):
     exit_code = 5
 

@@ -30,6 +30,7 @@ MODES = {
     # runs: submitting them
     "run-check": submit.mode_run_check,
     "run-submit": submit.mode_run_submit,
+    "run-arrived": submit.mode_run_arrived,
     "sweep-submit": submit.mode_sweep_submit,
     # runs that exist
     "runs": runs.mode_runs,

@@ -5,6 +5,7 @@
 ``run-submit``  under the name's lock: the run's folder, its records, secrets (from stdin, 0600),
                 the job's runtime files, the ``--from`` checkpoint, the name index, and ``sbatch``
                 of segment 1 (``rv up`` submits through :func:`submit_run` too)
+``run-arrived`` whether a run-submit whose answer was lost queued its job (asked before sending again)
 ``sweep-submit`` a sweep's points, each a run of its own, and the job arrays that run them (and a
                 retry's: only the points asked for, as new runs of the same names)
 """
@@ -229,6 +230,20 @@ def submit_run(args, secrets):
             raise
     result.update(job_id=job, previous_run_id=previous, candidates=jobs)
     return result
+
+
+def mode_run_arrived(args):
+    """Did ``run-submit`` of this run id queue its job? Asked with run-submit's own arguments when the
+    connection was lost before its answer: under the name's lock, so a submission still under way
+    here ends first. ``arrived``, and run-submit's reply when it did (the job, the candidates); not
+    when nothing of the run is here (it never came, or came and was undone): it may be sent again."""
+    root = common.root_path(args["root"])
+    name = args["name"]
+    with locks.lock(common.under(root, layout.name_lock(args["project"], name)), "rv run %s" % name, wait=30):
+        info = rundir.run_info(root, args["run_id"])
+    first = info["segments"][0] if info and info["segments"] else {}
+    job = first.get("job_id")
+    return {"arrived": bool(job), "job_id": job, "candidates": first.get("candidates") or []}
 
 
 def _write_scripts(rdir, args):

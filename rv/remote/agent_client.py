@@ -16,13 +16,22 @@ import io
 import json
 import shlex
 import struct
+import sys
 import tokenize
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rv.errors import PLACEMENT_HINT, NotFound, RemoteCommandMissing, RemoteError, RvError, UsageError
+from rv.errors import (
+    PLACEMENT_HINT,
+    ConnectionLost,
+    NotFound,
+    RemoteCommandMissing,
+    RemoteError,
+    RvError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from rv.remote.transport import Transport
@@ -243,20 +252,99 @@ _AGENT_HINTS: dict[str, str] = {
 _AGENT_HINT = "rv status checks the connection and Slurm; RV_DEBUG=1 shows what rv sent and got"
 
 
+# What an agent call does when its connection is lost before its answer (ConnectionLost: it may
+# have run), one entry per mode of rv/agent/__main__.py's table (tests/unit/test_lost_connections.py
+# holds them equal): True, it is asked again, once, over a fresh connection (a read, or a change that
+# a repeat leaves as the first left it); a mode's name, that mode is asked first, with the same
+# arguments, whether the call arrived (``arrived``: its reply is then the call's), and the call is
+# sent again only if it did not; False, never again: the command fails saying it may have been done;
+# a function, True or False by the call's arguments.
+ON_LOST: dict[str, bool | str | Callable[[dict[str, Any]], bool]] = {
+    "snap-put": True,  # objects by their ids, then the ref: a repeat changes nothing (if not a stream)
+    "snap-code": True,
+    "scan": True,
+    "apply": False,  # rv sync push's files, from a stream
+    "send": True,
+    "run-check": True,
+    "run-submit": "run-arrived",
+    "run-arrived": True,
+    "sweep-submit": False,  # many points and arrays: "may have been sent", as a Ctrl-C says
+    "runs": True,
+    "follow": True,
+    "run-stop": True,  # STOP and scancel once more change nothing
+    "secrets-sweep": True,
+    "ckpt-ls": True,
+    "why-probe": True,  # sbatch --test-only submits nothing
+    "metrics": True,
+    "up": False,
+    # The listing (--dry-run) removes nothing; a collection's reply says what it removed, and a
+    # repeat would say nothing.
+    "gc": lambda args: bool(args.get("dry_run")),
+    "usage": True,
+    "env": False,  # a build
+    "venv-ls": True,
+    "venv-rm": False,  # a repeat would say it is not there
+}
+
+
 def call_agent(
     transport: Transport, mode: str, args: dict[str, Any], *, stdin: Any = None, timeout: float | None = None
 ) -> dict[str, Any]:
     """Run one agent mode and return its reply; failures become rv errors with the remote's words.
 
     A transport that keeps an agent started ahead of time (the warm connection) is asked through
-    ``run_agent``: the agent's start-up is then off the command's path.
+    ``run_agent``: the agent's start-up is then off the command's path. A call whose connection is
+    lost before its answer is asked again over a fresh one (the transport's ``reconnect``) as ON_LOST
+    says, with one line on stderr; its stdin must be bytes to be sent twice.
     """
+    try:
+        return _call_once(transport, mode, args, stdin, timeout)
+    except ConnectionLost as lost:
+        on_lost = ON_LOST[mode]
+        if callable(on_lost):
+            on_lost = on_lost(args)
+        reconnect = getattr(transport, "reconnect", None)
+        if on_lost is False or reconnect is None or not (stdin is None or isinstance(stdin, bytes)):
+            if on_lost is True:
+                raise
+            raise _may_have_run(lost) from None
+        reconnect()
+        if isinstance(on_lost, str):
+            try:
+                check = _call_once(transport, on_lost, args, None, timeout)
+            except ConnectionLost as again:
+                raise _may_have_run(again) from None
+            if check.get("arrived"):
+                _note(f"{lost.message}; reconnected: it had reached the cluster, and was not sent again")
+                return check
+            _note(f"{lost.message}; reconnected: it had not reached the cluster, and was sent again")
+        else:
+            _note(f"{lost.message}; reconnected and asked again")
+        return _call_once(transport, mode, args, stdin, timeout)
+
+
+def _call_once(
+    transport: Transport, mode: str, args: dict[str, Any], stdin: Any, timeout: float | None
+) -> dict[str, Any]:
     run_agent = getattr(transport, "run_agent", None)
     if run_agent is not None:
         res = run_agent(mode, args, stdin=stdin, timeout=timeout)
     else:
         res = transport.run(agent_command(mode, args), stdin=stdin, timeout=timeout)
     return agent_reply(mode, res.exit_code, res.stdout, res.err)
+
+
+def _may_have_run(lost: ConnectionLost) -> ConnectionLost:
+    """The loss of a call that is not asked again: what it asked may have been done."""
+    return ConnectionLost(
+        f"{lost.message}: what it asked of the cluster may have been done",
+        hint="rv ps shows what was sent; check before running the command again",
+    )
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"rv: note: {text}\n")
+    sys.stderr.flush()
 
 
 def agent_reply(mode: str, exit_code: int, stdout: bytes, stderr: bytes | str) -> dict[str, Any]:

@@ -246,6 +246,14 @@ class WarmFirst:
     def connect(self) -> WarmFirst:
         return self  # connected already: open_transport reached the warm connection (`rv status` asks)
 
+    def reconnect(self) -> None:
+        """A fresh connection, this process's own, for the calls from now on: one was lost while a
+        call ran (rv.remote.agent_client.call_agent asks). The warm one, its connection gone, exits."""
+        if self.direct is not None:
+            self.direct.close()
+        self.direct = None
+        self.direct = self._connect_directly()
+
     # The Transport API (rv.remote.transport.Transport), each call routed.
     def stream(self, command: str, **options: Any) -> int:
         return self._route(lambda t: t.stream(command, **options))

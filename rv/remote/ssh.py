@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from rv.errors import AuthError, ConnectError, HostKeyError, RemoteError
+from rv.errors import AuthError, ConnectError, ConnectionLost, HostKeyError, RemoteError
 from rv.remote.sshconfig import SSHTarget
 from rv.remote.transport import (
     _CHUNK,
@@ -252,6 +252,12 @@ class _ChannelProcess(Process):
 
     def exit_code(self) -> int | None:
         channel = self.channel
+        # Whether the channel closed is read once, first: paramiko's transport thread can take the exit
+        # status, EOF and close (sshd sends them together when the command ends) between any two reads
+        # here. Read after "no exit status yet", a closed channel looked like a dropped connection, and
+        # a command that had ended with 0 failed as "connection ... was lost" (3 in 3,800 rv ps, status
+        # and stop on 2 cores under a load of 8-14; a test's closing `rv stop` in CI, once).
+        closed = channel.closed
         if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
             # sshd sends the exit status when the command exits, which can be before the last output
             # it still had to read from the command's pipes: the output is complete at EOF. A
@@ -259,19 +265,36 @@ class _ChannelProcess(Process):
             # briefly (OUTPUT_GRACE_S).
             if (
                 channel.eof_received
-                or channel.closed
+                or closed
                 or (self.eof_by is not None and time.monotonic() >= self.eof_by)
             ):
                 code = channel.recv_exit_status()
-                return 255 if code == -1 else int(code)
+                if code == -1:
+                    return self._no_exit_status()
+                return int(code)
             if self.eof_by is None:
                 self.eof_by = time.monotonic() + OUTPUT_GRACE_S
         pending = channel.exit_status_ready() or channel.recv_ready() or channel.recv_stderr_ready()
-        if not pending and (channel.closed or not channel.get_transport().is_active()):
-            # The connection dropped: no exit status will ever come. Say so instead of waiting
-            # forever, so a follower can reconnect.
-            raise ConnectError(f"connection to {self.hostname} was lost", hint="check the network and retry")
+        if not pending and not channel.get_transport().is_active():
+            raise self._lost()  # and left this channel open: no exit status will ever come
         return None
+
+    def _no_exit_status(self) -> int:
+        """The channel closed without an exit status: the connection dropped (ConnectionLost, so that
+        a caller may reconnect), or the command was killed by a signal (sshd then sends exit-signal,
+        which paramiko drops): 255, as OpenSSH's ssh says."""
+        transport = self.channel.get_transport()
+        # A dropping connection closes its channels first and is marked inactive just after.
+        if transport.is_active():
+            transport.join(OUTPUT_GRACE_S)  # the transport is a thread: it ends when the connection does
+        if not transport.is_active():
+            raise self._lost()
+        return 255
+
+    def _lost(self) -> ConnectionLost:
+        return ConnectionLost(
+            f"connection to {self.hostname} was lost while a command ran", hint="check the network and retry"
+        )
 
     def kill(self) -> None:
         self.channel.close()
@@ -388,6 +411,11 @@ class SSHTransport(_Collecting):
                 hint="check the host and port, and that you are on the cluster's network or VPN",
             )
         return exc
+
+    def reconnect(self) -> None:
+        """Connect afresh: the connection was lost while a call ran (rv.remote.agent_client asks)."""
+        self.close()
+        self.connect()
 
     @property
     def client(self) -> Any:

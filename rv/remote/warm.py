@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from rv import runtime as rv_runtime
-from rv.errors import ConnectError
+from rv.errors import ConnectionLost
 from rv.remote.sshconfig import SSHTarget
 from rv.remote.transport import (
     PRIVATE_MASK,
@@ -460,7 +460,7 @@ class _Reply(Process):
 
     def exit_code(self) -> int | None:
         if self.ended:
-            raise ConnectError(
+            raise ConnectionLost(
                 f"the background connection to {self.hostname} ended while a command ran",
                 hint="run the command again (it connects afresh)",
             )

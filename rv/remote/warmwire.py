@@ -169,8 +169,9 @@ def raise_error(data: dict[str, Any]) -> None:
     classes: dict[str, type[RvError]] = {
         c.__name__: c
         for c in (
-            errors.UsageError, errors.ConfigError, errors.ConnectError, errors.AuthError, errors.HostKeyError,
-            errors.RemoteCommandMissing, errors.RemoteError, errors.NotFound, RemoteTimeout, TransferError,
+            errors.UsageError, errors.ConfigError, errors.ConnectError, errors.ConnectionLost,
+            errors.AuthError, errors.HostKeyError, errors.RemoteCommandMissing, errors.RemoteError,
+            errors.NotFound, RemoteTimeout, TransferError,
         )
     }  # fmt: skip
     classes["ChannelOpenError"] = ConnectError

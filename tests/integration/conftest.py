@@ -185,10 +185,26 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(RUNTIME, ignore_errors=True)
 
 
+# The time limit of every job a test starts with `rv run` or `rv up` without --time of its own: rv's
+# default (2:59:00) let a job a failed test left behind hold the loopback nodes for three hours.
+TEST_TIME = "20m"
+
+
+def with_test_time(args) -> list[str]:
+    """``args`` of `rv run`/`rv up` with --time TEST_TIME first, unless the test gives a --time."""
+    args = list(args)
+    if not args or args[0] not in ("run", "up"):
+        return args
+    own = args[: args.index("--")] if "--" in args else args
+    if any(a == "--time" or a.startswith("--time=") for a in own):
+        return args
+    return [args[0], "--time", TEST_TIME, *args[1:]]
+
+
 def run_cli(args, env, cwd=None, input=None, timeout=300) -> subprocess.CompletedProcess:
     """``rv ARGS...``: the installed program (front end and command server, when one is up)."""
     return subprocess.run(
-        [str(RV_PROGRAM), *args],
+        [str(RV_PROGRAM), *with_test_time(args)],
         env=env,
         cwd=cwd,
         input=input,
@@ -201,7 +217,7 @@ def run_cli(args, env, cwd=None, input=None, timeout=300) -> subprocess.Complete
 def run_in_process(args, env, cwd=None, input=None, timeout=300) -> subprocess.CompletedProcess:
     """``python -m rv ARGS...``: the CLI in one process, never served."""
     return subprocess.run(
-        [sys.executable, "-m", "rv", *args],
+        [sys.executable, "-m", "rv", *with_test_time(args)],
         env=env,
         cwd=cwd,
         input=input,
@@ -257,6 +273,34 @@ def bare_remote_root(bare_cluster, request) -> str:
     return _remote_root(bare_cluster, request)
 
 
+def jobs_under(values: dict[str, str], remote_root: str) -> list[str]:
+    """The jobs in the queue (pending, running, completing) whose batch script lives under
+    ``remote_root``: the jobs of the test that owns that root, and no other's (an array once)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%F|%o"],
+        env=dict(os.environ, SLURM_CONF=values["SLURM_CONF"]),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = [line.split("|", 1) for line in out.splitlines() if "|" in line]
+    return sorted({job for job, script in found if script.startswith(remote_root.rstrip("/") + "/")})
+
+
+def cancel_jobs_under(values: dict[str, str], remote_root: str) -> None:
+    """Cancel the test's jobs and wait until they have left the queue: whatever the test did or
+    failed to do, the next test finds the nodes as this one found them."""
+    env = dict(os.environ, SLURM_CONF=values["SLURM_CONF"])
+    deadline = time.monotonic() + 60
+    while jobs := jobs_under(values, remote_root):
+        subprocess.run(["scancel", *jobs], env=env, capture_output=True, check=False)
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"jobs {jobs} of {remote_root} are still in the queue a minute after scancel"
+            )
+        time.sleep(0.5)
+
+
 def _rv_env(values, session_config: Path, remote_root: str, home: Path):
     home.mkdir()
     config_path = home / "rv.toml"
@@ -264,9 +308,14 @@ def _rv_env(values, session_config: Path, remote_root: str, home: Path):
     profile = replace(cfg.profile(values["RV_TESTCLUSTER_PROFILE"]), remote_root=remote_root)
     save_config(replace(cfg.with_profile(profile, make_default=True), path=config_path))
     make_remote_dir(remote_root, values["RV_TESTCLUSTER_USER"])  # loopback: the "remote" is this machine
-    yield base_env(home, config_path)
-    stop_warm()
-    shutil.rmtree(remote_root, ignore_errors=True)
+    try:
+        yield base_env(home, config_path)
+    finally:
+        try:
+            cancel_jobs_under(values, remote_root)
+        finally:
+            stop_warm()
+            shutil.rmtree(remote_root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -211,7 +211,8 @@ def test_rv_up_takes_placement_from_the_command_line_and_the_project_but_not_its
         assert shown.returncode == 0, shown.stderr
         show = shown.stdout
         assert f" NodeList={second} " in show and " Features=eth " in show, show
-        assert " Comment=fromproject " in show and " TimeLimit=02:59:00 " in show, show
+        # The time as typed (the tests' --time, conftest.TEST_TIME), not the project's 2d.
+        assert " Comment=fromproject " in show and " TimeLimit=00:20:00 " in show, show
         if layout.name == "default":
             assert " QOS=high " in show, show
     finally:
