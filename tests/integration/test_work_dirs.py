@@ -199,3 +199,44 @@ def test_each_node_of_a_job_checks_out_a_work_dir_of_its_own(layout, tmp_path):
         ["tar", "-tf", str(run / "work.changes" / "files.tar")], capture_output=True, text=True, check=True
     ).stdout.split()
     assert listing == ["./sub/from-node-0.txt"], listing
+
+
+# Two segments in the shared work dir: segment 1 deletes a file of the snapshot, and a purge takes
+# another while segment 2 waits in the queue; segment 2 says what it finds.
+DELETER = """\
+import os
+seg = int(os.environ["RV_SEGMENT"])
+if seg == 1:
+    os.remove("gone.txt")
+    open(os.path.join(os.environ["RV_CHECKPOINT_DIR"], "PREEMPTED"), "w").write("1")
+else:
+    print("found", os.path.exists("gone.txt"), open("purged.txt").read().strip(), flush=True)
+"""
+
+
+def test_the_shared_work_dir_keeps_the_programs_deletions_and_restores_only_a_purges(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"deleter.py": DELETER, "gone.txt": "g\n", "purged.txt": "p\n"})
+    # Each segment waits 25 s in the queue (--begin): the purge comes while nothing of the run runs.
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--name", "deleter", "--sbatch=--begin=now+25", "--", "python3",
+        "deleter.py", cwd=proj,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    seg = wait_for(lambda: run_folder(layout.remote_root, "deleter") / "seg", 120, "the run's folder")
+
+    def first_ended() -> bool:
+        record = seg / "1.json"
+        done = record.exists() and json.loads(record.read_text())["state"] == "ended"
+        return done and (seg / "2.job").exists()
+
+    wait_for(first_ended, 180, "segment 1 to end and submit segment 2", step=0.5)
+    work = seg.parent / "work"
+    assert not (work / "gone.txt").exists()
+    (work / "purged.txt").unlink()  # the purge
+    record = ended(layout.remote_root, "deleter")
+    assert record["segment"] == 2 and record["exit_code"] == 0, record
+    logs = layout.run_rv("logs", "deleter")
+    assert "found False p" in logs.stdout, logs.stdout + logs.stderr
+    err = layout.run_rv("logs", "deleter", "--err").stdout
+    assert "1 file(s) of the snapshot are missing from the work dir (a purge?): restoring them" in err, err
+    assert not (work / "gone.txt").exists() and (work / "purged.txt").read_text() == "p\n"
