@@ -367,6 +367,9 @@ rv_on_exit() {
 rv_submit_next() {
     local exclude="${1:-}" scripts=() types=() ids=() script type out next=$((RV_SEGMENT + 1)) i
     rv_runtime_mend || return 1
+    # sbatch starts the next job where it was submitted: never in this job's work dir, which a node
+    # work dir removes at this segment's end (slurmstepd: "couldn't chdir to ...").
+    cd -- "$RV_RUN_DIR" || { printf 'cannot enter the run folder %s' "$RV_RUN_DIR"; return 1; }
     if [ -e "$RV_RUN_DIR/candidates" ]; then
         while read -r script type; do
             scripts+=("$script")
@@ -702,7 +705,8 @@ rv_work_save() {
     while IFS= read -r -d '' status && IFS= read -r -d '' path; do
         if [ "$status" = D ]; then printf '%s\0' "$path" >&3; else printf './%s\0' "$path"; fi
     done <"$changed.status" >"$changed" 3>"$deleted" || return 1
-    "${git[@]}" ls-files -z --others | sed -z 's|^|./|' >>"$changed" || return 1
+    # --directory: a folder of new files is one name (tar takes it whole), and an empty one is kept too.
+    "${git[@]}" ls-files -z --others --directory | sed -z 's|^|./|' >>"$changed" || return 1
     rm -rf -- "$saved.tmp" "$saved.old" || return 1
     if [ -s "$changed" ] || [ -s "$deleted" ]; then
         mkdir -p -- "$saved.tmp" || return 1

@@ -38,10 +38,11 @@ if seg == 1:
     open("out/made.txt", "w").write("made in 1\\n")
     open("-dash\\nname", "w").write("odd\\n")
     os.symlink("data.txt", "link")
+    os.makedirs("empty/inner")
 else:
     print("seen", seg, open("data.txt").read().split(), os.path.exists("gone.txt"),
           open("out/made.txt").read().strip(), open("-dash\\nname").read().strip(), os.readlink("link"),
-          flush=True)
+          os.path.isdir("empty/inner"), flush=True)
     with open("data.txt", "a") as fh:
         fh.write("seg%d\\n" % seg)
 if seg < 3:
@@ -67,8 +68,10 @@ def test_a_node_work_dir_keeps_what_the_program_changed_across_segments_and_leav
         assert not cwd.startswith(layout.remote_root) and f"/rv-{run.name}-" in cwd, cwd
         assert not Path(cwd).parent.exists(), f"{cwd}: the node's work dir outlived its job"
     # What segment 1 changed, segment 2 found; and segment 2's own change, segment 3.
-    assert "seen 2 ['original', 'seg1'] False made in 1 odd data.txt" in r.stdout, r.stdout
-    assert "seen 3 ['original', 'seg1', 'seg2'] False made in 1 odd data.txt" in r.stdout, r.stdout
+    assert "seen 2 ['original', 'seg1'] False made in 1 odd data.txt True" in r.stdout, r.stdout
+    assert "seen 3 ['original', 'seg1', 'seg2'] False made in 1 odd data.txt True" in r.stdout, r.stdout
+    # Each next segment was submitted from a folder that still exists, not the removed work dir.
+    assert "couldn't chdir" not in r.stdout + r.stderr, r.stderr[-3000:]
     # On the shared filesystem: no work dir, the changes as one tar and the deleted names.
     assert not (run / "work").exists()
     assert sorted(p.name for p in (run / "work.changes").iterdir()) == ["deleted", "files.tar"]
@@ -186,6 +189,11 @@ def test_each_node_of_a_job_checks_out_a_work_dir_of_its_own(layout, tmp_path):
         "-f", "--", "python3", "each.py", cwd=proj / "sub", timeout=400,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
+    # Said before the run: the other node's changes are not kept.
+    assert (
+        "--work-dir node on 2 nodes: each node checks the code out on its own disk, and only the first "
+        "node's changes to its work dir are kept" in " ".join(r.stderr.split())
+    ), r.stderr
     lines = [line.split("] ", 1)[-1].split() for line in r.stdout.splitlines()]
     seen = {words[1]: words[3] for words in lines if words and words[0] == "node"}
     assert sorted(seen) == ["0", "1"], r.stdout
