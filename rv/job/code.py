@@ -197,7 +197,7 @@ def checkout_from_cluster(transport: Transport, root: str, code: RunCode, dest: 
                 f"{code.snapshot[:12]}; a purge of the filesystem?): git says "
                 f"{said.splitlines()[-1][:200]!r}; nothing was written",
                 hint="the store gets them back when a run of the same files is sent (rv run from the code it "
-                "ran); rv ps -a lists the runs whose code is there",
+                "ran)",
             )
         raise RemoteError(
             f"could not check out run {code.name}'s files from the cluster's store: "
@@ -312,7 +312,7 @@ def refuse_sweeps(refs: Sequence[str], records: Sequence[RunRecord | None], stor
             continue
         points = [r for r in store.all(profile) if (split_point_name(r.name) or ("", 0))[0] == ref]
         if points:
-            raise UsageError(sweep_message(ref, len(points)), hint=f"e.g. rv diff {ref}/0 {ref}/1")
+            raise UsageError(sweep_message(ref, len(points)), hint=f"rv sweep results {ref}")
 
 
 def resolve_records(store: Any, profile: str, refs: Sequence[str]) -> list[RunRecord | None]:
