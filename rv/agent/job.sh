@@ -983,9 +983,22 @@ rv_task() {
     kill -KILL "$watcher" 2>/dev/null
     wait "$watcher" 2>/dev/null || :
     if [ "$RV_NODES" -gt 1 ]; then printf '%s\n' "$rc" >"$RV_JOB_DIR/node$SLURM_NODEID.exit"; fi
-    # Another node's work dir: only the first node's changes are kept (rv_node_work_end).
-    if [ -n "$rv_task_own_dir" ]; then rm -rf -- "$rv_task_own_dir" 2>/dev/null || :; fi
+    # Another node's work dir: only the first node's changes are kept (rv_node_work_end), as rv run
+    # said before the run; what this node's program changed there is named as it goes.
+    if [ -n "$rv_task_own_dir" ]; then
+        rv_task_dropped
+        rm -rf -- "$rv_task_own_dir" 2>/dev/null || :
+    fi
     return "$rc"
+}
+
+rv_task_dropped() {  # in another node's task: say how many changes of its work dir are not kept
+    local git=(rv_git "$RV_WORK_DIR.index" -C "$RV_WORK_DIR" --work-tree="$RV_WORK_DIR") n
+    n="$({ "${git[@]}" diff-files -z --name-only && "${git[@]}" ls-files -z --others --directory; } |
+        tr -cd '\0' | wc -c)" || return 0
+    [ "${n:-0}" -gt 0 ] || return 0
+    echo "rv: warning: node $SLURM_NODEID ($(hostname)): $n file(s) and folder(s) its program created," \
+        "changed or deleted in its work dir are not kept (--work-dir node keeps the first node's)" >&2
 }
 
 rv_stop_watch() {  # rv_stop_watch PID: at the lead time, rv_stop_deliver PID

@@ -201,7 +201,9 @@ def test_each_node_of_a_job_checks_out_a_work_dir_of_its_own(layout, tmp_path):
     assert seen["0"] != seen["1"] and all(cwd.endswith("/work/sub") for cwd in seen.values()), seen
     assert all(not cwd.startswith(layout.remote_root) for cwd in seen.values())
     assert all(not Path(cwd).parent.parent.exists() for cwd in seen.values()), "a node's work dir stayed"
-    # The first node's changes are the run's.
+    # The first node's changes are the run's; the other node's file is named as dropped, not lost unsaid.
+    logs = layout.run_rv("logs", "two", "--err", "--node", "1")
+    assert "rv: warning: node 1 (" in logs.stdout and "are not kept" in logs.stdout, logs.stdout + logs.stderr
     run = run_folder(layout.remote_root, "two")
     listing = subprocess.run(
         ["tar", "-tf", str(run / "work.changes" / "files.tar")], capture_output=True, text=True, check=True
