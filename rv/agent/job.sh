@@ -1090,7 +1090,7 @@ rv_launch() {
     # srun relays a task's stderr in chunks into its own stderr, where its own lines ("srun: error:
     # node1: task 0: Exited with exit code 4") come too, in no set order: a program's last line without
     # its newline got srun's glued on. So one node's stderr goes straight to the batch script's log
-    # (--error, appended: the task writes it itself, before it exits), and srun's stderr carries srun's
+    # (--error, appended, written on the node: never through srun), and srun's stderr carries srun's
     # own lines alone, each of which rv_srun_lines starts on a line of its own.
     local err="$RV_RUN_DIR/logs/$rv_job.err"
     if [ "$RV_NODES" -le 1 ] && [ "${rv_labeled:-0}" != 1 ] && [ -f "$err" ] &&
