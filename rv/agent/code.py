@@ -23,6 +23,14 @@ def _resolve(root, ref):
         root, {"ids": [ref], "any_names": [ref], "job_ids": [ref] if _JOB_ID.match(ref) else []}
     )
     if not found:
+        points = rundir.select_runs(root, {"sweeps": [ref]})
+        if points:
+            # rv.job.code.sweep_message's words: this file runs on the cluster without rv's package.
+            raise common.AgentError(
+                "%s is a sweep of %d point(s), and rv diff and rv checkout take runs: name points of it, "
+                "e.g. %s/0 and %s/1 (rv sweep results %s lists them)" % (ref, len(points), ref, ref, ref),
+                "usage",
+            )
         raise common.AgentError("no run %r on the cluster (by name, run id or job id)" % ref, "not-found")
     meta = found[-1]["meta"]
     return found[-1]["run_id"], meta.get("name"), meta.get("snapshot"), meta.get("commit")

@@ -367,6 +367,9 @@ rv_on_exit() {
 rv_submit_next() {
     local exclude="${1:-}" scripts=() types=() ids=() script type out next=$((RV_SEGMENT + 1)) i
     rv_runtime_mend || return 1
+    # sbatch starts the next job where it was submitted: never in this job's work dir, which a node
+    # work dir removes at this segment's end (slurmstepd: "couldn't chdir to ...").
+    cd -- "$RV_RUN_DIR" || { printf 'cannot enter the run folder %s' "$RV_RUN_DIR"; return 1; }
     if [ -e "$RV_RUN_DIR/candidates" ]; then
         while read -r script type; do
             scripts+=("$script")
@@ -454,6 +457,7 @@ rv_excluded_with() {
 rv_end_segment() {
     local rc="$1" slurm restarts why step="" next="" over=1 f fault
     rv_ended=$(date +%s)
+    rv_work_deletions
     slurm=" $(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null) "
     restarts="$(printf '%s' "$slurm" | sed -n 's/.* Restarts=\([0-9]*\) .*/\1/p')"
     if [ "${restarts:-0}" -gt "$rv_attempt" ]; then
@@ -701,7 +705,8 @@ rv_work_save() {
     while IFS= read -r -d '' status && IFS= read -r -d '' path; do
         if [ "$status" = D ]; then printf '%s\0' "$path" >&3; else printf './%s\0' "$path"; fi
     done <"$changed.status" >"$changed" 3>"$deleted" || return 1
-    "${git[@]}" ls-files -z --others | sed -z 's|^|./|' >>"$changed" || return 1
+    # --directory: a folder of new files is one name (tar takes it whole), and an empty one is kept too.
+    "${git[@]}" ls-files -z --others --directory | sed -z 's|^|./|' >>"$changed" || return 1
     rm -rf -- "$saved.tmp" "$saved.old" || return 1
     if [ -s "$changed" ] || [ -s "$deleted" ]; then
         mkdir -p -- "$saved.tmp" || return 1
@@ -771,7 +776,7 @@ rv_git() {
 # rv_work_dir_whole INDEX DIR OUTPUT: every file of the index is in DIR, or the job ends here.
 rv_work_dir_whole() {
     local missing n
-    missing="$(rv_git "$1" --work-tree="$2" ls-files --deleted)" \
+    missing="$(rv_git "$1" -C "$2" --work-tree="$2" ls-files --deleted)" \
         || rv_fail "could not compare the work dir with its snapshot: $3"
     [ -n "$missing" ] || return 0
     n="$(printf '%s\n' "$missing" | wc -l)"
@@ -797,13 +802,29 @@ rv_lost() {
 rv_work_dir_check() {
     local index="$1" gone out
     [ -e "$index" ] || return 0  # a work dir of an older rv, copied without an index
-    gone="$(rv_git "$index" --work-tree="$RV_WORK_DIR" ls-files -z --deleted | tr -cd '\0' | wc -c)" || gone=0
+    local git=(rv_git "$index" -C "$RV_WORK_DIR" --work-tree="$RV_WORK_DIR")
+    gone="$("${git[@]}" ls-files -z --deleted | tr -cd '\0' | wc -c)" || gone=0
     [ "$gone" -gt 0 ] || return 0
     echo "rv: $gone file(s) of the snapshot are missing from the work dir (a purge?): restoring them" \
         "from the store" >&2
-    out="$(rv_git "$index" --work-tree="$RV_WORK_DIR" ls-files -z --deleted \
-        | rv_git "$index" --work-tree="$RV_WORK_DIR" checkout-index -u -z --stdin 2>&1)" || :
+    out="$("${git[@]}" ls-files -z --deleted | "${git[@]}" checkout-index -u -z --stdin 2>&1)" || :
     rv_work_dir_whole "$index" "$RV_WORK_DIR" "$out"
+}
+
+# At a segment's end (a requeue's too), the shared work dir: the snapshot's files the program deleted
+# leave the work dir's index, so the next segment's check (rv_work_dir_check) restores only what went
+# missing after this segment ended (a purge's, while nothing ran) and never undoes the program's own
+# deletions. (A node work dir keeps the program's deletions in its saved changes: rv_work_save.)
+rv_work_deletions() {
+    local index="$RV_WORK_DIR.index"
+    if [ "${rv_work_node:-0}" = 1 ] || [ "$rv_program_ran" != 1 ] || [ ! -d "$RV_WORK_DIR" ] ||
+        [ ! -e "$index" ]; then
+        return 0
+    fi
+    rv_git "$index" -C "$RV_WORK_DIR" --work-tree="$RV_WORK_DIR" ls-files -z --deleted |
+        rv_git "$index" -C "$RV_WORK_DIR" --work-tree="$RV_WORK_DIR" update-index -z --remove --stdin \
+        || echo "rv: warning: could not note which of the snapshot's files the program deleted from its" \
+            "work dir: the next segment restores them" >&2
 }
 
 # --- setup lines ---------------------------------------------------------------------------------
@@ -962,9 +983,22 @@ rv_task() {
     kill -KILL "$watcher" 2>/dev/null
     wait "$watcher" 2>/dev/null || :
     if [ "$RV_NODES" -gt 1 ]; then printf '%s\n' "$rc" >"$RV_JOB_DIR/node$SLURM_NODEID.exit"; fi
-    # Another node's work dir: only the first node's changes are kept (rv_node_work_end).
-    if [ -n "$rv_task_own_dir" ]; then rm -rf -- "$rv_task_own_dir" 2>/dev/null || :; fi
+    # Another node's work dir: only the first node's changes are kept (rv_node_work_end), as rv run
+    # said before the run; what this node's program changed there is named as it goes.
+    if [ -n "$rv_task_own_dir" ]; then
+        rv_task_dropped
+        rm -rf -- "$rv_task_own_dir" 2>/dev/null || :
+    fi
     return "$rc"
+}
+
+rv_task_dropped() {  # in another node's task: say how many changes of its work dir are not kept
+    local git=(rv_git "$RV_WORK_DIR.index" -C "$RV_WORK_DIR" --work-tree="$RV_WORK_DIR") n
+    n="$({ "${git[@]}" diff-files -z --name-only && "${git[@]}" ls-files -z --others --directory; } |
+        tr -cd '\0' | wc -c)" || return 0
+    [ "${n:-0}" -gt 0 ] || return 0
+    echo "rv: warning: node $SLURM_NODEID ($(hostname)): $n file(s) and folder(s) its program created," \
+        "changed or deleted in its work dir are not kept (--work-dir node keeps the first node's)" >&2
 }
 
 rv_stop_watch() {  # rv_stop_watch PID: at the lead time, rv_stop_deliver PID
@@ -1022,15 +1056,28 @@ rv_stop_send() {  # rv_stop_send PID: signal the handlers under PID; fails when 
     echo "rv: $RV_STOP_LEAD s before the time limit: sent $RV_STOP_SIGNAL to pid(s)$sent on $(hostname)" >&2
 }
 
+# rv_srun_lines LOG: srun's own lines (its stderr) to this script's stderr, each on a line of its own:
+# a newline first when LOG (where the program's stderr goes too) does not end with one. It ignores the
+# signals Slurm sends the job's processes: srun must never lose its stderr while the program saves.
+rv_srun_lines() {
+    trap '' TERM INT HUP QUIT USR1 USR2
+    local line
+    while IFS= read -r line || [ -n "$line" ]; do
+        # A log that is not empty and whose last byte is no newline (wc -l counts newlines).
+        if [ -s "$1" ] && [ "$(tail -c 1 -- "$1" 2>/dev/null | wc -l)" = 0 ]; then printf '\n' >&2; fi
+        printf '%s\n' "$line" >&2
+    done
+}
+
 # Always an srun step, one task per node. --kill-on-bad-exit: one dead node must not leave the others
 # waiting at a collective. Several nodes: one log per node (the batch log keeps rv's own lines).
 rv_launch() {
     export -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send rv_is_launcher rv_program
-    local per_node=()
+    local io=()
     if [ "$RV_NODES" -gt 1 ]; then
         rm -f -- "$RV_JOB_DIR"/node*.exit
         # Named by rv_job, not srun's %j: an array task's logs carry the array's name for it.
-        per_node=(--open-mode=append --output="$RV_RUN_DIR/logs/$rv_job-node%n.out"
+        io=(--open-mode=append --output="$RV_RUN_DIR/logs/$rv_job-node%n.out"
             --error="$RV_RUN_DIR/logs/$rv_job-node%n.err")
     fi
     local task='rv_task "$@"'
@@ -1040,11 +1087,24 @@ rv_launch() {
         # shellcheck disable=SC2016  # expanded by the task's shell
         task='. "$rv_runtime" || exit 1; rv_task "$@"'
     fi
+    # srun relays a task's stderr in chunks into its own stderr, where its own lines ("srun: error:
+    # node1: task 0: Exited with exit code 4") come too, in no set order: a program's last line without
+    # its newline got srun's glued on. So one node's stderr goes straight to the batch script's log
+    # (--error, appended, written on the node: never through srun), and srun's stderr carries srun's
+    # own lines alone, each of which rv_srun_lines starts on a line of its own.
+    local err="$RV_RUN_DIR/logs/$rv_job.err"
+    if [ "$RV_NODES" -le 1 ] && [ "${rv_labeled:-0}" != 1 ] && [ -f "$err" ] &&
+        [ "$(readlink -f -- "/proc/$$/fd/2" 2>/dev/null)" = "$(readlink -f -- "$err")" ]; then
+        io=(--open-mode=append --error="$err")
+    fi
     rv_program_ran=1 rv_rc=0
     # ${a[@]+...}: an empty array under `set -u` is an error in bash before 4.4 (RHEL 7).
-    srun --nodes="$RV_NODES" --ntasks="$RV_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-        ${per_node[@]+"${per_node[@]}"} \
-        bash -c "$task" rv-task "${rv_labeled:-0}" "${rv_launcher:-0}" "$rv_job" || rv_rc=$?
+    {
+        srun --nodes="$RV_NODES" --ntasks="$RV_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+            ${io[@]+"${io[@]}"} \
+            bash -c "$task" rv-task "${rv_labeled:-0}" "${rv_launcher:-0}" "$rv_job" 2>&1 >&3 3>&- |
+            rv_srun_lines "$err" || rv_rc="${PIPESTATUS[0]}"
+    } 3>&1
     if [ "$RV_NODES" -gt 1 ] && [ "$rv_rc" -ne 0 ]; then
         # srun exits with the highest code of all tasks, so the nodes --kill-on-bad-exit stopped (143)
         # would hide the one that failed: report the lowest code below 128 a node recorded.

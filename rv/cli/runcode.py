@@ -21,7 +21,10 @@ def _find(ctx: click.Context, refs: list[str], *, diff: bool):  # type: ignore[n
 
     _, profile = load_profile(ctx)
     repo = code.local_repo(cache_dir(), Path.cwd(), Git())
-    found = code.known_here(refs, code.resolve_records(run_store(), profile.name, refs), repo)
+    store = run_store()
+    records = code.resolve_records(store, profile.name, refs)
+    code.refuse_sweeps(refs, records, store, profile.name)
+    found = code.known_here(refs, records, repo)
     if found is not None and repo is not None:
         text = code.diff_here(repo, found[0].commit, found[1].commit) if diff else b""
         return found, text, repo, None
@@ -85,11 +88,16 @@ def checkout(ctx: click.Context, run: str, dest: Path | None, branch: str | None
     runs, _text, repo, asked = _find(ctx, [run], diff=False)
     (found,) = runs
     if dest is not None:
-        if asked is None and repo is not None:
-            files = code.checkout_here(repo, found.commit, dest)
-        else:
-            with session(ctx) as s:
-                files = code.checkout_from_cluster(s.transport, s.layout.root, found.commit, dest)
+        top_made = code.made_folder(dest)
+        try:
+            if asked is None and repo is not None:
+                files = code.checkout_here(repo, found.commit, dest)
+            else:
+                with session(ctx) as s:
+                    files = code.checkout_from_cluster(s.transport, s.layout.root, found, dest)
+        except BaseException:
+            code.unmake_folder(dest, top_made)  # a checkout that fails leaves nothing behind
+            raise
         note(f"wrote run {found.name}'s {files} file(s) (snapshot {found.snapshot[:12]}) into {dest}")
         return
     assert branch is not None and top is not None

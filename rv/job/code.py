@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -91,18 +92,60 @@ def ask_cluster(
 
 
 def check_new_folder(dest: Path) -> None:
-    """DIR must be new (or an empty folder): a checkout never writes over anything. Before any call."""
+    """DIR must be new (or an empty folder) and makeable: a checkout never writes over anything. Before
+    any call."""
+    hint = f"name a folder that does not exist yet, e.g. {dest.name}-run"
+    if dest.is_symlink() and not dest.exists():
+        raise UsageError(
+            f"{dest} is a symlink to {os.readlink(dest)}, which does not exist: rv checkout writes a run's "
+            "files into a new folder, never through a link",
+            hint=hint,
+        )
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UsageError(
             f"{dest} exists and is not an empty folder: rv checkout writes a run's files into a new one",
-            hint=f"name a folder that does not exist yet, e.g. {dest.name}-run",
+            hint=hint,
         )
+    # The nearest folder above that exists must be one, and writable: mkdir would fail half-way.
+    for up in [dest, *dest.parents]:
+        if not os.path.lexists(up):
+            continue
+        if not up.is_dir():
+            what = "a symlink to nothing" if up.is_symlink() and not up.exists() else "a file, not a folder"
+            raise UsageError(f"{up} is {what}: rv checkout cannot make {dest} under it", hint=hint)
+        if up != dest and not os.access(up, os.W_OK | os.X_OK):
+            raise UsageError(f"{up} is not writable by you: rv checkout cannot make {dest} in it", hint=hint)
+        break
+
+
+def made_folder(dest: Path) -> Path | None:
+    """Make ``dest`` (checked by :func:`check_new_folder`); the topmost folder this made, to remove
+    when the checkout fails (None: ``dest`` was there already, an empty folder)."""
+    top = None
+    for up in [dest, *dest.parents]:
+        if os.path.lexists(up):
+            break
+        top = up
+    dest.mkdir(parents=True, exist_ok=True)
+    return top
+
+
+def unmake_folder(dest: Path, top: Path | None) -> None:
+    """A failed checkout leaves nothing: the folders it made go, an empty folder it was given is
+    emptied again."""
+    if top is not None:
+        shutil.rmtree(top, ignore_errors=True)
+        return
+    for child in dest.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def checkout_here(repo: LocalStore, commit: str, dest: Path) -> int:
-    """The commit's files into ``dest`` as a job checks them out (read-tree + checkout-index: exec
-    bits, symlinks and odd names kept, no conversion). Returns the number of files."""
-    dest.mkdir(parents=True, exist_ok=True)
+    """The commit's files into ``dest`` (made) as a job checks them out (read-tree + checkout-index:
+    exec bits, symlinks and odd names kept, no conversion). Returns the number of files."""
     with tempfile.TemporaryDirectory(prefix="rv-checkout-") as tmp:
         env = repo.env(GIT_INDEX_FILE=os.path.join(tmp, "index"))
         repo.run(["read-tree", commit], env=env)
@@ -126,25 +169,39 @@ def _writer(pipe: IO[bytes]) -> Callable[[bytes], None]:
     return write
 
 
-def checkout_from_cluster(transport: Transport, root: str, commit: str, dest: Path) -> int:
-    """The commit's files streamed from the cluster's store (``git archive``) into ``dest``."""
-    dest.mkdir(parents=True, exist_ok=True)
+# git's words for objects a store lacks (a purge took them, or a pack is damaged).
+_LOST = ("not a tree object", "bad object", "unable to read", "missing blob", "missing tree", "is corrupt")
+
+
+def checkout_from_cluster(transport: Transport, root: str, code: RunCode, dest: Path) -> int:
+    """The run's files streamed from the cluster's store (``git archive``) into ``dest`` (made), as
+    git checks files out: dated now, modes 0666/0777 less this user's umask (tar.umask=0 in the
+    archive, --no-same-permissions here; the archive's own date is the commit's, 1970)."""
     tar = subprocess.Popen(
-        ["tar", "-x", "-f", "-", "-C", str(dest)], stdin=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+        ["tar", "-x", "-m", "--no-same-permissions", "--no-same-owner", "-f", "-", "-C", str(dest)],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
     assert tar.stdin is not None
     remote_err: list[bytes] = []
-    code = transport.stream(
-        _store_git(root, f"archive --format=tar {shlex.quote(commit)}"),
+    exit_code = transport.stream(
+        _store_git(root, f"-c tar.umask=0 archive --format=tar {shlex.quote(code.commit)}"),
         on_stdout=_writer(tar.stdin), on_stderr=remote_err.append, timeout=3600,
     )  # fmt: skip
     tar.stdin.close()
     err = tar.stderr.read().decode("utf-8", "replace") if tar.stderr else ""
-    if tar.wait() != 0 or code != 0:
-        said = b"".join(remote_err).decode("utf-8", "replace") or err
+    if tar.wait() != 0 or exit_code != 0:
+        said = (b"".join(remote_err).decode("utf-8", "replace") or err).strip()
+        if any(word in said for word in _LOST):
+            raise NotFound(
+                f"the cluster's store no longer holds all of run {code.name}'s files (snapshot "
+                f"{code.snapshot[:12]}; a purge of the filesystem?): git says "
+                f"{said.splitlines()[-1][:200]!r}; nothing was written",
+                hint="the store gets them back when a run of the same files is sent (rv run from the code it "
+                "ran)",
+            )
         raise RemoteError(
-            f"could not check out commit {commit[:12]} from the cluster's store: "
-            f"{said.strip()[-300:] or 'no message'}"
+            f"could not check out run {code.name}'s files from the cluster's store: "
+            f"{said[-300:] or 'no message'}; nothing was written"
         )
     return sum(len(files) for _d, _s, files in os.walk(dest))
 
@@ -226,12 +283,36 @@ def make_branch(top: Path, git: Git, repo: LocalStore, code: RunCode, branch: st
     git.run(["branch", branch, made], top)
     switched = git.run(["checkout", "-q", branch], top, ok_codes=(0, 1, 128))
     if switched.returncode != 0:
+        # git switches all or nothing: with the branch gone again, the repository is as it was.
+        git.run(["branch", "-D", branch], top, ok_codes=(0, 1, 128))
+        said = " ".join(switched.stderr.decode("utf-8", "replace").split())
         raise UsageError(
-            f"made branch {branch} ({made[:12]}) but git would not switch to it: "
-            f"{switched.stderr.decode('utf-8', 'replace').strip()[-300:]}",
-            hint=f"git checkout {branch}",
+            f"git would not switch to the run's files: {said[-400:]}; nothing was changed (no branch "
+            f"{branch})",
+            hint="move the files git names aside (or commit them), then run the command again; or write the "
+            f"run's files apart: rv checkout {code.ref} DIR",
         )
     return made
+
+
+def sweep_message(ref: str, points: int) -> str:
+    """What ``rv diff``/``rv checkout`` say when given a sweep's name where they take a run."""
+    return (
+        f"{ref} is a sweep of {points} point(s), and rv diff and rv checkout take runs: name points of it, "
+        f"e.g. {ref}/0 and {ref}/1 (rv sweep results {ref} lists them)"
+    )
+
+
+def refuse_sweeps(refs: Sequence[str], records: Sequence[RunRecord | None], store: Any, profile: str) -> None:
+    """A ref this machine knows as a sweep's name (points ``REF/<i>`` of its records), before any call."""
+    from rv.names import split_point_name
+
+    for ref, record in zip(refs, records, strict=True):
+        if record is not None:
+            continue
+        points = [r for r in store.all(profile) if (split_point_name(r.name) or ("", 0))[0] == ref]
+        if points:
+            raise UsageError(sweep_message(ref, len(points)), hint=f"rv sweep results {ref}")
 
 
 def resolve_records(store: Any, profile: str, refs: Sequence[str]) -> list[RunRecord | None]:

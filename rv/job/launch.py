@@ -206,7 +206,7 @@ class Plan:
 def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchView) -> Plan:
     """`rv run`'s plan: every option validated against the profile, the snapshot and environment
     prepared; warnings and notes said through ``view``. Sends nothing."""
-    from rv.job.workdir import check_work_dir, many_files_warning
+    from rv.job.workdir import check_work_dir, many_files_warning, node_work_dir_warning
     from rv.misplaced import detect_misplaced_flags
     from rv.placement import build_placement, plan_requests, type_words
     from rv.request import build_request, default_name
@@ -258,7 +258,10 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         **dataclasses.asdict(o.placement), time_min=o.time_min, time_seconds=reqs[0].time_seconds,
         time_typed=o.time is not None, max_fault_retries=o.max_fault_retries,
     )  # fmt: skip
-    for message in dict.fromkeys([*notes, *(w for r in reqs for w in r.warnings)]):
+    node_dirs = node_work_dir_warning(reqs[0].nodes, work.where)
+    for message in dict.fromkeys(
+        [*notes, *(w for r in reqs for w in r.warnings), *filter(None, [node_dirs])]
+    ):
         view.warn(message)
     if place.time_min_seconds is not None:
         view.note(

@@ -68,3 +68,16 @@ def many_files_warning(files: int, points: int, work_dir: str) -> str | None:
         f"({what} in its work dir{'s' if points > 1 else ''}); sites cap files per user (often 1 M): "
         "--work-dir node checks the code out on each node's local disk instead"
     )
+
+
+def node_work_dir_warning(nodes: int, work_dir: str) -> str | None:
+    """What ``rv run --work-dir node`` says before sending a run over several nodes: each node has a
+    work dir of its own, and only the first node's changes are kept for the next segment."""
+    if work_dir != "node" or nodes <= 1:
+        return None
+    return (
+        f"--work-dir node on {nodes} nodes: each node checks the code out on its own disk, and only the "
+        "first node's changes to its work dir are kept for the next segment (the other nodes' work dirs are "
+        "removed with what their programs wrote there); write what every node must keep under "
+        "$RV_CHECKPOINT_DIR or $RV_OUTPUT_DIR, or use --work-dir shared"
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 from projects import git_project
@@ -109,3 +110,84 @@ def test_rv_diff_and_rv_checkout_show_and_write_what_each_run_ran(layout, tmp_pa
     assert tree_of(proj) == ran
     parent = subprocess.run(["git", "rev-parse", "HEAD^"], cwd=proj, capture_output=True, text=True).stdout
     assert parent.strip() == head
+
+
+def test_rv_checkout_and_rv_diff_refuse_clearly_and_leave_nothing_behind(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"a.py": "print('one')\n", "run.sh": "#!/bin/sh\necho hi\n"})
+    os.chmod(proj / "run.sh", 0o755)
+    subprocess.run(["git", "add", "-A"], cwd=proj, check=True)
+    subprocess.run(
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x"], cwd=proj, check=True
+    )
+    (proj / "extra.txt").write_text("carried\n")  # untracked: the run carries it
+    started = time.time()
+    one = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--name", "one", "-f", "--", "python3", "a.py", cwd=proj
+    )
+    assert one.returncode == 0, one.stderr[-2000:]
+    elsewhere = {"RV_STATE_DIR": str(tmp_path / "state2"), "RV_CACHE_DIR": str(tmp_path / "cache2")}
+
+    # Into a dangling symlink, under a file: refused before anything is done, without a traceback.
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    (tmp_path / "afile").write_text("f\n")
+    for dest, words in (
+        (tmp_path / "dangling", "is a symlink to"),
+        (tmp_path / "afile" / "sub", "is a file"),
+    ):
+        r = layout.run_rv("checkout", "one", str(dest), cwd=proj)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "nowhere").exists()
+
+    # Through the cluster as from here: dated now, modes as git checks files out under this umask.
+    umask = os.umask(0)
+    os.umask(umask)
+    for where, env in (("here", None), ("there", elsewhere)):
+        made = layout.run_rv("checkout", "one", str(tmp_path / where), cwd=proj, env_extra=env)
+        assert made.returncode == 0, made.stderr
+        for name, mode in (("a.py", 0o666), ("run.sh", 0o777), ("extra.txt", 0o666)):
+            st = os.stat(tmp_path / where / name)
+            assert stat.S_IMODE(st.st_mode) == mode & ~umask, (where, name, oct(st.st_mode))
+            assert st.st_mtime >= started - 5, (where, name, st.st_mtime)
+
+    # --branch over an untracked file the run carried: git will not switch; no branch is left.
+    subprocess.run(["git", "config", "user.email", "me@example.org"], cwd=proj, check=True)
+    subprocess.run(["git", "config", "user.name", "Me"], cwd=proj, check=True)
+    branch = layout.run_rv("checkout", "one", "--branch", "ran-one", cwd=proj)
+    assert branch.returncode == 2, branch.stderr
+    assert "extra.txt" in branch.stderr and "nothing was changed" in branch.stderr, branch.stderr
+    branches = subprocess.run(["git", "branch"], cwd=proj, capture_output=True, text=True).stdout
+    assert "ran-one" not in branches and "* " in branches, branches
+    assert (proj / "extra.txt").read_text() == "carried\n"
+
+    # A sweep's name where a run is wanted: said so, from this machine's records and from the cluster's.
+    sweep = layout.run_rv(
+        "run",
+        "-g",
+        "0",
+        "--mem",
+        "100M",
+        "--name",
+        "sw",
+        "--sweep",
+        "i=0..1",
+        "--",
+        "python3",
+        "a.py",
+        cwd=proj,
+    )
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    for env in (None, elsewhere):
+        r = layout.run_rv("diff", "sw", "one", cwd=proj, env_extra=env)
+        assert r.returncode == 2 and "sw is a sweep of 2 point(s)" in r.stderr and "sw/0" in r.stderr, (
+            r.stderr
+        )
+
+    # A run whose objects a purge took from the cluster's store: a clear message, no folder left.
+    store = Path(layout.remote_root) / "store.git" / "objects"
+    for path in store.rglob("*"):
+        if path.is_file() and path.parent.name != "info":
+            path.unlink()
+    lost = layout.run_rv("checkout", "one", str(tmp_path / "lost"), cwd=tmp_path, env_extra=elsewhere)
+    assert lost.returncode != 0 and "Traceback" not in lost.stderr, lost.stderr
+    assert "no longer holds all of run one's files" in lost.stderr and "nothing was written" in lost.stderr
+    assert not (tmp_path / "lost").exists()

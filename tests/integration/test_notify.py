@@ -244,3 +244,35 @@ def test_a_run_that_waited_in_the_queue_says_when_it_starts_and_when_it_ends(lay
     assert [m["rv"]["event"] for m in messages] == ["started", "end"], messages
     assert messages[0]["rv"]["waited_seconds"] >= 60 and "in the queue" in messages[0]["text"]
     assert messages[1]["rv"]["state"] == "COMPLETED"
+
+
+# Its last words on stderr without a newline, then a failure: srun's own "srun: error: ... Exited with
+# exit code 4" follows in the same log, and must start a line of its own (issue 41, item 9).
+BOOM = "import sys\nsys.stderr.write('boom')\nsys.stderr.flush()\nsys.exit(4)\n"
+
+
+def test_a_last_stderr_line_without_its_newline_is_never_glued_to_sruns_own_line(layout, receiver, tmp_path):
+    hook = receiver.url("ok")
+    assert layout.run_rv("env", "set", f"BOOM_HOOK={hook}").returncode == 0
+    proj = git_project(tmp_path / "p", {"boom.py": BOOM})
+    names = [f"boom{i}" for i in range(4)]  # srun relays in chunks: gluing was 2 runs of 3
+    for name in names:
+        r = layout.run_rv(
+            "run", "-g", "0", "--mem", "100M", "--name", name, "--notify", "secret:BOOM_HOOK", "--",
+            "python3", "boom.py", cwd=proj,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+    waited = layout.run_rv("wait", *names, timeout=400)
+    assert waited.returncode == 4, waited.stderr[-2000:]
+    for name in names:
+        err = layout.run_rv("logs", name, "--err")
+        assert err.returncode == 0, err.stderr
+        lines = err.stdout.splitlines()
+        assert "boom" in lines, err.stdout
+        assert any(line.startswith("srun: error:") and "exit code 4" in line for line in lines), err.stdout
+        assert "boomsrun" not in err.stdout, err.stdout
+    messages = wait_for(lambda: receiver.to(hook) if len(receiver.to(hook)) >= 4 else None, 60, "4 messages")
+    for message in messages:
+        tail = message["rv"]["stderr_tail"]
+        assert message["rv"]["exit_code"] == 4 and "boom" in tail, tail
+        assert not any("boomsrun" in line for line in tail), tail

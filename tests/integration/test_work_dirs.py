@@ -38,10 +38,11 @@ if seg == 1:
     open("out/made.txt", "w").write("made in 1\\n")
     open("-dash\\nname", "w").write("odd\\n")
     os.symlink("data.txt", "link")
+    os.makedirs("empty/inner")
 else:
     print("seen", seg, open("data.txt").read().split(), os.path.exists("gone.txt"),
           open("out/made.txt").read().strip(), open("-dash\\nname").read().strip(), os.readlink("link"),
-          flush=True)
+          os.path.isdir("empty/inner"), flush=True)
     with open("data.txt", "a") as fh:
         fh.write("seg%d\\n" % seg)
 if seg < 3:
@@ -67,8 +68,10 @@ def test_a_node_work_dir_keeps_what_the_program_changed_across_segments_and_leav
         assert not cwd.startswith(layout.remote_root) and f"/rv-{run.name}-" in cwd, cwd
         assert not Path(cwd).parent.exists(), f"{cwd}: the node's work dir outlived its job"
     # What segment 1 changed, segment 2 found; and segment 2's own change, segment 3.
-    assert "seen 2 ['original', 'seg1'] False made in 1 odd data.txt" in r.stdout, r.stdout
-    assert "seen 3 ['original', 'seg1', 'seg2'] False made in 1 odd data.txt" in r.stdout, r.stdout
+    assert "seen 2 ['original', 'seg1'] False made in 1 odd data.txt True" in r.stdout, r.stdout
+    assert "seen 3 ['original', 'seg1', 'seg2'] False made in 1 odd data.txt True" in r.stdout, r.stdout
+    # Each next segment was submitted from a folder that still exists, not the removed work dir.
+    assert "couldn't chdir" not in r.stdout + r.stderr, r.stderr[-3000:]
     # On the shared filesystem: no work dir, the changes as one tar and the deleted names.
     assert not (run / "work").exists()
     assert sorted(p.name for p in (run / "work.changes").iterdir()) == ["deleted", "files.tar"]
@@ -186,6 +189,11 @@ def test_each_node_of_a_job_checks_out_a_work_dir_of_its_own(layout, tmp_path):
         "-f", "--", "python3", "each.py", cwd=proj / "sub", timeout=400,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
+    # Said before the run: the other node's changes are not kept.
+    assert (
+        "--work-dir node on 2 nodes: each node checks the code out on its own disk, and only the first "
+        "node's changes to its work dir are kept" in " ".join(r.stderr.split())
+    ), r.stderr
     lines = [line.split("] ", 1)[-1].split() for line in r.stdout.splitlines()]
     seen = {words[1]: words[3] for words in lines if words and words[0] == "node"}
     assert sorted(seen) == ["0", "1"], r.stdout
@@ -193,9 +201,52 @@ def test_each_node_of_a_job_checks_out_a_work_dir_of_its_own(layout, tmp_path):
     assert seen["0"] != seen["1"] and all(cwd.endswith("/work/sub") for cwd in seen.values()), seen
     assert all(not cwd.startswith(layout.remote_root) for cwd in seen.values())
     assert all(not Path(cwd).parent.parent.exists() for cwd in seen.values()), "a node's work dir stayed"
-    # The first node's changes are the run's.
+    # The first node's changes are the run's; the other node's file is named as dropped, not lost unsaid.
+    logs = layout.run_rv("logs", "two", "--err", "--node", "1")
+    assert "rv: warning: node 1 (" in logs.stdout and "are not kept" in logs.stdout, logs.stdout + logs.stderr
     run = run_folder(layout.remote_root, "two")
     listing = subprocess.run(
         ["tar", "-tf", str(run / "work.changes" / "files.tar")], capture_output=True, text=True, check=True
     ).stdout.split()
     assert listing == ["./sub/from-node-0.txt"], listing
+
+
+# Two segments in the shared work dir: segment 1 deletes a file of the snapshot, and a purge takes
+# another while segment 2 waits in the queue; segment 2 says what it finds.
+DELETER = """\
+import os
+seg = int(os.environ["RV_SEGMENT"])
+if seg == 1:
+    os.remove("gone.txt")
+    open(os.path.join(os.environ["RV_CHECKPOINT_DIR"], "PREEMPTED"), "w").write("1")
+else:
+    print("found", os.path.exists("gone.txt"), open("purged.txt").read().strip(), flush=True)
+"""
+
+
+def test_the_shared_work_dir_keeps_the_programs_deletions_and_restores_only_a_purges(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"deleter.py": DELETER, "gone.txt": "g\n", "purged.txt": "p\n"})
+    # Each segment waits 25 s in the queue (--begin): the purge comes while nothing of the run runs.
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--name", "deleter", "--sbatch=--begin=now+25", "--", "python3",
+        "deleter.py", cwd=proj,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    seg = wait_for(lambda: run_folder(layout.remote_root, "deleter") / "seg", 120, "the run's folder")
+
+    def first_ended() -> bool:
+        record = seg / "1.json"
+        done = record.exists() and json.loads(record.read_text())["state"] == "ended"
+        return done and (seg / "2.job").exists()
+
+    wait_for(first_ended, 180, "segment 1 to end and submit segment 2", step=0.5)
+    work = seg.parent / "work"
+    assert not (work / "gone.txt").exists()
+    (work / "purged.txt").unlink()  # the purge
+    record = ended(layout.remote_root, "deleter")
+    assert record["segment"] == 2 and record["exit_code"] == 0, record
+    logs = layout.run_rv("logs", "deleter")
+    assert "found False p" in logs.stdout, logs.stdout + logs.stderr
+    err = layout.run_rv("logs", "deleter", "--err").stdout
+    assert "1 file(s) of the snapshot are missing from the work dir (a purge?): restoring them" in err, err
+    assert not (work / "gone.txt").exists() and (work / "purged.txt").read_text() == "p\n"

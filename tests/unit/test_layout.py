@@ -101,7 +101,7 @@ def test_the_job_runtime_names_a_runs_files_as_the_layout_does():
         if first == names.LOGS:
             assert path.split("/", 1)[1] in {
                 "$rv_job", names.log_name("$rv_job", "out", 0).replace("0.", "%n."),
-                names.log_name("$rv_job", "err", 0).replace("0.", "%n."),
+                names.log_name("$rv_job", "err", 0).replace("0.", "%n."), names.log_name("$rv_job", "err"),
             }, path  # fmt: skip
     # seg/<k>.<kind>, written whole ("$RV_RUN_DIR/seg/$next.job") or from the segment's stem ("$seg.claim")
     kinds = re.findall(r'RV_RUN_DIR/seg/\$[^"]*?\.([a-z]+)"', JOB_SH) + re.findall(
