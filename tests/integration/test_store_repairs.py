@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from projects import git_project
+from projects import git_project, wait_for
 from test_store import ended, logs, run_folder
 
 pytestmark = pytest.mark.integration
@@ -182,4 +182,31 @@ def test_gc_after_old_runs_keeps_the_store_packed_and_drops_a_ref_to_a_purged_pa
     git_project(proj, version(4))
     healed = run(layout, proj, "v4-again")
     assert healed.returncode == 0 and "program ran" in healed.stdout, healed.stderr[-2000:]
+    fsck(layout)
+
+
+def test_a_jobs_background_gc_that_fails_says_so_in_rv_status(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"main.py": "import time\nprint('program ran')\ntime.sleep(5)\n"})
+    first = run(layout, proj, "one")
+    assert first.returncode == 0, first.stderr[-2000:]
+    store = Path(layout.remote_root, "store.git")
+    # A setting git's gc cannot parse (a hand edit, a newer git's value): it fails whatever rv mends.
+    config = (store / "config").read_text()
+    (store / "config").write_text(config + "[gc]\n\tpruneExpire = not-a-date\n")
+    (proj / "main.py").write_text("import time\nprint('program ran again')\ntime.sleep(5)\n")
+    second = run(layout, proj, "two")
+    assert second.returncode == 0 and "program ran again" in second.stdout, second.stderr[-2000:]
+    failed = wait_for(lambda: (store / "rv-gc-failed").exists() and (store / "rv-gc-failed").read_text(),
+                      60, "the job's background gc to write its failure")  # fmt: skip
+    assert "git gc --auto failed" in failed and "gc.pruneexpire" in failed, failed
+    status = layout.run_rv("status")
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert "store gc   FAILED in a job: " in status.stdout and "git gc --auto failed" in status.stdout
+    data = json.loads(layout.run_rv("status", "--json").stdout)
+    assert "git gc --auto failed" in data["git"]["background_gc_failed"]
+    # Mended (the setting gone), rv gc collects and the failure is forgotten.
+    (store / "config").write_text(config)
+    assert layout.run_rv("gc", "--older-than", "0").returncode == 0
+    assert not (store / "rv-gc-failed").exists()
+    assert "store gc" not in layout.run_rv("status").stdout
     fsck(layout)
