@@ -264,12 +264,7 @@ def check(store, commit):
     # their meta files: a ref stands for a whole snapshot, and one that is not fails git's gc. A
     # send sets them again.
     broken = broken_refs(store) if aside else []
-    drop_refs(store, broken)
-    for name in broken:
-        try:
-            os.unlink(meta_path(store, name[len(SNAPSHOT_REFS) :]))
-        except OSError:
-            pass
+    drop_snapshots(store, broken)
     return {
         "damaged": [[o, bad[o]] for o in damaged],
         "missing": [[o, bad[o]] for o in missing],
@@ -307,6 +302,16 @@ def drop_refs(store, names):
         git(store, ["update-ref", "--stdin"], stdin="".join("delete %s\n" % n for n in names).encode())
 
 
+def drop_snapshots(store, names):
+    """Drop the refs ``names`` and their snapshots' meta files (a send sets both again)."""
+    drop_refs(store, names)
+    for name in names:
+        try:
+            os.unlink(meta_path(store, name[len(SNAPSHOT_REFS) :]))
+        except OSError:
+            pass
+
+
 def set_aside_corrupt(store, error):
     """Set aside the packs git's ``error`` calls corrupt (each fails every gc); their names."""
     return set_aside(store, sorted(set(p for p in _CORRUPT.findall(error) if os.path.exists(p))))
@@ -319,14 +324,14 @@ def tidy(store, who):
     for _attempt in range(3):
         rc, _out, err = git(store, args)
         error = err.decode("utf-8", "replace").strip()
-        if rc == 0 or "gc is already running" in error:
+        if rc == 0:  # another job's gc running is a 0 too, without a word (git's gc.pid, --auto)
             try:
                 os.unlink(os.path.join(store, GC_FAILED))
             except OSError:
                 pass
             return 0
         broken = broken_refs(store)
-        drop_refs(store, broken)
+        drop_snapshots(store, broken)
         if not set_aside_corrupt(store, error) and not broken:
             break  # nothing to repair: gc's failure stands
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

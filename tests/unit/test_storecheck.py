@@ -119,6 +119,8 @@ def test_tidy_drops_a_ref_to_lost_objects_and_packs_unreachable_objects_in_a_cru
     (store / storecheck.GC_FAILED).write_text("an old failure\n")
     assert storecheck.tidy(str(store), "job 1 on node1") == 0
     assert git(store, "for-each-ref", "--format=%(refname)") == f"refs/rv/snapshots/{'a' * 24}"
+    metas = sorted(p.name for p in (tmp_path / "snapshots").iterdir())
+    assert metas == ["a" * 24 + ".git.json", "c" * 24 + ".git.json"]  # b's went with its ref
     assert not (store / storecheck.GC_FAILED).exists()
     assert not list(store.glob("objects/??/*"))  # nothing exploded into loose files
     assert list(store.glob("objects/pack/*.mtimes"))  # c's objects: in a cruft pack
