@@ -160,3 +160,19 @@ def test_gc_without_cruft_packs_drops_old_unreachable_objects_keeps_recent_ones_
     assert keep in have and recent in have and old not in have  # a send in flight keeps its objects
     assert not list(store.glob("objects/??/*")) and not list(store.glob("objects/pack/*.keep"))
     subprocess.run(["git", "fsck", "--full", "--strict"], env=storecheck.git_env(str(store)), check=True)
+
+
+def test_rv_gc_sets_aside_a_pack_git_calls_corrupt_and_drops_the_refs_it_held(tmp_path):
+    from rv.agent.gc import Freed
+
+    store = new_store(tmp_path)
+    one = snapshot(store, "a" * 24, {"x.txt": blob("x")})
+    snapshot(store, "b" * 24, {"y.txt": blob("y")})
+    pack = overwrite(store, "x.txt", one)
+    report: dict = {}
+    repairs = agent_store._git_gc(str(tmp_path).encode(), str(store).encode(), 900, report, Freed())
+    assert repairs == [f"set aside damaged pack {pack.name}"]
+    assert report["broken_removed"] == ["a" * 24]
+    assert list(store.glob(f"rv-damaged/*/{pack.name}")) and not pack.exists()
+    assert git(store, "for-each-ref", "--format=%(refname)") == f"refs/rv/snapshots/{'b' * 24}"
+    subprocess.run(["git", "fsck", "--full", "--strict"], env=storecheck.git_env(str(store)), check=True)
