@@ -675,7 +675,8 @@ rv_store_tidy() {
         renice -n 19 "$BASHPID" >/dev/null 2>&1 || :
         if [ -r "${rv_store_prog:-}" ] && command -v python3 >/dev/null 2>&1; then
             python3 "$rv_store_prog" tidy "$rv_store" "$who" >/dev/null 2>&1 || :
-        elif err="$(rv_git "$1" -c gc.autoDetach=false -c gc.cruftPacks=true gc --auto --quiet 2>&1 >/dev/null)"; then
+        elif err="$(rv_git "$1" -c gc.autoDetach=false -c gc.cruftPacks=true -c gc.writeCommitGraph=false \
+            -c repack.writeBitmaps=false -c repack.updateServerInfo=false gc --auto --quiet 2>&1 >/dev/null)"; then
             rm -f -- "$rv_store/rv-gc-failed"
         else
             printf '%s %s: git gc --auto failed: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$who" \

@@ -607,7 +607,8 @@ def _collect(root, store, in_use, older_than, grace, report, freed, dry):
     after = _du(store)
     report["store_files_after"] = after[1]
     freed.extra += max(0, before[0] - after[0])  # measured: what git's repack and prune freed
-    freed.extra_files += max(0, before[1] - after[1])
+    # Net, as a file quota counts: git's gc may add a file or two (packed-refs) as it removes others.
+    freed.extra_files += before[1] - after[1]
     return report
 
 
@@ -639,9 +640,7 @@ def _git_gc(root, store, grace, report, freed):
     prune = "--prune=%d.seconds.ago" % int(grace)
     repairs = []
     for _attempt in range(3):
-        rc, _out, err = run_git(
-            store, ["-c", "gc.autoDetach=false", "gc", "--quiet", "--cruft", prune], ok=None
-        )
+        rc, _out, err = run_git(store, storecheck.GC_SETTINGS + ["gc", "--quiet", "--cruft", prune], ok=None)
         if rc == 129 and b"cruft" in err:
             rc, err = _gc_without_cruft(store, grace)  # git older than 2.37: no --cruft
         if rc == 0:
@@ -673,8 +672,12 @@ def _gc_without_cruft(store, grace):
             if name.endswith(b".pack") and now - os.lstat(path).st_mtime < grace and not os.path.exists(keep):
                 common.write_atomic(keep, b"rv gc: a send in flight may need it\n", 0o644)
                 kept.append(keep)
-        for args in (["repack", "-a", "-d", "-l", "-q"], ["prune", "--expire=%d.seconds.ago" % int(grace)],
-                     ["pack-refs", "--all", "--prune"]):  # fmt: skip
+        steps = (
+            storecheck.GC_SETTINGS + ["repack", "-a", "-d", "-l", "-n", "-q"],
+            ["prune", "--expire=%d.seconds.ago" % int(grace)],
+            ["pack-refs", "--all", "--prune"],
+        )
+        for args in steps:
             rc, _out, err = run_git(store, args, ok=None)
             if rc != 0:
                 return rc, err

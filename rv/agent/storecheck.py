@@ -34,6 +34,14 @@ DAMAGED = "rv-damaged"  # layout.STORE_DAMAGED: set-aside packs, a folder per ev
 GC_FAILED = "rv-gc-failed"  # layout.STORE_GC_FAILED: the last background gc's failure
 SNAPSHOT_REFS = "refs/rv/snapshots/"
 
+# git's gc as the store wants it: in the foreground (a detached gc outlives its job or rv call);
+# nothing only a server needs (bitmaps, the commit-graph, the dumb-http listings: files a quota
+# counts, for fetches and walks nobody makes here). Older git ignores a setting it does not know.
+GC_SETTINGS = [
+    "-c", "gc.autoDetach=false", "-c", "gc.writeCommitGraph=false", "-c", "repack.writeBitmaps=false",
+    "-c", "repack.updateServerInfo=false",
+]  # fmt: skip
+
 _CORRUPT = re.compile(r"\(stored in ([^)\s]*/objects/pack/pack-[0-9a-f]{40}\.pack)\) is corrupt")
 _OID = re.compile(r"^[0-9a-f]{40}$")
 
@@ -319,7 +327,7 @@ def set_aside_corrupt(store, error):
 
 def tidy(store, who):
     """The job's background ``git gc --auto``: see the module's docstring."""
-    args = ["-c", "gc.autoDetach=false", "-c", "gc.cruftPacks=true", "gc", "--auto", "--quiet"]
+    args = GC_SETTINGS + ["-c", "gc.cruftPacks=true", "gc", "--auto", "--quiet"]
     error = ""
     for _attempt in range(3):
         rc, _out, err = git(store, args)
