@@ -208,6 +208,10 @@ def runs_and_store_gc(args, live=None):
         objects_removed=old["objects_removed"] + new["objects_removed"],
         warnings=report["warnings"] + old["warnings"],
     )
+    # What the git store's collection measured and mended (absent when it had nothing to do).
+    for key in ("store_files_before", "store_files_after", "broken_removed", "repairs"):
+        if key in new:
+            report[key] = new[key]
     report["runtime_removed"] = runtime_gc(root, [r for r, _ in remove_runs] if dry else (), freed, dry,
                                            float(args.get("grace", 900)))  # fmt: skip
     report["bytes_freed"] = freed.bytes
@@ -326,6 +330,9 @@ def mode_usage(args):
         "version": ".".join(str(v) for v in version) if version else None,
         "problem": store.git_problem(),
     }
+    failed = store.background_gc_failure(root)
+    if failed:
+        out["git"]["background_gc_failed"] = failed  # a job's gc --auto: rv status shows it
     try:
         gc = runs_and_store_gc(dict(args, dry_run=True), live=live)
         out["gc"] = {"bytes_freed": gc["bytes_freed"], "files_freed": gc["files_freed"],

@@ -28,7 +28,8 @@
 # The batch script sets, before sourcing (plain variables; rv_begin exports the RV_* ones once the
 # submit environment is saved): RV_RUN_DIR RV_RUN_ID RV_RUN_NAME RV_MAX_SEGMENTS RV_CHECKPOINT_DIR
 # RV_OUTPUT_DIR RV_METRICS RV_SNAPSHOT RV_PROJECT RV_NODES RV_GPUS RV_GPUS_PER_NODE RV_STOP_SIGNAL
-# RV_STOP_LEAD, and rv_cache (the cache root), rv_store (the snapshot store, a git repository), rv_gpu_type and rv_gpu_cc
+# RV_STOP_LEAD, and rv_cache (the cache root), rv_store (the snapshot store, a git repository),
+# rv_store_prog (its repairs and background gc, rv/agent/storecheck.py), rv_gpu_type and rv_gpu_cc
 # (the catalog's compute capability: the fallback when nvidia-smi says nothing; both empty for a
 # CPU job), rv_secrets (1: the run has a secrets file), rv_labeled (1: ranks' lines are labelled),
 # rv_launcher (1: a launcher starts ranks as $PYTHON_EXEC), rv_outputs (array: -o paths),
@@ -156,7 +157,7 @@ rv_save_submit_env() {
 # one writes them again when they are gone (rv_runtime_mend), as they were.
 rv_runtime_keep() {
     local f
-    rv_runtime_files=("${rv_runtime:-}" "${RV_RANK_LABEL:-}" "${rv_notify_prog:-}")
+    rv_runtime_files=("${rv_runtime:-}" "${RV_RANK_LABEL:-}" "${rv_notify_prog:-}" "${rv_store_prog:-}")
     rv_runtime_texts=()
     for f in "${rv_runtime_files[@]}"; do
         if [ -n "$f" ]; then rv_runtime_texts+=("$(cat -- "$f" 2>/dev/null)"); else rv_runtime_texts+=(''); fi
@@ -652,6 +653,7 @@ rv_work_dir() {
             "purge of the filesystem): run \`rv run\` again from your machine; it sends the snapshot again"
     rv_try "making the work dir" mkdir -p -- "$tmp"
     if ! out="$(rv_git "$index.tmp" read-tree "$commit" 2>&1)"; then
+        rv_store_damaged "$commit" "$out"
         rv_lost "$commit" "$out"
     fi
     out="$(rv_git "$index.tmp" --work-tree="$tmp" checkout-index -a -u 2>&1)" || :
@@ -666,10 +668,24 @@ rv_work_dir() {
 # compute node, in its background at the lowest priority: on the login node a repack would slow
 # every rv command, and a detached one outlive the call that started it. Another job's gc running
 # makes this one a no-op (git's gc.pid); the job's end stops it, which git's atomic renames survive.
+# Unreachable objects go into a cruft pack (git >= 2.37; older git ignores the setting), never
+# exploded into loose files. storecheck.py drops a ref whose objects are gone and sets aside a pack
+# git calls corrupt, either of which fails every gc; a failure left is written where `rv status`
+# reads it (the store's rv-gc-failed), never dropped.
 rv_store_tidy() {
     (
+        local err who
+        who="job $rv_job on $(hostname)"
         renice -n 19 "$BASHPID" >/dev/null 2>&1 || :
-        rv_git "$1" -c gc.autoDetach=false gc --auto --quiet >/dev/null 2>&1 || :
+        if [ -r "${rv_store_prog:-}" ] && command -v python3 >/dev/null 2>&1; then
+            python3 "$rv_store_prog" tidy "$rv_store" "$who" >/dev/null 2>&1 || :
+        elif err="$(rv_git "$1" -c gc.autoDetach=false -c gc.cruftPacks=true -c gc.writeCommitGraph=false \
+            -c repack.writeBitmaps=false -c repack.updateServerInfo=false gc --auto --quiet 2>&1 >/dev/null)"; then
+            rm -f -- "$rv_store/rv-gc-failed"
+        else
+            printf '%s %s: git gc --auto failed: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$who" \
+                "$(printf '%s' "$err" | tr '\n' ' ' | tail -c 600)" >"$rv_store/rv-gc-failed" 2>/dev/null || :
+        fi
     ) </dev/null &
 }
 
@@ -779,12 +795,26 @@ rv_work_dir_whole() {
     missing="$(rv_git "$1" -C "$2" --work-tree="$2" ls-files --deleted)" \
         || rv_fail "could not compare the work dir with its snapshot: $3"
     [ -n "$missing" ] || return 0
+    rv_store_damaged "$(rv_git "$1" rev-parse -q --verify "refs/rv/snapshots/$RV_SNAPSHOT")" "$3"
     n="$(printf '%s\n' "$missing" | wc -l)"
     [ -z "$3" ] || printf '%s\n' "$3" >&2
     rv_fail "the store lost $n file(s) of snapshot $RV_SNAPSHOT (a purge of the filesystem?), so the" \
         "program was not started: $(printf '%s\n' "$missing" | head -n 10 | tr '\n' ' ')$([ "$n" -le 10 ] \
         || echo "and $((n - 10)) more "); run \`rv run\` again from your machine: it finds what the" \
         "store lacks and sends it"
+}
+
+# rv_store_damaged COMMIT OUTPUT: git could not give the snapshot whole. Objects whose bytes do not
+# read back (a pack with bytes written over: its files are all there) are named by storecheck.py,
+# their packs set aside, and the job ends here; the next `rv run` finds them missing and sends them.
+# Nothing damaged (a purge took files, or no python3): the callers' messages say what is lost.
+rv_store_damaged() {
+    local found
+    [ -n "$1" ] && [ -r "${rv_store_prog:-}" ] && command -v python3 >/dev/null 2>&1 || return 0
+    found="$(python3 "$rv_store_prog" check "$rv_store" "$1" "$RV_SNAPSHOT")" || return 0
+    [ -z "$2" ] || printf '%s\n' "$2" >&2
+    rv_fail "$found; so the program was not started: run \`rv run\` again from your machine, it finds what" \
+        "the store lacks and sends it"
 }
 
 # rv_lost COMMIT OUTPUT: the snapshot's folders themselves (trees, or its commit) are gone.

@@ -88,6 +88,10 @@ UV_CACHE = CACHE + "/uv"  # UV_CACHE_DIR
 # In the git store: the ref holding a snapshot's commit, and a send's quarantine (a folder prefix).
 SNAPSHOT_REF_PREFIX = "refs/rv/snapshots/"
 STORE_QUARANTINE = "rv-incoming-"
+# In the git store: packs set aside as damaged (a folder per event, removed by rv gc once old), and
+# the last failure of a job's background gc (rv status shows it). storecheck.py spells them too.
+STORE_DAMAGED = "rv-damaged"
+STORE_GC_FAILED = "rv-gc-failed"
 # In snapshots/: a git store snapshot's meta file. Not <id>.json: that is the same snapshot's meta in
 # the store of earlier rv versions, which an older rv (its jobs, its gc) may still read beside it.
 SNAPSHOT_META = ".git.json"

@@ -20,8 +20,14 @@ the ref. Rules every mode keeps:
   laptop sends it again.
 * Packs pile up one per send; ``git gc --auto`` consolidates them by git's own rules, run by jobs
   in their background on their compute node (never detached on the login node: gc.autoDetach is
-  off). ``rv gc`` drops refs and lets git prune what
-  they held, with a grace period; uploads hold the store lock shared, gc exclusively.
+  off), through :mod:`rv.agent.storecheck`, which writes a failure where ``rv status`` shows it.
+  ``rv gc`` drops refs and lets git prune what they held, with a grace period; uploads hold the
+  store lock shared, gc exclusively. Unreachable objects younger than the grace go into one cruft
+  pack (never exploded into loose files: a file quota counts them), and a ref whose objects are
+  gone (it would fail every gc) is dropped first.
+* A pack whose bytes do not read back (written over: every file is there) is set aside by the job
+  that finds it (:mod:`rv.agent.storecheck`); its objects are then missing, which the next send
+  mends. ``rv gc`` removes set-aside packs once older than the grace.
 * The user's git configuration never applies: no system or global config is read, and
   ``info/attributes`` turns off every conversion (eol, filters, ident, export-ignore), so a
   checkout writes each blob's bytes exactly.
@@ -39,7 +45,7 @@ import struct
 import subprocess
 import time
 
-from rv.agent import common, layout, locks, manifest, packfile
+from rv.agent import common, layout, locks, manifest, packfile, storecheck
 
 META_VERSION = 4
 
@@ -583,17 +589,115 @@ def _collect(root, store, in_use, older_than, grace, report, freed, dry):
                 freed.note(meta_path(root, sid))
         return report
     before = _du(store)
+    report["store_files_before"] = before[1]
     if drop:
         commands = "".join("delete %s\n" % ref_name(sid) for sid in sorted(drop))
         run_git(store, ["update-ref", "--stdin"], stdin=commands.encode("ascii"))
         for sid in drop:
             with contextlib.suppress(OSError):
                 common.remove_counted(meta_path(root, sid), freed, dry)
-    if drop:
+    # A ref whose objects are gone (a purge, a pack set aside) fails git's gc for every snapshot:
+    # dropped (with its meta file: a send sets both again, provenance included).
+    broken = storecheck.broken_refs(manifest.dec(store))
+    _drop_broken(root, store, broken, report, freed)
+    if drop or broken or _untidy(store):
         # Unreachable objects older than the grace period go; the packs are rewritten into one.
-        prune = "--prune=%d.seconds.ago" % int(grace)
-        run_git(store, ["-c", "gc.autoDetach=false", "gc", "--quiet", prune])
+        report["repairs"] = _git_gc(root, store, grace, report, freed)
+    _remove_set_aside(store, grace)
     after = _du(store)
+    report["store_files_after"] = after[1]
     freed.extra += max(0, before[0] - after[0])  # measured: what git's repack and prune freed
-    freed.extra_files += max(0, before[1] - after[1])
+    # Net, as a file quota counts: git's gc may add a file or two (packed-refs) as it removes others.
+    freed.extra_files += before[1] - after[1]
     return report
+
+
+def _drop_broken(root, store, refs, report, freed):
+    storecheck.drop_refs(manifest.dec(store), refs)
+    for name in refs:
+        sid = name[len(layout.SNAPSHOT_REF_PREFIX) :]
+        report.setdefault("broken_removed", []).append(sid)
+        if _SID.match(sid):
+            with contextlib.suppress(OSError):
+                common.remove_counted(meta_path(root, sid), freed, False)
+
+
+def _untidy(store):
+    """Loose objects, or more than one pack that is not a cruft pack: git's gc has work to do."""
+    objects = common.join(store, b"objects")
+    for name in os.listdir(objects):
+        if len(name) == 2 and os.listdir(common.join(objects, name)):
+            return True
+    packs = [n for n in os.listdir(common.join(objects, b"pack")) if n.endswith(b".pack")]
+    cruft = [n for n in packs if os.path.exists(common.join(objects, b"pack", n[:-5] + b".mtimes"))]
+    return len(packs) - len(cruft) > 1
+
+
+def _git_gc(root, store, grace, report, freed):
+    """git's gc, unreachable objects younger than ``grace`` kept in a cruft pack (git >= 2.37; older
+    git: see :func:`_gc_without_cruft`). A damaged pack or a ref to lost objects that fails it is
+    set aside or dropped, and gc tried again. Returns what was repaired."""
+    prune = "--prune=%d.seconds.ago" % int(grace)
+    repairs = []
+    for _attempt in range(3):
+        rc, _out, err = run_git(store, storecheck.GC_SETTINGS + ["gc", "--quiet", "--cruft", prune], ok=None)
+        if rc == 129 and b"cruft" in err:
+            rc, err = _gc_without_cruft(store, grace)  # git older than 2.37: no --cruft
+        if rc == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(common.under(store, layout.STORE_GC_FAILED))  # gc works again
+            return repairs
+        text = err.decode("utf-8", "replace")
+        packs = storecheck.set_aside_corrupt(manifest.dec(store), text)
+        broken = storecheck.broken_refs(manifest.dec(store))  # a set-aside pack's snapshots among them
+        _drop_broken(root, store, broken, report, freed)
+        if not packs and not broken:
+            break  # nothing to repair: gc's failure stands
+        repairs += ["set aside damaged pack %s" % p for p in packs]
+    raise common.AgentError("git gc failed in %s: %s" % (manifest.dec(store), text.strip()[-400:]), "remote")
+
+
+def _gc_without_cruft(store, grace):
+    """gc for git without cruft packs, which would explode unreachable objects into loose files:
+    packs younger than ``grace`` (a send in flight may need what they hold) are kept as they are
+    (.keep), everything else reachable is packed into one and the rest dropped; loose objects
+    older than the grace are pruned. Returns (exit code, stderr)."""
+    folder = common.join(store, b"objects", b"pack")
+    now = time.time()
+    kept = []
+    try:
+        for name in os.listdir(folder):
+            path = common.join(folder, name)
+            keep = path[:-5] + b".keep"
+            if name.endswith(b".pack") and now - os.lstat(path).st_mtime < grace and not os.path.exists(keep):
+                common.write_atomic(keep, b"rv gc: a send in flight may need it\n", 0o644)
+                kept.append(keep)
+        steps = (
+            storecheck.GC_SETTINGS + ["repack", "-a", "-d", "-l", "-n", "-q"],
+            ["prune", "--expire=%d.seconds.ago" % int(grace)],
+            ["pack-refs", "--all", "--prune"],
+        )
+        for args in steps:
+            rc, _out, err = run_git(store, args, ok=None)
+            if rc != 0:
+                return rc, err
+        return 0, b""
+    finally:
+        for keep in kept:
+            with contextlib.suppress(OSError):
+                os.unlink(keep)
+
+
+def _remove_set_aside(store, grace):
+    """Packs set aside as damaged, once older than the grace: no job is reading them any more."""
+    common.remove_stale(common.under(store, layout.STORE_DAMAGED), b"", grace)
+
+
+def background_gc_failure(root):
+    """The last failure of a job's background gc (its line), or None."""
+    path = common.under(store_path(root), layout.STORE_GC_FAILED)
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2000).decode("utf-8", "replace").strip() or None
+    except OSError:
+        return None

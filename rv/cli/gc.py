@@ -35,7 +35,13 @@ def summary(report: dict[str, Any]) -> str:
     freed = human_size(report["bytes_freed"])
     files = report.get("files_freed")
     freed += f" in {files:,} files" if files is not None else ""
-    return f"{verb} {freed}: {', '.join(parts)}; kept {len(kept)} run(s) ({live} live)"
+    line = f"{verb} {freed}: {', '.join(parts)}; kept {len(kept)} run(s) ({live} live)"
+    if report.get("store_files_after") is not None:
+        # A file quota counts the store's files: what git's own gc did to them, measured.
+        line += (
+            f"; the store went from {report['store_files_before']:,} to {report['store_files_after']:,} files"
+        )
+    return line
 
 
 @click.command()
@@ -65,6 +71,10 @@ def gc(ctx: click.Context, older_than: float, checkpoints: bool, dry_run: bool, 
         )
     for w in report.get("warnings", []):
         warn(w)
+    for sid in report.get("broken_removed", []):
+        warn(f"snapshot {sid} had lost objects (a purge, a damaged pack): removed; `rv run` sends it again")
+    for repair in report.get("repairs", []):
+        warn(f"the store: {repair}")
     if as_json:
         print_json(report)
     else:

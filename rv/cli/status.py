@@ -112,6 +112,11 @@ def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: 
         lines.append(
             f"git          {git['version']} on the login node (jobs need git on the compute nodes too)"
         )
+    if git.get("background_gc_failed"):
+        # A job's background gc failed: packs pile up until something mends the store.
+        lines.append(
+            f"  store gc   FAILED in a job: {git['background_gc_failed']} (`rv gc` repairs what it can)"
+        )
     jobs = data["jobs"]
     lines.append("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
     lines.append("GPUs         idle/total")

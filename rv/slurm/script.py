@@ -48,6 +48,8 @@ JOB_RUNTIME = _AGENT / "job.sh"
 RANK_LABELLER = _AGENT / "ranklabel.py"
 # What posts a run's end (or late start) to the user's webhooks, from the compute node.
 NOTIFIER = _AGENT / "notify.py"
+# The store's repairs (a damaged pack set aside) and the job's background gc.
+STORE_CHECK = _AGENT / "storecheck.py"
 
 # The job's environment file (in $RV_JOB_DIR) that `rv ssh` and `rv up` start their shells from.
 JOB_ENV_FILE = remote_layout.JOB_ENV
@@ -72,6 +74,7 @@ def runtime_files() -> dict[str, str]:
         (JOB_RUNTIME, "job", ".sh"),
         (RANK_LABELLER, "rank-label", ".py"),
         (NOTIFIER, "notify", ".py"),
+        (STORE_CHECK, "store-check", ".py"),
     ):
         text = path.read_text(encoding="utf-8")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -80,7 +83,8 @@ def runtime_files() -> dict[str, str]:
 
 
 def runtime_path(layout: RemoteLayout, stem: str) -> str:
-    """Where the runtime file ``stem`` (``job``, ``rank-label``, ``notify``) lives on the cluster."""
+    """Where the runtime file ``stem`` (``job``, ``rank-label``, ``notify``, ``store-check``) lives on
+    the cluster."""
     (name,) = (n for n in runtime_files() if n.rsplit("-", 1)[0] == stem)
     return layout.runtime_file(name)
 
@@ -127,6 +131,7 @@ def work_dir_script(layout: RemoteLayout, snapshot_id: str) -> str:
         [
             runtime_files()[posixpath.basename(runtime_path(layout, "job"))],
             f"RV_SNAPSHOT={_q(snapshot_id)} rv_store={_q(layout.store)}",
+            f"rv_store_prog={_q(runtime_path(layout, 'store-check'))}",
             "rv_work_dir",
         ]
     )
@@ -262,6 +267,7 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
         f"RV_NODES={req.nodes} RV_GPUS={req.gpus} RV_GPUS_PER_NODE={req.gpus_per_node}",
         f"RV_STOP_SIGNAL={req.signal} RV_STOP_LEAD={req.signal_lead_seconds}",
         f"rv_cache={_q(layout.cache)} rv_store={_q(layout.store)}",
+        f"rv_store_prog={_q(runtime_path(layout, 'store-check'))}",
         f"rv_gpu_type={gpu_type} rv_gpu_cc={gpu_cc}",
         f"rv_secrets={int(ctx.has_secrets)} rv_labeled={int(req.labeled)} "
         f"rv_launcher={int(req.labeled and req.launch is not None)}",

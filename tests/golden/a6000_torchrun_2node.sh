@@ -30,6 +30,7 @@ RV_OUTPUT_DIR=/scratch/u/rv/outputs/proj-1a2b3c/grpo-2node RV_METRICS=/scratch/u
 RV_NODES=2 RV_GPUS=4 RV_GPUS_PER_NODE=2
 RV_STOP_SIGNAL=USR1 RV_STOP_LEAD=300
 rv_cache=/scratch/u/rv/cache rv_store=/scratch/u/rv/store.git
+rv_store_prog=/scratch/u/rv/runtime/store-check-e429b27c68a5f56e.py
 rv_gpu_type=a6000 rv_gpu_cc=8.6
 rv_secrets=1 rv_labeled=1 rv_launcher=1
 rv_outputs=(runs/exp1 model.pt)

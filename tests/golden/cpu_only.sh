@@ -28,6 +28,7 @@ RV_OUTPUT_DIR=/scratch/u/rv/outputs/proj-1a2b3c/prep RV_METRICS=/scratch/u/rv/ou
 RV_NODES=1 RV_GPUS=0 RV_GPUS_PER_NODE=0
 RV_STOP_SIGNAL=USR1 RV_STOP_LEAD=300
 rv_cache=/scratch/u/rv/cache rv_store=/scratch/u/rv/store.git
+rv_store_prog=/scratch/u/rv/runtime/store-check-e429b27c68a5f56e.py
 rv_gpu_type='' rv_gpu_cc=''
 rv_secrets=0 rv_labeled=0 rv_launcher=0
 rv_outputs=()

@@ -37,6 +37,14 @@ def test_the_laptops_paths_are_where_they_always_were():
         "snapshots/s1.manifest",
     )
     assert names.STORE_QUARANTINE == "rv-incoming-"
+    # storecheck.py runs alone in a job (it imports nothing of rv) and job.sh writes the gc failure
+    # itself: both spell the store's names as the layout does.
+    from rv.agent import storecheck
+
+    assert (storecheck.DAMAGED, storecheck.GC_FAILED) == (names.STORE_DAMAGED, names.STORE_GC_FAILED)
+    assert storecheck.SNAPSHOT_REFS == names.SNAPSHOT_REF_PREFIX
+    assert storecheck.meta_path("/r/store.git", "s1") == at.snapshot_meta("s1")
+    assert f'"$rv_store/{names.STORE_GC_FAILED}"' in JOB_SH
     assert at.workspace("p", "feat/x") == "/r/workspaces/p/feat_x"
     assert (at.runs, at.run_dir("r1")) == ("/r/runs", "/r/runs/r1")
     assert at.name_index("p", "grid/3") == "/r/names/p/grid/3"
