@@ -1042,8 +1042,9 @@ rv_launch() {
     fi
     rv_program_ran=1 rv_rc=0
     # ${a[@]+...}: an empty array under `set -u` is an error in bash before 4.4 (RHEL 7).
+    # rv_srun_container: Pyxis's options (rv run --container with that runtime): the task runs inside.
     srun --nodes="$RV_NODES" --ntasks="$RV_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-        ${per_node[@]+"${per_node[@]}"} \
+        ${per_node[@]+"${per_node[@]}"} ${rv_srun_container[@]+"${rv_srun_container[@]}"} \
         bash -c "$task" rv-task "${rv_labeled:-0}" "${rv_launcher:-0}" "$rv_job" || rv_rc=$?
     if [ "$RV_NODES" -gt 1 ] && [ "$rv_rc" -ne 0 ]; then
         # srun exits with the highest code of all tasks, so the nodes --kill-on-bad-exit stopped (143)

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 # other as they do here. Their files are read, never imported: the laptop does not load the agent.
 AGENT_MODULES = (
     "manifest", "segment", "layout", "common", "locks", "packfile", "store", "oldstore", "transfer",
-    "metrics", "quota", "slurmcmd", "rundir", "runs", "submit", "follow", "up", "envs", "gc", "why", "code",
-    "__main__",
+    "metrics", "quota", "slurmcmd", "rundir", "runs", "container", "submit", "follow", "up", "envs", "gc",
+    "why", "code", "__main__",
 )  # fmt: skip
 _AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 
