@@ -9,6 +9,7 @@ Apptainer, Singularity and Pyxis are not in Debian 12: tests/unit/test_container
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -167,3 +168,13 @@ def test_dry_run_shows_the_container_line_and_none_overrides_a_projects_default(
     r = layout.run_rv("run", "-g", "0", "--container", "none", "--dry-run", "--", "python3", "t.py", cwd=proj)
     assert r.returncode == 0, r.stderr
     assert "    exec python3 t.py" in r.stdout and "apptainer" not in r.stdout
+
+
+def test_status_lists_the_container_runtimes_with_their_versions(layout):
+    r = layout.run_rv("status")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("containers"))
+    assert re.fullmatch(r"containers +charliecloud \(0\.\d+\S*\)", line), line
+    r = layout.run_rv("status", "--json")
+    found = json.loads(r.stdout)["container_runtimes"]["found"]
+    assert found["charliecloud"]["path"].endswith("/ch-run"), found
