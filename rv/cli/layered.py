@@ -27,7 +27,8 @@ NOT_DEFAULTS = ("name", "from_", "dry_run", "as_json", "sweep_options", "sweep_f
 # size or length: a project's `gpus = 8, time = "2d"` is for its runs; a shell is sized as typed.
 UP_DEFAULTS = (
     "partition", "qos", "constraint", "exclude", "nodelist", "reservation", "account", "sbatch_options",
-    "setup", "env_choice", "requirements", "extras", "python_", "system_site_packages",
+    "setup", "env_choice", "requirements", "extras", "python_", "system_site_packages", "container",
+    "container_runtime",
 )  # fmt: skip
 
 

@@ -114,6 +114,27 @@ def program_lines(c: Container, program: str, *, folders: Sequence[str], gpus: b
     return [f"    {DROP_HOST_VENV}", f"    exec {' '.join(words)} {program}"]
 
 
+# The file beside the job's environment file that `rv ssh` and `rv up` enter the image by
+# (rv.job.inside's ATTACH): a function running its arguments inside, from the current directory.
+ENTER_FILE = "container.sh"
+
+
+def enter_lines(c: Container, *, folders: Sequence[str], gpus: bool) -> list[str]:
+    """The batch script's lines, after rv_start, that let a shell of the job enter the image: the
+    function in ``$RV_JOB_DIR/container.sh``, and the host venv dropped at the end of the job's
+    environment file (sourced inside). None for Pyxis: a step of its own would need its options."""
+    if c.runtime == "pyxis":
+        return []
+    words = adapter.wrap_words(c.runtime, c.image, [shlex.quote(f) for f in folders], '"$PWD"', gpus)
+    function = f'rv_in_container() {{ exec {" ".join(words)} "$@"; }}'
+    return [
+        "# rv ssh and rv up enter the image too (rv.job.inside): how, beside the job's environment file.",
+        f'printf "%s\\n" {shlex.quote(function)} >"$RV_JOB_DIR/{ENTER_FILE}"',
+        f'if [ -f "$RV_JOB_DIR/$RV_JOB_ENV_FILE" ]; then printf "%s\\n" {shlex.quote(DROP_HOST_VENV)} '
+        '>>"$RV_JOB_DIR/$RV_JOB_ENV_FILE"; fi',
+    ]
+
+
 def srun_values(c: Container, *, folders: Sequence[str]) -> list[str]:
     """The batch script's ``rv_srun_container`` (Pyxis: the options of each node's srun), or none."""
     if c.runtime != "pyxis":

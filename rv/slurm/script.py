@@ -345,6 +345,12 @@ def _program_body(req: JobRequest, ctx: ScriptContext, program: str) -> list[str
     return container.program_lines(ctx.container, program, folders=folders, gpus=req.gpus > 0)
 
 
+def _enter_lines(req: JobRequest, ctx: ScriptContext) -> list[str]:
+    if ctx.container is None:
+        return []
+    return container.enter_lines(ctx.container, folders=container_folders(req, ctx), gpus=req.gpus > 0)
+
+
 def render_script(req: JobRequest, ctx: ScriptContext) -> str:
     """The batch script for ``req`` in ``ctx``: pure, deterministic, ends with a newline."""
     _check_context(ctx)
@@ -373,6 +379,7 @@ def render_script(req: JobRequest, ctx: ScriptContext) -> str:
         _user_lines(req, ctx),
         [
             "rv_start",
+            *_enter_lines(req, ctx),
             "# --- the program: each node's task runs it beside rv's stop watcher (job.sh: rv_task)",
             *(
                 # accelerate's --mixed_precision is a word-split substitution: it vanishes when

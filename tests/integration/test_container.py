@@ -178,3 +178,22 @@ def test_status_lists_the_container_runtimes_with_their_versions(layout):
     r = layout.run_rv("status", "--json")
     found = json.loads(r.stdout)["container_runtimes"]["found"]
     assert found["charliecloud"]["path"].endswith("/ch-run"), found
+
+
+def test_a_session_in_the_image_and_rv_ssh_into_it(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"t.py": "print(1)\n"})
+    r = layout.run_rv(
+        "up", "--detach", "-g", "0", "--mem", "500M", "--name", "cup", "--container", image(layout, "sqfs"),
+        cwd=proj, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    try:
+        torch_version = 'python3 -c "import torch; print(torch.__version__)"'
+        check = f"cat /etc/rv-test-image; {torch_version}; pwd; echo $RV_RUN_NAME"
+        r = layout.run_rv("ssh", "cup", "--", check, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0].startswith("rv test image") and lines[1].startswith(IMAGE_TORCH), lines
+        assert lines[2].startswith(layout.remote_root + "/runs/") and lines[3] == "cup", lines
+    finally:
+        assert layout.run_rv("stop", "cup").returncode == 0

@@ -244,3 +244,40 @@ def test_expand_image_leaves_this_process_environment_alone():
     before = dict(os.environ)
     assert adapter.expand_image("~/x/$A", {"HOME": "/h", "A": "b"}) == "/h/x/b"
     assert dict(os.environ) == before
+
+
+def test_a_shell_of_the_job_enters_the_image_the_job_left_beside_its_environment(tmp_path):
+    from rv.job.inside import ATTACH
+
+    env_file = tmp_path / "env.sh"
+    env_file.write_text("export FOO=bar\n")
+    (tmp_path / "container.sh").write_text('rv_in_container() { exec env RV_INSIDE=yes "$@"; }\n')
+    out = subprocess.run(
+        ["bash", "-c", ATTACH, "rv-ssh", str(env_file), str(tmp_path), 'echo "$RV_INSIDE $FOO $PWD"'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout == f"yes bar {tmp_path}\n"
+    (tmp_path / "container.sh").unlink()  # a job without a container: as before
+    out = subprocess.run(
+        ["bash", "-c", ATTACH, "rv-ssh", str(env_file), str(tmp_path), 'echo "${RV_INSIDE:-no} $FOO"'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout == "no bar\n"
+
+
+def test_the_job_writes_how_to_enter_its_image_and_drops_the_host_venv_from_its_environment(tmp_path):
+    req = build_request(RIVANNA, command=["python", "t.py"], gpus=0)
+    script = render_script(req, ctx(container=Container("/img.sqfs", "charliecloud")))
+    lines = script.splitlines()
+    at = lines.index("rv_start")
+    enter = "\n".join(lines[at + 1 : at + 4])
+    # Run the lines as the job would, in a job folder of its own.
+    (tmp_path / "env.sh").write_text("export X=1\n")
+    job_env = {"RV_JOB_DIR": str(tmp_path), "RV_JOB_ENV_FILE": "env.sh", "PATH": "/usr/bin:/bin"}
+    subprocess.run(["bash", "-c", enter], env=job_env, check=True)
+    assert (tmp_path / "container.sh").read_text() == (
+        'rv_in_container() { exec ch-run --home --bind=/scratch/u/rv --cd="$PWD" /img.sqfs -- "$@"; }\n'
+    )
+    assert (tmp_path / "env.sh").read_text() == f"export X=1\n{DROP_HOST_VENV}\n"
+    pyxis = render_script(req, ctx(container=Container("/img.sqsh", "pyxis")))
+    assert "container.sh" not in pyxis
