@@ -41,6 +41,16 @@ RUNNERS = {
 _REFERENCE = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
+# Inside the image its own Python runs, not the job's venv the setup lines activated (its `python`
+# is the host's interpreter with the host's packages): the venv's bin leaves PATH. Not the project's
+# environment rv built in the image ($RV_ENV).
+DROP_HOST_VENV = (
+    'if [ -n "${VIRTUAL_ENV:-}" ] && [ "$VIRTUAL_ENV" != "${RV_ENV:-}" ]; then '
+    'PATH=":$PATH:"; PATH="${PATH//:$VIRTUAL_ENV\\/bin:/:}"; PATH="${PATH#:}"; PATH="${PATH%:}"; '
+    "unset VIRTUAL_ENV; fi"
+)
+
+
 def is_reference(image):
     """A registry reference (``docker://...``, ``oras://...``), not a path."""
     return bool(_REFERENCE.match(image))
@@ -80,7 +90,7 @@ def _bind_words(runtime, binds):
     return out
 
 
-def wrap_words(runtime, image, binds, workdir, gpus):
+def wrap_words(runtime, image, binds, workdir, gpus, quote=True):
     """The words in front of the program that run it inside ``image`` (Apptainer, Singularity,
     Charliecloud), already shell-quoted: ``workdir`` and each bind may be a shell word the node's
     task expands (``"$PWD"``); the rest is quoted here.
@@ -91,15 +101,29 @@ def wrap_words(runtime, image, binds, workdir, gpus):
       /home/$USER, HOME set to it, as Charliecloud's users expect; GPUs need the image prepared with
       ``ch-fromhost --nvidia`` (ch-run has no flag for them).
     """
+    img = shlex.quote(image) if quote else image
     if runtime in ("apptainer", "singularity"):
         words = [runtime, "exec"] + (["--nv"] if gpus else [])
-        words += _bind_words(runtime, binds) + ["--pwd", workdir, shlex.quote(image)]
+        words += _bind_words(runtime, binds) + ["--pwd", workdir, img]
         return words
     if runtime == "charliecloud":
-        return (
-            ["ch-run", "--home"] + _bind_words(runtime, binds) + ["--cd=" + workdir, shlex.quote(image), "--"]
-        )
+        return ["ch-run", "--home"] + _bind_words(runtime, binds) + ["--cd=" + workdir, img, "--"]
     raise ValueError("no program words for runtime %r" % runtime)
+
+
+def argv_in(c, root, cwd, argv):
+    """``argv`` run inside the image of ``c`` ({"runtime", "image"}: an environment's build on the
+    login node), the remote root bound, from ``cwd`` (under the root). Pyxis has no login-node form."""
+    if c["runtime"] == "pyxis":
+        raise ValueError("pyxis runs images only in a Slurm step")
+    return wrap_words(c["runtime"], c["image"], [root], cwd, False, quote=False) + list(argv)
+
+
+def identity(c):
+    """What an environment built in the image is keyed by: the runtime, and the image's path, size
+    and modification time (a new image at the same path is another environment)."""
+    st = os.stat(c["image"])
+    return "%s %s %d %d" % (c["runtime"], os.path.realpath(c["image"]), st.st_size, int(st.st_mtime))
 
 
 def srun_words(image, mounts, workdir):

@@ -97,12 +97,7 @@ def binds(root: str, others: Sequence[str]) -> list[str]:
     return out
 
 
-# Inside the image its own Python runs, not the job's venv the setup lines activated (its `python`
-# is the host's interpreter with the host's packages): the venv's bin leaves PATH.
-DROP_HOST_VENV = (
-    'if [ -n "${VIRTUAL_ENV:-}" ]; then PATH=":$PATH:"; PATH="${PATH//:$VIRTUAL_ENV\\/bin:/:}"; '
-    'PATH="${PATH#:}"; PATH="${PATH%:}"; unset VIRTUAL_ENV; fi'
-)
+DROP_HOST_VENV = adapter.DROP_HOST_VENV
 
 
 def program_lines(c: Container, program: str, *, folders: Sequence[str], gpus: bool) -> list[str]:

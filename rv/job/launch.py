@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rv.errors import PLACEMENT_HINT, UsageError
 from rv.job import submit
-from rv.job.container import Container, ContainerSpec, dry_run_container, parse_container
+from rv.job.container import DROP_HOST_VENV, Container, ContainerSpec, dry_run_container, parse_container
 from rv.job.prepare import job_umask
 from rv.layout import RemoteLayout
 from rv.placement import Estimate, Placement, PlacementOptions
@@ -336,12 +336,17 @@ def plan_up(options: JobOptions, profile: Profile, *, here: Path, view: LaunchVi
 def check_container_env(plan: Plan) -> None:
     """A container runs the image's Python: an environment rv would build on the cluster's Python
     (and activate outside the image) is not one the image can use yet."""
-    if plan.container is not None and (plan.env_plan.spec is not None or plan.env_plan.use is not None):
+    if plan.container is not None and plan.env_plan.use is not None:
         raise UsageError(
-            "--container: the project's environment is built on the cluster's Python, not the image's; "
-            "rv does not build it inside an image yet",
-            hint="run with --env none (the image's own Python and packages), or install the "
-            "dependencies into the image",
+            f"--env {plan.env_plan.use}: an existing environment is the cluster's Python's, not the image's",
+            hint="leave --env out (rv builds the project's environment on the image's Python) or "
+            "use --env none (the image's own Python and packages)",
+        )
+    if plan.container is not None and plan.container.runtime == "pyxis" and plan.env_plan.spec is not None:
+        raise UsageError(
+            "--container-runtime pyxis: rv cannot build the project's environment in a Pyxis image "
+            "(it runs images only inside a job)",
+            hint="use --env none, or install the dependencies into the image",
         )
 
 
@@ -455,7 +460,9 @@ def dry_run(plan: Plan) -> DryRun:
     from rv.slurm.script import render_script
 
     layout = RemoteLayout(plan.profile.require_remote_root())
-    env_build = plan.env_plan.lines(f"{layout.root}/envs/{DRY_RUN_ENV}")
+    env_build = plan.env_plan.lines(f"{layout.root}/envs/{DRY_RUN_ENV}", in_image=plan.container is not None)
+    if env_build and plan.container is not None:
+        env_build = (DROP_HOST_VENV, *env_build)
     # The image as typed and the runtime its format needs: the cluster expands one and may choose the
     # other (apptainer or singularity).
     shown = dry_run_container(plan.container) if plan.container is not None else None
@@ -504,7 +511,7 @@ def launch(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) -> Lau
     elif plan.from_run is None and check.resume_files:
         view.note(f"resuming {req.name}: its checkpoint folder holds what an earlier run saved")
     # Before the upload: a requirement that cannot be resolved fails here, and nothing is queued.
-    env = environment(remote, plan.env_plan, plan.env_setup, view)
+    env = environment(remote, plan.env_plan, plan.env_setup, view, container=check.container)
     uploaded = upload(remote, plan, view)
     context = plan.context(
         layout, uploaded=uploaded, env_build=_env_lines(plan, env), container=check.container
@@ -572,7 +579,7 @@ def launch_sweep(
     )  # fmt: skip
     if resumed:
         view.note(f"sweep {name} exists: point(s) {_indexes(resumed)} resume from their checkpoints")
-    env = environment(remote, plan.env_plan, plan.env_setup, view)
+    env = environment(remote, plan.env_plan, plan.env_setup, view, container=check.container)
     uploaded = upload(remote, plan, view)
     sweep_id = submit.new_run_id()
     provenance = _provenance(uploaded, env, facts, view)
@@ -628,7 +635,7 @@ def start_up(plan: Plan, remote: Remote, store: RunStore, view: StartUpView) -> 
     if refused:
         raise sbatch_refuses(refused)
     # The project's environment, as rv run has it: built (or found) before anything is queued.
-    env = environment(remote, plan.env_plan, plan.env_setup, view)
+    env = environment(remote, plan.env_plan, plan.env_setup, view, container=check.container)
     uploaded = upload(remote, plan, view)
     context = plan.context(
         layout, uploaded=uploaded, env_build=_env_lines(plan, env), container=check.container
@@ -642,7 +649,13 @@ def start_up(plan: Plan, remote: Remote, store: RunStore, view: StartUpView) -> 
 
 
 def environment(
-    remote: Remote, env_plan: EnvPlan, setup: Sequence[str], view: LaunchView, *, force: bool = False
+    remote: Remote,
+    env_plan: EnvPlan,
+    setup: Sequence[str],
+    view: LaunchView,
+    *,
+    force: bool = False,
+    container: Container | None = None,
 ) -> Environment | None:
     """The plan's environment on the cluster: found (one round trip) or built now, its progress said
     through ``view``; None when the plan needs none (``--env none``)."""
@@ -654,6 +667,7 @@ def environment(
         env = ensure(
             remote.transport, remote.layout, setup=setup, spec=env_plan.spec, use=env_plan.use,
             on_line=on_line, force=force,
+            image={"runtime": container.runtime, "image": container.image} if container is not None else None,
         )  # fmt: skip
     said = environment_line(env, env_plan)
     if said is not None:
@@ -762,7 +776,12 @@ def _provenance(
 
 
 def _env_lines(plan: Plan, env: Environment | None) -> tuple[str, ...]:
-    return plan.env_plan.lines(env.path) if env else ()
+    if env is None:
+        return ()
+    if plan.container is not None:
+        # Built in the image: the job's own venv of the setup lines steps aside for it.
+        return (DROP_HOST_VENV, *plan.env_plan.lines(env.path, in_image=True))
+    return plan.env_plan.lines(env.path)
 
 
 def _indexes(indexes: Sequence[int]) -> str:

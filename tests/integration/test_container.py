@@ -197,3 +197,42 @@ def test_a_session_in_the_image_and_rv_ssh_into_it(layout, tmp_path):
         assert lines[2].startswith(layout.remote_root + "/runs/") and lines[3] == "cup", lines
     finally:
         assert layout.run_rv("stop", "cup").returncode == 0
+
+
+ENV_PROGRAM = """\
+import os, sys, torch, pyjokes
+from importlib import metadata
+print("prefix", sys.prefix, "env", os.environ["RV_ENV"], flush=True)
+print("pyjokes", metadata.version("pyjokes"), pyjokes.__file__.startswith(sys.prefix), flush=True)
+print("torch", torch.__version__, torch.__file__, flush=True)
+print("marker", os.path.exists("/etc/rv-test-image"), flush=True)
+"""
+
+
+def test_the_projects_environment_is_built_on_the_images_python_and_sees_its_torch(layout, tmp_path):
+    # The profile builds with --system-site-packages: the image's torch is seen, not installed again.
+    proj = git_project(tmp_path / "p", {"envprog.py": ENV_PROGRAM, "requirements.txt": "pyjokes==0.6.0\n"})
+    args = ("run", "-g", "0", "--mem", "500M", "--container", image(layout, "sqfs"), "-f")
+    r = layout.run_rv(*args, "--name", "cenv", "--", "python", "envprog.py", cwd=proj, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    out = r.stdout
+    prefix = re.search(r"^prefix (\S+) env (\S+)$", out, re.M)
+    assert prefix and prefix[1] == prefix[2] and prefix[1].startswith(layout.remote_root + "/envs/"), out
+    # What the image lacks is installed in the environment.
+    assert "pyjokes 0.6.0 True" in out, out
+    torch_line = re.search(r"^torch (\S+) (\S+)$", out, re.M)
+    assert torch_line and torch_line[1].startswith(IMAGE_TORCH), out
+    assert torch_line[2].startswith("/usr/lib/python3/dist-packages/torch/"), out
+    assert "marker True" in out
+    meta = json.loads(Path(prefix[1], "rv-env.json").read_text())
+    assert meta["image"].startswith("charliecloud " + image(layout, "sqfs")), meta
+    assert not list(Path(prefix[1]).glob("lib/python3*/site-packages/torch/__init__.py")), (
+        "torch installed again"
+    )
+    # A second run finds it (one environment per image and dependencies); --env none: the image alone.
+    r = layout.run_rv(*args, "--name", "cenv2", "--", "python", "envprog.py", cwd=proj, timeout=600)
+    assert r.returncode == 0 and f"env {prefix[1]}" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "built in" not in r.stderr, r.stderr
+    check = "import sys, torch; print('alone', sys.prefix, torch.__version__)"
+    r = layout.run_rv(*args, "--env", "none", "--name", "cenv3", "--", "python3", "-c", check, cwd=proj)
+    assert r.returncode == 0 and re.search(rf"^alone /usr {IMAGE_TORCH}", r.stdout, re.M), r.stdout + r.stderr

@@ -281,3 +281,15 @@ def test_the_job_writes_how_to_enter_its_image_and_drops_the_host_venv_from_its_
     assert (tmp_path / "env.sh").read_text() == f"export X=1\n{DROP_HOST_VENV}\n"
     pyxis = render_script(req, ctx(container=Container("/img.sqsh", "pyxis")))
     assert "container.sh" not in pyxis
+
+
+def test_rv_inits_probe_lists_the_runtimes_on_the_login_path_with_versions(runtimes):
+    from rv.probe import PROBE_SCRIPT, facts_from_probe
+
+    section = PROBE_SCRIPT.split("echo @@containers\n", 1)[1].split("echo @@end", 1)[0]
+    out = subprocess.run(
+        ["bash", "-c", "echo @@containers\n" + section], env={"PATH": f"{runtimes}:/usr/bin:/bin"},
+        capture_output=True, text=True, check=False,  # no srun here: the section's last test fails
+    ).stdout  # fmt: skip
+    facts = facts_from_probe("@@user\nu\n@@home\n/h\n@@commands\nsbatch\nsqueue\nsacct\n" + out + "@@end\n")
+    assert facts.container_runtimes == ("singularity singularity-ce version 3.11.4", "ch-run 0.31")
