@@ -100,12 +100,20 @@ def binds(root: str, others: Sequence[str]) -> list[str]:
 DROP_HOST_VENV = adapter.DROP_HOST_VENV
 
 
-def program_lines(c: Container, program: str, *, folders: Sequence[str], gpus: bool) -> list[str]:
+def _bind_words(folders: Sequence[str], work_bind: bool) -> list[str]:
+    """The folders as shell words; with ``work_bind`` (--work-dir node) the node's own work dir too,
+    ``"$PWD"`` where the task stands (its folder is the node's: $SLURM_TMPDIR, $TMPDIR, ...)."""
+    return [shlex.quote(f) for f in folders] + (['"$PWD"'] if work_bind else [])
+
+
+def program_lines(
+    c: Container, program: str, *, folders: Sequence[str], gpus: bool, work_bind: bool = False
+) -> list[str]:
     """The body of ``rv_program`` running ``program`` inside the image (Pyxis: as is, its task is
     inside already). The work dir is the task's own (``$PWD``), expanded on the node."""
     if c.runtime == "pyxis":
         return [f"    exec {program}"]
-    words = adapter.wrap_words(c.runtime, c.image, [shlex.quote(f) for f in folders], '"$PWD"', gpus)
+    words = adapter.wrap_words(c.runtime, c.image, _bind_words(folders, work_bind), '"$PWD"', gpus)
     return [f"    {DROP_HOST_VENV}", f"    exec {' '.join(words)} {program}"]
 
 
@@ -114,13 +122,13 @@ def program_lines(c: Container, program: str, *, folders: Sequence[str], gpus: b
 ENTER_FILE = "container.sh"
 
 
-def enter_lines(c: Container, *, folders: Sequence[str], gpus: bool) -> list[str]:
+def enter_lines(c: Container, *, folders: Sequence[str], gpus: bool, work_bind: bool = False) -> list[str]:
     """The batch script's lines, after rv_start, that let a shell of the job enter the image: the
     function in ``$RV_JOB_DIR/container.sh``, and the host venv dropped at the end of the job's
     environment file (sourced inside). None for Pyxis: a step of its own would need its options."""
     if c.runtime == "pyxis":
         return []
-    words = adapter.wrap_words(c.runtime, c.image, [shlex.quote(f) for f in folders], '"$PWD"', gpus)
+    words = adapter.wrap_words(c.runtime, c.image, _bind_words(folders, work_bind), '"$PWD"', gpus)
     function = f'rv_in_container() {{ exec {" ".join(words)} "$@"; }}'
     return [
         "# rv ssh and rv up enter the image too (rv.job.inside): how, beside the job's environment file.",

@@ -291,8 +291,8 @@ def container_folders(req: JobRequest, ctx: ScriptContext) -> list[str]:
     the node's work dir for --work-dir node."""
     paths = run_paths(req, ctx)
     others = [paths.checkpoint_dir, paths.output_dir]
-    if ctx.work_dir == "node":
-        others.append(ctx.node_work_dir or "/tmp")
+    if ctx.work_dir == "node" and ctx.container is not None and ctx.container.runtime == "pyxis":
+        others.append(ctx.node_work_dir or "/tmp")  # Pyxis mounts at srun's start, once per job
     return container.binds(ctx.remote_root, others)
 
 
@@ -342,13 +342,20 @@ def _program_body(req: JobRequest, ctx: ScriptContext, program: str) -> list[str
     if ctx.container is None:
         return [f"    exec {program}"]
     folders = container_folders(req, ctx)
-    return container.program_lines(ctx.container, program, folders=folders, gpus=req.gpus > 0)
+    return container.program_lines(
+        ctx.container, program, folders=folders, gpus=req.gpus > 0, work_bind=ctx.work_dir == "node"
+    )
 
 
 def _enter_lines(req: JobRequest, ctx: ScriptContext) -> list[str]:
     if ctx.container is None:
         return []
-    return container.enter_lines(ctx.container, folders=container_folders(req, ctx), gpus=req.gpus > 0)
+    return container.enter_lines(
+        ctx.container,
+        folders=container_folders(req, ctx),
+        gpus=req.gpus > 0,
+        work_bind=ctx.work_dir == "node",
+    )
 
 
 def render_script(req: JobRequest, ctx: ScriptContext) -> str:

@@ -236,3 +236,27 @@ def test_the_projects_environment_is_built_on_the_images_python_and_sees_its_tor
     check = "import sys, torch; print('alone', sys.prefix, torch.__version__)"
     r = layout.run_rv(*args, "--env", "none", "--name", "cenv3", "--", "python3", "-c", check, cwd=proj)
     assert r.returncode == 0 and re.search(rf"^alone /usr {IMAGE_TORCH}", r.stdout, re.M), r.stdout + r.stderr
+
+
+NODE = """\
+import os
+print("cwd", os.getcwd(), "secret", os.environ.get("MY_IMAGE_SECRET"), flush=True)
+print("marker", os.path.exists("/etc/rv-test-image"), "data", open("data.txt").read().strip(), flush=True)
+open("made-inside.txt", "w").write("x")
+"""
+
+
+def test_a_node_work_dir_and_the_secrets_reach_the_program_inside(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"node.py": NODE, "data.txt": "from the snapshot\n"})
+    assert layout.run_rv("env", "set", "MY_IMAGE_SECRET=only-in-the-job").returncode == 0
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "500M", "--name", "cnode", "--work-dir", "node",
+        "--container", image(layout), "-f", "--", "python3", "node.py", cwd=proj, timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    cwd = re.search(r"^cwd (\S+) secret (\S+)$", r.stdout, re.M)
+    assert cwd and not cwd[1].startswith(layout.remote_root) and cwd[2] == "only-in-the-job", r.stdout
+    assert "marker True data from the snapshot" in r.stdout, r.stdout
+    # What the program made on the node's disk, inside the image, is kept as with no container.
+    run = run_folder(layout.remote_root, "cnode")
+    assert (run / "work.changes" / "files.tar").exists()

@@ -293,3 +293,12 @@ def test_rv_inits_probe_lists_the_runtimes_on_the_login_path_with_versions(runti
     ).stdout  # fmt: skip
     facts = facts_from_probe("@@user\nu\n@@home\n/h\n@@commands\nsbatch\nsqueue\nsacct\n" + out + "@@end\n")
     assert facts.container_runtimes == ("singularity singularity-ce version 3.11.4", "ch-run 0.31")
+
+
+def test_a_node_work_dir_is_bound_where_the_task_stands():
+    req = build_request(RIVANNA, command=["python", "t.py"], gpus=1, gpu_type="a6000")
+    script = render_script(req, ctx(container=Container("/img.sif", "apptainer"), work_dir="node"))
+    assert program_body(script)[1] == (
+        '    exec apptainer exec --nv --bind /scratch/u/rv --bind "$PWD" --pwd "$PWD" /img.sif python t.py'
+    )
+    assert '--bind "$PWD" --pwd "$PWD" /img.sif "$@"; }' in script  # rv ssh enters the same way
