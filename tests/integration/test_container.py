@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from projects import git_project
+from projects import git_project, wait_for
 from test_store import ended, run_folder
 
 HOST_TORCH = "2.13.0"  # the jobs' venv (scripts/testcluster's PYENV_PACKAGES)
@@ -260,3 +260,27 @@ def test_a_node_work_dir_and_the_secrets_reach_the_program_inside(layout, tmp_pa
     # What the program made on the node's disk, inside the image, is kept as with no container.
     run = run_folder(layout.remote_root, "cnode")
     assert (run / "work.changes" / "files.tar").exists()
+
+
+POINT = """\
+import os, sys, torch
+with open(os.path.join(os.environ["RV_OUTPUT_DIR"], "inside.txt"), "w") as fh:
+    fh.write("%s %s %s" % (sys.argv[1], torch.__version__, os.path.exists("/etc/rv-test-image")))
+"""
+
+
+def test_each_point_of_a_sweep_runs_inside_the_image(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"point.py": POINT})
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "300M", "--name", "csweep", "--sweep", "x=1,2",
+        "--container", image(layout), "--", "python3", "point.py", "{x}", cwd=proj, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def written():
+        found = sorted(Path(layout.remote_root, "outputs").glob("*/csweep/*/inside.txt"))
+        return [p.read_text() for p in found] if len(found) == 2 else None
+
+    texts = wait_for(written, 240, "both points to write")
+    assert sorted(t.split()[0] for t in texts) == ["1", "2"], texts
+    assert all(t.split()[1].startswith(IMAGE_TORCH) and t.endswith("True") for t in texts), texts
