@@ -4,7 +4,7 @@ The image is scripts/testcluster's: a minimal Debian 12 with its own python3 and
 jobs' venv has torch 2.13) and a file only it has, /etc/rv-test-image, as a directory
 (RV_TESTCLUSTER_IMAGE) and as SquashFS (RV_TESTCLUSTER_IMAGE_SQFS, mounted by ch-run through
 squashfuse). Jobs run as the non-root cluster user: ch-run is unprivileged (user namespaces).
-Apptainer, Singularity and Pyxis are not in Debian 12: tests/unit/test_container.py checks their lines.
+Apptainer, Singularity and Pyxis are not in Debian 12: tests/unit/test_container_lines.py checks their lines.
 """
 
 from __future__ import annotations
