@@ -288,3 +288,36 @@ def test_each_point_of_a_sweep_runs_inside_the_image(layout, tmp_path):
     texts = wait_for(written, 240, "both points to write")
     assert sorted(t.split()[0] for t in texts) == ["1", "2"], texts
     assert all(t.split()[1].startswith(IMAGE_TORCH) and t.endswith("True") for t in texts), texts
+
+
+STOPPED = """\
+import os, signal, sys, time
+ckpt = os.environ["RV_CHECKPOINT_DIR"]
+state = os.path.join(ckpt, "step")
+if os.path.exists(state):
+    print("segment", os.environ["RV_SEGMENT"], "resumed at", open(state).read(), flush=True)
+    sys.exit(0)
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+deadline = time.time() + 55
+while not got and time.time() < deadline:
+    time.sleep(0.2)
+if not got:
+    sys.exit(9)
+open(state, "w").write("7")
+open(os.path.join(ckpt, "PREEMPTED"), "w").write("7")
+print("got USR1 inside", os.path.exists("/etc/rv-test-image"), flush=True)
+"""
+
+
+def test_the_stop_signal_reaches_the_program_inside_and_the_chain_goes_on(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"stopped.py": STOPPED})
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "300M", "--time", "1m", "--signal", "USR1@50", "--name", "cstop",
+        "--container", image(layout, "sqfs"), "-f", "--", "python3", "stopped.py", cwd=proj, timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "got USR1 inside True" in r.stdout and "segment 2 resumed at 7" in r.stdout, r.stdout
+    assert "sent USR1 to pid(s)" in r.stderr, r.stderr[-3000:]
+    record = ended(layout.remote_root, "cstop")
+    assert record["segment"] == 2 and record["exit_code"] == 0, record
