@@ -125,6 +125,8 @@ class Profile:
     # folder on each node's local disk for --work-dir node (None: $SLURM_TMPDIR, $TMPDIR, /tmp).
     work_dir: str | None = None
     node_work_dir: str | None = None
+    # The image every run and session runs in unless --container says otherwise (rv.job.container).
+    container: str | None = None
 
     @property
     def default_partition(self) -> Partition | None:
@@ -172,6 +174,7 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "notify": list,
     "work_dir": str,
     "node_work_dir": str,
+    "container": str,
 }
 # The profile keys that are Slurm placement options (account is one too, and older than these).
 PLACEMENT_KEYS = ("partition", "qos", "constraint", "exclude", "nodelist", "reservation")
@@ -390,6 +393,7 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         notify=tuple(notify),
         work_dir=work_dir,
         node_work_dir=node_work_dir,
+        container=table.get("container") or None,
     )
 
 
@@ -451,6 +455,8 @@ def _profile_values(p: Profile) -> dict[str, Any]:
         values["work_dir"] = p.work_dir
     if p.node_work_dir:
         values["node_work_dir"] = p.node_work_dir
+    if p.container:
+        values["container"] = p.container
     return values
 
 

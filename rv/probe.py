@@ -47,6 +47,12 @@ command -v sacctmgr >/dev/null 2>&1 &&
 echo @@qoswall
 command -v sacctmgr >/dev/null 2>&1 && sacctmgr -nP show qos format=name,maxwall 2>/dev/null
 echo @@git; command -v git >/dev/null 2>&1 && git --version 2>/dev/null
+echo @@containers
+for c in apptainer singularity ch-run; do
+  command -v "$c" >/dev/null 2>&1 && printf '%s %s\\n' "$c" "$("$c" --version 2>&1 | sed -n 1p)"
+done
+command -v srun >/dev/null 2>&1 && srun --help 2>&1 | grep -e --container-image >/dev/null &&
+  echo "pyxis (srun --container-image)"
 echo @@end
 """
 
@@ -78,6 +84,8 @@ class ClusterFacts:
     associations: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
     qos_max_wall: dict[str, str] = field(default_factory=dict)
     git_version: str | None = None  # `git --version` on the login node (None: no git there)
+    # Container runtimes on the login PATH before any setup line, with versions ("ch-run 0.31").
+    container_runtimes: tuple[str, ...] = ()
 
     @property
     def git_problem(self) -> str | None:
@@ -125,6 +133,7 @@ def facts_from_probe(text: str) -> ClusterFacts:
         associations=parse_associations("\n".join(s.get("qos", []))),
         qos_max_wall=parse_qos_walls("\n".join(s.get("qoswall", []))),
         git_version=next((line.strip() for line in s.get("git", []) if line.strip()), None),
+        container_runtimes=tuple(line.strip() for line in s.get("containers", []) if line.strip()),
     )
 
 

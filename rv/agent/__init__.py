@@ -7,11 +7,13 @@ table is in :mod:`rv.agent.__main__`; the job's shell runtime (``job.sh``), the 
 (``ranklabel.py``), the webhook poster (``notify.py``) and the store's repairs (``storecheck.py``,
 also a module of the agent) are shipped beside it into the remote root, once per content.
 
-Laptop code imports three modules of this package, the formats both sides share:
+Laptop code imports four modules of this package, the formats both sides share:
 :mod:`rv.agent.manifest` (a snapshot's file list), :mod:`rv.agent.segment` (what a job records
-about a segment) and :mod:`rv.agent.layout` (where things are under the remote root, and in a
-checkpoint folder). Nothing else here is imported on the laptop (``tests/unit/test_structure.py``),
-and no module here uses another's private (``_``) names.
+about a segment), :mod:`rv.agent.layout` (where things are under the remote root, and in a
+checkpoint folder) and :mod:`rv.agent.container` (each container runtime's command line, which the
+laptop writes into the job's script and the agent uses to build environments). Nothing else here
+is imported on the laptop (``tests/unit/test_structure.py``), and no module here uses another's
+private (``_``) names.
 
 Every module must run on the oldest ``python3`` a login node has (RHEL 8: 3.6): no dataclasses, no
 walrus, no ``capture_output``, no postponed annotations; a test parses each file as 3.6.

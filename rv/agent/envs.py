@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from rv.agent import common, layout, locks, manifest, rundir, slurmcmd
+from rv.agent import common, container, layout, locks, manifest, rundir, slurmcmd
 
 META = b"rv-env.json"
 
@@ -134,9 +134,19 @@ def _q(text):
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
-def probe(setup, python_request, uv):
-    """(interpreter facts, environment after setup): runs the setup lines like the job does."""
+def probe(setup, python_request, uv, image=None, root=None):
+    """(interpreter facts, environment after setup): runs the setup lines like the job does. With
+    ``image`` (rv run --container), the image's own python3, asked inside it."""
     want = _q(python_request or "")
+    if image is not None:
+        inside = " ".join(_q(w) for w in container.argv_in(image, manifest.dec(root), manifest.dec(root), []))
+        tail = "\n".join([
+            "umask %03o" % (common.UMASK & 0o777),
+            'printf "%s\\n" "$(command -v uv || true)"',
+            container.DROP_HOST_VENV,  # the image's python3, not the setup lines' venv's
+            'exec %s python3 -I -c "$RV_PROBE"' % inside,
+        ])  # fmt: skip
+        return _probe_run(setup, tail, uv)
     tail = "\n".join([
         # A site's setup (a module) may set its own umask: uv below must write under rv's.
         "umask %03o" % (common.UMASK & 0o777),
@@ -148,6 +158,10 @@ def probe(setup, python_request, uv):
         'printf "%s\\n" "$(command -v uv || true)"',
         'exec "$p" -I -c "$RV_PROBE"',
     ])  # fmt: skip
+    return _probe_run(setup, tail, uv)
+
+
+def _probe_run(setup, tail, uv):
     env = dict(os.environ, RV_PROBE=PROBE, RV_UV=uv or "")
     proc = subprocess.Popen(["bash", "-c", _setup_script(setup, tail)], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -167,6 +181,8 @@ def probe(setup, python_request, uv):
 
 def finish_key(spec, facts, environ):
     h = hashlib.sha256()
+    if facts.get("image"):
+        h.update(b"image\0" + facts["image"].encode("utf-8") + b"\0")
     index = sorted((k, environ[k]) for k in INDEX_VARS if environ.get(k))
     for part in (spec["digest"], facts["executable"], facts["version"], facts["machine"], facts["libc"],
                  json.dumps(index)):  # fmt: skip
@@ -391,9 +407,31 @@ def _failure(spec, transcript, python_version):
     return common.AgentError(message, "usage")
 
 
-def build(root, key, spec, facts, uv, environ):
-    """Build into a temporary folder and rename it to ``envs/<key>`` when complete."""
+# The login node's CA bundle, as its own pip and uv find it.
+CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+
+
+def _host_certificates(environ, src, env):
+    """uv in the image trusts what the login node trusts: a site behind a TLS-inspecting proxy adds its
+    CA to the host's store, which the image's lacks. The host's bundle is copied beside the build's
+    files (under the root, which the image sees) and named by SSL_CERT_FILE."""
+    candidates = [environ.get(k) for k in ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE")]
+    for path in [c for c in candidates if c] + list(CA_BUNDLES):
+        if os.path.isfile(path):
+            dest = common.join(src, b"rv-ca-bundle.pem")
+            shutil.copyfile(path, dest)
+            env["SSL_CERT_FILE"] = manifest.dec(dest)
+            return
+
+
+def build(root, key, spec, facts, uv, environ, image=None):
+    """Build into a temporary folder and rename it to ``envs/<key>`` when complete. With ``image``
+    every step runs inside it, on the image's Python (the remote root is bound at its own path)."""
     base = envs_dir(root)
+
+    def inside(argv, cwd):
+        return container.argv_in(image, manifest.dec(root), cwd, argv) if image is not None else argv
+
     final = common.join(base, key.encode())
     tmp = common.join(base, BUILD_PREFIX + key.encode() + b"-" + os.urandom(4).hex().encode())
     src = tmp + b".src"
@@ -407,22 +445,31 @@ def build(root, key, spec, facts, uv, environ):
             common.makedirs(os.path.dirname(path), 0o700)
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(text)
+        if image is not None:
+            _host_certificates(environ, src, env)
         venv = [uv, "venv", "--quiet", "--relocatable", "--python", facts["executable"], manifest.dec(tmp)]
         if spec["system_site_packages"]:
             venv.insert(2, "--system-site-packages")
-        if _run_uv(venv, env, manifest.dec(src), transcript) != 0:
+        if _run_uv(inside(venv, manifest.dec(src)), env, manifest.dec(src), transcript) != 0:
             raise _failure(spec, transcript, facts["version"])
         py = manifest.dec(common.join(tmp, b"bin", b"python"))
         if spec["system_site_packages"]:
+            here = manifest.dec(src)
             site_dir = subprocess.check_output(
-                [py, "-I", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"]
+                inside([py, "-I", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"], here),
+                cwd=here,
             )
             site_dir = site_dir.decode().strip()
             dists = json.loads(
-                subprocess.check_output([facts["executable"], "-I", "-c", LIST_DISTS]).decode()
+                subprocess.check_output(
+                    inside([facts["executable"], "-I", "-c", LIST_DISTS], here), cwd=here
+                ).decode()
             )
             _stub_base(site_dir, dists)
-            _shim_base_scripts(manifest.dec(common.join(tmp, b"bin")), os.path.dirname(facts["executable"]))
+            if image is None:  # the image's scripts are the image's: its own bin is not this machine's
+                _shim_base_scripts(
+                    manifest.dec(common.join(tmp, b"bin")), os.path.dirname(facts["executable"])
+                )
             if facts["prefix"] != facts["base_prefix"]:
                 with open(os.path.join(site_dir, "_rv_base.pth"), "w") as fh:
                     fh.write("".join(p + "\n" for p in facts["site"]))
@@ -431,18 +478,19 @@ def build(root, key, spec, facts, uv, environ):
             export = [uv, "export", "--frozen", "--no-hashes", "--no-header", "--no-emit-project",
                       "--output-file", "rv-locked.txt"]  # fmt: skip
             export += ["--extra=%s" % e for e in spec["extras"]]
-            if _run_uv(export, env, manifest.dec(src), transcript) != 0:
+            if _run_uv(inside(export, manifest.dec(src)), env, manifest.dec(src), transcript) != 0:
                 raise _failure(spec, transcript, facts["version"])
             main = "rv-locked.txt"
         install = [uv, "pip", "install", "--python", py, "-r", main]
         if spec["kind"] == "pyproject":
             install += ["--extra=%s" % e for e in spec["extras"]]
-        if _run_uv(install, env, manifest.dec(src), transcript) != 0:
+        if _run_uv(inside(install, manifest.dec(src)), env, manifest.dec(src), transcript) != 0:
             raise _failure(spec, transcript, facts["version"])
         meta = {"key": key, "kind": spec["kind"], "files": spec["label"], "extras": spec["extras"],
                 "python": facts["executable"], "python_version": facts["version"],
                 "system_site_packages": spec["system_site_packages"], "built_at": time.time(),
-                "build_seconds": round(time.time() - started, 2), "uv": uv, "files_listed": True}  # fmt: skip
+                "build_seconds": round(time.time() - started, 2), "uv": uv, "files_listed": True,
+                "image": facts.get("image")}  # fmt: skip
         with open(common.join(tmp, META), "w") as fh:
             json.dump(meta, fh)
         tighten(tmp)  # uv's .lock in the venv
@@ -473,7 +521,16 @@ def mode_env(args):
     request = spec.get("python")
     if uv is None and request and "/" not in request:
         uv = install_uv(root, "python3")  # to find (or fetch) the version asked for
-    facts = probe(args.get("setup") or [], request, uv)
+    image = args.get("container")
+    if image is not None:
+        # The image's python3 (--python does not apply) and uv under the root, which the image sees.
+        if uv is None:
+            uv = install_uv(root, "python3")
+        facts = probe(args.get("setup") or [], None, uv, image, root)
+        facts["uv_on_path"] = ""
+        facts["image"] = container.identity(image)
+    else:
+        facts = probe(args.get("setup") or [], request, uv)
     if uv is not None:
         tighten(common.under(root, layout.UV_PYTHONS))  # an interpreter uv fetched for --python
     environ = facts.pop("environ")  # after the setup lines: a site's mirror is often set by a module
@@ -514,7 +571,7 @@ def mode_env(args):
                 "usage",
             )
         _say("building environment %s from %s (Python %s)" % (key, spec["label"], facts["version"]))
-        meta = build(root, key, spec, facts, uv, environ)
+        meta = build(root, key, spec, facts, uv, environ, image)
         built = True
         return {"key": key, "path": manifest.dec(path), "built": True, "exists": True, "meta": meta,
                 "installed_uv": installed_uv, "rebuilt_holes": len(holes or ())}  # fmt: skip

@@ -6,9 +6,23 @@ keeps under the root by kind and what ``gc`` would free.
 
 import contextlib
 import os
+import subprocess
 import time
 
-from rv.agent import common, envs, layout, locks, manifest, oldstore, quota, rundir, runs, slurmcmd, store
+from rv.agent import (
+    common,
+    container,
+    envs,
+    layout,
+    locks,
+    manifest,
+    oldstore,
+    quota,
+    rundir,
+    runs,
+    slurmcmd,
+    store,
+)
 
 
 class Freed:
@@ -267,6 +281,14 @@ KINDS = (
 )
 
 
+def _runtimes(setup):
+    """The container runtimes found after the profile's ``setup`` lines, with versions (rv status)."""
+    try:
+        return {"found": container.find_runtimes(container.setup_environment(setup))}
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        return {"error": str(e)}
+
+
 def mode_usage(args):
     """Bytes on disk by kind (each inode counted once, objects first), and what gc would free.
 
@@ -293,6 +315,8 @@ def mode_usage(args):
                 out["secrets_sweep"] = runs.sweep_secrets(root, args["secrets_sweep"], live)
             else:
                 out["secrets_sweep"] = {"error": out["squeue"]["error"]}
+        if args.get("runtimes") is not None:
+            out["runtimes"] = _runtimes(args["runtimes"])
     seen = set()
     sizes, counts = {}, {}
 

@@ -1129,9 +1129,10 @@ rv_launch() {
     fi
     rv_program_ran=1 rv_rc=0
     # ${a[@]+...}: an empty array under `set -u` is an error in bash before 4.4 (RHEL 7).
+    # rv_srun_container: Pyxis's options (rv run --container with that runtime): the task runs inside.
     {
         srun --nodes="$RV_NODES" --ntasks="$RV_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-            ${io[@]+"${io[@]}"} \
+            ${io[@]+"${io[@]}"} ${rv_srun_container[@]+"${rv_srun_container[@]}"} \
             bash -c "$task" rv-task "${rv_labeled:-0}" "${rv_launcher:-0}" "$rv_job" 2>&1 >&3 3>&- |
             rv_srun_lines "$err" || rv_rc="${PIPESTATUS[0]}"
     } 3>&1

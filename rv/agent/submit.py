@@ -19,7 +19,7 @@ import sys
 import time
 import zlib
 
-from rv.agent import common, layout, locks, manifest, quota, rundir, slurmcmd, store
+from rv.agent import common, container, layout, locks, manifest, quota, rundir, slurmcmd, store
 
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 
@@ -65,6 +65,15 @@ def mode_run_check(args):
 def _run_check(args):
     root = common.root_path(args["root"])
     project, name = args["project"], args["name"]
+    if args.get("container"):
+        # The image and its runtime (rv.agent.container), first: a refusal needs nothing else.
+        c = args["container"]
+        found = container.check(c["image"], c["runtime"], c.get("setup") or [])
+        if "error" in found or args.get("container_only"):
+            return {"container": found}
+        out = _run_check(dict(args, container=None))
+        out["container"] = found
+        return out
     if args.get("sweep"):
         return _sweep_check(root, args)
     sweep_in_the_way(root, project, name)

@@ -228,6 +228,8 @@ def _profile_lines(
             for p in profile.partitions.values()
         ]
         lines.append(f"  partitions   {'; '.join(parts)}")
+    runtimes = ", ".join(facts.container_runtimes) or "none on the login PATH (a module may load one)"
+    lines.append(f"  containers   {runtimes}")
     if profile.setup:
         lines.append(f"  setup        {'; '.join(profile.setup)}")
     if profile.system_site_packages:

@@ -27,7 +27,8 @@ NOT_DEFAULTS = ("name", "from_", "dry_run", "as_json", "sweep_options", "sweep_f
 # size or length: a project's `gpus = 8, time = "2d"` is for its runs; a shell is sized as typed.
 UP_DEFAULTS = (
     "partition", "qos", "constraint", "exclude", "nodelist", "reservation", "account", "sbatch_options",
-    "setup", "env_choice", "requirements", "extras", "python_", "system_site_packages",
+    "setup", "env_choice", "requirements", "extras", "python_", "system_site_packages", "container",
+    "container_runtime",
 )  # fmt: skip
 
 
@@ -47,6 +48,8 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
         own["notify"] = list(profile.notify)
     if profile.work_dir:
         own["work_dir"] = profile.work_dir
+    if profile.container:
+        own["container"] = profile.container
     layers = [project_layer(find_repo_top(Path.cwd(), Git())), Layer(f"profile {profile.name}", own)]
     return apply_layers(ctx, layers, exclude=NOT_DEFAULTS, only=only)
 
@@ -85,6 +88,28 @@ def placement_options(f: Callable[..., Any]) -> Callable[..., Any]:
             ),
         ]
     ):
+        f = option(f)
+    return f
+
+
+def container_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The image a job runs in (`rv run`, `rv up`; rv.job.container)."""
+    from rv.agent.container import CHOICES
+
+    options = [
+        click.option(
+            "--container", metavar="IMAGE|none",
+            help="Run the program inside this image: a path on the cluster (.sif/.simg for "
+            "Apptainer/Singularity, .sqfs or an image directory for Charliecloud, .sqsh for Pyxis; ~ and "
+            "$VAR are expanded there); none: no container, over a project's or profile's default.",
+        ),
+        click.option(
+            "--container-runtime", type=click.Choice(CHOICES), metavar="|".join(CHOICES),
+            help="The runtime that runs the image (default auto: the one its format needs, from what the "
+            "cluster has after the profile's setup lines).",
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
         f = option(f)
     return f
 

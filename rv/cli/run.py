@@ -16,7 +16,15 @@ import click
 
 from rv.cli.common import note, print_json, run_store, session, warn
 from rv.cli.launchview import TerminalLaunch
-from rv.cli.layered import NOT_DEFAULTS, LayeredCommand, env_of, env_options, placement_of, placement_options
+from rv.cli.layered import (
+    NOT_DEFAULTS,
+    LayeredCommand,
+    container_options,
+    env_of,
+    env_options,
+    placement_of,
+    placement_options,
+)
 
 if TYPE_CHECKING:
     from rv.job.launch import Launched, Plan, SweepLaunched
@@ -130,6 +138,7 @@ if TYPE_CHECKING:
     "filesystem) or node (each node's local disk; what the program changes there is kept in the run's "
     "folder at each segment's end and put back at the next).",
 )
+@container_options
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
@@ -184,6 +193,8 @@ def run(
     parallel: int | None,
     notify: tuple[str, ...],
     work_dir: str | None,
+    container: str | None,
+    container_runtime: str | None,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -214,7 +225,7 @@ def run(
         each_node=each_node, allow_single_process=allow_single_process, sweep=sweep_options,
         sweep_file=sweep_file, parallel=parallel, parallel_typed=sources.get("parallel") == COMMAND_LINE,
         notify=notify, work_dir=work_dir, follow=follow, placement=placement_of(ctx.params),
-        env=env_of(ctx.params),
+        env=env_of(ctx.params), container=container, container_runtime=container_runtime,
         allow_large=allow_large, max_file_size=max_file_size,
         follow_from=None if sources.get("follow") == COMMAND_LINE else sources.get("follow"),
         # With an explicit `--` the user said the flags after the command are the program's: no check.

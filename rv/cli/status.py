@@ -27,7 +27,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         s.transport.connect()  # type: ignore[attr-defined]
         connect_ms = (time.monotonic() - started) * 1000
         # One round trip, however many jobs are queued: squeue, sinfo, storage, gc's estimate, sweep.
-        st = cluster_status(s.transport, s.layout.root, older_than=14 * 86400, sweep=s.sweep_along())
+        st = cluster_status(
+            s.transport, s.layout.root, older_than=14 * 86400, sweep=s.sweep_along(), setup=s.profile.setup
+        )
         s.swept(st.sweep)
         kept = st.usage
         catalog = s.profile.gpu_catalog()
@@ -61,6 +63,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "quota_errors": list(quota.errors),
         "gc_would_free": kept["gc"],
         "git": st.git,
+        "container_runtimes": st.runtimes,
         "jobs": dict(jobs),
         "may_use": {
             "accounts": accounts,
@@ -117,12 +120,23 @@ def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: 
         lines.append(
             f"  store gc   FAILED in a job: {git['background_gc_failed']} (`rv gc` repairs what it can)"
         )
+    lines.append("containers   " + runtimes_text(data["container_runtimes"]))
     jobs = data["jobs"]
     lines.append("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
     lines.append("GPUs         idle/total")
     for name, counts in sorted(data["gpus"].items(), key=lambda kv: -kv[1]["idle"]):
         lines.append(f"  {name:<10} {counts['idle']:>3}/{counts['total']:<3} {catalog[name].partition}")
     return lines
+
+
+def runtimes_text(runtimes: dict[str, Any]) -> str:
+    """The container runtimes on the login node after the profile's setup lines (rv run --container)."""
+    from rv.agent.container import describe
+
+    if "error" in runtimes:
+        return f"cannot tell: {runtimes['error']}"
+    found = runtimes.get("found") or {}
+    return describe(found) if found else "none found (after the profile's setup lines)"
 
 
 def quota_lines(quotas: list[dict[str, Any]], errors: list[str]) -> list[str]:

@@ -10,7 +10,15 @@ import click
 
 from rv.cli.common import note, run_store, session, warn
 from rv.cli.launchview import TerminalLaunch
-from rv.cli.layered import UP_DEFAULTS, LayeredCommand, env_of, env_options, placement_of, placement_options
+from rv.cli.layered import (
+    UP_DEFAULTS,
+    LayeredCommand,
+    container_options,
+    env_of,
+    env_options,
+    placement_of,
+    placement_options,
+)
 
 if TYPE_CHECKING:
     from rv.job.launch import Plan
@@ -92,6 +100,7 @@ def _require_terminal(*, detach: bool) -> None:
     help="Keep the allocation when rv exits: attach with rv ssh, end it with rv stop.",
 )
 @env_options
+@container_options
 @placement_options
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
 @click.option(
@@ -116,6 +125,8 @@ def up(
     extras: tuple[str, ...],
     system_site_packages: bool | None,
     python_: str | None,
+    container: str | None,
+    container_runtime: str | None,
     partition: str | None,
     qos: str | None,
     constraint: str | None,
@@ -148,7 +159,7 @@ def up(
     options = pipeline.JobOptions(
         gpus=gpus, gpu_type=gpu_type, mig=mig, time=time_, mem=mem, cpus=cpus, nodes=nodes, setup=setup,
         name=name, placement=placement_of(ctx.params), env=env_of(ctx.params), allow_large=allow_large,
-        max_file_size=max_file_size,
+        max_file_size=max_file_size, container=container, container_runtime=container_runtime,
     )  # fmt: skip
     view = _View()
     # Validated here, before the first network call, as rv run validates.

@@ -13,6 +13,7 @@ import click
 
 from rv.cli.common import Session, note, run_store, warn
 from rv.cli.layered import UP_DEFAULTS, LayeredCommand
+from rv.errors import UsageError
 
 if TYPE_CHECKING:
     from rv.job.inside import RunningJob
@@ -57,6 +58,14 @@ def live_or_new(ctx: click.Context, s: Session, *, base: str, new: bool) -> Runn
     from rv.job.inside import running_job
     from rv.job.submit import default_run_name, new_run_id
 
+    container = ctx.params.get("container")
+    if container and container.strip() != "none":
+        # The editor's sshd and the notebook's kernel are steps of their own on the node, started
+        # outside the image: a session in a container is `rv up --container`, entered by `rv ssh`.
+        raise UsageError(
+            f"rv {base} --container {container}: the editor and the notebook do not run inside an image yet",
+            hint=f"rv up --container {container} then rv ssh; or rv {base} --container none",
+        )
     store = run_store()
     profile, root = s.profile.name, s.layout.root
     name: str | None = ctx.params.get("name")

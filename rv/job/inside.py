@@ -34,6 +34,14 @@ if TYPE_CHECKING:
 # command line, in the job's environment; a plain one in its work dir when the job saved none.
 ATTACH = r"""f=$1 d=$2
 shift 2
+# A job in a container (rv run --container) left how to enter its image beside its environment file.
+c="${f%/*}/container.sh"
+if [ -r "$c" ] && [ -r "$f" ]; then
+    . "$c"
+    cd -- "$d" 2>/dev/null || true
+    [ $# -gt 0 ] || rv_in_container bash --rcfile "$f" -i
+    rv_in_container bash -c '. "$1"; exec bash -c "$2"' rv-ssh "$f" "$1"
+fi
 if [ -r "$f" ]; then
     [ $# -gt 0 ] || exec bash --rcfile "$f" -i
     . "$f"

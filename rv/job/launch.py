@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rv.errors import PLACEMENT_HINT, UsageError
 from rv.job import submit
+from rv.job.container import DROP_HOST_VENV, Container, ContainerSpec, dry_run_container, parse_container
 from rv.job.prepare import job_umask
 from rv.layout import RemoteLayout
 from rv.placement import Estimate, Placement, PlacementOptions
@@ -125,6 +126,8 @@ class JobOptions:
     env: EnvOptions = EnvOptions()
     allow_large: bool = False
     max_file_size: str = "100MB"
+    container: str | None = None  # --container IMAGE (none: no container), unchecked
+    container_runtime: str | None = None  # --container-runtime
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +180,7 @@ class Plan:
     sweep: Sweep | None = None
     points: Mapping[int, JobRequest] = field(default_factory=dict)  # a sweep's point requests by index
     work: submit.WorkDir = field(default_factory=submit.WorkDir)  # where the work dir is (--work-dir)
+    container: ContainerSpec | None = None  # --container, checked on the laptop (the cluster resolves it)
 
     @property
     def request(self) -> JobRequest:
@@ -190,6 +194,7 @@ class Plan:
         uploaded: SnapshotResult | None = None,
         env_build: tuple[str, ...] = (),
         sweep_env: Mapping[str, str] | None = None,
+        container: Container | None = None,
     ) -> ScriptContext:
         """The job script's context: before the upload the local snapshot's, after it the uploaded one's."""
         snapshot_id, project = (
@@ -199,8 +204,13 @@ class Plan:
             layout, run_id=run_id or self.run_id, snapshot_id=snapshot_id, project=project,
             account=self.profile.account, has_secrets=bool(self.secrets), umask=job_umask(self.profile),
             env_build=env_build, placement=self.placement, sweep_env=sweep_env, notify=self.notify,
-            work=self.work,
+            work=self.work, container=container,
         )  # fmt: skip
+
+    @property
+    def container_check(self) -> tuple[ContainerSpec, tuple[str, ...]] | None:
+        """What run-check is asked of the container: the image, the runtime, after these setup lines."""
+        return (self.container, self.env_setup) if self.container is not None else None
 
 
 def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchView) -> Plan:
@@ -222,6 +232,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
                 hint="put rv's options before the command, or write `--` before the command if those "
                 "flags really are the program's",
             )
+    container = parse_container(o.container, o.container_runtime)
     run_id = submit.new_run_id()
     from_run = submit.FromRun.parse(o.from_run) if o.from_run is not None else None
     # A run without --name gets one of its own: two runs of one command must never share a
@@ -273,7 +284,8 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         run_id, profile, reqs, place, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
         env_setup=setup, command=o.command, from_run=from_run, notify=o.notify, here=here, view=view,
     )  # fmt: skip
-    plan = dataclasses.replace(plan, work=work)
+    plan = dataclasses.replace(plan, work=work, container=container)
+    check_container_env(plan)
     many = many_files_warning(plan.snapshot.tree.files, len(sweep) if sweep is not None else 1, work.where)
     if many:
         view.warn(many)
@@ -300,6 +312,7 @@ def plan_up(options: JobOptions, profile: Profile, *, here: Path, view: LaunchVi
     from rv.request import build_request
 
     o = options
+    container = parse_container(o.container, o.container_runtime)
     run_id = submit.new_run_id()
     # The holder is one plain process per node on purpose (each holds its node), whatever the GPUs:
     # --each-node. A session is one job: nothing continues it, after a fault either.
@@ -314,10 +327,30 @@ def plan_up(options: JobOptions, profile: Profile, *, here: Path, view: LaunchVi
     for message in req.warnings:
         view.warn(message)
     # The shell starts in the folder rv up was typed in, as a run's program would.
-    return _prepare(
+    plan = _prepare(
         run_id, profile, [req], place, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
         env_setup=(*profile.setup, *o.setup), command=req.command, here=here, view=view,
     )  # fmt: skip
+    plan = dataclasses.replace(plan, container=container)
+    check_container_env(plan)
+    return plan
+
+
+def check_container_env(plan: Plan) -> None:
+    """A container runs the image's Python: an environment rv would build on the cluster's Python
+    (and activate outside the image) is not one the image can use yet."""
+    if plan.container is not None and plan.env_plan.use is not None:
+        raise UsageError(
+            f"--env {plan.env_plan.use}: an existing environment is the cluster's Python's, not the image's",
+            hint="leave --env out (rv builds the project's environment on the image's Python) or "
+            "use --env none (the image's own Python and packages)",
+        )
+    if plan.container is not None and plan.container.runtime == "pyxis" and plan.env_plan.spec is not None:
+        raise UsageError(
+            "--container-runtime pyxis: rv cannot build the project's environment in a Pyxis image "
+            "(it runs images only inside a job)",
+            hint="use --env none, or install the dependencies into the image",
+        )
 
 
 def _prepare(
@@ -430,9 +463,14 @@ def dry_run(plan: Plan) -> DryRun:
     from rv.slurm.script import render_script
 
     layout = RemoteLayout(plan.profile.require_remote_root())
-    env_build = plan.env_plan.lines(f"{layout.root}/envs/{DRY_RUN_ENV}")
+    env_build = plan.env_plan.lines(f"{layout.root}/envs/{DRY_RUN_ENV}", in_image=plan.container is not None)
+    if env_build and plan.container is not None:
+        env_build = (DROP_HOST_VENV, *env_build)
+    # The image as typed and the runtime its format needs: the cluster expands one and may choose the
+    # other (apptainer or singularity).
+    shown = dry_run_container(plan.container) if plan.container is not None else None
     if plan.sweep is None:
-        context = plan.context(layout, env_build=env_build)
+        context = plan.context(layout, env_build=env_build, container=shown)
         scripts = {type_name(r): render_script(r, context) for r in plan.candidates}
         return DryRun(render_script(plan.request, context), scripts)
     from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, plan_arrays
@@ -441,7 +479,7 @@ def dry_run(plan: Plan) -> DryRun:
     parts = plan_arrays(len(sweep), parallel=sweep.parallel, max_array_size=SLURM_DEFAULT_MAX_ARRAY_SIZE)
     first = sweep.points[0]
     context = plan.context(
-        layout, run_id=submit.new_run_id() + "-0", env_build=env_build, sweep_env=first.env()
+        layout, run_id=submit.new_run_id() + "-0", env_build=env_build, sweep_env=first.env(), container=shown
     )
     return DryRun(render_script(plan.points[first.index], context), {}, tuple(parts))
 
@@ -465,7 +503,7 @@ def launch(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) -> Lau
     check = submit.check(
         remote.transport, layout, project=plan.snapshot.project, name=plan.request.name,
         from_run=plan.from_run, probes=placement_probes(reqs, plan.context(layout), plan.placement),
-        new_files=plan.work.new_files(plan.snapshot.tree.files),
+        new_files=plan.work.new_files(plan.snapshot.tree.files), container=plan.container_check,
     )  # fmt: skip
     if check.quota_warning:
         view.warn(check.quota_warning)
@@ -476,9 +514,11 @@ def launch(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) -> Lau
     elif plan.from_run is None and check.resume_files:
         view.note(f"resuming {req.name}: its checkpoint folder holds what an earlier run saved")
     # Before the upload: a requirement that cannot be resolved fails here, and nothing is queued.
-    env = environment(remote, plan.env_plan, plan.env_setup, view)
+    env = environment(remote, plan.env_plan, plan.env_setup, view, container=check.container)
     uploaded = upload(remote, plan, view)
-    context = plan.context(layout, uploaded=uploaded, env_build=_env_lines(plan, env))
+    context = plan.context(
+        layout, uploaded=uploaded, env_build=_env_lines(plan, env), container=check.container
+    )
     submitted = submit.submit(
         remote.transport, layout, req, context, profile=plan.profile.name, secrets=plan.secrets,
         provenance=_provenance(uploaded, env, facts, view),
@@ -525,7 +565,7 @@ def launch_sweep(
         remote.transport, layout, project=plan.snapshot.project, name=name,
         probes=placement_probes([req], plan.context(layout, run_id="probe"), plan.placement),
         account=plan.placement.account or plan.profile.account, qos=plan.placement.qos,
-        new_files=plan.work.new_files(plan.snapshot.tree.files, len(sweep)),
+        new_files=plan.work.new_files(plan.snapshot.tree.files, len(sweep)), container=plan.container_check,
     )  # fmt: skip
     if check.quota_warning:
         view.warn(check.quota_warning)
@@ -542,7 +582,7 @@ def launch_sweep(
     )  # fmt: skip
     if resumed:
         view.note(f"sweep {name} exists: point(s) {_indexes(resumed)} resume from their checkpoints")
-    env = environment(remote, plan.env_plan, plan.env_setup, view)
+    env = environment(remote, plan.env_plan, plan.env_setup, view, container=check.container)
     uploaded = upload(remote, plan, view)
     sweep_id = submit.new_run_id()
     provenance = _provenance(uploaded, env, facts, view)
@@ -551,8 +591,9 @@ def launch_sweep(
     def make(index: int, run_id: str) -> submit.PointRun:
         point = points[index]
         context = plan.context(
-            layout, run_id=run_id, uploaded=uploaded, env_build=_env_lines(plan, env), sweep_env=point.env()
-        )
+            layout, run_id=run_id, uploaded=uploaded, env_build=_env_lines(plan, env), sweep_env=point.env(),
+            container=check.container,
+        )  # fmt: skip
         args = submit.submit_args(
             layout, plan.points[index], context, provenance=provenance, has_secrets=bool(plan.secrets)
         )
@@ -591,15 +632,17 @@ def start_up(plan: Plan, remote: Remote, store: RunStore, view: StartUpView) -> 
     # sbatch judges what only it can (a QoS, nodes to leave out) before anything is sent.
     check = submit.check(
         remote.transport, layout, project=plan.snapshot.project, name=req.name, from_run=None,
-        probes=placement_probes([req], plan.context(layout), plan.placement),
+        probes=placement_probes([req], plan.context(layout), plan.placement), container=plan.container_check,
     )  # fmt: skip
     refused = [e.error for e in check.estimates if e.error is not None]
     if refused:
         raise sbatch_refuses(refused)
     # The project's environment, as rv run has it: built (or found) before anything is queued.
-    env = environment(remote, plan.env_plan, plan.env_setup, view)
+    env = environment(remote, plan.env_plan, plan.env_setup, view, container=check.container)
     uploaded = upload(remote, plan, view)
-    context = plan.context(layout, uploaded=uploaded, env_build=_env_lines(plan, env))
+    context = plan.context(
+        layout, uploaded=uploaded, env_build=_env_lines(plan, env), container=check.container
+    )
     dog, record = up.start(
         remote.transport, layout, req, context, profile=plan.profile.name, secrets=dict(plan.secrets),
         view=view, provenance=_provenance(uploaded, env, facts, view),
@@ -609,7 +652,13 @@ def start_up(plan: Plan, remote: Remote, store: RunStore, view: StartUpView) -> 
 
 
 def environment(
-    remote: Remote, env_plan: EnvPlan, setup: Sequence[str], view: LaunchView, *, force: bool = False
+    remote: Remote,
+    env_plan: EnvPlan,
+    setup: Sequence[str],
+    view: LaunchView,
+    *,
+    force: bool = False,
+    container: Container | None = None,
 ) -> Environment | None:
     """The plan's environment on the cluster: found (one round trip) or built now, its progress said
     through ``view``; None when the plan needs none (``--env none``)."""
@@ -621,6 +670,7 @@ def environment(
         env = ensure(
             remote.transport, remote.layout, setup=setup, spec=env_plan.spec, use=env_plan.use,
             on_line=on_line, force=force,
+            image={"runtime": container.runtime, "image": container.image} if container is not None else None,
         )  # fmt: skip
     said = environment_line(env, env_plan)
     if said is not None:
@@ -729,7 +779,12 @@ def _provenance(
 
 
 def _env_lines(plan: Plan, env: Environment | None) -> tuple[str, ...]:
-    return plan.env_plan.lines(env.path) if env else ()
+    if env is None:
+        return ()
+    if plan.container is not None:
+        # Built in the image: the job's own venv of the setup lines steps aside for it.
+        return (DROP_HOST_VENV, *plan.env_plan.lines(env.path, in_image=True))
+    return plan.env_plan.lines(env.path)
 
 
 def _indexes(indexes: Sequence[int]) -> str:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from rv.agent import layout as remote_layout
 from rv.errors import RemoteError, UsageError
+from rv.job.container import Container, ContainerSpec, resolve
 from rv.job.footprint import quota_warning, read_quota_report
 from rv.job.records import ClusterRun, RunRecord
 from rv.job.workdir import RUN_FILES, shared_files
@@ -86,6 +87,7 @@ class Check:
     from_run: Mapping[str, Any] | None  # --from: the source's project, name and checkpoint listing
     estimates: tuple[Estimate, ...] = ()  # sbatch --test-only's word on each candidate, when asked
     quota_warning: str | None = None  # the run would pass 90% of the user's file quota
+    container: Container | None = None  # the image and runtime the cluster chose (--container)
 
 
 def check(
@@ -97,6 +99,7 @@ def check(
     from_run: FromRun | None,
     probes: Sequence[tuple[str, str]] = (),
     new_files: int = 0,
+    container: tuple[ContainerSpec, Sequence[str]] | None = None,
 ) -> Check:
     """Refuse a second live run of ``name``; say what its checkpoint folder (and --from's) hold.
 
@@ -116,7 +119,11 @@ def check(
         args["test_only"] = commands.sbatch_test_only()
     if from_run is not None:
         args["from"] = from_run.run
+    if container is not None:
+        args["container"] = container[0].check_args(container[1])
     reply = call_agent(transport, "run-check", args)
+    # A missing image or runtime is refused first (rv.agent.container), before anything is sent.
+    chosen = resolve(container[0], reply.get("container")) if container is not None else None
     if reply.get("live"):
         raise UsageError(
             f"a run named {name!r} is still live (job {reply['live']}); nothing was sent",
@@ -146,6 +153,7 @@ def check(
         from_run=source,
         estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
         quota_warning=quota_warning(read_quota_report(reply.get("quota")).root, new_files),
+        container=chosen,
     )
 
 
@@ -177,6 +185,7 @@ def script_context(
     sweep_env: Mapping[str, str] | None = None,
     notify: Sequence[str] = (),
     work: WorkDir | None = None,
+    container: Container | None = None,
 ) -> ScriptContext:
     work = work or WorkDir()
     return ScriptContext(
@@ -193,6 +202,7 @@ def script_context(
         notify=tuple(notify),
         work_dir=work.where,
         node_work_dir=work.node_folder,
+        container=container,
     )
 
 
@@ -363,6 +373,7 @@ class SweepCheck:
     limit: SubmitLimit | None  # the user's queue limit, where Slurm says
     estimates: tuple[Estimate, ...] = ()
     quota_warning: str | None = None  # the sweep would pass 90% of the user's file quota
+    container: Container | None = None  # the image and runtime the cluster chose (--container)
 
 
 def check_sweep(
@@ -375,6 +386,7 @@ def check_sweep(
     account: str | None = None,
     qos: str | None = None,
     new_files: int = 0,
+    container: tuple[ContainerSpec, Sequence[str]] | None = None,
 ) -> SweepCheck:
     """One round trip before anything of a sweep is sent: a plain run of its name refuses it; the
     points of a sweep of this name that exist already; MaxArraySize; the user's queue and its limit."""
@@ -390,7 +402,10 @@ def check_sweep(
     if probes:
         args["probes"] = [{"type": t, "script": text} for t, text in probes]
         args["test_only"] = commands.sbatch_test_only()
+    if container is not None:
+        args["container"] = container[0].check_args(container[1])
     reply = call_agent(transport, "run-check", args)
+    chosen = resolve(container[0], reply.get("container")) if container is not None else None
     arrays, limit = sweep_limits(reply.get("slurm") or {}, account=account, qos=qos)
     return SweepCheck(
         existing={int(k): v for k, v in (reply.get("points") or {}).items()},
@@ -399,6 +414,7 @@ def check_sweep(
         limit=limit,
         estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
         quota_warning=quota_warning(read_quota_report(reply.get("quota")).root, new_files),
+        container=chosen,
     )
 
 

@@ -8,7 +8,7 @@ progress lines (uv's own, and rv's) reach ``on_line`` as they come.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,7 @@ def ensure(
     use: str | None = None,
     on_line: Callable[[str], None] = lambda line: None,
     force: bool = False,
+    image: Mapping[str, str] | None = None,
 ) -> Environment:
     """The environment a run will use, built now if it does not exist yet.
 
@@ -66,6 +67,8 @@ def ensure(
         args["use"] = use
     elif spec is not None:
         args["spec"] = spec.to_wire()
+        if image is not None:  # built inside the image, on its Python (rv run --container)
+            args["container"] = dict(image)
     else:
         raise ValueError("ensure() needs a spec or a path to use")
     out: list[bytes] = []

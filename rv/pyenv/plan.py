@@ -17,11 +17,11 @@ class EnvPlan:
     paths: tuple[str, ...] = ()  # folders of the work dir put on PYTHONPATH
     notes: tuple[str, ...] = ()
 
-    def lines(self, prefix: str) -> tuple[str, ...]:
+    def lines(self, prefix: str, *, in_image: bool = False) -> tuple[str, ...]:
         """The job's env-build hook lines for the environment at ``prefix`` (none for --env none)."""
         if self.spec is None and self.use is None:
             return ()
-        return activation_lines(prefix, self.paths)
+        return activation_lines(prefix, self.paths, in_image=in_image)
 
 
 def plan(

@@ -242,15 +242,18 @@ def import_paths(files: Collection[str], folder: str) -> tuple[str, ...]:
     return (folder or ".",)
 
 
-def activation_lines(prefix: str, paths: Sequence[str] = ()) -> tuple[str, ...]:
+def activation_lines(prefix: str, paths: Sequence[str] = (), *, in_image: bool = False) -> tuple[str, ...]:
     """The job's lines for the env-build hook: the environment first on PATH, the project importable.
 
     ``prefix`` is a venv or a conda prefix. Its ``.last-used`` stamp tells ``rv gc`` it is in use.
+    ``in_image``: a venv built in a container image, whose ``bin/python`` points at the image's
+    interpreter (not a file of this machine): its ``pyvenv.cfg`` says it is there.
     """
     q = shlex.quote(prefix)
+    there = '-f "$RV_ENV/pyvenv.cfg"' if in_image else '-x "$RV_ENV/bin/python"'
     lines = [
         f"export RV_ENV={q}",
-        'if [ ! -x "$RV_ENV/bin/python" ]; then echo "rv: the environment $RV_ENV is gone;'
+        f'if [ ! {there} ]; then echo "rv: the environment $RV_ENV is gone;'
         ' rebuild it with: rv venv build" >&2; exit 3; fi',
         'if [ -f "$RV_ENV/pyvenv.cfg" ]; then export VIRTUAL_ENV="$RV_ENV"; fi',
         'if [ -d "$RV_ENV/conda-meta" ]; then export CONDA_PREFIX="$RV_ENV"; fi',

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 # other as they do here. Their files are read, never imported: the laptop does not load the agent.
 AGENT_MODULES = (
     "manifest", "segment", "layout", "common", "locks", "packfile", "storecheck", "store", "oldstore",
-    "transfer", "metrics", "quota", "slurmcmd", "rundir", "runs", "submit", "follow", "up", "envs", "gc",
-    "why", "code", "__main__",
+    "transfer", "metrics", "quota", "slurmcmd", "rundir", "runs", "container", "submit", "follow", "up",
+    "envs", "gc", "why", "code", "__main__",
 )  # fmt: skip
 _AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 

@@ -27,10 +27,18 @@ class ClusterStatus:
     partitions_text: str = ""  # sinfo's partitions (SINFO_PARTITION_FORMAT), "" when it failed
     associations_text: str = ""  # sacctmgr's associations of the user, "" without accounting
     git: dict[str, Any] = field(default_factory=dict)  # the login node's git: version, problem (or None)
+    # Container runtimes after the profile's setup lines (rv.agent.container): {"found": {name:
+    # {"path", "version"}}} or {"error": ...}.
+    runtimes: dict[str, Any] = field(default_factory=dict)
 
 
 def cluster_status(
-    transport: Transport, remote_root: str, *, older_than: float, sweep: Sequence[str] = ()
+    transport: Transport,
+    remote_root: str,
+    *,
+    older_than: float,
+    sweep: Sequence[str] = (),
+    setup: Sequence[str] = (),
 ) -> ClusterStatus:
     """Everything `rv status` shows, in one agent call however many jobs are queued.
 
@@ -48,6 +56,7 @@ def cluster_status(
         "partitions": commands.sinfo_partitions(),
         "associations": commands.sacctmgr_associations(),
         "quota": True,
+        "runtimes": list(setup),  # found after these lines (a module load)
     }
     if sweep:
         args["secrets_sweep"] = list(sweep)
@@ -67,6 +76,7 @@ def cluster_status(
         sweep=reply.get("secrets_sweep") if sweep else None,
         partitions_text=_text(reply.get("partitions")),
         associations_text=_text(reply.get("associations")),
+        runtimes=reply.get("runtimes") or {},
     )
 
 

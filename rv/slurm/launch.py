@@ -94,7 +94,8 @@ def torchrun_injected_flags(req: JobRequest, tr: TorchrunArgs) -> list[str]:
     friends are left for the task's own shell to expand. On one node, a user's own rendezvous
     (``--standalone``, ``--master-port``, ...) is respected; on several, ``build_request`` already
     refused one. No ``--signals-to-handle``: the stop signal goes to the workers directly, never to
-    the agent.
+    the agent. Spelled with underscores: torch before 2.0 (Debian 12's 1.13, images') knows only
+    those; newer torch takes both spellings.
     """
     own_rendezvous = req.nodes == 1 and any(
         tr.has(n) for n in ("standalone", "rdzv-endpoint", "rdzv-backend", "master-addr", "master-port")
@@ -104,18 +105,18 @@ def torchrun_injected_flags(req: JobRequest, tr: TorchrunArgs) -> list[str]:
     if not tr.has("nnodes"):
         flags.append(f"--nnodes={req.nodes}")
     if not own_rendezvous and not c10d and not tr.has("node-rank"):
-        flags.append('--node-rank="$SLURM_NODEID"')
+        flags.append('--node_rank="$SLURM_NODEID"')
     if req.gpus_per_node > 0 and not tr.has("nproc-per-node"):
-        flags.append(f"--nproc-per-node={req.gpus_per_node}")
+        flags.append(f"--nproc_per_node={req.gpus_per_node}")
     if own_rendezvous:
         return flags
     if c10d:
         if not tr.has("rdzv-endpoint"):
-            flags.append('--rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT"')
+            flags.append('--rdzv_endpoint="$RV_HEAD_ADDR:$MASTER_PORT"')
         if not tr.has("rdzv-id"):
-            flags.append('--rdzv-id="$SLURM_JOB_ID"')
+            flags.append('--rdzv_id="$SLURM_JOB_ID"')
         return flags
-    flags += ['--master-addr="$RV_HEAD_ADDR"', '--master-port="$MASTER_PORT"']
+    flags += ['--master_addr="$RV_HEAD_ADDR"', '--master_port="$MASTER_PORT"']
     return flags
 
 

@@ -36,6 +36,8 @@ from pathlib import Path
 
 from rv.agent import layout as remote_layout
 from rv.errors import ConfigError, UsageError
+from rv.job import container
+from rv.job.container import Container
 from rv.layout import RemoteLayout
 from rv.placement import Placement
 from rv.request import JobRequest
@@ -115,6 +117,8 @@ class ScriptContext:
     # node's local disk, in node_work_dir when the profile names one); checked.
     work_dir: str = "shared"
     node_work_dir: str | None = None
+    # The image the program runs in (rv.job.container: resolved on the cluster), or None.
+    container: Container | None = None
 
     @property
     def layout(self) -> RemoteLayout:
@@ -280,10 +284,30 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
         lines.append("# --work-dir node: the work dir on each node's own disk; the run keeps what changed.")
         lines.append(f"rv_work_node=1 rv_work_base={_q(ctx.node_work_dir or '')}")
     lines += _notify_values(ctx)
+    if ctx.container is not None:
+        lines += container_values(req, ctx)
     if ctx.sweep_env:
         lines.append("# This point of the sweep: its program reads its values here too.")
         lines.append("export " + " ".join(f"{name}={_q(value)}" for name, value in ctx.sweep_env))
     return lines
+
+
+def container_folders(req: JobRequest, ctx: ScriptContext) -> list[str]:
+    """What a container binds at its own path: the remote root, the run's folders outside it, and
+    the node's work dir for --work-dir node."""
+    paths = run_paths(req, ctx)
+    others = [paths.checkpoint_dir, paths.output_dir]
+    if ctx.work_dir == "node" and ctx.container is not None and ctx.container.runtime == "pyxis":
+        others.append(ctx.node_work_dir or "/tmp")  # Pyxis mounts at srun's start, once per job
+    return container.binds(ctx.remote_root, others)
+
+
+def container_values(req: JobRequest, ctx: ScriptContext) -> list[str]:
+    assert ctx.container is not None
+    return [
+        f"# The program runs in {container.describe(ctx.container)} (rv run --container).",
+        *container.srun_values(ctx.container, folders=container_folders(req, ctx)),
+    ]
 
 
 def _notify_values(ctx: ScriptContext) -> list[str]:
@@ -320,6 +344,26 @@ def _user_lines(req: JobRequest, ctx: ScriptContext) -> list[str]:
     return lines
 
 
+def _program_body(req: JobRequest, ctx: ScriptContext, program: str) -> list[str]:
+    if ctx.container is None:
+        return [f"    exec {program}"]
+    folders = container_folders(req, ctx)
+    return container.program_lines(
+        ctx.container, program, folders=folders, gpus=req.gpus > 0, work_bind=ctx.work_dir == "node"
+    )
+
+
+def _enter_lines(req: JobRequest, ctx: ScriptContext) -> list[str]:
+    if ctx.container is None:
+        return []
+    return container.enter_lines(
+        ctx.container,
+        folders=container_folders(req, ctx),
+        gpus=req.gpus > 0,
+        work_bind=ctx.work_dir == "node",
+    )
+
+
 def render_script(req: JobRequest, ctx: ScriptContext) -> str:
     """The batch script for ``req`` in ``ctx``: pure, deterministic, ends with a newline."""
     _check_context(ctx)
@@ -348,6 +392,7 @@ def render_script(req: JobRequest, ctx: ScriptContext) -> str:
         _user_lines(req, ctx),
         [
             "rv_start",
+            *_enter_lines(req, ctx),
             "# --- the program: each node's task runs it beside rv's stop watcher (job.sh: rv_task)",
             *(
                 # accelerate's --mixed_precision is a word-split substitution: it vanishes when
@@ -355,7 +400,7 @@ def render_script(req: JobRequest, ctx: ScriptContext) -> str:
                 ["# shellcheck disable=SC2046"] if "$(" in program else []
             ),
             "rv_program() {",
-            f"    exec {program}",
+            *_program_body(req, ctx, program),
             "}",
             "rv_launch",
         ],

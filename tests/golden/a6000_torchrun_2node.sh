@@ -58,6 +58,6 @@ set -u
 rv_start
 # --- the program: each node's task runs it beside rv's stop watcher (job.sh: rv_task)
 rv_program() {
-    exec torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --nproc-per-node=2 --master-addr="$RV_HEAD_ADDR" --master-port="$MASTER_PORT" --max-restarts=0 train.py --out 'runs/it'"'"'s here'
+    exec torchrun --nnodes=2 --node_rank="$SLURM_NODEID" --nproc_per_node=2 --master_addr="$RV_HEAD_ADDR" --master_port="$MASTER_PORT" --max-restarts=0 train.py --out 'runs/it'"'"'s here'
 }
 rv_launch

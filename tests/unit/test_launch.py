@@ -104,15 +104,15 @@ def test_torchrun_gets_the_static_rendezvous_and_nothing_it_warns_about():
     # c10d with --node-rank drew "node_rank is only used for static rdzv_backend" on every node but the
     # first, and c10d's closing race "failed to shutdown the rendezvous" in about one job in four.
     assert torchrun_line(["torchrun", "t.py"]) == (
-        'torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --nproc-per-node=2 --master-addr="$RV_HEAD_ADDR" '
-        '--master-port="$MASTER_PORT" t.py'
+        'torchrun --nnodes=2 --node_rank="$SLURM_NODEID" --nproc_per_node=2 --master_addr="$RV_HEAD_ADDR" '
+        '--master_port="$MASTER_PORT" t.py'
     )
     # The user's own c10d: its endpoint and id, and no --node-rank.
     assert torchrun_line(["torchrun", "--rdzv-backend=c10d", "t.py"]) == (
-        'torchrun --nnodes=2 --nproc-per-node=2 --rdzv-endpoint="$RV_HEAD_ADDR:$MASTER_PORT" '
-        '--rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d t.py'
+        'torchrun --nnodes=2 --nproc_per_node=2 --rdzv_endpoint="$RV_HEAD_ADDR:$MASTER_PORT" '
+        '--rdzv_id="$SLURM_JOB_ID" --rdzv-backend=c10d t.py'
     )
     # One node, the user's own rendezvous: left alone.
     assert torchrun_line(["torchrun", "--standalone", "t.py"], nodes=1) == (
-        "torchrun --nnodes=1 --nproc-per-node=2 --standalone t.py"
+        "torchrun --nnodes=1 --nproc_per_node=2 --standalone t.py"
     )

@@ -237,8 +237,8 @@ def test_program_line_of_torchrun_injects_only_missing_flags():
         gpu_type="v100",
     )
     assert program_line(req) == (
-        'torchrun --nnodes=2 --node-rank="$SLURM_NODEID" --master-addr="$RV_HEAD_ADDR" '
-        '--master-port="$MASTER_PORT" --nproc_per_node=4 --rdzv-id=mine --signals-to-handle=SIGUSR2 t.py'
+        'torchrun --nnodes=2 --node_rank="$SLURM_NODEID" --master_addr="$RV_HEAD_ADDR" '
+        '--master_port="$MASTER_PORT" --nproc_per_node=4 --rdzv-id=mine --signals-to-handle=SIGUSR2 t.py'
     )
 
 
@@ -250,7 +250,7 @@ def test_one_node_torchrun_with_own_rendezvous_is_left_alone():
         gpu_type="a6000",
     )
     assert (
-        program_line(req) == "python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --standalone t.py"
+        program_line(req) == "python -m torch.distributed.run --nnodes=1 --nproc_per_node=2 --standalone t.py"
     )
 
 
@@ -474,10 +474,10 @@ def test_plain_command_reaches_the_program_byte_for_byte(args):
 def expected_torchrun_argv(job_id: int, node: int, tail: list[str]) -> list[str]:
     return [
         "--nnodes=2",
-        f"--node-rank={node}",
-        "--nproc-per-node=2",
-        "--master-addr=10.1.2.3",
-        f"--master-port={15000 + job_id % 15000}",
+        f"--node_rank={node}",
+        "--nproc_per_node=2",
+        "--master_addr=10.1.2.3",
+        f"--master_port={15000 + job_id % 15000}",
         *tail,
     ]
 

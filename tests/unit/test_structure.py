@@ -13,7 +13,8 @@ import rv
 RV = Path(rv.__file__).resolve().parent
 AGENT = RV / "agent"
 # The formats both sides share: the only modules of rv/agent/ that laptop code may import.
-SHARED_FORMATS = {"rv.agent.manifest", "rv.agent.segment", "rv.agent.layout"}
+# rv.agent.container: the runtimes' command lines, which the laptop writes into the script.
+SHARED_FORMATS = {"rv.agent.manifest", "rv.agent.segment", "rv.agent.layout", "rv.agent.container"}
 
 
 def module_name(path: Path) -> str:
@@ -68,7 +69,7 @@ STDLIB = {
     "argparse", "ast", "base64", "contextlib", "errno", "fcntl", "hashlib", "io", "json", "marshal", "os",
     "platform", "pwd", "re", "select", "shutil", "signal", "site", "socket", "stat", "struct", "subprocess",
     "sys", "sysconfig", "tempfile", "time", "types", "zlib", "rv", "functools", "queue", "threading",
-    "urllib",
+    "urllib", "shlex",
 }  # fmt: skip
 
 
