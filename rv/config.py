@@ -125,6 +125,9 @@ class Profile:
     # folder on each node's local disk for --work-dir node (None: $SLURM_TMPDIR, $TMPDIR, /tmp).
     work_dir: str | None = None
     node_work_dir: str | None = None
+    # How long every GPU of a node may stay idle before the run's log says so (`rv run --idle-gpu`:
+    # a duration, or "off"); None: rv's default.
+    idle_gpu: str | None = None
 
     @property
     def default_partition(self) -> Partition | None:
@@ -172,6 +175,7 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "notify": list,
     "work_dir": str,
     "node_work_dir": str,
+    "idle_gpu": str,
 }
 # The profile keys that are Slurm placement options (account is one too, and older than these).
 PLACEMENT_KEYS = ("partition", "qos", "constraint", "exclude", "nodelist", "reservation")
@@ -359,6 +363,15 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
     if work_dir is not None and work_dir not in WORK_DIRS:
         raise ConfigError(f"{where}: work_dir must be shared or node, not {work_dir!r}")
     node_work_dir = check_node_work_dir(table.get("node_work_dir"), where)
+    idle_gpu = table.get("idle_gpu")
+    if idle_gpu is not None:
+        from rv.errors import UsageError
+        from rv.timespec import parse_idle_gpu
+
+        try:
+            parse_idle_gpu(idle_gpu)
+        except UsageError as exc:
+            raise ConfigError(f"{where}: idle_gpu: {exc.message}") from None
     builtin = BUILTIN_CATALOGS.get(catalog, {})
     gpus = {
         gname: _parse_gpu(where, gname, gtable, builtin.get(gname))
@@ -390,6 +403,7 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         notify=tuple(notify),
         work_dir=work_dir,
         node_work_dir=node_work_dir,
+        idle_gpu=idle_gpu,
     )
 
 
@@ -451,6 +465,8 @@ def _profile_values(p: Profile) -> dict[str, Any]:
         values["work_dir"] = p.work_dir
     if p.node_work_dir:
         values["node_work_dir"] = p.node_work_dir
+    if p.idle_gpu:
+        values["idle_gpu"] = p.idle_gpu
     return values
 
 

@@ -65,6 +65,25 @@ def segments(rdir):
     return out
 
 
+def read_stats(rdir):
+    """What the run's jobs measured (rv/agent/stats.py writes ``stats/<segment>/<node>.json``):
+    ``{segment: [node records]}``, for the laptop to sum up (rv.job.stats)."""
+    out = {}
+    base = common.under(rdir, layout.STATS)
+    try:
+        segs = [s for s in os.listdir(base) if s.isdigit()]
+    except OSError:
+        return out
+    for seg in sorted(segs, key=int):
+        try:
+            names = sorted(n for n in os.listdir(os.path.join(base, seg)) if n.endswith(b".json"))
+        except OSError:
+            continue
+        recs = [common.read_json(os.path.join(base, seg, n)) for n in names]
+        out[manifest.dec(seg)] = [r for r in recs if isinstance(r, dict)]
+    return out
+
+
 def run_info(root, run_id):
     rdir = run_path(root, run_id)
     meta = common.read_json(common.under(rdir, layout.RUN_FILE))

@@ -47,6 +47,8 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
         own["notify"] = list(profile.notify)
     if profile.work_dir:
         own["work_dir"] = profile.work_dir
+    if profile.idle_gpu:
+        own["idle_gpu"] = profile.idle_gpu
     layers = [project_layer(find_repo_top(Path.cwd(), Git())), Layer(f"profile {profile.name}", own)]
     return apply_layers(ctx, layers, exclude=NOT_DEFAULTS, only=only)
 

@@ -38,6 +38,7 @@ from rv.layout import RemoteLayout
 from rv.placement import Estimate, Placement, PlacementOptions
 from rv.request import JobRequest
 from rv.slurm.script import ScriptContext
+from rv.timespec import IDLE_GPU_DEFAULT, parse_idle_gpu
 
 if TYPE_CHECKING:
     from rv.config import Profile
@@ -147,6 +148,7 @@ class RunOptions(JobOptions):
     parallel_typed: bool = False  # --parallel came from the command line (not a project's default)
     notify: tuple[str, ...] = ()  # --notify WHERE: who is told of the run's end (rv.notify)
     work_dir: str | None = None  # --work-dir shared|node (rv.job.workdir)
+    idle_gpu: str | None = None  # --idle-gpu DURATION|off (rv.timespec.parse_idle_gpu)
     follow: bool = False
     # Where a follow not typed came from (a project's defaults, e.g. "pyproject.toml [tool.rv]"); None
     # when -f was typed. A sweep refuses a typed -f and leaves a project's `follow = true` alone.
@@ -177,6 +179,7 @@ class Plan:
     sweep: Sweep | None = None
     points: Mapping[int, JobRequest] = field(default_factory=dict)  # a sweep's point requests by index
     work: submit.WorkDir = field(default_factory=submit.WorkDir)  # where the work dir is (--work-dir)
+    idle_gpu: int = IDLE_GPU_DEFAULT  # --idle-gpu in seconds; 0: off
 
     @property
     def request(self) -> JobRequest:
@@ -199,7 +202,7 @@ class Plan:
             layout, run_id=run_id or self.run_id, snapshot_id=snapshot_id, project=project,
             account=self.profile.account, has_secrets=bool(self.secrets), umask=job_umask(self.profile),
             env_build=env_build, placement=self.placement, sweep_env=sweep_env, notify=self.notify,
-            work=self.work,
+            work=self.work, idle_gpu=self.idle_gpu,
         )  # fmt: skip
 
 
@@ -233,6 +236,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
     sweep = read_sweep(o, name=run_name or "", view=view)
     setup = (*profile.setup, *o.setup)
     work = submit.WorkDir(check_work_dir(o.work_dir), profile.node_work_dir)
+    idle_gpu = parse_idle_gpu(o.idle_gpu) if o.idle_gpu is not None else IDLE_GPU_DEFAULT
 
     def build(gpu_type: str | None, command: tuple[str, ...] = o.command) -> JobRequest:
         return build_request(
@@ -270,7 +274,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         run_id, profile, reqs, place, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
         env_setup=setup, command=o.command, from_run=from_run, notify=o.notify, here=here, view=view,
     )  # fmt: skip
-    plan = dataclasses.replace(plan, work=work)
+    plan = dataclasses.replace(plan, work=work, idle_gpu=idle_gpu)
     many = many_files_warning(plan.snapshot.tree.files, len(sweep) if sweep is not None else 1, work.where)
     if many:
         view.warn(many)

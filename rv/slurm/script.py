@@ -40,7 +40,7 @@ from rv.layout import RemoteLayout
 from rv.placement import Placement
 from rv.request import JobRequest
 from rv.slurm.launch import program_line
-from rv.timespec import format_slurm_time
+from rv.timespec import IDLE_GPU_DEFAULT, format_slurm_time
 
 _AGENT = Path(__file__).resolve().parent.parent / "agent"
 # The job's runtime and the rank labeller: shipped beside each other into <root>/runtime/.
@@ -48,6 +48,8 @@ JOB_RUNTIME = _AGENT / "job.sh"
 RANK_LABELLER = _AGENT / "ranklabel.py"
 # What posts a run's end (or late start) to the user's webhooks, from the compute node.
 NOTIFIER = _AGENT / "notify.py"
+# rv's meter: each node's task runs the program under it (CPU time, peak memory, GPU samples; rv stats).
+METER = _AGENT / "stats.py"
 
 # The job's environment file (in $RV_JOB_DIR) that `rv ssh` and `rv up` start their shells from.
 JOB_ENV_FILE = remote_layout.JOB_ENV
@@ -72,6 +74,7 @@ def runtime_files() -> dict[str, str]:
         (JOB_RUNTIME, "job", ".sh"),
         (RANK_LABELLER, "rank-label", ".py"),
         (NOTIFIER, "notify", ".py"),
+        (METER, "stats", ".py"),
     ):
         text = path.read_text(encoding="utf-8")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -80,7 +83,7 @@ def runtime_files() -> dict[str, str]:
 
 
 def runtime_path(layout: RemoteLayout, stem: str) -> str:
-    """Where the runtime file ``stem`` (``job``, ``rank-label``, ``notify``) lives on the cluster."""
+    """Where the runtime file ``stem`` (``job``, ``rank-label``, ``notify``, ``stats``) is on the cluster."""
     (name,) = (n for n in runtime_files() if n.rsplit("-", 1)[0] == stem)
     return layout.runtime_file(name)
 
@@ -111,6 +114,9 @@ class ScriptContext:
     # node's local disk, in node_work_dir when the profile names one); checked.
     work_dir: str = "shared"
     node_work_dir: str | None = None
+    # --idle-gpu: seconds every GPU of a node stays under 5% before the run's log (and --notify) says
+    # so (rv/agent/stats.py); 0: never.
+    idle_gpu_seconds: int = IDLE_GPU_DEFAULT
 
     @property
     def layout(self) -> RemoteLayout:
@@ -267,6 +273,7 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
         f"rv_launcher={int(req.labeled and req.launch is not None)}",
         f"rv_outputs=({' '.join(_q(p) for p in req.outputs)})",
         f"rv_exclude={_q(place.exclude or '')} rv_max_fault_retries={place.max_fault_retries}",
+        f"rv_stats_prog={_q(runtime_path(layout, 'stats'))} rv_idle_gpu={int(ctx.idle_gpu_seconds)}",
     ]
     if req.labeled:
         lines.append(f"export RV_RANK_LABEL={_q(runtime_path(layout, 'rank-label'))}")
