@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
+from pathlib import Path
 
+import pytest
 from projects import git_project, wait_for
 from test_notify import Receiver
+
+from rv.config import load_config, save_config
 
 # One core busy for ~6 s of CPU, with 200 MB allocated and touched: the peak the job must see.
 BURN = """\
@@ -26,6 +31,15 @@ while time.process_time() - start < 6:
     pass
 print("burned", round(time.process_time(), 2), "in", round(time.time() - began, 2), flush=True)
 """
+
+
+def priced(layout, gpu_type: str, rate: float) -> None:
+    """The test's profile with an SU rate for ``gpu_type`` (a discovered catalog has none)."""
+    path = Path(layout.rv_env["RV_CONFIG"])
+    cfg = load_config(path)
+    profile = cfg.profile(layout.cluster["RV_TESTCLUSTER_PROFILE"])
+    gpus = dict(profile.gpus, **{gpu_type: replace(profile.gpus[gpu_type], su_per_gpu_hour=rate)})
+    save_config(replace(cfg.with_profile(replace(profile, gpus=gpus), make_default=True), path=path))
 
 
 def stats_of(layout, name: str) -> dict:
@@ -85,6 +99,7 @@ print("done", flush=True)
 def test_gpu_figures_an_idle_warning_once_and_the_summary_in_the_notice(layout, tmp_path):
     receiver = Receiver()
     try:
+        priced(layout, "a6000", 100.0)
         hook = receiver.url("ok")
         assert layout.run_rv("env", "set", f"STATS_HOOK={hook}").returncode == 0
         proj = git_project(tmp_path / "p", {"gpu.py": GPU_PROGRAM})
@@ -108,6 +123,7 @@ def test_gpu_figures_an_idle_warning_once_and_the_summary_in_the_notice(layout, 
         assert 1 < g["util_mean"] < 80 and g["memory_peak_bytes"] == 9000 * 1024 * 1024
         assert g["memory_total_bytes"] == 49140 * 1024 * 1024
         assert got["segments"][0]["gpu_type"] == "a6000" and got["segments"][0]["missing"] == []
+        assert got["su"] == pytest.approx(100.0 * got["wall_seconds"] / 3600, abs=0.01)
         text = layout.run_rv("stats", "gpustats").stdout
         assert "GPU 0 (NVIDIA RTX A6000)" in text or "GPU 1 (NVIDIA RTX A6000)" in text, text
         # The notices: the idle one, then the end with what the run used.
@@ -116,9 +132,36 @@ def test_gpu_figures_an_idle_warning_once_and_the_summary_in_the_notice(layout, 
         assert idle_notice["rv"]["event"] == "idle" and "GPUs idle on" in idle_notice["text"]
         assert end["rv"]["event"] == "end"
         usage = end["rv"]["usage"]
-        assert re.match(
-            r"used: \d+s wall, GPU util \d+% mean, GPU memory peak 9\.4 GB, peak memory \S+ GB, SUs", usage
+        said = (
+            r"used: \d+s wall, GPU util \d+% mean, GPU memory peak 9\.4 GB, peak memory \S+ GB, [\d.]+ SUs$"
         )
+        assert re.match(said, usage), usage
         assert usage in end["text"]
+        # rv ps -a: what the ended run cost.
+        listed = json.loads(layout.run_rv("ps", "-a", "--json").stdout)
+        (row,) = [row for row in listed if row["name"] == "gpustats" and row["run_id"]]
+        assert row["su"] == pytest.approx(got["su"], abs=0.01), [r for r in listed if r["name"] == "gpustats"]
+        table = layout.run_rv("ps", "-a").stdout.splitlines()
+        assert table[0].split()[7:9] == ["ELAPSED", "SU"]
+        assert f"{got['su']:,.1f}" in [ln.split()[8] for ln in table if ln.startswith("gpustats ")], table
     finally:
         receiver.server.shutdown()
+
+
+def test_a_sweep_shows_each_point_and_the_total(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"point.py": "import sys, time\ntime.sleep(float(sys.argv[1]))\n"})
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--name", "costs", "--sweep", "s=1,3", "--json", "--",
+        "python3", "point.py", "{s}", cwd=proj,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert layout.run_rv("wait", "costs", timeout=300).returncode == 0
+    got = stats_of(layout, "costs")
+    assert [p["name"] for p in got["points"]] == ["costs/0", "costs/1"]
+    assert all(p["segments"][0]["nodes"][0]["final"] for p in got["points"])
+    assert got["wall_seconds"] == pytest.approx(sum(p["wall_seconds"] for p in got["points"]), abs=0.2)
+    assert got["su"] is None  # CPU points: the catalog prices GPU hours only
+    lines = layout.run_rv("stats", "costs").stdout.splitlines()
+    assert lines[0] == "sweep costs" and lines[1].split()[:3] == ["POINT", "RUN", "WALL"]
+    assert [ln.split()[:2] for ln in lines[2:5]] == [["0", "costs/0"], ["1", "costs/1"], ["total", "2"]]
+    assert lines[-1] == "SUs ?: a CPU job: the catalog prices GPU hours only"
