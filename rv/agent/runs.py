@@ -38,8 +38,9 @@ def mode_runs(args):
             asked.get("points") or metrics.DEFAULT_POINTS)}  # fmt: skip
     if args.get("stats") is not None:
         # rv stats: what each run's jobs measured (rv/agent/stats.py), in the same round trip.
+        points = int(args["stats"])
         out["stats"] = {
-            r["run_id"]: rundir.read_stats(rundir.run_path(root, r["run_id"])) for r in out["runs"]
+            r["run_id"]: rundir.read_stats(rundir.run_path(root, r["run_id"]), points) for r in out["runs"]
         }
     return out
 

@@ -271,3 +271,25 @@ def test_the_end_notice_carries_what_the_run_used(tmp_path):
     # The notifier's copy of the peak rule is the meter's and rv stats's.
     for r in (rec, dict(rec, cgroup_peak_bytes=5), dict(rec, maxrss_bytes=None), {}):
         assert notifier.node_peak(r) == meter.node_peak(r) == core.node_peak(r)
+
+
+# --- the agent's reading --------------------------------------------------------------------------------
+
+
+def test_the_agent_reads_each_segments_node_records_and_their_gpu_curve(tmp_path):
+    import os
+
+    from rv.agent import rundir
+
+    seg = tmp_path / "stats" / "2"
+    seg.mkdir(parents=True)
+    (seg / "n1.json").write_text(json.dumps({"node": "n1", "cpu_seconds": 3.0}))
+    (seg / "n2.json").write_text("{not json")  # one bad file stays one bad file
+    samples = [{"t": 100 + i, "gpus": [[0, 10.0 * i, 5], [1, None, 5]]} for i in range(10)]
+    (seg / "n1.gpu.jsonl").write_text("\n".join(json.dumps(s) for s in samples) + "\nbroken\n")
+    (tmp_path / "stats" / "notes").mkdir()
+    got = rundir.read_stats(os.fsencode(str(tmp_path)))
+    assert got == {"2": [{"node": "n1", "cpu_seconds": 3.0}]}
+    (rec,) = rundir.read_stats(os.fsencode(str(tmp_path)), points=4)["2"]
+    assert rec["curve"] == [[100, 0.0], [102, 20.0], [105, 50.0], [107, 70.0], [109, 90.0]]  # and the last
+    assert rundir.read_stats(os.fsencode(str(tmp_path / "nothing"))) == {}
