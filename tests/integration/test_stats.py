@@ -165,3 +165,18 @@ def test_a_sweep_shows_each_point_and_the_total(layout, tmp_path):
     assert lines[0] == "sweep costs" and lines[1].split()[:3] == ["POINT", "RUN", "WALL"]
     assert [ln.split()[:2] for ln in lines[2:5]] == [["0", "costs/0"], ["1", "costs/1"], ["total", "2"]]
     assert lines[-1] == "SUs ?: a CPU job: the catalog prices GPU hours only"
+
+
+def test_each_node_of_a_two_node_run_is_measured_by_its_slurm_name(layout, tmp_path):
+    proj = git_project(
+        tmp_path / "p", {"nap.py": "import time\nblock = bytearray(50 << 20)\ntime.sleep(2)\n"}
+    )
+    r = layout.run_rv(
+        "run", "-g", "0", "--nodes", "2", "--each-node", "--mem", "200M", "--name", "pair", "-f", "--",
+        "python3", "nap.py", cwd=proj, timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    (seg,) = stats_of(layout, "pair")["segments"]
+    # Both nodes of the allocation, by the names Slurm lists them with: none missing.
+    assert len({n["node"] for n in seg["nodes"]}) == 2 and seg["missing"] == [], seg
+    assert all(n["final"] and n["cpu_seconds"] > 0 for n in seg["nodes"]), seg

@@ -293,3 +293,16 @@ def test_the_agent_reads_each_segments_node_records_and_their_gpu_curve(tmp_path
     (rec,) = rundir.read_stats(os.fsencode(str(tmp_path)), points=4)["2"]
     assert rec["curve"] == [[100, 0.0], [102, 20.0], [105, 50.0], [107, 70.0], [109, 90.0]]  # and the last
     assert rundir.read_stats(os.fsencode(str(tmp_path / "nothing"))) == {}
+
+
+def test_the_pages_usage_has_the_figures_and_each_nodes_gpu_curve():
+    from types import SimpleNamespace
+
+    from rv.ui.data import usage
+
+    cluster = SimpleNamespace(profile=SimpleNamespace(gpu_catalog=lambda: RIVANNA))
+    rec = dict(node("n1", 100.0, 8, 0, 3600, [gpu(0, 30, 9.1)]), curve=[[0, 10.0], [30, 50.0]])
+    got = usage(cluster, run([seg(1, 0, 3600)]), {"1": [rec]}, 0)  # type: ignore[arg-type]
+    assert got["curves"] == [{"segment": 1, "node": "n1", "points": [[0, 10.0], [30, 50.0]]}]
+    assert got["su"] == pytest.approx((RIVANNA["a100"].su_per_gpu_hour or 0) * 2)
+    assert got["summary"].startswith("1h00m wall, GPU util 30%, peak memory 2.1 GB, SUs ")
