@@ -185,6 +185,13 @@ def _fmt_duration(seconds):
     return "%ds" % seconds
 
 
+def _number(text, default):
+    try:
+        return float(text) if text else default
+    except ValueError:
+        return default
+
+
 class IdleWatch(object):
     """Every GPU of the node under IDLE_UTIL % for ``limit`` seconds: told once per idle stretch."""
 
@@ -212,9 +219,10 @@ class IdleWatch(object):
 class Meter(object):
     def __init__(self, out_dir, node, environ, now=time.time):
         self.dir, self.node, self.env, self.now = out_dir, node, environ, now
-        self.interval = float(environ.get("RV_STATS_INTERVAL") or INTERVAL_S)
-        self.gpus_asked = int(environ.get("RV_GPUS_PER_NODE") or 0) > 0
-        self.idle = IdleWatch(float(environ.get("RV_IDLE_GPU") or 0))
+        # A value the meter cannot read is its default: the program runs whatever the meter is told.
+        self.interval = max(0.1, _number(environ.get("RV_STATS_INTERVAL"), INTERVAL_S))
+        self.gpus_asked = _number(environ.get("RV_GPUS_PER_NODE"), 0) > 0
+        self.idle = IdleWatch(_number(environ.get("RV_IDLE_GPU"), 0))
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.pid = None
@@ -226,6 +234,7 @@ class Meter(object):
         self.rss_peak = 0
         self.cpu_sampled = 0.0
         self.final = {}
+        self.warned = False
 
     def record(self):
         cpus = self.env.get("SLURM_CPUS_ON_NODE")
@@ -335,8 +344,12 @@ class Meter(object):
                 try:
                     self.sample()
                     self.write()
-                except OSError as exc:
-                    sys.stderr.write("rv: warning: stats on %s: %s\n" % (self.node, exc))
+                except Exception as exc:  # the program runs on whatever the meter meets: said once
+                    if not self.warned:
+                        self.warned = True
+                        sys.stderr.write(
+                            "rv: warning: stats on %s: %s: %s\n" % (self.node, type(exc).__name__, exc)
+                        )
 
 
 def mem_asked(environ):

@@ -306,3 +306,14 @@ def test_the_pages_usage_has_the_figures_and_each_nodes_gpu_curve():
     assert got["curves"] == [{"segment": 1, "node": "n1", "points": [[0, 10.0], [30, 50.0]]}]
     assert got["su"] == pytest.approx((RIVANNA["a100"].su_per_gpu_hour or 0) * 2)
     assert got["summary"].startswith("1h00m wall, GPU util 30%, peak memory 2.1 GB, SUs ")
+
+
+def test_a_value_the_meter_cannot_read_never_keeps_the_program_from_running(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "RV_STATS_INTERVAL": "often", "RV_GPUS_PER_NODE": "x", "RV_IDLE_GPU": "?"}
+    r = subprocess.run(
+        [sys.executable, meter.__file__, "wrap", str(tmp_path), "n1", "--", sys.executable, "-c", "exit(4)"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 4, r.stderr
+    rec = json.loads((tmp_path / "n1.json").read_text())
+    assert rec["interval_s"] == meter.INTERVAL_S and rec["gpu_error"] == "a CPU job"
