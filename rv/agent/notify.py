@@ -44,6 +44,7 @@ TIMEOUT_S = 8.0
 PENDING_WORTH_SAYING = 60  # seconds in the queue before a start is worth a message
 STDERR_LINES = 15
 DISCORD_LIMIT = 2000
+GIB = 1 << 30  # memory in the usage line, as rv stats shows it
 
 # How a reason begins -> the state word (rv.agent.segment.END_REASONS; a unit test holds the two equal:
 # this file runs alone on the compute node and imports nothing of rv).
@@ -206,11 +207,12 @@ def usage_line(run_dir, segs, meta):
     if count:
         peak_g = max((g.get("memory_peak_bytes") or 0) for n in nodes for g in n.get("gpus") or [])
         parts.append(
-            "GPU util %.0f%% mean, GPU memory peak %.1f GB" % (sum(u for u, _ in utils) / count, peak_g / 1e9)
+            "GPU util %.0f%% mean, GPU memory peak %.1f GiB"
+            % (sum(u for u, _ in utils) / count, peak_g / GIB)
         )
     peaks = [p for p in (node_peak(n) for n in nodes) if p is not None]
     if peaks:
-        parts.append("peak memory %.1f GB" % (max(peaks) / 1e9))
+        parts.append("peak memory %.1f GiB" % (max(peaks) / GIB))
     gpus, rates = meta.get("gpus") or 0, meta.get("su_rates") or {}
     su, unknown = 0.0, False
     for s in segs:

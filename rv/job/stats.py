@@ -20,6 +20,7 @@ from rv.job.records import ClusterRun, Segment
 from rv.slurm.parse import expand_hostlist
 
 LOW_CPU = 0.25  # CPU efficiency under this is worth a word
+GIB = 1 << 30  # memory is shown in GiB: what nvidia-smi's MiB and a card's nominal "80 GB" are counted in
 GPU_HEADROOM = 1.15  # a cheaper type must hold the peak GPU memory with this much to spare
 
 
@@ -245,7 +246,7 @@ def advice(rs: RunStats, catalog: Mapping[str, GpuType]) -> list[str]:
     typed = [s for s in rs.segments if s.gpu_type and s.gpus]
     if not peaks or not typed:
         return out
-    peak_gb = max(peaks) / 1e9
+    peak_gb = max(peaks) / GIB  # the catalog's vram_gb is a card's nominal size, in GiB
     now_type = catalog.get(typed[-1].gpu_type or "")
     if now_type is None or not now_type.su_per_gpu_hour:
         return out
@@ -261,7 +262,7 @@ def advice(rs: RunStats, catalog: Mapping[str, GpuType]) -> list[str]:
         ratio = (best.su_per_gpu_hour or 0.0) / now_type.su_per_gpu_hour
         total = f"{now_type.vram_gb:g}" if now_type.vram_gb else "?"
         out.append(
-            f"peak GPU memory {peak_gb:.1f} of {total} GB: an {best.name} ({best.vram_gb:g} GB) "
+            f"peak GPU memory {peak_gb:.1f} of {total} GiB: an {best.name} ({best.vram_gb:g} GiB) "
             f"would have done at {ratio:.2f}× the SUs"
         )
     return out
@@ -313,7 +314,7 @@ def to_json(rs: RunStats) -> dict[str, Any]:
 
 
 def gb(n: int | None) -> str:
-    return "?" if n is None else f"{n / 1e9:.1f} GB"
+    return "?" if n is None else f"{n / GIB:.1f} GiB"
 
 
 def wall_text(seconds: float) -> str:

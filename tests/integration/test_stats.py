@@ -74,7 +74,7 @@ def test_a_cpu_bound_program_on_two_cores_shows_half_and_its_peak_memory(layout,
     # (the text's whole percent and the JSON's three decimals may round apart by one)
     shown = int(re.search(r"CPU (\d+)% of 2 cores", text).group(1))
     assert abs(shown - 100 * got["cpu_efficiency"]) <= 1, text
-    assert "peak memory 0.2 GB of 0.7 GB asked" in text, text
+    assert "peak memory 0.2 GiB of 0.7 GiB asked" in text, text
 
 
 # Busy, then idle long enough to be told (--idle-gpu 3s, a sample a second), then busy again: the
@@ -133,7 +133,7 @@ def test_gpu_figures_an_idle_warning_once_and_the_summary_in_the_notice(layout, 
         assert end["rv"]["event"] == "end"
         usage = end["rv"]["usage"]
         said = (
-            r"used: \d+s wall, GPU util \d+% mean, GPU memory peak 9\.4 GB, peak memory \S+ GB, [\d.]+ SUs$"
+            r"used: \d+s wall, GPU util \d+% mean, GPU memory peak 8\.8 GiB, peak memory \S+ GiB, [\d.]+ SUs$"
         )
         assert re.match(said, usage), usage
         assert usage in end["text"]

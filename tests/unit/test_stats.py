@@ -156,7 +156,7 @@ def node(name, cpu, cpus, start, end, gpus=(), gpu_error=None, rss=2 * GIB):
 
 def gpu(index, mean, peak_gb):
     return {"index": index, "uuid": f"GPU-{index}", "name": "NVIDIA A100-SXM4-80GB", "util_mean": mean,
-            "util_max": mean + 10, "memory_peak_bytes": int(peak_gb * 1e9),
+            "util_max": mean + 10, "memory_peak_bytes": int(peak_gb * GIB),
             "memory_total_bytes": 80 * GIB}  # fmt: skip
 
 
@@ -189,24 +189,26 @@ def test_two_segments_two_gpus_sus_and_the_cheaper_type_advice():
     assert rs.su == pytest.approx((a100.su_per_gpu_hour or 0) * 2 * 1.5)
     g0 = next(g for g in rs.gpus if g.index == 0)
     assert g0.util_mean == pytest.approx(80.0)  # 90 for an hour, 60 for half an hour
-    assert (g0.util_max, g0.memory_peak_bytes) == (100, int(9.1e9))
+    assert (g0.util_max, g0.memory_peak_bytes) == (100, int(9.1 * GIB))
     doc = core.to_json(rs)
     assert doc["cpu_efficiency"] == pytest.approx(5400 / (8 * 5400))
     assert {"cpu_efficiency", "peak_memory_bytes", "gpus", "su", "segments"} <= set(doc)
     assert set(doc["gpus"][0]) >= {"util_mean", "util_max", "memory_peak_bytes"}
-    # 9.1 GB of an 80 GB card: the cheapest type that holds it with room to spare, priced against a100.
+    # 9.1 GiB of an 80 GiB card: the cheapest type that holds it with room to spare, priced against a100.
     (low_cpu, cheaper) = rs.advice
     assert low_cpu.startswith("CPU efficiency 12% of the 8 cores asked")
     fit = min((t for t in RIVANNA.values() if t.vram_gb and t.vram_gb >= 9.1 * core.GPU_HEADROOM
                and t.su_per_gpu_hour is not None and t.su_per_gpu_hour < (a100.su_per_gpu_hour or 0)
                and (t.max_gpus_per_job or 2) >= 2 and (t.compute_capability or 0) >= 8),
               key=lambda t: t.su_per_gpu_hour or 0)  # fmt: skip
-    assert cheaper.startswith("peak GPU memory 9.1 of 80 GB: an " + fit.name)
+    assert cheaper.startswith("peak GPU memory 9.1 of 80 GiB: an " + fit.name)
     ratio = (fit.su_per_gpu_hour or 0) / (a100.su_per_gpu_hour or 1)
     assert cheaper.endswith(f"at {ratio:.2f}× the SUs")
     text = "\n".join(core.render(rs))
     assert "segment 2: job 102 (ended), 30m00s wall, 2× a100" in text
-    assert "n1 GPU 0 (NVIDIA A100-SXM4-80GB): util 90% mean, 100% max, peak memory 9.1 GB of 85.9 GB" in text
+    assert (
+        "n1 GPU 0 (NVIDIA A100-SXM4-80GB): util 90% mean, 100% max, peak memory 9.1 GiB of 80.0 GiB" in text
+    )
 
 
 def test_what_was_not_measured_is_said_by_node_and_why():
@@ -266,7 +268,7 @@ def test_the_end_notice_carries_what_the_run_used(tmp_path):
                                         dict(gpu(1, 50, 3.0), util_sum=150.0, util_samples=3)])  # fmt: skip
     (tmp_path / "stats" / "1" / "n1.json").write_text(json.dumps(rec))
     _, text, facts = notifier.end_message(str(tmp_path), "101")
-    want = "used: 1h00m wall, GPU util 40% mean, GPU memory peak 9.1 GB, peak memory 2.1 GB, 1000.0 SUs"
+    want = "used: 1h00m wall, GPU util 40% mean, GPU memory peak 9.1 GiB, peak memory 2.0 GiB, 1000.0 SUs"
     assert facts["usage"] == want and want in text
     # The notifier's copy of the peak rule is the meter's and rv stats's.
     for r in (rec, dict(rec, cgroup_peak_bytes=5), dict(rec, maxrss_bytes=None), {}):
@@ -305,7 +307,7 @@ def test_the_pages_usage_has_the_figures_and_each_nodes_gpu_curve():
     got = usage(cluster, run([seg(1, 0, 3600)]), {"1": [rec]}, 0)  # type: ignore[arg-type]
     assert got["curves"] == [{"segment": 1, "node": "n1", "points": [[0, 10.0], [30, 50.0]]}]
     assert got["su"] == pytest.approx((RIVANNA["a100"].su_per_gpu_hour or 0) * 2)
-    assert got["summary"].startswith("1h00m wall, GPU util 30%, peak memory 2.1 GB, SUs ")
+    assert got["summary"].startswith("1h00m wall, GPU util 30%, peak memory 2.0 GiB, SUs ")
 
 
 def test_a_value_the_meter_cannot_read_never_keeps_the_program_from_running(tmp_path):
