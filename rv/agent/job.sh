@@ -156,7 +156,7 @@ rv_save_submit_env() {
 # one writes them again when they are gone (rv_runtime_mend), as they were.
 rv_runtime_keep() {
     local f
-    rv_runtime_files=("${rv_runtime:-}" "${RV_RANK_LABEL:-}" "${rv_notify_prog:-}")
+    rv_runtime_files=("${rv_runtime:-}" "${RV_RANK_LABEL:-}" "${rv_notify_prog:-}" "${rv_stats_prog:-}")
     rv_runtime_texts=()
     for f in "${rv_runtime_files[@]}"; do
         if [ -n "$f" ]; then rv_runtime_texts+=("$(cat -- "$f" 2>/dev/null)"); else rv_runtime_texts+=(''); fi

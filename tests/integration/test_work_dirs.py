@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import uuid
@@ -162,8 +163,11 @@ def test_a_chain_whose_runtime_files_were_purged_writes_them_again_and_goes_on(l
         cwd=proj, timeout=400,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "purged 1" in r.stdout or "purged 2" in r.stdout or "purged 3" in r.stdout, r.stdout
+    # The runtime's files: job.sh, the rank labeller, the notifier and rv's meter.
+    assert re.search(r"^purged [1-4]$", r.stdout, re.M), r.stdout
     assert "segment 2 ran" in r.stdout, r.stdout
+    # The meter was written again too: segment 2's program ran under it.
+    assert list((run_folder(layout.remote_root, "purged") / "stats" / "2").glob("*.json")), r.stderr
     record = ended(layout.remote_root, "purged")
     assert record["segment"] == 2 and record["exit_code"] == 0, record
     assert "written again for the next segment" in r.stderr
