@@ -88,6 +88,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "gc": Command("rv.cli.gc", "gc", "Remove what finished runs left on the cluster.", served=True),
     "cost": Command("rv.cli.cost", "cost", "Estimate the SU cost of a job.", served=True),
+    "stats": Command(
+        "rv.cli.stats", "stats", "What a run used and cost: CPU, memory, GPU use, SUs; advice.", served=True
+    ),
     "env": Command("rv.cli.secrets", "env", "Manage secrets passed to jobs.", served=False),
     "venv": Command(
         "rv.cli.venv", "venv", "List, build and remove the Python environments jobs run in.", served=True

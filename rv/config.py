@@ -127,6 +127,9 @@ class Profile:
     node_work_dir: str | None = None
     # The image every run and session runs in unless --container says otherwise (rv.job.container).
     container: str | None = None
+    # How long every GPU of a node may stay idle before the run's log says so (`rv run --idle-gpu`:
+    # a duration, or "off"); None: rv's default.
+    idle_gpu: str | None = None
 
     @property
     def default_partition(self) -> Partition | None:
@@ -175,6 +178,7 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "work_dir": str,
     "node_work_dir": str,
     "container": str,
+    "idle_gpu": str,
 }
 # The profile keys that are Slurm placement options (account is one too, and older than these).
 PLACEMENT_KEYS = ("partition", "qos", "constraint", "exclude", "nodelist", "reservation")
@@ -362,6 +366,15 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
     if work_dir is not None and work_dir not in WORK_DIRS:
         raise ConfigError(f"{where}: work_dir must be shared or node, not {work_dir!r}")
     node_work_dir = check_node_work_dir(table.get("node_work_dir"), where)
+    idle_gpu = table.get("idle_gpu")
+    if idle_gpu is not None:
+        from rv.errors import UsageError
+        from rv.timespec import parse_idle_gpu
+
+        try:
+            parse_idle_gpu(idle_gpu)
+        except UsageError as exc:
+            raise ConfigError(f"{where}: idle_gpu: {exc.message}") from None
     builtin = BUILTIN_CATALOGS.get(catalog, {})
     gpus = {
         gname: _parse_gpu(where, gname, gtable, builtin.get(gname))
@@ -394,6 +407,7 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         work_dir=work_dir,
         node_work_dir=node_work_dir,
         container=table.get("container") or None,
+        idle_gpu=idle_gpu,
     )
 
 
@@ -457,6 +471,8 @@ def _profile_values(p: Profile) -> dict[str, Any]:
         values["node_work_dir"] = p.node_work_dir
     if p.container:
         values["container"] = p.container
+    if p.idle_gpu:
+        values["idle_gpu"] = p.idle_gpu
     return values
 
 

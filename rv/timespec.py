@@ -195,3 +195,14 @@ def scale_mem(text: str, factor: int) -> str:
     """A memory size times ``factor`` in the same unit (``16G`` x 4 -> ``64G``)."""
     normalised = parse_mem(text)
     return f"{int(normalised[:-1]) * factor}{normalised[-1]}"
+
+
+# `rv run --idle-gpu`: how long every GPU of a node may stay under 5% before the run's log says so.
+IDLE_GPU_DEFAULT = 15 * 60
+
+
+def parse_idle_gpu(text: str) -> int:
+    """``--idle-gpu`` in seconds: a duration (``15m``, ``1h``, ``90s``) or ``off`` (0)."""
+    if text.strip().lower() in ("off", "none", "no"):
+        return 0
+    return parse_duration(text, flag="--idle-gpu")

@@ -4,8 +4,9 @@ rv installs nothing on the cluster. Each cluster-side step runs these modules as
 ``python3 -I -S -c`` program over the SSH connection (see :mod:`rv.remote.agent_client`); bulk data travels
 on the same command's stdin or stdout, so a step is one round trip however much it moves. The mode
 table is in :mod:`rv.agent.__main__`; the job's shell runtime (``job.sh``), the rank labeller
-(``ranklabel.py``), the webhook poster (``notify.py``) and the store's repairs (``storecheck.py``,
-also a module of the agent) are shipped beside it into the remote root, once per content.
+(``ranklabel.py``), the webhook poster (``notify.py``), the store's repairs (``storecheck.py``,
+also a module of the agent) and the meter (``stats.py``: what the program used, on each node) are
+shipped beside it into the remote root, once per content.
 
 Laptop code imports four modules of this package, the formats both sides share:
 :mod:`rv.agent.manifest` (a snapshot's file list), :mod:`rv.agent.segment` (what a job records

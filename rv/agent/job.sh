@@ -157,7 +157,8 @@ rv_save_submit_env() {
 # one writes them again when they are gone (rv_runtime_mend), as they were.
 rv_runtime_keep() {
     local f
-    rv_runtime_files=("${rv_runtime:-}" "${RV_RANK_LABEL:-}" "${rv_notify_prog:-}" "${rv_store_prog:-}")
+    rv_runtime_files=("${rv_runtime:-}" "${RV_RANK_LABEL:-}" "${rv_notify_prog:-}" "${rv_store_prog:-}"
+        "${rv_stats_prog:-}")
     rv_runtime_texts=()
     for f in "${rv_runtime_files[@]}"; do
         if [ -n "$f" ]; then rv_runtime_texts+=("$(cat -- "$f" 2>/dev/null)"); else rv_runtime_texts+=(''); fi
@@ -974,7 +975,7 @@ rv_is_launcher() {
 # Each srun task (one per node) runs rv_task LABELED LAUNCHER JOB: the program in the background and rv's
 # stop watcher beside it. (A task is a new shell: it sees exported variables and functions only.)
 rv_task() {
-    export -n -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send rv_is_launcher rv_program  # not the program's
+    export -n -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send rv_is_launcher rv_program rv_measured  # not the program's
     local rv_labeled="$1" rv_launcher="$2" rv_job="$3" rv_task_own_dir=''
     if [ "${rv_work_node:-0}" = 1 ]; then rv_task_work_dir || return 1; fi
     if [ "$rv_labeled" = 1 ]; then
@@ -996,6 +997,7 @@ rv_task() {
     # `trap -`: a background job of a script would otherwise ignore INT and QUIT.
     (
         trap - INT QUIT
+        rv_measured
         rv_program
     ) &
     local program=$! watcher rc
@@ -1029,6 +1031,16 @@ rv_task_dropped() {  # in another node's task: say how many changes of its work 
     [ "${n:-0}" -gt 0 ] || return 0
     echo "rv: warning: node $SLURM_NODEID ($(hostname)): $n file(s) and folder(s) its program created," \
         "changed or deleted in its work dir are not kept (--work-dir node keeps the first node's)" >&2
+}
+
+# The program under rv's meter (rv/agent/stats.py: its CPU time, peak memory and GPU samples, in
+# <run>/stats/<segment>/), which waits for it and exits with its code; as it was where the node has
+# no python3 (the meter then says nothing, and `rv stats` says which node).
+rv_measured() {
+    [ -n "${rv_stats_prog:-}" ] && [ -r "$rv_stats_prog" ] && command -v python3 >/dev/null 2>&1 || return 0
+    export -n rv_stats_prog
+    exec python3 -I -S "$rv_stats_prog" wrap "$RV_RUN_DIR/stats/$RV_SEGMENT" "${SLURMD_NODENAME:-$(hostname)}" \
+        -- "$BASH" -c "$(declare -f rv_program); rv_program"
 }
 
 rv_stop_watch() {  # rv_stop_watch PID: at the lead time, rv_stop_deliver PID
@@ -1102,7 +1114,10 @@ rv_srun_lines() {
 # Always an srun step, one task per node. --kill-on-bad-exit: one dead node must not leave the others
 # waiting at a collective. Several nodes: one log per node (the batch log keeps rv's own lines).
 rv_launch() {
-    export -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send rv_is_launcher rv_program
+    export -f rv_task rv_stop_watch rv_stop_deliver rv_stop_send rv_is_launcher rv_program rv_measured
+    # rv's meter (rv_measured): where it is, when an idle GPU is told, and to whom.
+    export rv_stats_prog RV_IDLE_GPU="${rv_idle_gpu:-0}" RV_STATS_JOB="$rv_job" \
+        RV_STATS_NOTIFY_PROG="${rv_notify_prog:-}" RV_STATS_NOTIFY_HOOKS="${rv_notify_hooks:-}"
     local io=()
     if [ "$RV_NODES" -gt 1 ]; then
         rm -f -- "$RV_JOB_DIR"/node*.exit

@@ -29,6 +29,8 @@ collected by rv gc:
     seg/<k>.candidates, .claim  the jobs sent for it once per GPU type; who follows it (`rv logs`)
     STOP, ENDED                 `rv stop` was asked; the run is over (JSON: why, exit code)
     faults                      GPU faults the run continued after: "<segment> <node> <what>" lines
+    stats/<k>/<node>.json       what segment k's program used on that node (rv/agent/stats.py: CPU
+    stats/<k>/<node>.gpu.jsonl  time, peak memory, GPU figures) and its GPU samples (rv stats)
     work/                       RV_WORK_DIR: the run's private copy of its snapshot (checked out
     work.index                  from the store with an index of its own: what the job checked)
     jobs/<job id>/              RV_JOB_DIR: per Slurm job (node exit codes, stop deliveries)
@@ -47,8 +49,8 @@ collected by rv gc:
 <root>/tools/uv, tools/python   uv, installed once when the cluster has none, and the Pythons it fetches
 <root>/tmp/                     staging for uploads; renamed into place when complete
 <root>/runtime/job-<hash>.sh    rv's job runtime (rv/agent/job.sh) that batch scripts source, and
-<root>/runtime/rank-label-<hash>.py   its rank labeller, and notify-<hash>.py its webhook poster; named
-                                by content, read-only, written once
+<root>/runtime/rank-label-<hash>.py   its rank labeller, notify-<hash>.py its webhook poster and
+                                stats-<hash>.py its meter; named by content, read-only, written once
 
 A checkpoint folder in rv_train's layout (any other files are the program's own)::
 
@@ -115,6 +117,7 @@ SECRETS = "secrets.env"
 STOP = "STOP"
 ENDED = "ENDED"
 FAULTS = "faults"
+STATS = "stats"  # stats/<segment>/<node>.json and .gpu.jsonl: rv's meter (rv/agent/stats.py)
 SEG = "seg"
 WORK = "work"
 WORK_INDEX = WORK + ".index"  # the git index the work dir was checked out with (job.sh)

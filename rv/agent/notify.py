@@ -6,6 +6,9 @@ The job's runtime (rv/agent/job.sh) runs it on the compute node, once per run, n
 ``notify.py end RUN_DIR JOB NAME...``
     from the job that ends the run (after it wrote ``ENDED``): run, state, segments, time, the last
     lines of stderr when the program crashed, and the commands to see more.
+``notify.py idle RUN_DIR JOB NAME...``
+    from rv's meter on a node (rv/agent/stats.py) whose GPUs all stayed idle for ``--idle-gpu``: the
+    line it wrote to the run's log, in ``RV_IDLE_MESSAGE``.
 ``notify.py started RUN_DIR JOB NAME...``
     from segment 1 when it starts, and only when it waited in the queue at least
     :data:`PENDING_WORTH_SAYING` seconds (a run that starts at once needs no word).
@@ -41,6 +44,7 @@ TIMEOUT_S = 8.0
 PENDING_WORTH_SAYING = 60  # seconds in the queue before a start is worth a message
 STDERR_LINES = 15
 DISCORD_LIMIT = 2000
+GIB = 1 << 30  # memory in the usage line, as rv stats shows it
 
 # How a reason begins -> the state word (rv.agent.segment.END_REASONS; a unit test holds the two equal:
 # this file runs alone on the compute node and imports nothing of rv).
@@ -163,8 +167,76 @@ def end_message(run_dir, job, now=None):
         if tail:
             lines.append("last lines of stderr (job %s):" % job)
             lines += ["    " + ln for ln in tail]
-    lines.append("more: rv logs %s --err    rv ps -a    rv why %s" % (name, name))
+    usage = usage_line(run_dir, segs, meta)
+    if usage:
+        facts["usage"] = usage
+        lines.append(usage)
+    lines.append("more: rv logs %s --err    rv ps -a    rv why %s    rv stats %s" % (name, name, name))
     return title, "\n".join(lines), facts
+
+
+def node_peak(rec):
+    """A node's peak memory from rv's meter (rv.agent.stats.node_peak, held equal by a unit test):
+    the job's cgroup where Slurm made one, else the larger of the largest process and the sampled
+    sum of the program's processes."""
+    if isinstance(rec.get("cgroup_peak_bytes"), int):
+        return rec["cgroup_peak_bytes"]
+    got = [v for v in (rec.get("maxrss_bytes"), rec.get("rss_peak_bytes")) if isinstance(v, int)]
+    return max(got) if got else None
+
+
+def usage_line(run_dir, segs, meta):
+    """One line of what the run used (wall, GPU use, peak memory, SUs) from rv's meter, or None."""
+    wall = sum(max(0, (s.get("end") or s.get("start") or 0) - s.get("start")) for s in segs if s.get("start"))
+    base = os.path.join(run_dir, "stats")
+    nodes = []
+    try:
+        for seg in os.listdir(base):
+            for fname in os.listdir(os.path.join(base, seg)):
+                if fname.endswith(".json"):
+                    rec = read_json(os.path.join(base, seg, fname))
+                    if rec is not None:
+                        nodes.append(rec)
+    except OSError:
+        pass
+    if not nodes:
+        return None
+    parts = ["used: %s wall" % duration(wall)]
+    utils = [(g.get("util_sum") or 0, g.get("util_samples") or 0) for n in nodes for g in n.get("gpus") or []]
+    count = sum(c for _, c in utils)
+    if count:
+        peak_g = max((g.get("memory_peak_bytes") or 0) for n in nodes for g in n.get("gpus") or [])
+        parts.append(
+            "GPU util %.0f%% mean, GPU memory peak %.1f GiB"
+            % (sum(u for u, _ in utils) / count, peak_g / GIB)
+        )
+    peaks = [p for p in (node_peak(n) for n in nodes) if p is not None]
+    if peaks:
+        parts.append("peak memory %.1f GiB" % (max(peaks) / GIB))
+    gpus, rates = meta.get("gpus") or 0, meta.get("su_rates") or {}
+    su, unknown = 0.0, False
+    for s in segs:
+        if not s.get("start") or not gpus:
+            continue
+        rate = rates.get(s.get("gpu_type") or meta.get("gpu_type") or "")
+        if not isinstance(rate, (int, float)):
+            unknown = True
+            continue
+        su += rate * gpus * max(0, (s.get("end") or s.get("start")) - s["start"]) / 3600.0
+    if gpus:
+        parts.append("SUs ?" if unknown else "%.1f SUs" % su)
+    return ", ".join(parts)
+
+
+def idle_message(run_dir, job, environ):
+    """(title, text, facts) for GPUs left idle, from the meter's line in RV_IDLE_MESSAGE."""
+    meta = read_json(os.path.join(run_dir, "run.json")) or {}
+    name = str(meta.get("name") or os.path.basename(run_dir))
+    said = environ.get("RV_IDLE_MESSAGE") or "GPUs idle"
+    facts = {"event": "idle", "run": name, "run_id": meta.get("run_id"), "state": "RUNNING", "job": job,
+             "message": said}  # fmt: skip
+    text = "run %s: %s\nmore: rv gpu %s    rv stop %s" % (name, said, name, name)
+    return "rv: run %s has idle GPUs" % name, text, facts
 
 
 def started_message(run_dir, job, now=None):
@@ -251,11 +323,14 @@ def deliver(name, url, title, text, facts, opener=None, sleep=time.sleep, say=No
 
 def main(argv, environ=None, now=None):
     environ = os.environ if environ is None else environ
-    if len(argv) < 4 or argv[1] not in ("end", "started"):
-        sys.stderr.write("usage: notify.py end|started RUN_DIR JOB NAME...\n")
+    if len(argv) < 4 or argv[1] not in ("end", "started", "idle"):
+        sys.stderr.write("usage: notify.py end|started|idle RUN_DIR JOB NAME...\n")
         return 0
     event, run_dir, job, names = argv[1], argv[2], argv[3], argv[4:]
-    made = (end_message if event == "end" else started_message)(run_dir, job, now)
+    if event == "idle":
+        made = idle_message(run_dir, job, environ)
+    else:
+        made = (end_message if event == "end" else started_message)(run_dir, job, now)
     if made is None:
         return 0
     title, text, facts = made

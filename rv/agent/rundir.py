@@ -5,6 +5,7 @@ The folders and files are :mod:`rv.agent.layout`'s; the records' format is :mod:
 """
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -63,6 +64,51 @@ def segments(rdir):
         ]
         out.append({"segment": k, "job_id": job, "record": record, "candidates": candidates})
     return out
+
+
+def read_stats(rdir, points=0):
+    """What the run's jobs measured (rv/agent/stats.py writes ``stats/<segment>/<node>.json``):
+    ``{segment: [node records]}``, for the laptop to sum up (rv.job.stats). With ``points``, each
+    record has ``curve``: at most about that many [time, mean utilization of the node's GPUs] of its
+    samples (``<node>.gpu.jsonl``), for the page's chart."""
+    out = {}
+    base = common.under(rdir, layout.STATS)
+    try:
+        segs = [s for s in os.listdir(base) if s.isdigit()]
+    except OSError:
+        return out
+    for seg in sorted(segs, key=int):
+        try:
+            names = sorted(n for n in os.listdir(os.path.join(base, seg)) if n.endswith(b".json"))
+        except OSError:
+            continue
+        recs = []
+        for n in names:
+            rec = common.read_json(os.path.join(base, seg, n))
+            if not isinstance(rec, dict):
+                continue
+            if points:
+                rec["curve"] = _gpu_curve(
+                    os.path.join(base, seg, n[: -len(b".json")] + b".gpu.jsonl"), points
+                )
+            recs.append(rec)
+        out[manifest.dec(seg)] = recs
+    return out
+
+
+def _gpu_curve(path, points):
+    curve = []
+    for line in (common.read_bytes(path) or b"").splitlines():
+        try:
+            row = json.loads(line.decode("utf-8", "replace"))
+            utils = [g[1] for g in row["gpus"] if isinstance(g[1], (int, float))]
+            curve.append([row["t"], round(sum(utils) / len(utils), 1) if utils else None])
+        except common.UNPARSABLE + (KeyError, TypeError, IndexError, AttributeError):
+            continue
+    if len(curve) > points:
+        step = len(curve) / float(points)
+        curve = [curve[int(i * step)] for i in range(points)] + [curve[-1]]
+    return curve
 
 
 def run_info(root, run_id):

@@ -1,6 +1,6 @@
 """The modes over runs that exist: ``runs`` (what they are), ``run-stop``, ``secrets-sweep``, ``ckpt-ls``.
 
-``runs``        run records and ``squeue`` (and ``sacct``, the runs' metrics) in one answer
+``runs``        run records and ``squeue`` (and ``sacct``, the runs' metrics and measurements) in one answer
 ``run-stop``    ``STOP``, ``scancel``, the secrets gone, records for segments that never started
 ``secrets-sweep`` secrets of runs no job is alive for (a job killed hard could not remove them)
 ``ckpt-ls``     a checkpoint folder: rv_train's ``step_<N>`` steps, sizes, times, which one resumes
@@ -36,6 +36,12 @@ def mode_runs(args):
         out["metrics"] = {"runs": metrics.read_runs(
             root, [r["run_id"] for r in out["runs"]], asked.get("series", False),
             asked.get("points") or metrics.DEFAULT_POINTS)}  # fmt: skip
+    if args.get("stats") is not None:
+        # rv stats: what each run's jobs measured (rv/agent/stats.py), in the same round trip.
+        points = int(args["stats"])
+        out["stats"] = {
+            r["run_id"]: rundir.read_stats(rundir.run_path(root, r["run_id"]), points) for r in out["runs"]
+        }
     return out
 
 

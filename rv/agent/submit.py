@@ -173,7 +173,7 @@ def _start_from(root, spec, dest):
     return {"step": None, "how": sorted(kinds)}
 
 
-_RUNTIME_NAME = re.compile(r"^(job|rank-label|notify|store-check)-[0-9a-f]{16}\.(sh|py)$")
+_RUNTIME_NAME = re.compile(r"^(job|rank-label|notify|store-check|stats)-[0-9a-f]{16}\.(sh|py)$")
 
 
 def place_runtime(root, files):

@@ -50,6 +50,8 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
         own["work_dir"] = profile.work_dir
     if profile.container:
         own["container"] = profile.container
+    if profile.idle_gpu:
+        own["idle_gpu"] = profile.idle_gpu
     layers = [project_layer(find_repo_top(Path.cwd(), Git())), Layer(f"profile {profile.name}", own)]
     return apply_layers(ctx, layers, exclude=NOT_DEFAULTS, only=only)
 

@@ -3,7 +3,7 @@ state, and one per sweep (its points counted by state); with SWEEP, one line per
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import click
@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from rv.job.records import RunView
 
 
-def render_table(views: Sequence[RunView]) -> list[str]:  # pure: rows in, lines out
+def render_table(views: Sequence[RunView], sus: Mapping[str, str] | None = None) -> list[str]:  # pure
+    """The table's lines; ``sus`` (`rv ps -a`): an SU column, the text for each ended run or sweep by
+    name ("-" where there is none)."""
     # Columns as wide as their longest value: a name cut at 22 characters could not be typed back
     # into `rv logs NAME`, and two runs could show the same prefix.
     rows = []
@@ -25,11 +27,15 @@ def render_table(views: Sequence[RunView]) -> list[str]:  # pure: rows in, lines
         # A sweep's line (its points) always says how many points are in which state.
         shown = v.reason and (v.points or v.state not in ("RUNNING", "COMPLETED"))
         why = f"  ({v.why or v.reason})" if shown else ""
-        rows.append((v.name, v.segments_text(), v.state, code, v.job_id or "-", gpus, str(v.nodes),
-                     format_elapsed(v.elapsed_seconds), f"{v.source}{why}"))  # fmt: skip
-    head = ("NAME", "SEG", "STATE", "EXIT", "JOB", "GPUS", "NODES", "ELAPSED", "SOURCE")
+        row: tuple[str, ...] = (v.name, v.segments_text(), v.state, code, v.job_id or "-", gpus, str(v.nodes),
+               format_elapsed(v.elapsed_seconds))  # fmt: skip
+        if sus is not None:
+            row += (sus.get(v.name, "-"),)
+        rows.append((*row, f"{v.source}{why}"))
+    head: tuple[str, ...] = ("NAME", "SEG", "STATE", "EXIT", "JOB", "GPUS", "NODES", "ELAPSED")
+    head += ("SU", "SOURCE") if sus is not None else ("SOURCE",)
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
-    right = {1, 3, 6, 7}  # numbers line up on the right
+    right = {1, 3, 6, 7, 8}  # numbers line up on the right (the SU column's too)
     lines = []
     for r in [head, *rows]:
         cells = [
@@ -72,13 +78,23 @@ def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None
         return
     views = run_views(snap.runs, snap.queued, snap.accounted, now=snap.now)
     serves = {r.run_id: r.serves for r in mine.values() if r.serves}
+    # -a: what each ended run cost (rv stats's SUs: the catalog's rate x GPUs x each segment's hours).
+    sus = ended_sus(snap.runs, s.profile.gpu_catalog(), snap.now) if all_ else {}
     if as_json:
         # Data: a sweep's points stay runs of their own (each names its sweep and index).
-        rows = [dict(v.to_json(), **_served(serves.get(v.run_id or ""))) for v in views if v.live or all_]
+        rows = [
+            dict(
+                v.to_json(),
+                **_served(serves.get(v.run_id or "")),
+                **({"su": sus.get(v.run_id or "")} if all_ else {}),
+            )
+            for v in views
+            if v.live or all_
+        ]
         print_json(rows)
         return
     folded = fold_sweeps(views, live_only=not all_)
-    for line in render_table(folded):
+    for line in render_table(folded, su_column(folded, views, sus) if all_ else None):
         click.echo(line)
     for line in served_lines(views, serves):
         click.echo(line)
@@ -89,6 +105,33 @@ def ps(ctx: click.Context, sweep: str | None, all_: bool, as_json: bool) -> None
             if all_
             else "nothing queued or running: rv ps -a adds what ended in the last 7 days"
         )
+
+
+def ended_sus(runs: Sequence, catalog: Mapping, now: float) -> dict[str, float | None]:  # type: ignore[type-arg]
+    """Each ended GPU run's SUs by run id (None: no rate for it); a CPU run has none to show."""
+    from rv.job.stats import run_stats
+
+    ended = [r for r in runs if r.ended is not None and r.meta.get("gpus")]
+    return {r.run_id: run_stats(r, {}, catalog, now).su for r in ended}
+
+
+def su_column(
+    folded: Sequence[RunView], views: Sequence[RunView], sus: Mapping[str, float | None]
+) -> dict[str, str]:
+    """The SU column's text by line name: an ended run's SUs, a sweep's total over its ended points
+    ("?" where one has no rate), "-" for what has not ended."""
+    out = {}
+    for v in folded:
+        if v.points:
+            got = [
+                sus[p.run_id] for p in views if p.sweep == v.name and p.run_id is not None and p.run_id in sus
+            ]
+            if got:
+                out[v.name] = "?" if any(x is None for x in got) else f"{sum(x or 0.0 for x in got):,.1f}"
+        elif v.run_id in sus:
+            su = sus[v.run_id or ""]
+            out[v.name] = "?" if su is None else f"{su:,.1f}"
+    return out
 
 
 def _served(serves: dict | None) -> dict:  # type: ignore[type-arg]

@@ -139,6 +139,12 @@ if TYPE_CHECKING:
     "folder at each segment's end and put back at the next).",
 )
 @container_options
+@click.option(
+    "--idle-gpu",
+    metavar="DURATION",
+    help="When every GPU of a node stays under 5% this long, say so once in the run's stderr log (and "
+    "to --notify): e.g. 15m (the default), 1h, off.",
+)
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
@@ -195,6 +201,7 @@ def run(
     work_dir: str | None,
     container: str | None,
     container_runtime: str | None,
+    idle_gpu: str | None,
     follow: bool,
     dry_run: bool,
     allow_large: bool,
@@ -224,7 +231,7 @@ def run(
         max_segments=max_segments, from_run=from_, max_fault_retries=max_fault_retries,
         each_node=each_node, allow_single_process=allow_single_process, sweep=sweep_options,
         sweep_file=sweep_file, parallel=parallel, parallel_typed=sources.get("parallel") == COMMAND_LINE,
-        notify=notify, work_dir=work_dir, follow=follow, placement=placement_of(ctx.params),
+        notify=notify, work_dir=work_dir, idle_gpu=idle_gpu, follow=follow, placement=placement_of(ctx.params),
         env=env_of(ctx.params), container=container, container_runtime=container_runtime,
         allow_large=allow_large, max_file_size=max_file_size,
         follow_from=None if sources.get("follow") == COMMAND_LINE else sources.get("follow"),

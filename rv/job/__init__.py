@@ -9,5 +9,6 @@ package only submits the first, reads what the jobs wrote, follows, stops and co
     watch.py     following a run across segments: frames, state, reconnecting after a drop
     cleanup.py   stop, the secrets sweep, gc, what rv keeps on the cluster
     container.py --container: the image and runtime asked for, checked; the script's lines
+    stats.py     `rv stats`: what a run used and cost (from the jobs' own measurements), advice (pure)
     remote.py    the cluster-side agent modes (runs there, standard library only)
 """

@@ -39,6 +39,7 @@ from rv.layout import RemoteLayout
 from rv.placement import Estimate, Placement, PlacementOptions
 from rv.request import JobRequest
 from rv.slurm.script import ScriptContext
+from rv.timespec import IDLE_GPU_DEFAULT, parse_idle_gpu
 
 if TYPE_CHECKING:
     from rv.config import Profile
@@ -150,6 +151,7 @@ class RunOptions(JobOptions):
     parallel_typed: bool = False  # --parallel came from the command line (not a project's default)
     notify: tuple[str, ...] = ()  # --notify WHERE: who is told of the run's end (rv.notify)
     work_dir: str | None = None  # --work-dir shared|node (rv.job.workdir)
+    idle_gpu: str | None = None  # --idle-gpu DURATION|off (rv.timespec.parse_idle_gpu)
     follow: bool = False
     # Where a follow not typed came from (a project's defaults, e.g. "pyproject.toml [tool.rv]"); None
     # when -f was typed. A sweep refuses a typed -f and leaves a project's `follow = true` alone.
@@ -181,6 +183,7 @@ class Plan:
     points: Mapping[int, JobRequest] = field(default_factory=dict)  # a sweep's point requests by index
     work: submit.WorkDir = field(default_factory=submit.WorkDir)  # where the work dir is (--work-dir)
     container: ContainerSpec | None = None  # --container, checked on the laptop (the cluster resolves it)
+    idle_gpu: int = IDLE_GPU_DEFAULT  # --idle-gpu in seconds; 0: off
 
     @property
     def request(self) -> JobRequest:
@@ -204,7 +207,7 @@ class Plan:
             layout, run_id=run_id or self.run_id, snapshot_id=snapshot_id, project=project,
             account=self.profile.account, has_secrets=bool(self.secrets), umask=job_umask(self.profile),
             env_build=env_build, placement=self.placement, sweep_env=sweep_env, notify=self.notify,
-            work=self.work, container=container,
+            work=self.work, container=container, idle_gpu=self.idle_gpu,
         )  # fmt: skip
 
     @property
@@ -244,6 +247,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
     sweep = read_sweep(o, name=run_name or "", view=view)
     setup = (*profile.setup, *o.setup)
     work = submit.WorkDir(check_work_dir(o.work_dir), profile.node_work_dir)
+    idle_gpu = parse_idle_gpu(o.idle_gpu) if o.idle_gpu is not None else IDLE_GPU_DEFAULT
 
     def build(gpu_type: str | None, command: tuple[str, ...] = o.command) -> JobRequest:
         return build_request(
@@ -284,7 +288,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         run_id, profile, reqs, place, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
         env_setup=setup, command=o.command, from_run=from_run, notify=o.notify, here=here, view=view,
     )  # fmt: skip
-    plan = dataclasses.replace(plan, work=work, container=container)
+    plan = dataclasses.replace(plan, work=work, container=container, idle_gpu=idle_gpu)
     check_container_env(plan)
     many = many_files_warning(plan.snapshot.tree.files, len(sweep) if sweep is not None else 1, work.where)
     if many:

@@ -35,6 +35,8 @@ class RunsListing:
     sweep: dict[str, Any] | None = None  # the reply of a secrets sweep that rode along, if one did
     metrics: list[dict[str, Any]] = field(default_factory=list)  # rv.agent.metrics rows, when asked
     slurm: dict[str, dict[str, Any]] = field(default_factory=dict)  # {key: {"text", "error"}}, when asked
+    # rv.agent.stats.read_run of each run, by run id, when asked: {segment: [node records]}
+    stats: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
 
 
 def fetch(
@@ -52,12 +54,14 @@ def fetch(
     whole_sweeps: bool = False,
     metrics: Mapping[str, Any] | None = None,
     slurm: Mapping[str, list[str]] | None = None,
+    stats: int | None = None,
 ) -> RunsListing:
     """One round trip: the runs asked for, squeue (and sacct), and a secrets ``sweep`` of those ids.
 
     ``sweeps``: every point of the sweeps of these names; ``whole_sweeps``: a point chosen brings
     its sweep's other points; ``metrics``: each run's metrics summed up too (``{"series", "points"}``,
-    see rv.agent.metrics); ``slurm``: Slurm commands whose answers come back by key."""
+    see rv.agent.metrics); ``slurm``: Slurm commands whose answers come back by key; ``stats``: what
+    each run's jobs measured (rv.agent.stats), with at most this many points of GPU-utilization curve."""
     args: dict[str, Any] = {
         "root": root,
         "ids": list(ids),
@@ -73,6 +77,8 @@ def fetch(
         args["metrics"] = dict(metrics)
     if slurm:
         args["slurm"] = dict(slurm)
+    if stats is not None:
+        args["stats"] = stats
     if sacct_days is not None:
         args["sacct"] = commands.sacct_user(sacct_days)
     if sweep:
@@ -89,6 +95,7 @@ def fetch(
         sweep=reply.get("secrets_sweep") if sweep else None,
         metrics=(reply.get("metrics") or {}).get("runs") or [],
         slurm=reply.get("slurm") or {},
+        stats=reply.get("stats") or {},
     )
 
 

@@ -41,6 +41,7 @@ from rv.slurm import commands
 from rv.slurm.parse import ArrayLimits, SubmitLimit, parse_array_limits, parse_submit_limit
 from rv.slurm.script import ScriptContext, render_script, run_paths, runtime_files
 from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, ArrayPart, Point, Sweep
+from rv.timespec import IDLE_GPU_DEFAULT
 
 if TYPE_CHECKING:
     from rv.remote.transport import Transport
@@ -186,6 +187,7 @@ def script_context(
     notify: Sequence[str] = (),
     work: WorkDir | None = None,
     container: Container | None = None,
+    idle_gpu: int = IDLE_GPU_DEFAULT,
 ) -> ScriptContext:
     work = work or WorkDir()
     return ScriptContext(
@@ -203,6 +205,7 @@ def script_context(
         work_dir=work.where,
         node_work_dir=work.node_folder,
         container=container,
+        idle_gpu_seconds=idle_gpu,
     )
 
 
@@ -276,6 +279,11 @@ def submit_args(
         "notify": list(ctx.notify),
         # --work-dir: "node" keeps the work dir off the shared filesystem (rv/agent/job.sh).
         "work_dir": ctx.work_dir,
+    }
+    # What a GPU-hour of each type the run may land on costs (the catalog's rate, None: not known):
+    # the notifier's summary of the run's end counts SUs with them (rv/agent/notify.py).
+    meta["su_rates"] = {
+        r.type.name: r.type.su_per_gpu_hour for r in (req, *alternatives) if r.type is not None
     }
     candidates = None
     if alternatives:

@@ -42,7 +42,7 @@ from rv.layout import RemoteLayout
 from rv.placement import Placement
 from rv.request import JobRequest
 from rv.slurm.launch import program_line
-from rv.timespec import format_slurm_time
+from rv.timespec import IDLE_GPU_DEFAULT, format_slurm_time
 
 _AGENT = Path(__file__).resolve().parent.parent / "agent"
 # The job's runtime and the rank labeller: shipped beside each other into <root>/runtime/.
@@ -52,6 +52,8 @@ RANK_LABELLER = _AGENT / "ranklabel.py"
 NOTIFIER = _AGENT / "notify.py"
 # The store's repairs (a damaged pack set aside) and the job's background gc.
 STORE_CHECK = _AGENT / "storecheck.py"
+# rv's meter: each node's task runs the program under it (CPU time, peak memory, GPU samples; rv stats).
+METER = _AGENT / "stats.py"
 
 # The job's environment file (in $RV_JOB_DIR) that `rv ssh` and `rv up` start their shells from.
 JOB_ENV_FILE = remote_layout.JOB_ENV
@@ -77,6 +79,7 @@ def runtime_files() -> dict[str, str]:
         (RANK_LABELLER, "rank-label", ".py"),
         (NOTIFIER, "notify", ".py"),
         (STORE_CHECK, "store-check", ".py"),
+        (METER, "stats", ".py"),
     ):
         text = path.read_text(encoding="utf-8")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -85,8 +88,8 @@ def runtime_files() -> dict[str, str]:
 
 
 def runtime_path(layout: RemoteLayout, stem: str) -> str:
-    """Where the runtime file ``stem`` (``job``, ``rank-label``, ``notify``, ``store-check``) lives on
-    the cluster."""
+    """Where the runtime file ``stem`` (``job``, ``rank-label``, ``notify``, ``store-check``,
+    ``stats``) lives on the cluster."""
     (name,) = (n for n in runtime_files() if n.rsplit("-", 1)[0] == stem)
     return layout.runtime_file(name)
 
@@ -119,6 +122,9 @@ class ScriptContext:
     node_work_dir: str | None = None
     # The image the program runs in (rv.job.container: resolved on the cluster), or None.
     container: Container | None = None
+    # --idle-gpu: seconds every GPU of a node stays under 5% before the run's log (and --notify) says
+    # so (rv/agent/stats.py); 0: never.
+    idle_gpu_seconds: int = IDLE_GPU_DEFAULT
 
     @property
     def layout(self) -> RemoteLayout:
@@ -277,6 +283,7 @@ def _values(req: JobRequest, ctx: ScriptContext) -> list[str]:
         f"rv_launcher={int(req.labeled and req.launch is not None)}",
         f"rv_outputs=({' '.join(_q(p) for p in req.outputs)})",
         f"rv_exclude={_q(place.exclude or '')} rv_max_fault_retries={place.max_fault_retries}",
+        f"rv_stats_prog={_q(runtime_path(layout, 'stats'))} rv_idle_gpu={int(ctx.idle_gpu_seconds)}",
     ]
     if req.labeled:
         lines.append(f"export RV_RANK_LABEL={_q(runtime_path(layout, 'rank-label'))}")

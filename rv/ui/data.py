@@ -38,6 +38,7 @@ T = TypeVar("T")
 
 # Points per series: enough for a smooth curve at a page's width; the agent thins evenly, keeps the last.
 RUN_SERIES_POINTS = 600
+GPU_CURVE_POINTS = 300  # per node and segment: the run page's GPU-utilization chart
 SWEEP_SERIES_POINTS = 300
 # The first look at a segment's log: its last lines (the rest is a `from segment 1` away).
 LOG_TAIL_LINES = 2000
@@ -221,7 +222,7 @@ def run(cluster: Cluster, run_id: str) -> dict[str, Any]:
     from rv.remote.agent_client import call_agent
 
     def look(t: Transport) -> tuple[query.RunsListing, ClusterRun, Any]:
-        snap = query.fetch(t, cluster.root, ids=[run_id])
+        snap = query.fetch(t, cluster.root, ids=[run_id], stats=GPU_CURVE_POINTS)
         found = [r for r in snap.runs if r.run_id == run_id]
         if not found:
             raise query.not_on_cluster(run_id)
@@ -264,7 +265,22 @@ def run(cluster: Cluster, run_id: str) -> dict[str, Any]:
         "ended": dict(target.ended) if target.ended is not None else None,
         "stop_requested": target.stop_requested,
         "checkpoints": checkpoints,
+        "usage": usage(cluster, target, snap.stats.get(target.run_id) or {}, snap.now),
     }  # fmt: skip
+
+
+def usage(cluster: Cluster, run: ClusterRun, measured: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """What the run used (rv stats's figures and advice) and, per segment and node, its GPU curve."""
+    from rv.job.stats import run_stats, summary_line, to_json
+
+    figures = run_stats(run, measured, cluster.profile.gpu_catalog(), now)
+    curves = [
+        {"segment": int(seg), "node": rec.get("node"), "points": rec.get("curve") or []}
+        for seg, recs in measured.items()
+        for rec in recs
+        if rec.get("curve")
+    ]
+    return {**to_json(figures), "summary": summary_line(figures), "curves": curves}
 
 
 def logs(
@@ -398,6 +414,7 @@ def sweep(cluster: Cluster, name: str) -> dict[str, Any]:
     rows = result_rows(points, views, found)
     retry = set(retryable(rows))
     names = {r.run_id: r.name for r in snap.runs}
+    sus = point_sus(cluster, snap.runs, snap.now)
     out = []
     for r in rows:
         m = found.get(r.run_id or "")
@@ -406,9 +423,10 @@ def sweep(cluster: Cluster, name: str) -> dict[str, Any]:
             {"index": r.index, "params": dict(r.params), "run_id": r.run_id,
              "name": names.get(r.run_id or "", f"{name}/{r.index}"), "state": r.state,
              "live": bool(view and view.live), "failed": r.index in retry, "segments": r.segments,
-             "wall_seconds": r.wall_seconds, "metrics": dict(r.metrics),
+             "wall_seconds": r.wall_seconds, "su": sus.get(r.run_id or ""), "metrics": dict(r.metrics),
              "series": {k: [list(p) for p in s.series] for k, s in (m.metrics.items() if m else ())}}
         )  # fmt: skip
+    point_su = [sus.get(r.run_id or "") for r in rows]
     warnings = [line for m in found.values() for line in m.notes()]
     if snap.squeue_error:
         warnings.append(
@@ -422,7 +440,21 @@ def sweep(cluster: Cluster, name: str) -> dict[str, Any]:
         "points": out,
         "retryable": sorted(retry),
         "warnings": warnings,
+        # The sweep's SUs: the sum over its points (null when one has no rate, or none has run).
+        "su_total": None if not out or None in point_su else round(sum(x or 0.0 for x in point_su), 2),
     }
+
+
+def point_sus(cluster: Cluster, runs: Sequence[ClusterRun], now: float) -> dict[str, float | None]:
+    """Each run's SUs so far (rv stats's: the catalog's rate × GPUs × each segment's hours)."""
+    from rv.job.stats import run_stats
+
+    catalog = cluster.profile.gpu_catalog()
+    out = {}
+    for r in runs:
+        su = run_stats(r, {}, catalog, now).su
+        out[r.run_id] = round(su, 2) if su is not None else None
+    return out
 
 
 # --- the two actions -------------------------------------------------------------------------------

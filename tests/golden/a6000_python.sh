@@ -32,6 +32,7 @@ rv_gpu_type=a6000 rv_gpu_cc=8.6
 rv_secrets=0 rv_labeled=0 rv_launcher=0
 rv_outputs=()
 rv_exclude='' rv_max_fault_retries=2
+rv_stats_prog=/scratch/u/rv/runtime/stats-HASH.py rv_idle_gpu=900
 
 rv_runtime=/scratch/u/rv/runtime/job-HASH.sh
 [ -r "$rv_runtime" ] || { echo "rv: the job runtime $rv_runtime is missing (a purge of the filesystem?): rv run --name train sends it again and resumes" >&2; exit 1; }

@@ -32,6 +32,7 @@ rv_gpu_type=a6000 rv_gpu_cc=8.6
 rv_secrets=0 rv_labeled=1 rv_launcher=1
 rv_outputs=()
 rv_exclude='' rv_max_fault_retries=2
+rv_stats_prog=/scratch/u/rv/runtime/stats-HASH.py rv_idle_gpu=900
 export RV_RANK_LABEL=/scratch/u/rv/runtime/rank-label-HASH.py
 
 rv_runtime=/scratch/u/rv/runtime/job-HASH.sh

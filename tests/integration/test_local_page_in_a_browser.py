@@ -273,6 +273,9 @@ def test_the_runs_page_lists_both_clusters_and_a_sweeps_page_draws_each_points_c
             for r in browser.find_elements("css selector", "#sweep-table tbody tr")
         ]
         assert order[:3] == ["3", "1", "0"], order
+        # An SU column and the sweep's total: CPU points, so no rate ("?").
+        assert browser.find_element("css selector", '#sweep-table th[data-key="su"]').text == "SU"
+        assert browser.find_element("id", "sweep-su-total").text.split() == ["total", "?"]
         # Log scale: the y scale becomes logarithmic (uPlot's distr 3), the same curves on it.
         browser.find_element("id", "sweep-log").click()
         wait_until(
@@ -359,6 +362,11 @@ def test_a_runs_logs_grow_live_its_metrics_redraw_and_stop_from_the_page_ends_it
             "the page to see the end",
         )
         screenshot(browser, f"run-stopped-{which}")
+        # What it used (rv stats's figures): one segment, CPU only, its CPU efficiency and peak memory.
+        table = lambda: browser.find_element("id", "usage-table").text  # noqa: E731
+        usage = wait_until(lambda: "CPU only" in table() and table(), 60, "the usage table")
+        assert re.search(r"1 .* CPU only \d+% [\d.]+ (MiB|GiB|KiB) \? \(a CPU job", usage), usage
+        assert "wall" in browser.find_element("id", "usage-summary").text
         # ... and no page ever showed it: not the run page, nor any answer the page got.
         assert SECRET not in browser.page_source
         asked = f"profile={profile}&id={run_id}"

@@ -63,7 +63,7 @@ def test_unknown_profile_key_lists_valid_keys():
         "/cfg/config.toml: profile 'a': unknown key 'hots'; valid keys: host, port, user, identity_file, "
         "known_hosts, account, remote_root, catalog, setup, gpus, share_with_group, system_site_packages, "
         "python, partition, qos, constraint, exclude, nodelist, reservation, sbatch, partitions, notify, "
-        "work_dir, node_work_dir, container"
+        "work_dir, node_work_dir, container, idle_gpu"
     )
 
 

@@ -19,7 +19,7 @@ JOB_SH = (Path(rv.__file__).resolve().parent / "agent" / "job.sh").read_text(enc
 RUN_ENTRIES = {
     names.RUN_FILE, names.SCRIPT, names.CANDIDATES, names.ARRAY_SCRIPT, names.SUBMIT_ENV, names.SECRETS,
     names.STOP, names.ENDED, names.FAULTS, names.SEG, names.WORK, names.JOBS, names.LOGS, names.UP_ALIVE,
-    names.UP_DETACHED, names.WORK_INDEX, names.WORK_CHANGES,
+    names.UP_DETACHED, names.WORK_INDEX, names.WORK_CHANGES, names.STATS,
 }  # fmt: skip
 
 
@@ -136,7 +136,7 @@ def test_the_notifier_names_a_runs_files_as_the_layout_does():
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.join" and len(node.args) > 1
         and ast.unparse(node.args[0]) == "run_dir" and isinstance(node.args[1], ast.Constant)
     }  # fmt: skip
-    assert first == {names.SEG, names.LOGS, names.ENDED, names.RUN_FILE}  # the positive case too
+    assert first == {names.SEG, names.LOGS, names.ENDED, names.RUN_FILE, names.STATS}  # the positive case too
     assert first <= RUN_ENTRIES
 
 

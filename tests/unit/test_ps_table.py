@@ -33,3 +33,18 @@ def test_names_and_states_are_never_cut_and_columns_stay_aligned():
     lines = render_table([BASE, oom])
     assert cells(lines[2])[:5] == [name, "1", "OUT_OF_MEMORY", "137", "251"]
     assert {line.index("main@") for line in lines[1:]} == {lines[0].index("SOURCE")}  # aligned
+
+
+def test_ps_a_shows_what_each_ended_run_and_sweep_cost():
+    from rv.cli.ps import su_column
+
+    live = replace(BASE, name="long", run_id="r2", state="RUNNING", live=True, reason=None)
+    p0 = replace(BASE, name="grid/0", run_id="p0", sweep="grid", sweep_index=0)
+    p1 = replace(BASE, name="grid/1", run_id="p1", sweep="grid", sweep_index=1)
+    folded = [BASE, live, replace(BASE, name="grid", run_id=None, points=2)]
+    sus = su_column(folded, [BASE, live, p0, p1], {"r1": 1234.5, "p0": 10.0, "p1": 2.5})
+    assert sus == {"grpo-demo": "1,234.5", "grid": "12.5"}  # the live run: not yet
+    lines = render_table(folded, sus)
+    assert cells(lines[0])[7:] == ["ELAPSED", "SU", "SOURCE"]
+    assert [cells(line)[8] for line in lines[1:]] == ["1,234.5", "-", "12.5"]
+    assert su_column(folded, [p0, p1], {"p0": 10.0, "p1": None})["grid"] == "?"  # a point without a rate

@@ -116,7 +116,8 @@ GOLDEN_CASES = {
 def test_golden(case):
     req, ctx_ = GOLDEN_CASES[case]()
     # The runtime's name holds a hash of job.sh: a change there is not a change of every golden file.
-    text = re.sub(r"/runtime/(job|rank-label)-[0-9a-f]{16}\.", r"/runtime/\1-HASH.", render_script(req, ctx_))
+    hashed = r"/runtime/(job|rank-label|stats)-[0-9a-f]{16}\."
+    text = re.sub(hashed, r"/runtime/\1-HASH.", render_script(req, ctx_))
     path = GOLDEN / f"{case}.sh"
     if os.environ.get("RV_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)

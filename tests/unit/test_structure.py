@@ -161,9 +161,9 @@ def test_the_private_name_check_sees_a_private_use(tmp_path):
 def test_the_agent_program_ships_every_agent_module_after_what_it_imports():
     from rv.remote.agent_client import AGENT_MODULES
 
-    # ranklabel and notify are no modules of the agent program: they are shipped into <root>/runtime/
-    # beside job.sh, for jobs to run.
-    program = {p.stem for p in AGENT_FILES} - {"__init__", "ranklabel", "notify"}
+    # ranklabel, notify and stats (rv's meter) are no modules of the agent program: they are shipped
+    # into <root>/runtime/ beside job.sh, for jobs to run.
+    program = {p.stem for p in AGENT_FILES} - {"__init__", "ranklabel", "notify", "stats"}
     assert sorted(AGENT_MODULES) == sorted(program)
     for i, module in enumerate(AGENT_MODULES):
         needs = {

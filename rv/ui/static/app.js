@@ -215,12 +215,14 @@ async function runView(main, profile, id) {
   crumbs(link("runs", "#/"), profile, el("span", { id: "crumb-run", text: id }));
   const head = el("div", { class: "title" }), actions = el("div", { class: "actions" }), said = el("div", { id: "action-result" });
   const timeline = el("div", { class: "timeline", id: "timeline" }), segments = el("div");
-  const provenance = el("div"), checkpoints = el("div");
+  const provenance = el("div"), checkpoints = el("div"), used = el("div", { id: "usage" });
+  const gpuPlot = el("div", { class: "chart wide", id: "gpu-chart" });
   const logBox = el("pre", { id: "log", class: "log" }), partial = el("span", { class: "partial" });
   logBox.append(partial);
   const logControls = el("div", { class: "controls" });
   fill(main, head, actions, said,
     el("section", {}, el("h2", { text: "Segments" }), timeline, segments),
+    el("section", {}, el("h2", { text: "What it used" }), used, gpuPlot),
     el("section", { class: "cols" }, el("div", {}, el("h2", { text: "Provenance" }), provenance),
       el("div", {}, el("h2", { text: "Checkpoints" }), checkpoints)),
     el("section", {}, el("h2", { text: "Logs" }), logControls, logBox));
@@ -249,6 +251,7 @@ async function runView(main, profile, id) {
       }, said, () => refresh()) }, "Stop run") : null);
     drawTimeline(timeline, run);
     fill(segments, segmentTable(run));
+    drawUsage(used, gpuPlot, run.usage);
     fill(provenance, provenanceTable(run));
     fill(checkpoints, checkpointTable(run.checkpoints));
     if (!logs.started) logs.start(run);
@@ -310,6 +313,38 @@ async function runView(main, profile, id) {
       fill(logBox, ...this.lines.filter((l) => this.shows(l)).map((l) => document.createTextNode(this.text(l) + "\n")), partial);
     },
   };
+}
+
+// What the run used (rv stats's figures): per segment, per GPU, advice, and the GPU utilization over time.
+function drawUsage(box, plot, u) {
+  if (!u) { fill(box); return; }
+  const pct = (x) => (x === null || x === undefined ? "?" : `${Math.round(x * 100)}%`);
+  const mem = (n) => (n === null || n === undefined ? "?" : bytes(n));
+  const su = (x, why) => (x === null || x === undefined ? `? (${why || "no rate"})` : x.toFixed(1));
+  fill(box, el("p", { id: "usage-summary", text: u.summary }),
+    el("table", { class: "results", id: "usage-table" },
+      el("thead", {}, el("tr", {}, ["segment", "wall", "GPUs", "CPU efficiency", "peak memory", "SUs"].map((h) => el("th", { text: h })))),
+      el("tbody", {}, u.segments.map((s) => el("tr", {},
+        el("td", { text: String(s.segment) }), el("td", { class: "num", text: elapsed(s.wall_seconds) }),
+        el("td", { text: s.gpu_count ? `${s.gpu_count}× ${s.gpu_type}` : "CPU only" }),
+        el("td", { class: "num", text: pct(s.cpu_efficiency) }), el("td", { class: "num", text: mem(s.peak_memory_bytes) }),
+        el("td", { class: "num", text: su(s.su, s.su_why) }))))),
+    u.gpus.length ? el("table", { class: "results", id: "usage-gpus" },
+      el("thead", {}, el("tr", {}, ["node", "GPU", "util mean", "util max", "peak memory"].map((h) => el("th", { text: h })))),
+      el("tbody", {}, u.gpus.map((g) => el("tr", {}, el("td", { text: g.node }), el("td", { text: `${g.index} ${g.name}` }),
+        el("td", { class: "num", text: g.util_mean === null ? "?" : `${g.util_mean}%` }),
+        el("td", { class: "num", text: g.util_max === null ? "?" : `${g.util_max}%` }),
+        el("td", { class: "num", text: mem(g.memory_peak_bytes) }))))) : null,
+    u.segments.flatMap((s) => s.missing).map((m) => el("div", { class: "muted", text: m })),
+    u.advice.map((a) => el("div", { class: "why", text: `advice: ${a}` })));
+  if (!u.curves.length) { fill(plot); return; }
+  const tables = u.curves.map((c) => [c.points.map((p) => p[0]), c.points.map((p) => p[1])]);
+  fill(plot);
+  chart("gpu", plot, {
+    title: "GPU utilization (%), mean over each node's GPUs",
+    scales: { y: { range: [0, 100] } },
+    series: [{ label: "time" }, ...u.curves.map((c, i) => ({ label: `segment ${c.segment} · ${c.node}`, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: true }))],
+  }, uPlot.join(tables));
 }
 
 // A log line as a terminal shows it: the last state of a line redrawn with \r; its rank from its label.
@@ -478,7 +513,7 @@ async function sweepView(main, profile, name) {
 
   function drawTable() {
     const cols = [["index", "point"], ...last.params.map((p) => [`param:${p}`, p]), ["state", "state"], ["segments", "seg"],
-      ["wall_seconds", "wall"], ...last.metrics.map((m) => [`metric:${m}`, m])];
+      ["wall_seconds", "wall"], ["su", "SU"], ...last.metrics.map((m) => [`metric:${m}`, m])];
     const key = (p, k) => k.startsWith("param:") ? p.params[k.slice(6)] : k.startsWith("metric:") ? p.metrics[k.slice(7)] : p[k];
     const rows = [...last.points].sort((a, b) => {
       const x = key(a, sort.key), y = key(b, sort.key);
@@ -496,7 +531,12 @@ async function sweepView(main, profile, name) {
         el("td", {}, p.run_id ? link(String(p.index), runHash(profile, p.run_id)) : String(p.index)),
         last.params.map((k) => el("td", { text: p.params[k] ?? "" })), el("td", {}, stateBadge(p.state)),
         el("td", { class: "num", text: p.segments }), el("td", { class: "num", text: elapsed(p.wall_seconds) }),
-        last.metrics.map((m) => el("td", { class: "num", text: value(p.metrics[m]) })))))));
+        el("td", { class: "num su", text: p.su === null || p.su === undefined ? "?" : p.su.toFixed(1) }),
+        last.metrics.map((m) => el("td", { class: "num", text: value(p.metrics[m]) }))))),
+      el("tfoot", {}, el("tr", { id: "sweep-su-total" }, el("td", {}), el("td", { text: "total" }),
+        last.params.map(() => el("td", {})), el("td", {}), el("td", {}), el("td", {}),
+        el("td", { class: "num", text: last.su_total === null ? "?" : last.su_total.toFixed(1) }),
+        last.metrics.map(() => el("td", {}))))));
   }
 
   const refresh = every(5000, async () => {
