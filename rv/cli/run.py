@@ -231,8 +231,9 @@ def run(
         max_segments=max_segments, from_run=from_, max_fault_retries=max_fault_retries,
         each_node=each_node, allow_single_process=allow_single_process, sweep=sweep_options,
         sweep_file=sweep_file, parallel=parallel, parallel_typed=sources.get("parallel") == COMMAND_LINE,
-        notify=notify, work_dir=work_dir, idle_gpu=idle_gpu, follow=follow, placement=placement_of(ctx.params),
-        env=env_of(ctx.params), container=container, container_runtime=container_runtime,
+        notify=notify, work_dir=work_dir, idle_gpu=idle_gpu, follow=follow,
+        placement=placement_of(ctx.params), env=env_of(ctx.params), container=container,
+        container_runtime=container_runtime,
         allow_large=allow_large, max_file_size=max_file_size,
         follow_from=None if sources.get("follow") == COMMAND_LINE else sources.get("follow"),
         # With an explicit `--` the user said the flags after the command are the program's: no check.
