@@ -98,6 +98,38 @@ def test_a_cluster_that_fails_says_why_and_what_next_bad_input_is_a_400(app):
     assert stream.status_code == 400 and "out or err" in stream.json["error"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "words"),
+    [
+        ("/api/logs?profile=alpha&id=r1&cursor=%7Bnot", None, "cursor: not JSON"),
+        ("/api/logs?profile=alpha&id=r1&cursor=5", None, "cursor: a number; expected"),
+        ("/api/logs?profile=alpha&id=r1&cursor=%7B%22segment%22%3Atrue%7D", None, "segment is true/false"),
+        (
+            "/api/logs?profile=alpha&id=r1&cursor=%7B%22offsets%22%3A%7B%22a%22%3A-1%7D%7D",
+            None,
+            "offsets must",
+        ),
+        ("/api/logs?profile=alpha&id=r1&from=2x", None, "from: a segment number"),
+        ("/api/stop", {"profile": "alpha", "run_id": 5}, "run_id: a non-empty string (not a number)"),
+        ("/api/stop", {"profile": "alpha", "run_id": ""}, "run_id: a non-empty string (not an empty one)"),
+        ("/api/stop", {"profile": ["x"], "run_id": "r1"}, "profile: a profile's name, a string (not a list)"),
+        ("/api/retry", {"profile": "alpha", "sweep": ["s"]}, "sweep: a non-empty string (not a list)"),
+        ("/api/retry", {"profile": "alpha"}, "sweep: the name of the sweep to retry"),
+        ("/api/retry", "[" * 5000, "the body is not JSON"),
+    ],
+)
+def test_a_malformed_request_is_a_400_with_a_message_before_any_cluster_is_asked(app, path, body, words):
+    token = {"X-RV-Token": TOKEN, "Origin": BASE}
+    if body is None:
+        answer = get(app, path, **token)
+    else:
+        data = body if isinstance(body, str) else json.dumps(body)
+        answer = Client(app).post(path, base_url=BASE, headers=token, data=data)
+    # A cluster asked would answer 502 (the fixture's clusters are unreachable): 400 means refused first.
+    assert answer.status_code == 400, answer.get_data(as_text=True)
+    assert words in answer.json["error"], answer.json
+
+
 def test_static_files_only_what_the_package_holds_with_a_strict_policy(app):
     token = {"X-RV-Token": TOKEN}
     script = get(app, "/static/app.js", **token)
