@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from rv.errors import NotFound, RemoteError, UsageError
 from rv.files.gitcmd import Git
 from rv.files.gitrepo import find_repo_top
 from rv.files.packs import LocalStore, store_name
+from rv.files.tmpdirs import temp_dir
 
 if TYPE_CHECKING:
     from rv.job.records import RunRecord
@@ -103,7 +103,7 @@ def checkout_here(repo: LocalStore, commit: str, dest: Path) -> int:
     """The commit's files into ``dest`` as a job checks them out (read-tree + checkout-index: exec
     bits, symlinks and odd names kept, no conversion). Returns the number of files."""
     dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rv-checkout-") as tmp:
+    with temp_dir("checkout") as tmp:
         env = repo.env(GIT_INDEX_FILE=os.path.join(tmp, "index"))
         repo.run(["read-tree", commit], env=env)
         repo.run(["-c", "core.symlinks=true", f"--work-tree={dest}", "checkout-index", "-a", "-u"], env=env)
