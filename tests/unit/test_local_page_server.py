@@ -195,7 +195,32 @@ def test_rv_ui_without_its_extra_says_how_to_get_it(monkeypatch):
     result = CliRunner().invoke(cli, ["ui", "--no-browser"])
     assert result.exit_code == 2, result.output
     assert "rv ui needs Werkzeug, which rv installs with its `ui` extra" in result.output
-    assert "pip install 'rv[ui]'" in result.output
+    assert " -m pip install " in result.output and "'rv[ui]'" not in result.output  # rv is on no index
+
+
+EDITABLE = {"url": "file:///src/my%20rv", "dir_info": {"editable": True}}
+FOLDER = {"url": "file:///src/rv", "dir_info": {}}
+WHEEL = {"url": "file:///w/rv-0.1.0-py3-none-any.whl", "archive_info": {}}
+INTO_RV = "/v/bin/python -m pip install 'werkzeug>=3.0'"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "direct_url", "said"),
+    [
+        ("/v", EDITABLE, "/v/bin/python -m pip install -e '/src/my rv[ui]'"),  # pip install -e CLONE
+        ("/v", FOLDER, INTO_RV),  # pip install CLONE: into rv's own Python
+        ("/v", WHEEL, INTO_RV),  # a wheel
+        ("/v", None, INTO_RV),  # pip does not say
+        ("/h/.local/share/pipx/venvs/rv", None, "pipx inject rv 'werkzeug>=3.0'"),
+        ("/h/.local/share/uv/tools/rv", FOLDER, "uv tool install --reinstall --with 'werkzeug>=3.0' /src/rv"),
+    ],
+)
+def test_the_ui_extras_hint_is_what_works_for_how_rv_was_installed(prefix, direct_url, said):
+    from rv.cli.ui import install_hint
+
+    hint = install_hint(f"{prefix}/bin/python", prefix, direct_url)
+    assert hint.startswith(said), hint
+    assert "'rv[ui]'" not in hint  # rv is on no package index: that name is some other project's
 
 
 def test_a_pending_runs_row_says_why_and_when_slurm_expects_it_to_start():
