@@ -71,7 +71,7 @@ def _release(s: Session, name: str) -> None:
 
     record = run_store().resolve(name, s.profile.name)
     if record is None:
-        warn(f"session {name} was started but rv cannot find its record: rv ps -a; rv stop {name}")
+        warn(f"session {name} may have been sent; rv has no record of it: rv ps -a, then rv stop {name}")
         return
     try:
         stop_runs(s.transport, s.layout.root, [(record.run_id, name)])
