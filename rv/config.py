@@ -438,8 +438,21 @@ def load_config(path: Path | None = None, *, missing_ok: bool = False) -> Config
     if not path.exists():
         if missing_ok:
             return Config(path=path, default=None, profiles={})
-        raise ConfigError(f"no rv config yet ({path})", hint="run `rv init` to connect rv to your cluster")
+        named = " (RV_CONFIG names it)" if os.environ.get("RV_CONFIG") else ""
+        raise ConfigError(f"no rv config yet ({path}{named})", hint=_no_config_hint(path))
     return parse_config(path.read_text(encoding="utf-8"), path)
+
+
+def _no_config_hint(path: Path) -> str:
+    """`rv init`, or RV_CONFIG: `bash scripts/demo` keeps its profile in a config of its own (beside
+    the loopback cluster's state, $RV_TESTCLUSTER_DIR), never in the user's; named when it is there."""
+    import shlex
+
+    hint = "run `rv init` to connect rv to your cluster, or point RV_CONFIG at the config you have"
+    demo = Path(os.environ.get("RV_TESTCLUSTER_DIR") or "/tmp/rv-testcluster") / "rv-config.toml"
+    if demo != path and demo.is_file():
+        hint += f"; the demo's (bash scripts/demo): export RV_CONFIG={shlex.quote(str(demo))}"
+    return hint
 
 
 # --------------------------------------------------------------------------------------------------

@@ -21,9 +21,10 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from rv.errors import UsageError
 from rv.secrets import KEY
@@ -32,6 +33,28 @@ FORMS = "mail:ADDRESS, secret:NAME (a webhook URL kept with `rv env set NAME`), 
 # One address per value: Slurm passes MailUser to its MailProg as one argument, and rv joins several
 # with commas, so an address holds no comma, space, quote or '%' (Slurm's own pattern character).
 _ADDRESS = re.compile(r"^[^@\s,;'\"\\%]+@[A-Za-z0-9.-]+$")
+
+
+# A webhook's URL: printable ASCII without spaces. The job's notifier (rv/agent/notify.py, url_problem)
+# keeps the same rules, and a unit test holds the two equal: a value copied with a trailing newline or
+# "# comment" made http.client raise InvalidURL quoting the URL's path, token included, into the log.
+_URL_CHARS = re.compile(r"[!-~]+\Z")
+
+
+def webhook_problem(url: str) -> str | None:
+    """Why ``url`` is not one http(s) URL to post to, in words that quote none of it; None when it is."""
+    if not _URL_CHARS.match(url):
+        return "it holds a space, a line break or a character outside printable ASCII"
+    try:
+        parts = urlsplit(url)
+        _port = parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        return "it does not parse as a URL"
+    if parts.scheme.lower() not in ("http", "https"):
+        return "it does not begin with http:// or https://"
+    if not parts.hostname:
+        return "it names no host"
+    return None
 
 
 @dataclass(frozen=True)
@@ -53,10 +76,11 @@ class Notify:
         return "desktop" in self.targets
 
 
-def parse_targets(values: Sequence[str], secrets: Collection[str]) -> Notify:
+def parse_targets(values: Sequence[str], secrets: Mapping[str, str]) -> Notify:
     """``--notify`` values checked: each a known form; each ``secret:NAME`` one the job gets
-    (``secrets``: the names of this profile's and the global secrets). ``none`` drops what came before.
-    A bad value is a UsageError naming it, before the first network call."""
+    (``secrets``: this profile's and the global secrets) holding one http(s) URL. ``none`` drops what
+    came before. A bad value is a UsageError naming it (never quoting a secret's value), before the
+    first network call."""
     targets: list[str] = []
     for raw in values:
         value = raw.strip()
@@ -81,7 +105,15 @@ def parse_targets(values: Sequence[str], secrets: Collection[str]) -> Notify:
             if rest not in secrets:
                 raise UsageError(
                     f"--notify {raw!r}: there is no secret {rest} for this profile; nothing was sent",
-                    hint=f"keep the webhook's URL as a secret first: rv env set {rest}   (rv env ls)",
+                    hint=f"keep the webhook's URL as a secret first: rv env set {rest}   (rv env list)",
+                )
+            problem = webhook_problem(secrets[rest])
+            if problem is not None:
+                raise UsageError(
+                    f"--notify {raw!r}: secret {rest} does not hold one http(s) URL ({problem}); "
+                    "nothing was sent",
+                    hint=f"set it to the webhook's URL alone: rv env set {rest}   (a trailing comment or "
+                    "line break copied with it counts)",
                 )
         else:
             raise UsageError(f"--notify {raw!r}: expected {FORMS}", hint="--notify mail:me@example.org")

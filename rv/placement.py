@@ -34,6 +34,11 @@ T = TypeVar("T")
 # backslashes itself; '%' is an output-file pattern, '#' would start a comment for a reader.
 _UNSAFE = re.compile(r"[\s\"'\\%#]|[\x00-\x1f\x7f]")
 _OPTION = re.compile(r"^(--[A-Za-z][A-Za-z0-9-]*|-[A-Za-z])(?:(=|\s+)(.*))?$")
+# A short option with its value glued on, as getopt reads it: -N3, -o/tmp/x, -Jfoo, -wnode1.
+_GLUED = re.compile(r"^(-[A-Za-z])([^=\s].*)$")
+# sbatch's short options that take no value: after one of them getopt reads the next letter as another
+# option (-Hk is -H -k), not as a value.
+_SHORT_FLAGS = frozenset("hHkOQsvVW")
 
 # Options rv writes itself (sbatch's long names; rv.slurm.options reads every spelling sbatch takes),
 # with what the user should type instead. A job with both would be rv's guess against the user's:
@@ -139,12 +144,21 @@ def check_sbatch_option(text: str) -> str:
     """
     text = text.strip()
     m = _OPTION.match(text)
-    if not m:
+    glued = None if m else _GLUED.match(text)
+    if m:
+        word, value = m.group(1), m.group(3)
+    elif glued:
+        word, value = glued.group(1), glued.group(2)
+        if word[1] in _SHORT_FLAGS:
+            raise UsageError(
+                f"--sbatch {text!r}: sbatch reads it as {word} followed by more one-letter options",
+                hint="one option per --sbatch: --sbatch=-H --sbatch=...",
+            )
+    else:
         raise UsageError(
             f"--sbatch {text!r} is not an sbatch option",
             hint="write it as on an #SBATCH line, e.g. --sbatch=--begin=now+1hour",
         )
-    word, value = m.group(1), m.group(3)
     from rv.slurm.options import resolve
 
     option = resolve(word)
@@ -387,9 +401,12 @@ def parse_test_only(gpu_type: str, exit_code: int, text: str) -> Estimate:
     m = _TEST_ONLY.search(text)
     if exit_code == 0 and m:
         return Estimate(gpu_type, m["start"], m["nodes"], m["partition"], None)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # sbatch's getopt follows its own line ("sbatch: unrecognized option '--bell'") with a line that
+    # says nothing of the job (`Try "sbatch --help" for more information`): the first is the reason.
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("Try ")]
     errors = [ln.split("error:", 1)[1].strip() for ln in lines if "error:" in ln]
-    reason = "; ".join(errors) or (lines[-1] if lines else f"sbatch --test-only exit {exit_code}")
+    said = [ln.removeprefix("sbatch: ") for ln in lines]
+    reason = "; ".join(errors) or ("; ".join(said) if said else f"sbatch --test-only exit {exit_code}")
     return Estimate(gpu_type, None, None, None, reason)
 
 

@@ -1,5 +1,5 @@
-"""Sizes typed on the command line (`--max-file-size 100MB`) and shown (`1.5 MB`); durations are
-rv.timespec's.
+"""Sizes typed on the command line (`--max-file-size 100MB`) and shown (`1.5 MB`), and counts shown
+(`1 file`, `2,048 files`); durations are rv.timespec's.
 
 A module of its own so that option parsing imports nothing else (rv.files.sync is heavy to import).
 """
@@ -31,3 +31,8 @@ def human_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     raise AssertionError("unreachable")
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 file``, ``0 files``, ``2,048 files``: the number and the noun that agrees with it."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -49,8 +49,35 @@ def _client_gone(timeout):
         return True
 
 
+# The segment's start line (job.sh: rv_start, the batch shell's last word before rv_launch starts the
+# program). In a job over several nodes the program writes to each node's log, and what follows this
+# line in the batch log was written after the program ended ("rv: run X ended after segment 1").
+START_LINE = re.compile(rb"(?m)^rv: run .*, segment \d+/\d+: job .*\n")
+SPLIT_SCAN = 8 << 20  # the start line is looked for in the batch log's first 8 MiB (setup output)
+_splits = {}  # batch log -> the offset right after its start line, once found
+
+
+def _after_start_line(path):
+    """Where ``path``'s last start line ends; None while it has none (the program has not started)."""
+    if path in _splits:
+        return _splits[path]
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(SPLIT_SCAN)
+    except OSError:
+        return None
+    found = None
+    for m in START_LINE.finditer(text):
+        found = m.end()
+    if found is not None:
+        _splits[path] = found
+    return found
+
+
 def _segment_files(rdir, job, streams, node):
-    """Log files of one job: the batch log, and per-node logs of a multi-node job."""
+    """Log files of one job, as (path, stream, read up to): the batch log, and per-node logs of a
+    multi-node job. Read in the order the lines were written: the batch log's stdout up to its start
+    line, each node's log, then the rest of the batch log (its closing lines)."""
     logs = common.under(rdir, layout.LOGS)
     try:
         names = os.listdir(logs)
@@ -58,15 +85,18 @@ def _segment_files(rdir, job, streams, node):
         names = []
     files = []
     for stream in streams:
-        batch = manifest.enc(layout.log_name(job, stream))
-        if node is None:
-            files.append((batch, stream))
+        batch = common.join(logs, manifest.enc(layout.log_name(job, stream)))
         per_node = sorted(n for n in names if re.match(("^%s-node(\\d+)\\.%s$" % (job, stream)).encode(), n))
+        split = _after_start_line(batch) if node is None and per_node and stream == "out" else None
+        if node is None:
+            files.append((batch, stream, split))
         for n in per_node:
             index = int(re.match(rb"^\d+(?:_\d+)?-node(\d+)", n).group(1))
             if node is None or index == node:
-                files.append((n, stream))
-    return [(common.join(logs, n), s) for n, s in files]
+                files.append((common.join(logs, n), stream, None))
+        if split is not None:
+            files.append((batch, stream, None))
+    return files
 
 
 def _tail_offset(path, lines):
@@ -93,13 +123,15 @@ def _tail_offset(path, lines):
 def _pump(frames, files, offsets, segment):
     """Send what is new in ``files`` from ``offsets``; True when anything was sent."""
     sent = False
-    for path, stream in files:
+    for path, stream, until in files:
         key = manifest.dec(path)
         offset = offsets.get(key, 0)
+        if until is not None and offset >= until:
+            continue
         try:
             with open(path, "rb") as fh:
                 fh.seek(offset)
-                data = fh.read(1 << 16)
+                data = fh.read(1 << 16 if until is None else min(1 << 16, until - offset))
         except OSError:
             continue
         if data:
@@ -208,7 +240,7 @@ def mode_follow(args):
             if job is None:
                 return None
         if args.get("tail") is not None and not offsets:
-            for path, _ in _segment_files(rdir, job, streams, node):
+            for path, _, _ in _segment_files(rdir, job, streams, node):
                 offsets[manifest.dec(path)] = _tail_offset(path, int(args["tail"]))
         frames.send({"t": "segment", "segment": k, "job_id": job, "record": seg["record"]})
         while follow:

@@ -15,7 +15,10 @@ The job's runtime (rv/agent/job.sh) runs it on the compute node, once per run, n
 
 Each NAME is an rv secret (``rv env set NAME``) holding the webhook's URL: the job's environment has
 it (the secrets file, 0600, sourced by the job), so the URL is in no script, no argv and no log. A
-line that names a hook says ``secret NAME``; any error text that would quote the URL is cut.
+line that names a hook says ``secret NAME``, and what went wrong only in words this program chose (the
+exception's type, an HTTP status, an errno's name): never the URL, never an exception's text (urllib's
+and http.client's quote the URL, or part of it, in theirs). A value that is not one http(s) URL is
+not posted to at all (rv run refuses it before sending: rv.notify.webhook_problem).
 
 One JSON body serves the common receivers: Slack and Mattermost read ``text``, Discord ``content``
 (at most 2000 characters), ntfy ``message``/``title`` (ntfy takes JSON only at its root URL with the
@@ -24,23 +27,29 @@ topic inside: a URL on a host named ``ntfy.*`` is posted that way), and any othe
 
 A post is tried :data:`TRIES` times with a growing wait in between (not after a refusal that
 another try cannot change: 4xx other than 408/429); it never fails the job: this program always
-exits 0, and the job calls it with ``|| :`` anyway.
+exits 0, and the job calls it with ``|| :`` anyway. The whole notification, every hook and every
+try, ends within :data:`DEADLINE_S`: urllib's timeout bounds each socket operation, not a request (a
+receiver that accepts and never answers held a job's end for 43 s), so each hook is posted from its
+own thread and the program stops waiting for them at the deadline.
 
 Python 3.6, standard library only: it runs with whatever ``python3`` the job has.
 """
 
+import errno
 import json
 import os
 import re
 import sys
+import threading
 import time
 from urllib import error as urlerror
 from urllib import parse as urlparse
 from urllib import request as urlrequest
 
 TRIES = 4
-FIRST_WAIT_S = 1.0  # then 2, 4: at most 7 s of waiting, so the job's end is not held up long
-TIMEOUT_S = 8.0
+FIRST_WAIT_S = 1.0  # then 2, 4, each cut to what is left before the deadline
+TIMEOUT_S = 8.0  # one socket operation
+DEADLINE_S = 15.0  # the whole notification (every hook, every try): the job's end waits no longer
 PENDING_WORTH_SAYING = 60  # seconds in the queue before a start is worth a message
 STDERR_LINES = 15
 DISCORD_LIMIT = 2000
@@ -270,22 +279,47 @@ def body_for(url, title, text, facts):
     return url, body
 
 
-def post(url, body, opener=None):
+def post(url, body, opener=None, timeout=TIMEOUT_S):
     """POST ``body`` as JSON; the HTTP status (raises on a refusal or a failure to connect)."""
     data = json.dumps(body).encode("utf-8")
     headers = {"Content-Type": "application/json", "User-Agent": "rv-notify"}
     req = urlrequest.Request(url, data=data, method="POST", headers=headers)
-    with (opener or urlrequest.urlopen)(req, timeout=TIMEOUT_S) as resp:
+    with (opener or urlrequest.urlopen)(req, timeout=timeout) as resp:
         return resp.status if hasattr(resp, "status") else resp.getcode()
 
 
-def scrub(text, url):
-    """``text`` with the URL (and its query, where tokens live) cut out."""
-    text = str(text)
-    for secret in (url, url.split("?", 1)[0], urlparse.urlsplit(url).netloc):
-        if secret and len(secret) > 3:
-            text = text.replace(secret, "<url>")
-    return text
+# What a webhook's URL may hold: printable ASCII without spaces (a trailing newline or "# comment"
+# copied with the URL made http.client raise InvalidURL quoting the URL's path, token included).
+URL_CHARS = re.compile(r"[!-~]+\Z")
+
+
+def url_problem(url):
+    """Why ``url`` is not one http(s) URL to post to, in words that quote none of it; None when it is.
+    The same rules as rv.notify.webhook_problem on the laptop (a unit test holds them equal)."""
+    if not URL_CHARS.match(url):
+        return "it holds a space, a line break or a character outside printable ASCII"
+    try:
+        parts = urlparse.urlsplit(url)
+        _port = parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        return "it does not parse as a URL"
+    if parts.scheme.lower() not in ("http", "https"):
+        return "it does not begin with http:// or https://"
+    if not parts.hostname:
+        return "it names no host"
+    return None
+
+
+def problem_of(exc):
+    """What went wrong, in words that quote nothing of the exception's text (which may hold the URL)."""
+    if isinstance(exc, urlerror.HTTPError):
+        return "HTTP %d" % exc.code
+    cause = exc.reason if isinstance(exc, urlerror.URLError) else exc
+    words = type(cause).__name__ if isinstance(cause, BaseException) else type(exc).__name__
+    code = getattr(cause, "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        words += " " + errno.errorcode[code]
+    return words
 
 
 def retriable(exc):
@@ -294,34 +328,71 @@ def retriable(exc):
     return True  # no answer at all: a network that may come back
 
 
-def deliver(name, url, title, text, facts, opener=None, sleep=time.sleep, say=None):
-    """Post to one hook, up to TRIES times; True when it took the message. Never raises."""
+def deliver(name, url, title, text, facts, opener=None, sleep=time.sleep, say=None, deadline=None,
+            clock=time.time):  # fmt: skip
+    """Post to one hook, up to TRIES times and never past ``deadline`` (a ``clock()`` time; default
+    DEADLINE_S from now); True when it took the message. Never raises, never quotes the URL."""
     say = say or (lambda line: sys.stderr.write(line + "\n"))
-    try:
-        target, body = body_for(url, title, text, facts)
-    except ValueError as exc:
-        say("rv: notify: secret %s does not hold a URL (%s): nothing posted" % (name, scrub(exc, url)))
+    deadline = clock() + DEADLINE_S if deadline is None else deadline
+    problem = url_problem(url)
+    if problem is not None:
+        say("rv: notify: secret %s does not hold one http(s) URL (%s): nothing posted "
+            "(rv env set %s)" % (name, problem, name))  # fmt: skip
         return False
+    target, body = body_for(url, title, text, facts)
     wait = FIRST_WAIT_S
     for attempt in range(1, TRIES + 1):
         try:
-            status = post(target, body, opener)
+            status = post(target, body, opener, timeout=max(0.1, min(TIMEOUT_S, deadline - clock())))
         except Exception as exc:  # every failure is the hook's, never the job's: say it and go on
-            problem = "HTTP %d" % exc.code if isinstance(exc, urlerror.HTTPError) else type(exc).__name__
-            detail = scrub(getattr(exc, "reason", "") or exc, url)
-            if attempt == TRIES or not retriable(exc):
-                say("rv: notify: secret %s: not delivered after %d tr%s (%s: %s)"
-                    % (name, attempt, "y" if attempt == 1 else "ies", problem, detail))  # fmt: skip
+            left = deadline - clock()
+            if attempt == TRIES or not retriable(exc) or left <= 0:
+                say("rv: notify: secret %s: not delivered after %d tr%s (%s)"
+                    % (name, attempt, "y" if attempt == 1 else "ies", problem_of(exc)))  # fmt: skip
                 return False
-            sleep(wait)
+            sleep(min(wait, left))
             wait *= 2
+            if deadline - clock() <= 0:
+                say("rv: notify: secret %s: not delivered in time (%s)" % (name, problem_of(exc)))
+                return False
             continue
         say("rv: notify: posted the run's %s to secret %s (HTTP %s)" % (facts.get("event"), name, status))
         return True
     return False
 
 
-def main(argv, environ=None, now=None):
+def deliver_all(hooks, title, text, facts, deadline_s=DEADLINE_S, write=None):
+    """Post to each (name, url) of ``hooks`` at once, each from its own thread, and return by the
+    deadline whatever they are doing: a hook still waiting then is named and left (its thread is a
+    daemon, ended with this program)."""
+    write = write or (lambda line: sys.stderr.write(line + "\n"))
+    lock = threading.Lock()
+    over = []  # set once the deadline passed: a late thread says nothing more
+
+    def say(line):
+        with lock:
+            if not over:
+                write(line)
+
+    deadline = time.time() + deadline_s
+    threads = []
+    for name, url in hooks:
+        thread = threading.Thread(target=deliver, args=(name, url, title, text, facts),
+                                  kwargs={"say": say, "deadline": deadline})  # fmt: skip
+        thread.daemon = True
+        thread.start()
+        threads.append((name, thread))
+    for _, thread in threads:
+        thread.join(max(0.0, deadline - time.time()))
+    with lock:
+        late = [name for name, thread in threads if thread.is_alive()]
+        for name in late:
+            write("rv: notify: secret %s: no answer within %d s: not delivered" % (name, deadline_s))
+        over.append(True)
+    return late
+
+
+def main(argv, environ=None, now=None, deadline_s=DEADLINE_S):
     environ = os.environ if environ is None else environ
     if len(argv) < 4 or argv[1] not in ("end", "started", "idle"):
         sys.stderr.write("usage: notify.py end|started|idle RUN_DIR JOB NAME...\n")
@@ -334,13 +405,15 @@ def main(argv, environ=None, now=None):
     if made is None:
         return 0
     title, text, facts = made
+    hooks = []
     for name in names:
         url = environ.get(name, "")
         if not url:
             sys.stderr.write("rv: notify: secret %s is not in the job's environment: nothing posted "
-                             "(rv env ls; rv env set %s)\n" % (name, name))  # fmt: skip
+                             "(rv env list; rv env set %s)\n" % (name, name))  # fmt: skip
             continue
-        deliver(name, url, title, text, facts)
+        hooks.append((name, url))
+    deliver_all(hooks, title, text, facts, deadline_s)
     return 0
 
 

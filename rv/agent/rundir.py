@@ -246,7 +246,7 @@ def select_runs(root, args):
     return found
 
 
-def end_run(rdir, reason, segment):
+def end_run(rdir, reason, segment, exit_code=None):
     """ENDED for a run whose jobs could not write it; records for segments that never started."""
     now = time.time()
     for seg in segments(rdir):
@@ -257,7 +257,28 @@ def end_run(rdir, reason, segment):
             )
     ended = common.under(rdir, layout.ENDED)
     if not os.path.exists(ended):
-        common.write_json(ended, records.ended_record(reason, None, segment, now))
+        common.write_json(ended, records.ended_record(reason, exit_code, segment, now))
+
+
+# What the batch script itself writes to the job's stderr when it cannot start the job, before the job's
+# runtime could record anything (rv/slurm/script.py: the runtime file purged from scratch). The run's
+# own cause, which "ended without a record" would hide.
+_SCRIPT_WORDS = re.compile(rb"^rv: (the job runtime .* is missing .*)$", re.M)
+
+
+def script_words(rdir, job):
+    """The cause the batch script of ``job`` wrote on its stderr log when it could not start the job;
+    None when it wrote none."""
+    path = common.under(rdir, layout.log_file(job, "err"))
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 65536))
+            text = fh.read()
+    except OSError:
+        return None
+    found = _SCRIPT_WORDS.findall(text)
+    return found[-1].decode("utf-8", "replace").strip() if found else None
 
 
 def remove_secrets(rdir):

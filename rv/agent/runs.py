@@ -105,8 +105,13 @@ def sweep_secrets(root, ids, live):
         rundir.remove_job_envs(rdir)
         if info["ended"] is None:
             segs = info["segments"]
-            rundir.end_run(rdir, "ended without a record (cancelled or killed before it could write one)",
-                           segs[-1]["segment"] if segs else 0)  # fmt: skip
+            last = segs[-1] if segs else None
+            said = rundir.script_words(rdir, last["job_id"]) if last and last["job_id"] else None
+            if said is not None:  # the job said why it could not start: that, not "killed"
+                rundir.end_run(rdir, "failed before the program started: " + said, last["segment"], 1)
+            else:
+                rundir.end_run(rdir, "ended without a record (cancelled or killed before it could write one)",
+                               last["segment"] if last else 0)  # fmt: skip
             out["ended"].append(run_id)
     return out
 

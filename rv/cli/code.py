@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rv.cli.common import note, run_store, session, warn
-from rv.cli.upsession import SessionCommand, live_or_new
+from rv.cli.upsession import SessionCommand, held_session
 
 if TYPE_CHECKING:
     from rv.remote.nodessh import SshFiles
@@ -54,30 +54,34 @@ def code(ctx: click.Context, /, path: str | None, editor: str, yes: bool, new: b
     if not editor or any(c.isspace() for c in editor):
         raise UsageError(f"--editor {editor!r}: one command name", hint="e.g. --editor cursor")
     files = nodessh.SshFiles.for_home()
+    files.check()  # ~/.ssh/config read as ssh reads it, before anything is started
     store = run_store()
     with session(ctx) as s:
         profile = s.profile
         target = target_for(profile, s.config.path)
         keys = nodessh.public_keys(target.identity_files)  # before anything is started: a clear error
-        rj = live_or_new(ctx, s, base="code", new=new)
         hop = nodessh.LoginHop(
             host=profile.host, port=profile.port, user=profile.user, identity_file=profile.identity_file,
             known_hosts=profile.known_hosts, ssh_config=os.environ.get("RV_SSH_CONFIG"),
         )  # fmt: skip
-        ended = [
-            nodessh.host_alias(profile.name, r.name)
-            for r in store.all(profile.name)
-            if r.ended is not None and r.serves.get("editor_host")
-        ]
-        host = core.node_ssh(
-            s.transport, rj, profile=profile.name, hop=hop, user=target.user,
-            identity_files=target.identity_files, public_keys=keys, files=files, drop=ended,
-        )  # fmt: skip
-        where = host.work_dir if not path else (path if path.startswith("/") else f"{host.work_dir}/{path}")
-        remember(store, rj, profile.name, editor_host=host.alias, editor_path=where)
-    if not host.sftp:
-        warn(f"node {host.entry.node} has no sftp-server: scp needs -O (the old protocol) there")
-    _include(files, yes=yes)
+        # From here a session may be running: one this command started is stopped on any failure.
+        with held_session(ctx, s, base="code", new=new) as rj:
+            ended = [
+                nodessh.host_alias(profile.name, r.name)
+                for r in store.all(profile.name)
+                if r.ended is not None and r.serves.get("editor_host")
+            ]
+            host = core.node_ssh(
+                s.transport, rj, profile=profile.name, hop=hop, user=target.user,
+                identity_files=target.identity_files, public_keys=keys, files=files, drop=ended,
+            )  # fmt: skip
+            where = (
+                host.work_dir if not path else (path if path.startswith("/") else f"{host.work_dir}/{path}")
+            )
+            remember(store, rj, profile.name, editor_host=host.alias, editor_path=where)
+            if not host.sftp:
+                warn(f"node {host.entry.node} has no sftp-server: scp needs -O (the old protocol) there")
+            _include(files, yes=yes)
     click.echo(host.alias)
     line = [editor, "--remote", f"ssh-remote+{host.alias}", where]
     found = shutil.which(editor)

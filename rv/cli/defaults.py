@@ -96,6 +96,12 @@ def _checked(param: click.Option, key: str, raw: Any, where: str) -> Any:
             raise ConfigError(
                 f"{where}: {_toml(key, raw)}: {key} must be a list of strings", hint=f"{key} = {example}"
             )
+        if param.name == "gpu_type" and (not raw or not all(item.strip() for item in raw)):
+            # An empty list (or name) would silently mean "no type given": rv's default choice.
+            raise ConfigError(
+                f"{where}: {_toml(key, raw)}: {key} must name at least one GPU type, each not empty",
+                hint=f'{key} = ["a100", "a6000"], {key} = "any", or no {key} line (rv then chooses)',
+            )
         return ",".join(raw) if not param.multiple else raw
     kind = param.type
     ok: bool

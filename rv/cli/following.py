@@ -52,11 +52,15 @@ class TerminalView:
         merge: bool = False,
         out: TextIO | None = None,
         err: TextIO | None = None,
+        own: TextIO | None = None,
     ) -> None:
         self.max_segments = max_segments
         self.separators = separators
         self.out = out or sys.stdout
         self.err = self.out if merge else (err or sys.stderr)
+        # `rv run -f`: rv's own lines (a segment's heading, the job runtime's "rv: ..." lines in the
+        # job's stdout log) go here, so that stdout carries the program's output alone.
+        self.own = own
         self.raw, self.rank = raw, rank
         # One per log file: chunks of two files (two nodes) arrive interleaved, each may end mid-line.
         self._collapsers: dict[tuple[str, str], LineCollapser] = {}
@@ -70,25 +74,33 @@ class TerminalView:
         collapser = self._collapsers.get((stream, source))
         if collapser is None:
             collapser = self._collapsers[stream, source] = LineCollapser(raw=self.raw, rank=self.rank)
+        self._write(stream, collapser.feed(data.decode("utf-8", errors="replace")))
+
+    def _write(self, stream: str, text: str) -> None:
+        """Complete lines to their sink, rv's own to ``own`` when it is set (in order)."""
         sink = self._sink(stream)
-        sink.write(collapser.feed(data.decode("utf-8", errors="replace")))
-        sink.flush()
+        if self.own is None or stream != "out" or "rv: " not in text:
+            sink.write(text)
+            sink.flush()
+            return
+        for line in text.splitlines(keepends=True):
+            to = self.own if line.startswith("rv: ") else sink
+            to.write(line)
+            to.flush()
 
     def flush(self) -> None:
         for (stream, _), collapser in self._collapsers.items():
             rest = collapser.flush()
             if rest:
-                self._sink(stream).write(rest + ("\n" if not rest.endswith("\n") else ""))
-                self._sink(stream).flush()
+                self._write(stream, rest + ("\n" if not rest.endswith("\n") else ""))
 
     def segment(self, frame: dict[str, Any]) -> None:
         self.segments_seen += 1
         if self.separators or frame["segment"] > 1:
             self.flush()
-            self.out.write(
-                separator(frame["segment"], self.max_segments, frame["job_id"], frame.get("record"))
-            )
-            self.out.flush()
+            to = self.own or self.out
+            to.write(separator(frame["segment"], self.max_segments, frame["job_id"], frame.get("record")))
+            to.flush()
 
     def segment_end(self, frame: dict[str, Any]) -> None:
         self.flush()

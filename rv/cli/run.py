@@ -256,7 +256,7 @@ def run(
         return
     with session(ctx) as s:
         launched = pipeline.launch(plan, s, run_store(), view)
-        show_submitted(launched, as_json=as_json)
+        show_submitted(launched, as_json=as_json, follow=follow)
         if follow:
             req, record = launched.request, launched.submitted.record
             ctx.exit(
@@ -317,9 +317,9 @@ def show_dry_run(ctx: click.Context, plan: Plan, sources: dict[str, str], *, as_
     note(f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, {snap.tree.files} files)")
 
 
-def show_submitted(launched: Launched, *, as_json: bool) -> None:
-    """The run record (--json) or its job id on stdout; what was submitted, and what to type next, on
-    stderr."""
+def show_submitted(launched: Launched, *, as_json: bool, follow: bool = False) -> None:
+    """The run record (--json) or its job id on stdout (not with -f: stdout is then the program's
+    output alone); what was submitted, and what to type next, on stderr."""
     from rv.request import resources_line
 
     req, submitted = launched.request, launched.submitted
@@ -327,7 +327,7 @@ def show_submitted(launched: Launched, *, as_json: bool) -> None:
     if as_json:
         print_json(asdict(record))
         sys.stdout.flush()  # the record is all stdout gets: a reader may act on it while the run goes
-    elif not sys.stdout.isatty():
+    elif not sys.stdout.isatty() and not follow:
         # The job id is data for a script (`job=$(rv run ...)`, a pipe). On a terminal the line on
         # stderr below has it, and a number alone between two of rv's lines read as a stray print.
         click.echo(record.job_id)
@@ -452,9 +452,11 @@ def follow_to_end(
     from rv.job.records import run_exit_code
     from rv.job.watch import follow_run
 
+    # stdout is the program's output alone (`out=$(rv run -f ...)`): rv's lines go to stderr.
     view = TerminalView(
-        max_segments=max_segments, separators=False, out=sys.stderr if output_to_stderr else None
-    )
+        max_segments=max_segments, separators=False, out=sys.stderr if output_to_stderr else None,
+        own=sys.stderr,
+    )  # fmt: skip
     try:
         followed = follow_run(lambda: s.transport, s.reconnect, s.layout.root, run_id, view)
     except KeyboardInterrupt:

@@ -86,7 +86,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: Any) -> list[str]:
     """`rv status`'s text, from the data its --json prints (plus the account lines and the catalog)."""
-    from rv.units import human_size
+    from rv.units import count, human_size
 
     kept_kinds, gc, git = data["storage_by_kind"], data["gc_would_free"], data["git"]
     lines = [
@@ -94,12 +94,12 @@ def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: 
         f"round trip {data['round_trip_ms']:.0f} ms",
         f"account      {data['account'] or '-'}",
         *(f"{label:<12} {text}" for label, text in may_use),
-        f"storage      {human_size(data['storage_bytes'])} in {data['storage_files']:,} files under "
+        f"storage      {human_size(data['storage_bytes'])} in {count(data['storage_files'], 'file')} under "
         f"{data['remote_root']}",
     ]
     files = data["storage_files_by_kind"]
     kinds = ", ".join(
-        f"{kind} {human_size(n)} ({files[kind]:,} files)" for kind, n in kept_kinds.items() if n
+        f"{kind} {human_size(n)} ({count(files[kind], 'file')})" for kind, n in kept_kinds.items() if n
     )
     lines.append(f"  by kind    {kinds or 'nothing yet'}")
     lines += quota_lines(data["quota"], data["quota_errors"])
@@ -107,9 +107,9 @@ def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: 
         lines.append(f"  rv gc      cannot tell: {gc['error']}")
     else:
         lines.append(
-            f"  rv gc      would free {human_size(gc['bytes_freed'])} in {gc['files_freed']:,} files "
-            f"({gc['runs']} ended run(s) older than "
-            f"14 days, {gc['snapshots']} snapshot(s), {gc['objects']} object(s))"
+            f"  rv gc      would free {human_size(gc['bytes_freed'])} in {count(gc['files_freed'], 'file')} "
+            f"({count(gc['runs'], 'ended run')} older than "
+            f"14 days, {count(gc['snapshots'], 'snapshot')}, {count(gc['objects'], 'object')})"
         )
     if git.get("version") and not git.get("problem"):
         lines.append(
@@ -141,7 +141,7 @@ def runtimes_text(runtimes: dict[str, Any]) -> str:
 
 def quota_lines(quotas: list[dict[str, Any]], errors: list[str]) -> list[str]:
     """The site's quota, a line per filesystem (the remote root's marked), or why there is none."""
-    from rv.units import human_size
+    from rv.units import count, human_size
 
     if not quotas:
         why = "; ".join(errors) or "no quota tool on the login node (lfs, mmlsquota, quota)"
@@ -149,9 +149,12 @@ def quota_lines(quotas: list[dict[str, Any]], errors: list[str]) -> list[str]:
     lines = []
     for q in quotas:
         used, limit = q["files_used"], q["files_limit"]
-        files = f"{used:,}" if used is not None else "?"
         share = f" ({used / limit:.0%})" if limit and used is not None else ""
-        files += f" of {limit:,} files{share}" if limit else " files (no limit)"
+        if limit:
+            files = f"{used:,}" if used is not None else "?"
+            files += f" of {count(limit, 'file')}{share}"
+        else:
+            files = (count(used, "file") if used is not None else "? files") + " (no limit)"
         size = human_size(q["bytes_used"]) if q["bytes_used"] is not None else "?"
         size += f" of {human_size(q['bytes_limit'])}" if q["bytes_limit"] else ""
         mark = "  (rv's files)" if q["root"] else ""

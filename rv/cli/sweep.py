@@ -168,8 +168,9 @@ def emit_metrics(run: RunMetrics, plot: str | None, out: IO[str], *, width: int)
 @click.command("metrics")
 @click.argument("run", required=False)
 @click.option(
-    "--plot", "plot", metavar="METRIC", help="The metric to plot (default: a loss, else the first)."
-)
+    "--plot", "plot", metavar="[METRIC]", is_flag=False, flag_value="",
+    help="The metric to plot (default, and a bare --plot: a loss, else the first).",
+)  # fmt: skip
 @click.option("-f", "--follow", is_flag=True, help="Refresh while the run goes on; stop when it ends.")
 @click.option(
     "--interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True, metavar="SECONDS",

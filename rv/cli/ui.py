@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -28,9 +29,11 @@ def ui(port: int, no_browser: bool) -> None:
     try:
         import werkzeug  # noqa: F401  (the page's server: rv's `ui` extra)
     except ImportError:
+        import sys
+
         raise UsageError(
             "rv ui needs Werkzeug, which rv installs with its `ui` extra",
-            hint="pip install 'rv[ui]'   (pipx: pipx inject rv werkzeug; uv: uv tool install 'rv[ui]')",
+            hint=install_hint(sys.executable, sys.prefix, _direct_url()),
         ) from None
     import logging
     import webbrowser
@@ -74,3 +77,41 @@ def ui(port: int, no_browser: bool) -> None:
         for cluster in clusters.values():
             cluster.close()
     note("rv ui: stopped")
+
+
+WERKZEUG = "'werkzeug>=3.0'"
+
+
+def install_hint(executable: str, prefix: str, direct_url: dict[str, Any] | None) -> str:
+    """The command that installs Werkzeug where this rv runs, for how rv was installed. Not
+    `pip install 'rv[ui]'`: rv is on no package index, so that would fetch some other project."""
+    import shlex
+    from urllib.parse import unquote, urlsplit
+
+    url = str((direct_url or {}).get("url") or "")
+    source = unquote(urlsplit(url).path) if url.startswith("file://") else None
+    editable = bool(((direct_url or {}).get("dir_info") or {}).get("editable"))
+    parts = Path(prefix).parts
+    if "pipx" in parts and "venvs" in parts:  # ~/.local/share/pipx/venvs/rv
+        return f"pipx inject {shlex.quote(Path(prefix).name)} {WERKZEUG}"
+    if "uv" in parts and "tools" in parts:  # ~/.local/share/uv/tools/rv: no pip inside
+        where = shlex.quote(source) if source else "WHERE-YOU-INSTALLED-RV-FROM"
+        return f"uv tool install --reinstall --with {WERKZEUG} {where}"
+    python = shlex.quote(executable)
+    if editable and source:  # `pip install -e CLONE`: the clone's extra
+        return f"{python} -m pip install -e {shlex.quote(source + '[ui]')}"
+    return f"{python} -m pip install {WERKZEUG}   (into the Python rv runs in)"
+
+
+def _direct_url() -> dict[str, Any] | None:
+    """How pip installed rv (PEP 610's direct_url.json): from a folder, editable or not, or a wheel;
+    None when it does not say (rv run from a source tree)."""
+    import json
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution("rv").read_text("direct_url.json")
+        value = json.loads(text) if text else None
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -7,6 +7,8 @@ as `rv up` does; it lives until `rv stop NAME` or its time limit.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -51,9 +53,41 @@ def up_params() -> list[click.Parameter]:
     return params
 
 
-def live_or_new(ctx: click.Context, s: Session, *, base: str, new: bool) -> RunningJob:
+@contextmanager
+def held_session(ctx: click.Context, s: Session, *, base: str, new: bool) -> Iterator[RunningJob]:
+    """:func:`live_or_new`, and a session started here stopped again (as `rv stop` does) when the
+    command fails before it is of use, whatever the failure: a session nobody reaches must not hold
+    GPUs until its time limit. A live session that was reused is left as it was."""
+    started: list[str] = []
+    try:
+        yield live_or_new(ctx, s, base=base, new=new, started=started)
+    except BaseException:
+        if started:
+            _release(s, started[0])
+        raise
+
+
+def _release(s: Session, name: str) -> None:
+    from rv.job.cleanup import stop_runs
+
+    record = run_store().resolve(name, s.profile.name)
+    if record is None:
+        warn(f"session {name} may have been sent; rv has no record of it: rv ps -a, then rv stop {name}")
+        return
+    try:
+        stop_runs(s.transport, s.layout.root, [(record.run_id, name)])
+    except Exception as exc:  # the failure that brought us here is the one to report: say this one
+        warn(f"could not stop session {name}, which this command started ({exc}): rv stop {name}")
+        return
+    warn(f"stopped session {name}, which this command started: it could not be used")
+
+
+def live_or_new(
+    ctx: click.Context, s: Session, *, base: str, new: bool, started: list[str] | None = None
+) -> RunningJob:
     """The newest live session rv code or rv jupyter set up (``--name``: that one), or a new
-    detached `rv up` session named ``BASE-xxxxxx`` (``--name``: that name), once it runs."""
+    detached `rv up` session named ``BASE-xxxxxx`` (``--name``: that name), once it runs (its name
+    appended to ``started``, before anything that may fail after its submission)."""
     from rv.job import serve
     from rv.job.inside import running_job
     from rv.job.submit import default_run_name, new_run_id
@@ -92,6 +126,8 @@ def live_or_new(ctx: click.Context, s: Session, *, base: str, new: bool) -> Runn
     up = load("up")
     assert isinstance(up, click.Command)
     name = name or default_run_name(base, new_run_id())
+    if started is not None:
+        started.append(name)
     args = {p.name: ctx.params[p.name] for p in up_params() if p.name}
     # `rv up --detach` itself: sized, placed, snapshotted and given its environment as rv up does.
     ctx.invoke(up, **{**args, "name": name, "detach": True})

@@ -14,7 +14,7 @@ def render(why) -> list[str]:  # type: ignore[no-untyped-def]  # rv.job.why.Why;
     for w in why.waiting:
         what = f"job {w.job_id}" + (f" ({w.gpu_type})" if w.gpu_type else "")
         lines.append(f"  {what}, partition {w.partition}{f', QoS {w.qos}' if w.qos else ''}:")
-        lines.append(f"    why: {w.words} (Slurm: {w.code})")
+        lines.append(f"    why: {w.words}" + (f" (Slurm: {w.code})" if w.code.strip() != "None" else ""))
         if w.limit:
             lines.append(f"    limit: {w.limit}")
         ahead = (

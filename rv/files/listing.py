@@ -101,9 +101,9 @@ SECRET_PATTERNS = (
 
 def _list_plain(folder: Path, git: Git) -> tuple[list[str], list[str], list[str]]:
     """Every file under a folder that is not a repo, minus .rvignore: (files, nested repos, left out)."""
-    import tempfile
+    from rv.files.tmpdirs import temp_dir
 
-    with tempfile.TemporaryDirectory(prefix="rv-ls-") as tmp:
+    with temp_dir("ls") as tmp:
         env = _scratch_repo(Path(tmp), folder, git)
         listed = _split_z(
             git.out(["ls-files", "-z", "-o", "--exclude-per-directory=.rvignore"], folder, env=env)
@@ -152,7 +152,7 @@ def ignored_paths(
     empty = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
     rules = ["--exclude-standard"] if gitignore else ["--exclude-per-directory=.rvignore"]
     rules += [f"--exclude-from={f}" for f in exclude_from if f.is_file()]
-    import tempfile
+    from rv.files.tmpdirs import temp_dir
 
     out: set[str] = set()
     while remaining:
@@ -161,7 +161,7 @@ def ignored_paths(
         batch = [p for p in remaining if not _below_one_of(p, remaining)]
         remaining.difference_update(batch)
         info = b"".join(b"100644 " + empty.encode() + b"\t" + manifest.enc(p) + b"\0" for p in batch)
-        with tempfile.TemporaryDirectory(prefix="rv-ignore-") as tmp:
+        with temp_dir("ignore") as tmp:
             env = _scratch_repo(Path(tmp), root, git)
             git.out(["update-index", "-z", "--index-info"], root, input=info, env=env)
             out.update(_split_z(git.out(["ls-files", "-z", "-c", "-i", *rules], root, env=env)))
@@ -182,9 +182,9 @@ def secret_looking(root: Path, paths: Iterable[str], git: Git) -> set[str]:
     ]
     if not named:
         return set()
-    import tempfile
+    from rv.files.tmpdirs import temp_dir
 
-    with tempfile.TemporaryDirectory(prefix="rv-secrets-") as tmp:
+    with temp_dir("secrets") as tmp:
         patterns = Path(tmp) / "secret-patterns"
         patterns.write_text("".join(f"{pat}\n" for pat in SECRET_PATTERNS), encoding="utf-8")
         return ignored_paths(root, named, git, exclude_from=[patterns])

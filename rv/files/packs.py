@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from rv.agent import manifest
 from rv.errors import RemoteError
 from rv.files.gitcmd import Git, GitError
+from rv.files.tmpdirs import temp_dir
 from rv.files.tree import MODE_LINK, LocalTree
 
 if TYPE_CHECKING:
@@ -259,7 +260,7 @@ class LocalStore:
         its row's id (else the file changed since it was listed)."""
         if not rows:
             return
-        with tempfile.TemporaryDirectory(prefix="rv-links-") as tmp:
+        with temp_dir("links") as tmp:
             paths = []
             for i, (path, mode, _oid, _size) in enumerate(rows):
                 full = os.path.join(root, path)

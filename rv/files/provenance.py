@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from rv.files.treecache import TreeCache
 
 from rv.files.listing import Git, LocalTree, RepoInfo
+from rv.files.tmpdirs import temp_dir
 
 DIFF_LIMIT = 1 << 20  # provenance keeps at most 1 MiB of a dirty tree's diff
 
@@ -219,7 +219,7 @@ def _diff_by_index(git: Git, top: Path, paths: Sequence[str]) -> tuple[dict[str,
     rest = [p for p in paths if manifest.enc(p) not in found]
     if not records:
         return {}, rest
-    with tempfile.TemporaryDirectory(prefix="rv-diff-") as tmp:
+    with temp_dir("diff") as tmp:
         # Private to this run (0700): the index names the user's files. No split or sparse index
         # for it, which would write shared files into the repository's own .git.
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from rv.agent import manifest
 from rv.errors import RemoteError, UsageError
 from rv.files.packs import LocalStore, Sends, open_local_store
 from rv.files.progress import Progress, ProgressCounter
+from rv.files.tmpdirs import temp_dir
 from rv.layout import RemoteLayout
 
 if TYPE_CHECKING:
@@ -445,11 +445,7 @@ def _shipping(
     stack: contextlib.ExitStack,
 ) -> _Shipping:
     """Build the snapshot's commit in rv's repository (a temporary one without a cache folder)."""
-    folder = (
-        cache_dir
-        if cache_dir is not None
-        else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rv-git-")))
-    )
+    folder = cache_dir if cache_dir is not None else Path(stack.enter_context(temp_dir("git")))
     local = open_local_store(folder, snap.tree, snap.git)
     commit = local.build(snap.tree, snap.texts)
     return _Shipping(transport, layout, snap, cache, local, commit, on_progress)

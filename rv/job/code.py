@@ -18,7 +18,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from rv.errors import NotFound, RemoteError, UsageError
 from rv.files.gitcmd import Git
 from rv.files.gitrepo import find_repo_top
 from rv.files.packs import LocalStore, store_name
+from rv.files.tmpdirs import temp_dir
 
 if TYPE_CHECKING:
     from rv.job.records import RunRecord
@@ -146,7 +146,7 @@ def unmake_folder(dest: Path, top: Path | None) -> None:
 def checkout_here(repo: LocalStore, commit: str, dest: Path) -> int:
     """The commit's files into ``dest`` (made) as a job checks them out (read-tree + checkout-index:
     exec bits, symlinks and odd names kept, no conversion). Returns the number of files."""
-    with tempfile.TemporaryDirectory(prefix="rv-checkout-") as tmp:
+    with temp_dir("checkout") as tmp:
         env = repo.env(GIT_INDEX_FILE=os.path.join(tmp, "index"))
         repo.run(["read-tree", commit], env=env)
         repo.run(["-c", "core.symlinks=true", f"--work-tree={dest}", "checkout-index", "-a", "-u"], env=env)

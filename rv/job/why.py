@@ -373,12 +373,14 @@ def explain(
     common: dict[str, Any] = {"run": run.name, "run_id": run.run_id, "segment": seg.index if seg else 0,
               "max_segments": run.max_segments, "details": segment_lines(run)}  # fmt: skip
     if waiting:
-        parts = [f"{w.gpu_type or 'job'} {w.job_id}: {w.words} ({w.code})" for w in waiting]
+        parts = [f"{w.gpu_type or 'job'} {w.job_id}: {w.words}{_in_brackets(w.code)}" for w in waiting]
         return Why(state="PENDING", summary="pending: " + "; ".join(parts), waiting=tuple(waiting), **common)
     if view.live:
         if view.state == "PENDING":
             return Why(
-                state="PENDING", summary=f"pending: {reason(view.reason).words} ({view.reason})", **common
+                state="PENDING",
+                summary=f"pending: {reason(view.reason).words}{_in_brackets(view.reason)}",
+                **common,
             )
         so_far = (
             f"segment {view.segment} of at most {view.max_segments}, {format_elapsed(view.elapsed_seconds)}"
@@ -387,3 +389,11 @@ def explain(
     ended = run.ended or {}
     why = str(ended.get("reason") or view.reason or "no record of its end")
     return Why(state=view.state, summary=f"ended: {why}", exit_code=view.exit_code, **common)
+
+
+def _in_brackets(code: str | None) -> str:
+    """`` (Priority)`` after the words; nothing for Slurm's ``None`` (no reason yet)."""
+    from rv.slurm.pending import said_code
+
+    shown = said_code(code)
+    return f" ({shown})" if shown else ""

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rv.agent import layout
-from rv.errors import UsageError
+from rv.errors import RvError, UsageError
 
 ALIAS_SUFFIX = ".rv"
 SESSION_DIR = layout.NODE_SSH  # under the run's folder on the cluster
@@ -341,20 +341,47 @@ class SshFiles:
     def write_entry(self, entry: NodeEntry, host_key: str, *, drop: Iterable[str] = ()) -> None:
         """Add (or replace) ``entry`` and its host key; remove the entries named in ``drop``."""
         gone = {entry.alias, *drop}
-        kept = "".join(block for alias, block in split_entries(_read(self.config)) if alias not in gone)
-        _write_private(self.config, CONFIG_HEADER + kept + entry.render() + "\n")
-        keys = [
-            line
-            for line in _read(self.known_hosts).splitlines(keepends=True)
-            if line.split(" ", 1)[0] not in gone
-        ]
-        _write_private(self.known_hosts, "".join(keys) + f"{entry.alias} {host_key}\n")
+        try:
+            kept = "".join(block for alias, block in split_entries(_read(self.config)) if alias not in gone)
+            _write_private(self.config, CONFIG_HEADER + kept + entry.render() + "\n")
+            keys = [
+                line
+                for line in _read(self.known_hosts).splitlines(keepends=True)
+                if line.split(" ", 1)[0] not in gone
+            ]
+            _write_private(self.known_hosts, "".join(keys) + f"{entry.alias} {host_key}\n")
+        except OSError as exc:
+            raise RvError(
+                f"cannot write rv's SSH files in {self.folder}: {exc.strerror or exc}",
+                hint=f"{self.folder} must be a folder of yours (rv keeps its sessions' SSH entries there)",
+            ) from exc
 
     def aliases(self) -> list[str]:
         return [alias for alias, _ in split_entries(_read(self.config))]
 
+    def check(self) -> None:
+        """Before anything is started: both configs read as ssh reads them (bytes, quotes), and rv's
+        paths writable into a config. A UsageError names the file, the line and what to do."""
+        for path in (self.user_config, self.config):
+            try:
+                config_lines(_read(path))
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot read {path}: {exc.strerror or exc}; nothing was started",
+                    hint=f"{path} must be a file you can read (or not be there at all)",
+                ) from None
+            except ConfigSyntaxError as exc:
+                raise UsageError(
+                    f"{path} line {exc.line}: {exc.reason}: ssh refuses this file too, so rv code would "
+                    "start a session nothing can reach; nothing was started",
+                    hint="fix that line (ssh -G HOST says the same), then run rv code again",
+                ) from None
+        _config_word(str(self.known_hosts))
+        _config_word(str(self.config))
+
     def has_include(self) -> bool:
-        """Does the user's ``~/.ssh/config`` include rv's file already (in any spelling)?"""
+        """Does the user's ``~/.ssh/config`` include rv's file already (in any spelling), at its top
+        level (before any ``Host``/``Match`` line)?"""
         return includes(_read(self.user_config), self.config, self.ssh_dir)
 
     def add_include(self) -> Path:
@@ -382,17 +409,89 @@ def split_entries(text: str) -> list[tuple[str, str]]:
     ]
 
 
-def includes(text: str, target: Path, ssh_dir: Path) -> bool:
-    """Is there an ``Include`` of ``target`` in ``text`` (absolute, ``~/``, or relative to ~/.ssh)?"""
-    home = str(ssh_dir.parent)
-    for line in text.splitlines():
-        words = shlex.split(line, comments=True) if '"' in line else line.split("#", 1)[0].split()
-        if len(words) < 2 or words[0].lower() != "include":
+class ConfigSyntaxError(ValueError):
+    """A line ssh itself refuses (``invalid quotes``)."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line, self.reason = line, reason
+
+
+def ssh_words(line: str) -> list[str]:
+    """One ssh_config line's words as OpenSSH splits them (misc.c ``argv_split``, comments ending
+    the line): spaces and tabs separate, single or double quotes group, a backslash escapes a quote,
+    a backslash or (unquoted) a space; a word beginning with ``#`` ends the line. ValueError for a
+    quote left open (ssh: "invalid quotes"). Not shlex: its escapes and comments are a shell's."""
+    words: list[str] = []
+    i, n = 0, len(line)
+    while i < n:
+        if line[i] in " \t\r\n\f":
+            i += 1
             continue
-        for word in words[1:]:
+        if line[i] == "#":
+            break
+        quote, word = "", []
+        while i < n:
+            c = line[i]
+            if c == "\\" and i + 1 < n and (line[i + 1] in "'\"\\" or (not quote and line[i + 1] == " ")):
+                word.append(line[i + 1])
+                i += 2
+                continue
+            if not quote and c in " \t\r\n\f":
+                break
+            if not quote and c in "'\"":
+                quote = c
+            elif quote and c == quote:
+                quote = ""
+            else:
+                word.append(c)
+            i += 1
+        if quote:
+            raise ValueError("a quote is not closed")
+        words.append("".join(word))
+    return words
+
+
+def config_lines(text: str) -> list[tuple[int, str, list[str]]]:
+    """(line number, keyword in lower case, its arguments) of each line of an ssh_config that says
+    something (``Keyword=value`` too). ConfigSyntaxError for a line ssh refuses."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            words = ssh_words(line)
+        except ValueError as exc:
+            raise ConfigSyntaxError(number, str(exc)) from None
+        if not words:
+            continue
+        keyword, sep, rest = words[0].partition("=")
+        args = ([rest] if rest else []) + words[1:]
+        if not sep and args and args[0].startswith("="):  # `Keyword = value`, `Keyword =value`
+            args = ([args[0][1:]] if args[0] != "=" else []) + args[1:]
+        found.append((number, keyword.lower(), args))
+    return found
+
+
+def includes(text: str, target: Path, ssh_dir: Path) -> bool:
+    """Is there an ``Include`` of ``target`` in ``text`` (absolute, ``~/``, relative to ~/.ssh, or a
+    glob matching it) at the top level, before any ``Host`` or ``Match`` line? One inside a block
+    counts only for that block's hosts (ssh reads it there alone): not rv's line. A line ssh would
+    refuse is not read here (SshFiles.check says so before anything starts)."""
+    import fnmatch
+
+    home = str(ssh_dir.parent)
+    try:
+        lines = config_lines(text)
+    except ConfigSyntaxError:
+        return False
+    for _, keyword, args in lines:
+        if keyword in ("host", "match"):
+            return False
+        if keyword != "include":
+            continue
+        for word in args:
             path = word.replace("~", home, 1) if word.startswith("~") else word
-            full = Path(path) if os.path.isabs(path) else ssh_dir / path
-            if os.path.normpath(full) == os.path.normpath(target):
+            full = os.path.normpath(Path(path) if os.path.isabs(path) else ssh_dir / path)
+            if full == os.path.normpath(target) or fnmatch.fnmatchcase(os.path.normpath(target), full):
                 return True
     return False
 
@@ -408,8 +507,10 @@ def with_include(text: str, line: str) -> str:
 
 
 def _read(path: Path) -> str:
+    """A config's text as ssh reads it, bytes: those that are not UTF-8 (a latin-1 comment, which ssh
+    takes) kept as surrogates, and written back as they were (:func:`_write_private`)."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8", "surrogateescape")
     except FileNotFoundError:
         return ""
 
@@ -421,7 +522,7 @@ def _write_private(path: Path, text: str, *, mode: int = 0o600) -> None:
     tmp = path.with_name(f".{path.name}.rv-tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
             fh.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)

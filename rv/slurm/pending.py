@@ -277,8 +277,15 @@ def reason(code: str | None) -> Reason:
     return Reason(code, "other", f"Slurm's reason: {word}")
 
 
+def said_code(code: str | None) -> str | None:
+    """Slurm's reason code as worth showing beside its words: None for ``None`` (Slurm's word for no
+    reason yet), which read as a bug ("pending (None: not yet looked at by the scheduler)")."""
+    code = (code or "None").strip()
+    return None if code == "None" else code
+
+
 def one_line(code: str | None) -> str:
     """`rv ps`'s form: Slurm's word, then what it means (``Priority: waiting behind jobs of higher
-    priority``)."""
+    priority``); the words alone when Slurm has none yet."""
     r = reason(code)
-    return f"{r.code}: {r.words}"
+    return f"{r.code}: {r.words}" if said_code(code) else r.words

@@ -152,6 +152,8 @@ class App:
     # -- what it shows -------------------------------------------------------------------------------
     def cluster(self, request: Request, values: Mapping[str, Any] | None = None) -> data.Cluster:
         name = (values or request.args).get("profile") or ""
+        if not isinstance(name, str):
+            raise UsageError(f"profile: a profile's name, a string (not {_kind(name)})")
         if name not in self.clusters:
             known = ", ".join(self.clusters)
             raise UsageError(f"no profile {name!r} in the config (there are: {known})")
@@ -169,14 +171,14 @@ class App:
 
     def on_logs(self, request: Request) -> Response:
         raw = request.args.get("cursor")
-        cursor = json.loads(raw) if raw else None
-        if cursor is not None and not isinstance(cursor, dict):
-            raise UsageError("cursor: the object the last answer gave")
+        cursor = _cursor(raw) if raw else None
         start = request.args.get("from")
+        if start and not (start.isascii() and start.isdigit()):
+            raise UsageError(f"from: a segment number (not {start[:40]!r})")
         return _json(
             data.logs(
                 self.cluster(request), _arg(request, "id"), stream=request.args.get("stream", "out"),
-                cursor=cursor, from_segment=int(start) if start and start.isdigit() else None,
+                cursor=cursor, from_segment=int(start) if start else None,
             )
         )  # fmt: skip
 
@@ -189,16 +191,16 @@ class App:
     # -- the two actions (POST, JSON bodies) ---------------------------------------------------------
     def on_stop(self, request: Request) -> Response:
         body = _body(request)
-        return _json(
-            data.stop(
-                self.cluster(request, body), self.store, run_id=body.get("run_id"), sweep=body.get("sweep")
-            )
-        )
+        run_id, sweep = _text(body, "run_id"), _text(body, "sweep")
+        return _json(data.stop(self.cluster(request, body), self.store, run_id=run_id, sweep=sweep))
 
     def on_retry(self, request: Request) -> Response:
         body = _body(request)
         notes: list[str] = []
-        answer = data.retry(self.cluster(request, body), self.store, str(body.get("sweep") or ""), notes)
+        sweep = _text(body, "sweep")
+        if sweep is None:
+            raise UsageError("sweep: the name of the sweep to retry")
+        answer = data.retry(self.cluster(request, body), self.store, sweep, notes)
         return _json({**answer, "notes": notes})
 
 
@@ -209,10 +211,49 @@ def _arg(request: Request, name: str) -> str:
     return value
 
 
+def _kind(value: Any) -> str:
+    """A JSON value's kind, for a message (never the value: it may be anything)."""
+    names = {bool: "true/false", int: "a number", float: "a number", str: "a string", list: "a list",
+             dict: "an object", type(None): "null"}  # fmt: skip
+    return names.get(type(value), type(value).__name__)
+
+
+def _text(body: Mapping[str, Any], key: str) -> str | None:
+    """``body[key]``: a non-empty string, or absent (None); anything else is a 400 naming the key."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise UsageError(f"{key}: a non-empty string (not {_kind(value) if value != '' else 'an empty one'})")
+    return value
+
+
+def _cursor(raw: str) -> dict[str, Any]:
+    """The ``cursor`` a logs answer gave, read back and checked: ``{"segment": N|null, "offsets":
+    {"FILE": BYTES}}``; anything else is a 400 (it came from the page, or from anyone with the token)."""
+    shape = 'the "cursor" object the last answer gave: {"segment": N, "offsets": {"FILE": BYTES, ...}}'
+    try:
+        cursor = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise UsageError(f"cursor: not JSON; expected {shape}") from None
+    if not isinstance(cursor, dict):
+        raise UsageError(f"cursor: {_kind(cursor)}; expected {shape}")
+    segment, offsets = cursor.get("segment"), cursor.get("offsets")
+    if segment is not None and (type(segment) is not int or segment < 1):
+        raise UsageError(f"cursor: segment is {_kind(segment)}, not a segment number; expected {shape}")
+    if offsets is None:
+        offsets = {}
+    if not isinstance(offsets, dict) or not all(
+        isinstance(k, str) and type(v) is int and v >= 0 for k, v in offsets.items()
+    ):
+        raise UsageError(f"cursor: offsets must map each file to a byte offset; expected {shape}")
+    return {"segment": segment, "offsets": offsets}
+
+
 def _body(request: Request) -> dict[str, Any]:
     try:
         body = json.loads(request.get_data(as_text=True) or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         raise UsageError("the body is not JSON") from None
     if not isinstance(body, dict):
         raise UsageError("the body is not a JSON object")

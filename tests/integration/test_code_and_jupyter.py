@@ -137,6 +137,73 @@ def test_code_without_the_editor_prints_the_host_and_the_command(layout, project
         assert layout.run_rv("stop", "noed").returncode == 0
 
 
+# ~/.ssh/config as users have it: a latin-1 comment (ssh reads bytes and takes it), and rv's Include
+# already there, but inside a Host block, where ssh reads it for that host alone.
+LATIN1_CONFIG = (
+    b"# caf\xe9 du laboratoire: ce fichier est \xe0 moi\n"
+    b"Host lab\n    User someone\n    Include ~/.ssh/rv/config\n"
+)
+
+
+def test_code_reads_a_config_that_is_not_utf8_and_puts_the_include_at_the_top(layout, project, tmp_path):
+    home = Path(layout.rv_env["HOME"])
+    (tmp_path / "empty_ssh_config").write_text("")
+    env = {"RV_SSH_CONFIG": str(tmp_path / "empty_ssh_config")}
+    user_config = home / ".ssh" / "config"
+    user_config.parent.mkdir(mode=0o700)
+    user_config.write_bytes(LATIN1_CONFIG)
+    r = layout.run_rv(
+        "code", "-g", "0", "--mem", "500M", "--name", "latin", "--yes", "--editor", "no-such-editor",
+        cwd=project, env_extra=env,
+    )  # fmt: skip
+    try:
+        assert r.returncode == 0, r.stderr
+        data = user_config.read_bytes()
+        # rv's line at the top, and the user's bytes below it as they were (the latin-1 kept).
+        assert data.startswith(b"# rv code's sessions") and data.endswith(LATIN1_CONFIG), data
+        assert data.split(b"\n")[1] == f"Include {home}/.ssh/rv/config".encode()
+        # ssh itself reads the result, and finds the session's entry for any host (not only "lab").
+        alias = r.stdout.strip().splitlines()[-1]
+        shown = subprocess.run(
+            ["ssh", "-F", str(user_config), "-G", alias], env={**os.environ, "HOME": str(home)},
+            capture_output=True, timeout=30,
+        )  # fmt: skip
+        assert shown.returncode == 0 and b"proxycommand " in shown.stdout, shown.stderr
+    finally:
+        assert layout.run_rv("stop", "latin").returncode == 0
+
+
+@pytest.mark.parametrize("layout", ["default"], indirect=True)  # refused before any job: one layout
+def test_code_refuses_a_config_ssh_refuses_before_starting_anything(layout, project):
+    home = Path(layout.rv_env["HOME"])
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "config").write_text('Host lab\n    User "someone\n')
+    r = layout.run_rv("code", "-g", "0", "--name", "quoted", "--yes", cwd=project)
+    assert r.returncode == 2, r.stderr
+    assert f"{home}/.ssh/config line 2: a quote is not closed: ssh refuses this file too" in r.stderr
+    assert "nothing was started" in r.stderr and "Traceback" not in r.stderr
+    rows = json.loads(layout.run_rv("ps", "-a", "--json").stdout)
+    assert not [row for row in rows if row["run_id"]], rows  # (sacct's other jobs of the user aside)
+    assert not (Path(layout.remote_root) / "runs").exists()
+
+
+def test_a_session_code_started_is_stopped_when_code_fails_after_starting_it(layout, project, tmp_path):
+    home = Path(layout.rv_env["HOME"])
+    # rv's known_hosts cannot be written (a folder in its place): found only once the session runs.
+    (home / ".ssh" / "rv" / "known_hosts").mkdir(mode=0o700, parents=True)
+    (tmp_path / "empty_ssh_config").write_text("")
+    r = layout.run_rv(
+        "code", "-g", "0", "--mem", "500M", "--name", "doomed", "--yes", "--editor", "no-such-editor",
+        cwd=project, env_extra={"RV_SSH_CONFIG": str(tmp_path / "empty_ssh_config")},
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert f"cannot write rv's SSH files in {home}/.ssh/rv" in r.stderr and "Traceback" not in r.stderr
+    assert "stopped session doomed, which this command started" in r.stderr
+    rows = json.loads(layout.run_rv("ps", "-a", "--json").stdout)
+    (row,) = [row for row in rows if row["run_id"]]  # this test's runs: sacct's other jobs aside
+    wait_gone(layout.ssh, row["jobs"][-1])  # the GPU is released
+
+
 # --- rv jupyter -----------------------------------------------------------------------------------
 
 CELL = (

@@ -417,3 +417,29 @@ def test_the_integration_tests_run_the_rv_program_and_it_serves(run_rv, rv_env):
     in_process = run_in_process(["exec", "echo here"], dict(rv_env, RV_DEBUG="1"))
     assert (in_process.returncode, in_process.stdout) == (0, "here\n"), in_process.stderr
     assert "served by the command server" not in in_process.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["pip install .", "pip install -e ."])
+def test_rv_ui_without_werkzeug_says_what_installs_it_for_this_install(how, rv_env, installable, tmp_path):
+    # Issue 41: it said `pip install 'rv[ui]'`, a name on no package index (some other project's).
+    src, deps = installable
+    bare = tmp_path / "deps-without-werkzeug"
+    bare.mkdir()
+    for entry in deps.iterdir():
+        if not entry.name.lower().startswith(("werkzeug", "markupsafe")):
+            (bare / entry.name).symlink_to(entry.resolve())
+    assert (deps / "werkzeug").exists()  # the positive case: the test venv has it, this install not
+    python = fresh_install((src, bare), tmp_path / "venv", editable=how == "pip install -e .")
+    env = dict(rv_env, RV_RUNTIME_DIR=str(tmp_path / "rt"))
+    done = subprocess.run(
+        [str(python.parent / "rv"), "ui", "--no-browser"], env=env, cwd=tmp_path, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "rv ui needs Werkzeug" in done.stderr and "'rv[ui]'" not in done.stderr, done.stderr
+    said = " ".join(done.stderr.split())
+    if how == "pip install .":
+        assert f"{python} -m pip install 'werkzeug>=3.0'" in said, done.stderr
+    else:
+        assert f"{python} -m pip install -e '{src}[ui]'" in said, done.stderr

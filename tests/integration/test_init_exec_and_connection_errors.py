@@ -120,12 +120,32 @@ def test_silent_server_times_out_within_limit(run_rv, rv_env):
 
 
 def test_no_config_yet(tmp_path):
-    r = run_cli(["exec", "true"], base_env(tmp_path, tmp_path / "none.toml"))
+    env = dict(base_env(tmp_path, tmp_path / "none.toml"), RV_TESTCLUSTER_DIR=str(tmp_path / "no-demo"))
+    r = run_cli(["exec", "true"], env)
     assert r.returncode == 3
     assert r.stderr == (
-        f"rv: error: no rv config yet ({tmp_path / 'none.toml'})\n"
-        "  next: run `rv init` to connect rv to your cluster\n"
+        f"rv: error: no rv config yet ({tmp_path / 'none.toml'} (RV_CONFIG names it))\n"
+        "  next: run `rv init` to connect rv to your cluster, or point RV_CONFIG at the config you have\n"
     )
+
+
+def test_after_the_demo_no_config_names_the_demos_own(tmp_path):
+    # Issue 41: the README said the demo saved its profile as your default one; `rv ps -a` after
+    # activating said "no rv config yet" without a word of where the demo's config is.
+    demo = tmp_path / "cluster-state"
+    demo.mkdir()
+    (demo / "rv-config.toml").write_text('default = "testcluster"\n')  # what the demo's `rv init` wrote
+    env = {k: v for k, v in base_env(tmp_path / "home", tmp_path / "x.toml").items() if k != "RV_CONFIG"}
+    (tmp_path / "home").mkdir()
+    env["RV_TESTCLUSTER_DIR"] = str(demo)
+    r = run_cli(["ps", "-a"], env)
+    assert r.returncode == 3, r.stderr
+    said = " ".join(r.stderr.split())
+    assert f"no rv config yet ({tmp_path / 'home' / '.config' / 'rv' / 'config.toml'})" in said, r.stderr
+    assert f"the demo's (bash scripts/demo): export RV_CONFIG={demo / 'rv-config.toml'}" in said, r.stderr
+    # Following it works: the same command with the variable set reads the demo's config.
+    shown = run_cli(["ps", "-a"], dict(env, RV_CONFIG=str(demo / "rv-config.toml")))
+    assert "no rv config yet" not in shown.stderr, shown.stderr
 
 
 def test_exec_of_a_missing_program_passes_the_shell_code(run_rv):

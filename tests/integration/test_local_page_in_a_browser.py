@@ -189,6 +189,63 @@ def test_only_the_token_holder_is_served_and_ctrl_c_leaves_nothing_running(two_c
             pass
 
 
+def test_every_malformed_request_is_a_400_with_a_message_and_no_traceback(two_clusters):
+    import urllib.parse
+
+    with rv_ui(two_clusters.env) as served:
+        token = {"X-RV-Token": served.token}
+        action = {**token, "Origin": served.base, "Content-Type": "application/json"}
+        profile = two_clusters.default
+        logs = f"/api/logs?profile={profile}&id=r1&cursor="
+        asked = [
+            ask(served, logs + urllib.parse.quote("{not json"), headers=token),
+            ask(served, logs + urllib.parse.quote("[1, 2]"), headers=token),
+            ask(served, logs + urllib.parse.quote('{"segment": "x", "offsets": {}}'), headers=token),
+            ask(
+                served, logs + urllib.parse.quote('{"segment": 1, "offsets": {"a.out": "x"}}'), headers=token
+            ),
+            ask(served, logs + urllib.parse.quote('{"offsets": [1]}'), headers=token),
+            ask(served, logs + urllib.parse.quote("[" * 5000), headers=token),  # RecursionError
+            ask(served, f"/api/logs?profile={profile}&id=r1&from=x", headers=token),
+            ask(
+                served,
+                "/api/stop",
+                headers=action,
+                data=json.dumps({"profile": profile, "run_id": 5}).encode(),
+            ),
+            ask(
+                served,
+                "/api/stop",
+                headers=action,
+                data=json.dumps({"profile": ["x"], "run_id": "r"}).encode(),
+            ),
+            ask(
+                served,
+                "/api/stop",
+                headers=action,
+                data=json.dumps({"profile": profile, "sweep": {}}).encode(),
+            ),
+            ask(
+                served,
+                "/api/retry",
+                headers=action,
+                data=json.dumps({"profile": profile, "sweep": 3}).encode(),
+            ),
+            ask(served, "/api/retry", headers=action, data=json.dumps({"profile": {"a": 1}}).encode()),
+            ask(served, "/api/retry", headers=action, data=b"[" * 100000),
+        ]
+        for status, body in asked:
+            assert status == 400 and isinstance(body, dict) and body["error"], (status, body)
+        said = [body["error"] for _, body in asked]
+        assert said[0].startswith("cursor: not JSON") and "run_id: a non-empty string (not a number)" in said
+        assert "profile: a profile's name, a string (not a list)" in said
+        # The positive case in the same run: a well-formed request of the same kind is answered.
+        status, body = ask(served, f"/api/runs?profile={profile}", headers=token)
+        assert status == 200, body
+    stderr = served.process.stderr.read()
+    assert "Traceback" not in stderr and " 500 " not in stderr, stderr[-3000:]
+
+
 def test_the_runs_page_lists_both_clusters_and_a_sweeps_page_draws_each_points_curve(two_clusters, tmp_path):
     """A run on each layout and a sweep of four points (one crashes): the runs page lists both clusters'
     runs and the sweep folded to one row; the sweep's page draws one curve per point that wrote its

@@ -100,3 +100,34 @@ def test_the_job_id_goes_to_stdout_for_a_script_and_not_to_a_terminal(run_rv, rv
     job = re.search(r"submitted run ok-\w+: job (\d+)", err)
     assert job, err  # the id is in the line on stderr
     assert job.group(1).encode() not in shown, shown  # and not alone on the terminal
+
+
+# --- rv run -f: stdout is the program's output alone --------------------------------------------------
+
+# Two segments (a clean stop with progress, then the end), each saying one line on each stream.
+TWO_SEGMENTS = """\
+import os, sys
+ckpt = os.environ["RV_CHECKPOINT_DIR"]
+done = os.path.exists(os.path.join(ckpt, "step"))
+open(os.path.join(ckpt, "step"), "w").write("1")
+print("segment", os.environ["RV_SEGMENT"], "says hello")
+print("segment", os.environ["RV_SEGMENT"], "warns", file=sys.stderr)
+if not done:
+    open(os.path.join(ckpt, "PREEMPTED"), "w").write("1")
+"""
+
+
+def test_run_follow_puts_the_programs_output_alone_on_stdout(layout, tmp_path):
+    proj = git_project(tmp_path / "p", {"two.py": TWO_SEGMENTS})
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "200M", "--max-segments", "3", "-f", "--", "python3", "two.py",
+        cwd=proj, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    # `out=$(rv run -f ...)` gets what the program printed, and nothing of rv's: no job id, no segment
+    # line, no "rv: ..." line of the job's runtime.
+    assert r.stdout == "segment 1 says hello\nsegment 2 says hello\n", r.stdout
+    job = re.search(r"submitted run \S+: job (\d+)", r.stderr)
+    assert job, r.stderr  # rv's own lines are on stderr: the job id, the segments, the program's stderr
+    assert "segment 1 warns" in r.stderr and "segment 2 warns" in r.stderr
+    assert "segment 2/3" in r.stderr, r.stderr

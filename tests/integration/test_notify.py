@@ -72,6 +72,31 @@ class Receiver:
         return [body for p, body in self.posts if p == path]
 
 
+class Silent:
+    """A webhook on 127.0.0.1 that takes the request and never answers: the time of each one it took."""
+
+    def __init__(self) -> None:
+        self.took: list[tuple[str, float]] = []
+        self.release = threading.Event()
+        silent = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                silent.took.append((self.path, time.monotonic()))
+                silent.release.wait(120)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+
+
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
@@ -276,3 +301,55 @@ def test_a_last_stderr_line_without_its_newline_is_never_glued_to_sruns_own_line
         tail = message["rv"]["stderr_tail"]
         assert message["rv"]["exit_code"] == 4 and "boom" in tail, tail
         assert not any("boomsrun" in line for line in tail), tail
+
+
+def test_a_hook_that_never_answers_holds_the_jobs_end_no_longer_than_the_deadline_and_no_log_has_its_url(
+    layout, tmp_path
+):
+    silent = Silent()
+    token = uuid.uuid4().hex
+    hook = f"http://127.0.0.1:{silent.server.server_port}/services/T0/B0/{token}"
+    try:
+        assert layout.run_rv("env", "set", f"SILENT_HOOK={hook}").returncode == 0
+        proj = git_project(tmp_path / "p", {"a.py": "print('ran')\n"})
+        r = layout.run_rv(
+            "run", "-g", "0", "--mem", "100M", "--notify", "secret:SILENT_HOOK", "-f", "--",
+            "python3", "a.py", cwd=proj, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        name = submitted_name(r.stderr)
+        rdir = run_dir_of(layout.remote_root, name)
+
+        def said() -> str | None:
+            text = "".join(p.read_text(errors="replace") for p in (rdir / "logs").iterdir())
+            return text if "rv: notify: secret SILENT_HOOK:" in text else None
+
+        logs = wait_for(said, 90, "the notifier's word on the silent hook", step=0.5)
+        given_up = time.monotonic()
+    finally:
+        silent.close()
+    # The secret was set and reached the job: the hook was asked, at the secret's own path.
+    assert silent.took and silent.took[0][0] == f"/services/T0/B0/{token}", silent.took
+    # Given up within the notifier's deadline (15 s) of the first try, not 4 tries of 8 s and 7 s of waits.
+    assert given_up - silent.took[0][1] < 22, given_up - silent.took[0][1]
+    assert "not delivered" in logs
+    # No part of the URL in any file of the run: its token, its path.
+    for path in rdir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert token.encode() not in data and b"/services/T0/B0" not in data, path
+
+
+@pytest.mark.parametrize("layout", ["default"], indirect=True)  # refused before any job: one layout
+def test_a_secret_that_is_not_one_url_is_refused_when_notify_is_typed_without_echoing_it(layout, tmp_path):
+    token = uuid.uuid4().hex
+    value = f"https://hooks.example.org/services/T0/B0/{token} # the team's channel"
+    assert layout.run_rv("env", "set", f"COPIED_HOOK={value}").returncode == 0
+    assert "COPIED_HOOK" in layout.run_rv("env", "list").stdout  # the secret is there, as typed
+    proj = git_project(tmp_path / "p", {"a.py": "print(1)\n"})
+    r = layout.run_rv("run", "-g", "0", "--notify", "secret:COPIED_HOOK", "--", "python3", "a.py", cwd=proj)
+    assert r.returncode == 2, r.stderr
+    assert "secret COPIED_HOOK does not hold one http(s) URL" in r.stderr
+    assert "rv env set COPIED_HOOK" in r.stderr
+    assert token not in r.stdout + r.stderr and "team" not in r.stdout + r.stderr
+    assert not (Path(layout.remote_root) / "runs").exists()  # nothing reached the cluster

@@ -109,6 +109,35 @@ def test_every_spelling_of_an_option_rv_sets_is_refused_before_upload_and_others
     assert " Comment=rvprefix" in r.stdout and "RV_T=1" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("layout", ["default"], indirect=True)  # refused before any job: one layout
+def test_glued_short_options_an_option_sbatch_lacks_and_an_empty_type_list_say_what_to_do(layout, tmp_path):
+    # Issue 41: -N3 and the like were "not an sbatch option"; --bell showed `Try "sbatch --help"`.
+    proj = git_project(tmp_path / "p", {"README": "x\n"})
+    for typed, owned, flag in (
+        ("-N3", "--nodes", "rv run --nodes"),
+        ("-o/tmp/x", "--output", "rv logs"),
+        ("-Jfoo", "--job-name", "rv run --name"),
+        ("-wnode1", "--nodelist", "rv run --nodelist"),
+        ("-Cib", "--constraint", "rv run --constraint"),
+    ):
+        r = layout.run_rv("run", "-g", "0", f"--sbatch={typed}", "--", "true", cwd=proj)
+        assert r.returncode == 2 and f"rv sets {owned} itself" in r.stderr, (typed, r.stderr)
+        assert flag in r.stderr and "not an sbatch option" not in r.stderr, (typed, r.stderr)
+    bell = layout.run_rv("run", "-g", "0", "--mem", "200M", "--sbatch=--bell", "--", "true", cwd=proj)
+    assert bell.returncode == 2, bell.stderr
+    assert "sbatch refuses this job: unrecognized option '--bell'" in bell.stderr, bell.stderr
+    assert "sbatch --help" not in bell.stderr
+    (proj / "pyproject.toml").write_text('[project]\nname = "p"\n\n[tool.rv]\ntype = []\n')
+    empty = layout.run_rv("run", "-g", "1", "--dry-run", "--", "true", cwd=proj)
+    assert empty.returncode == 3, empty.stderr
+    assert (
+        f"{proj / 'pyproject.toml'} [tool.rv]: type = [] (a list): type must name at least one GPU type"
+        in (" ".join(empty.stderr.split()))
+    ), empty.stderr
+    root = Path(layout.remote_root)
+    assert not (root / "snapshots").exists()  # each refused before the upload
+
+
 def test_rvs_list_of_sbatch_options_is_the_clusters_own(layout):
     # Each one-letter prefix names the options that start with it (ambiguous), or the one that does.
     from rv.slurm.options import LONG_OPTIONS
@@ -334,9 +363,9 @@ def test_a_gpu_fault_after_saving_finishes_the_run_on_another_node(layout, tmp_p
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     m = re.search(
-        r"gpu fault on (\S+) \(RuntimeError: CUDA error: unknown error\): continued without \1", r.stdout
+        r"gpu fault on (\S+) \(RuntimeError: CUDA error: unknown error\): continued without \1", r.stderr
     )
-    assert m, r.stdout
+    assert m, r.stderr  # the runtime's own line: on stderr with -f, stdout is the program's (issue 41)
     resumed = re.search(r"resumed from step 10 on (\S+)", r.stdout)
     assert resumed and resumed.group(1) != m.group(1), r.stdout
     (row,) = [row for row in runs_json(layout) if row["name"] == "faulty"]

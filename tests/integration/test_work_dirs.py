@@ -255,3 +255,28 @@ def test_the_shared_work_dir_keeps_the_programs_deletions_and_restores_only_a_pu
     err = layout.run_rv("logs", "deleter", "--err").stdout
     assert "1 file(s) of the snapshot are missing from the work dir (a purge?): restoring them" in err, err
     assert not (work / "gone.txt").exists() and (work / "purged.txt").read_text() == "p\n"
+
+
+def test_a_run_whose_runtime_was_purged_before_it_started_shows_the_cause_it_recorded(layout, tmp_path):
+    # Issue 41: rv ps said LOST, "cancelled or killed", while the job's own log said why it ended.
+    proj = git_project(tmp_path / "p", {"a.py": "print('never')\n"})
+    r = layout.run_rv(
+        "run", "-g", "0", "--mem", "100M", "--name", "unlucky", "--sbatch=--begin=now+15", "--",
+        "python3", "a.py", cwd=proj,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    runtime = list(Path(layout.remote_root, "runtime").glob("job-*.sh"))
+    assert runtime, "the run's job runtime was sent"  # the positive case: there was one to purge
+    for path in runtime:
+        path.unlink()  # a scratch purge while the job waits for its begin time
+    waited = layout.run_rv("wait", "unlucky", timeout=300)
+    assert waited.returncode == 1, waited.stderr[-2000:]
+    rows = json.loads(layout.run_rv("ps", "-a", "--json").stdout)
+    (row,) = [row for row in rows if row["name"] == "unlucky" and row["run_id"]]  # sacct's others aside
+    assert row["state"] == "FAILED" and row["exit_code"] == 1, row
+    assert row["reason"].startswith("failed before the program started: the job runtime "), row
+    assert (
+        "is missing (a purge of the filesystem?)" in row["reason"]
+        and "cancelled or killed" not in row["reason"]
+    )
+    assert "the job runtime" in layout.run_rv("why", "unlucky").stdout

@@ -70,12 +70,66 @@ def test_host_alias_refuses_what_is_no_host_name():
         "Include rv/config",
         'Include "{abs}"',
         "Include other {abs}",
+        "Include=~/.ssh/rv/config",
+        "  Include = ~/.ssh/rv/*",
+        "Include ~/.ssh/r?/conf*",
     ],
 )
 def test_an_include_of_rvs_file_is_found_however_spelled(tmp_path, line):
     ssh_dir = tmp_path / ".ssh"
-    text = "Host a\n  User b\n" + line.format(abs=ssh_dir / "rv" / "config") + "\n"
+    text = "# top\n" + line.format(abs=ssh_dir / "rv" / "config") + "\nHost a\n  User b\n"
     assert nodessh.includes(text, ssh_dir / "rv" / "config", ssh_dir)
+
+
+@pytest.mark.parametrize("block", ["Host a", "Match host a", "Host *", "host=a"])
+def test_an_include_inside_a_host_or_match_block_is_not_at_the_top(tmp_path, block):
+    # ssh reads it for that block's hosts alone: rv's line must still go to the top.
+    files = nodessh.SshFiles(tmp_path / ".ssh")
+    files.ssh_dir.mkdir()
+    files.user_config.write_text(f"{block}\n    User b\n    Include ~/.ssh/rv/config\n")
+    assert not files.has_include()
+    files.add_include()
+    assert files.has_include() and files.user_config.read_text().splitlines()[1] == files.include_line
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('Include "~/my keys/rv config" other', ["Include", "~/my keys/rv config", "other"]),
+        ("User b\\ c # comment", ["User", "b c"]),
+        ("  # 'a comment with a quote", []),
+        ("IdentityFile 'a\"b'", ["IdentityFile", 'a"b']),
+        ("ProxyCommand ssh -W %h:%p 'jump host'", ["ProxyCommand", "ssh", "-W", "%h:%p", "jump host"]),
+        ("User me#not-a-comment", ["User", "me#not-a-comment"]),
+    ],
+)
+def test_config_lines_are_split_as_ssh_splits_them(line, words):
+    assert nodessh.ssh_words(line) == words
+
+
+def test_a_config_that_is_not_utf8_is_read_and_kept_byte_for_byte(tmp_path):
+    files = nodessh.SshFiles(tmp_path / ".ssh")
+    files.ssh_dir.mkdir()
+    original = b"# caf\xe9 (latin-1, which ssh takes)\nHost a\n    User b\xe9b\n"
+    files.user_config.write_bytes(original)
+    files.check()
+    assert not files.has_include()
+    files.add_include()
+    data = files.user_config.read_bytes()
+    assert data.endswith(original) and files.has_include()
+
+
+def test_a_config_ssh_refuses_is_refused_with_its_file_and_line(tmp_path):
+    files = nodessh.SshFiles(tmp_path / ".ssh")
+    files.ssh_dir.mkdir()
+    files.user_config.write_text('Host a\n    User b\nHost c\n    IdentityFile "~/.ssh/id\n')
+    with pytest.raises(UsageError) as info:
+        files.check()
+    assert f"{files.user_config} line 4: a quote is not closed" in info.value.message
+    assert "nothing was started" in info.value.message
+    # Where ssh reads them all, so does rv: a quote left open anywhere in the file (ssh -G says so too).
+    done = subprocess.run(["ssh", "-F", str(files.user_config), "-G", "x"], capture_output=True, text=True)
+    assert done.returncode != 0 and "line 4: invalid quotes" in done.stderr
 
 
 def test_a_commented_or_other_include_is_not_rvs(tmp_path):

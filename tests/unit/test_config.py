@@ -109,12 +109,23 @@ def test_not_toml():
     assert error_of("[profiles\n").startswith("/cfg/config.toml is not valid TOML:")
 
 
-def test_no_config_yet_says_run_init(tmp_path):
+def test_no_config_yet_says_run_init(tmp_path, monkeypatch):
+    monkeypatch.delenv("RV_CONFIG", raising=False)
+    monkeypatch.setenv("RV_TESTCLUSTER_DIR", str(tmp_path / "no-demo"))
     with pytest.raises(ConfigError) as exc:
         load_config(tmp_path / "none.toml")
     assert exc.value.message == f"no rv config yet ({tmp_path / 'none.toml'})"
-    assert exc.value.hint == "run `rv init` to connect rv to your cluster"
+    assert (
+        exc.value.hint
+        == "run `rv init` to connect rv to your cluster, or point RV_CONFIG at the config you have"
+    )
     assert exc.value.exit_code == 3
+    # The demo keeps its profile in a config of its own: named, with the line that uses it.
+    (tmp_path / "no-demo").mkdir()
+    (tmp_path / "no-demo" / "rv-config.toml").write_text("")
+    with pytest.raises(ConfigError) as exc:
+        load_config(tmp_path / "none.toml")
+    assert (exc.value.hint or "").endswith(f"export RV_CONFIG={tmp_path / 'no-demo' / 'rv-config.toml'}")
 
 
 def test_round_trip_and_file_mode(tmp_path):

@@ -52,3 +52,15 @@ def test_the_demo_keeps_its_profile_out_of_your_config_and_says_how_to_use_rv_af
     assert "from the package index (PyPI: network needed)" in said
     assert f"  . .venv/bin/activate\n  export RV_CONFIG={own}\n" in said, said
     assert not (tmp_path / "home" / ".config").exists()
+
+
+def test_the_readme_says_what_the_demo_says_to_type_after_it():
+    # Issue 41: the README said the demo saved its profile "as your default one"; it is in the demo's
+    # own config, and `rv ps -a` after activating said "no rv config yet".
+    readme = (REPO / "README.md").read_text()
+    demo = (REPO / "scripts" / "demo").read_text()
+    assert "as your default one" not in readme
+    default = "/tmp/rv-testcluster/rv-config.toml"
+    assert "${RV_TESTCLUSTER_DIR:-/tmp/rv-testcluster}/rv-config.toml" in demo  # the demo's default
+    assert f"    . .venv/bin/activate\n    export RV_CONFIG={default}\n" in readme
+    assert "printf '  . .venv/bin/activate\\n  export RV_CONFIG=%q\\n' \"$RV_CONFIG\"" in demo

@@ -98,6 +98,38 @@ def test_a_cluster_that_fails_says_why_and_what_next_bad_input_is_a_400(app):
     assert stream.status_code == 400 and "out or err" in stream.json["error"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "words"),
+    [
+        ("/api/logs?profile=alpha&id=r1&cursor=%7Bnot", None, "cursor: not JSON"),
+        ("/api/logs?profile=alpha&id=r1&cursor=5", None, "cursor: a number; expected"),
+        ("/api/logs?profile=alpha&id=r1&cursor=%7B%22segment%22%3Atrue%7D", None, "segment is true/false"),
+        (
+            "/api/logs?profile=alpha&id=r1&cursor=%7B%22offsets%22%3A%7B%22a%22%3A-1%7D%7D",
+            None,
+            "offsets must",
+        ),
+        ("/api/logs?profile=alpha&id=r1&from=2x", None, "from: a segment number"),
+        ("/api/stop", {"profile": "alpha", "run_id": 5}, "run_id: a non-empty string (not a number)"),
+        ("/api/stop", {"profile": "alpha", "run_id": ""}, "run_id: a non-empty string (not an empty one)"),
+        ("/api/stop", {"profile": ["x"], "run_id": "r1"}, "profile: a profile's name, a string (not a list)"),
+        ("/api/retry", {"profile": "alpha", "sweep": ["s"]}, "sweep: a non-empty string (not a list)"),
+        ("/api/retry", {"profile": "alpha"}, "sweep: the name of the sweep to retry"),
+        ("/api/retry", "[" * 5000, "the body is not JSON"),
+    ],
+)
+def test_a_malformed_request_is_a_400_with_a_message_before_any_cluster_is_asked(app, path, body, words):
+    token = {"X-RV-Token": TOKEN, "Origin": BASE}
+    if body is None:
+        answer = get(app, path, **token)
+    else:
+        data = body if isinstance(body, str) else json.dumps(body)
+        answer = Client(app).post(path, base_url=BASE, headers=token, data=data)
+    # A cluster asked would answer 502 (the fixture's clusters are unreachable): 400 means refused first.
+    assert answer.status_code == 400, answer.get_data(as_text=True)
+    assert words in answer.json["error"], answer.json
+
+
 def test_static_files_only_what_the_package_holds_with_a_strict_policy(app):
     token = {"X-RV-Token": TOKEN}
     script = get(app, "/static/app.js", **token)
@@ -163,7 +195,32 @@ def test_rv_ui_without_its_extra_says_how_to_get_it(monkeypatch):
     result = CliRunner().invoke(cli, ["ui", "--no-browser"])
     assert result.exit_code == 2, result.output
     assert "rv ui needs Werkzeug, which rv installs with its `ui` extra" in result.output
-    assert "pip install 'rv[ui]'" in result.output
+    assert " -m pip install " in result.output and "'rv[ui]'" not in result.output  # rv is on no index
+
+
+EDITABLE = {"url": "file:///src/my%20rv", "dir_info": {"editable": True}}
+FOLDER = {"url": "file:///src/rv", "dir_info": {}}
+WHEEL = {"url": "file:///w/rv-0.1.0-py3-none-any.whl", "archive_info": {}}
+INTO_RV = "/v/bin/python -m pip install 'werkzeug>=3.0'"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "direct_url", "said"),
+    [
+        ("/v", EDITABLE, "/v/bin/python -m pip install -e '/src/my rv[ui]'"),  # pip install -e CLONE
+        ("/v", FOLDER, INTO_RV),  # pip install CLONE: into rv's own Python
+        ("/v", WHEEL, INTO_RV),  # a wheel
+        ("/v", None, INTO_RV),  # pip does not say
+        ("/h/.local/share/pipx/venvs/rv", None, "pipx inject rv 'werkzeug>=3.0'"),
+        ("/h/.local/share/uv/tools/rv", FOLDER, "uv tool install --reinstall --with 'werkzeug>=3.0' /src/rv"),
+    ],
+)
+def test_the_ui_extras_hint_is_what_works_for_how_rv_was_installed(prefix, direct_url, said):
+    from rv.cli.ui import install_hint
+
+    hint = install_hint(f"{prefix}/bin/python", prefix, direct_url)
+    assert hint.startswith(said), hint
+    assert "'rv[ui]'" not in hint  # rv is on no package index: that name is some other project's
 
 
 def test_a_pending_runs_row_says_why_and_when_slurm_expects_it_to_start():

@@ -17,13 +17,15 @@ from rv.notify import Notify, desktop_notify, end_words, parse_targets
 
 # --- the targets ---------------------------------------------------------------------------------
 
+HOOKS = {"HOOK": "https://hooks.example.org/services/T0/B0/TOKEN"}
+
 
 def test_targets_are_checked_and_kept_in_order():
-    told = parse_targets(["mail:me@example.org", "secret:HOOK", "desktop", "secret:HOOK"], {"HOOK"})
+    told = parse_targets(["mail:me@example.org", "secret:HOOK", "desktop", "secret:HOOK"], HOOKS)
     assert told == Notify(("mail:me@example.org", "secret:HOOK", "desktop"))
     assert (told.mail, told.hooks, told.desktop) == (("me@example.org",), ("HOOK",), True)
     # none drops what came before (a profile's default), and what follows it stays.
-    assert parse_targets(["mail:a@b.org", "none", "desktop"], set()).targets == ("desktop",)
+    assert parse_targets(["mail:a@b.org", "none", "desktop"], {}).targets == ("desktop",)
 
 
 @pytest.mark.parametrize(
@@ -40,15 +42,55 @@ def test_targets_are_checked_and_kept_in_order():
 )
 def test_a_bad_target_is_refused_with_what_to_type(value, words):
     with pytest.raises(UsageError) as info:
-        parse_targets([value], {"HOOK"})
+        parse_targets([value], HOOKS)
     assert words in info.value.message
     assert info.value.hint
 
 
 def test_a_missing_secret_says_how_to_set_it():
     with pytest.raises(UsageError) as info:
-        parse_targets(["secret:SLACK"], set())
+        parse_targets(["secret:SLACK"], {})
     assert "rv env set SLACK" in (info.value.hint or "")
+
+
+# Values that are not one http(s) URL: what `rv env set` took from a copy with a comment or a line
+# break, another scheme, no host. The laptop refuses them when --notify is typed; the job's notifier
+# (which runs alone on the node) posts to none of them: the two keep the same rules.
+NOT_URLS = [
+    "https://hooks.slack.com/services/T0/B0/TOKEN # the team's channel",
+    "https://hooks.slack.com/services/T0/B0/TOKEN\n",
+    "https://hooks.slack.com/services/T0/B0/TOKEN\t",
+    " https://hooks.slack.com/services/T0/B0/TOKEN",
+    "https://hooks.slack.com/services/T0/B0/TOKÉN",
+    "ftp://hooks.example.org/TOKEN",
+    "hooks.slack.com/services/T0/B0/TOKEN",
+    "https:///services/T0/B0/TOKEN",
+    "https://hooks.example.org:port/TOKEN",
+    "http://[::1/TOKEN",
+]
+URLS = [
+    "https://hooks.slack.com/services/T0/B0/TOKEN",
+    "http://127.0.0.1:8080/ok/x?sig=a#f",
+    "https://ntfy.sh/topic",
+]
+
+
+@pytest.mark.parametrize("value", NOT_URLS)
+def test_a_secret_that_is_not_one_url_is_refused_without_quoting_it(value):
+    with pytest.raises(UsageError) as info:
+        parse_targets(["secret:HOOK"], {"HOOK": value})
+    said = info.value.message + (info.value.hint or "")
+    assert "secret HOOK does not hold one http(s) URL" in said and "rv env set HOOK" in said
+    assert "TOKEN" not in said and "hooks." not in said and "comment" not in info.value.message
+
+
+def test_the_laptop_and_the_notifier_keep_the_same_url_rules():
+    from rv.notify import webhook_problem
+
+    for value in NOT_URLS + URLS:
+        assert webhook_problem(value) == notifier.url_problem(value), value
+    assert [webhook_problem(v) for v in URLS] == [None] * len(URLS)
+    assert parse_targets(["secret:HOOK"], {"HOOK": URLS[1]}).hooks == ("HOOK",)
 
 
 # --- the notifier's messages ---------------------------------------------------------------------
@@ -157,9 +199,64 @@ def test_a_failing_hook_is_tried_a_bounded_number_of_times_with_growing_waits():
         "HOOK", URL, "t", "m", {"event": "end"}, opener_of(outcomes, seen), waits.append, said.append
     )
     assert not ok and len(seen) == notifier.TRIES and waits == [1.0, 2.0, 4.0]
-    assert said == [
-        f"rv: notify: secret HOOK: not delivered after {notifier.TRIES} tries (URLError: cannot reach <url>)"
-    ]
+    assert said == [f"rv: notify: secret HOOK: not delivered after {notifier.TRIES} tries (URLError)"]
+    assert "SECRET-TOKEN" not in "".join(said)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        # What http.client raised for a URL with a trailing space: its text quotes the path, token included.
+        __import__("http.client").client.InvalidURL(
+            "URL can't contain control characters. '/services/T0/B0/SECRET-TOKEN ' (found at least ' ')"
+        ),
+        urlerror.URLError(ConnectionRefusedError(111, f"refused by {URL}")),
+        ValueError(f"unknown url type: {URL}"),
+        urlerror.HTTPError(URL, 503, f"busy: {URL}", {}, None),  # type: ignore[arg-type]
+    ],
+)
+def test_no_part_of_the_url_reaches_what_the_notifier_says(exc):
+    said: list[str] = []
+    opener = opener_of([exc] * notifier.TRIES, [])
+    notifier.deliver("HOOK", URL, "t", "m", {}, opener, lambda s: None, said.append)
+    (line,) = said
+    assert line.startswith("rv: notify: secret HOOK: not delivered after"), line
+    for part in ("SECRET-TOKEN", "services", "hooks.example", "sig=", "abc123"):
+        assert part not in line, line
+    assert ("ECONNREFUSED" in line) == isinstance(getattr(exc, "reason", None), ConnectionRefusedError)
+
+
+def test_a_value_that_is_not_one_url_is_never_posted_and_never_quoted():
+    seen: list = []
+    said: list[str] = []
+    bad = "https://hooks.example.org/services/T0/B0/SECRET-TOKEN # team channel"
+    opener = opener_of([200], seen)
+    assert not notifier.deliver("HOOK", bad, "t", "m", {}, opener, lambda s: None, said.append)
+    assert seen == [] and len(said) == 1 and "does not hold one http(s) URL" in said[0]
+    assert "SECRET-TOKEN" not in said[0] and "team" not in said[0]
+
+
+def test_a_receiver_that_accepts_and_never_answers_holds_the_notifier_no_longer_than_its_deadline():
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # connections are accepted by the kernel, and never answered
+    port = listener.getsockname()[1]
+    said: list[str] = []
+    try:
+        started = time.monotonic()
+        late = notifier.deliver_all(
+            [("HANG", f"http://127.0.0.1:{port}/services/SECRET-TOKEN"), ("NOT_URL", "https://x.org/a b")],
+            "t", "m", {"event": "end"}, deadline_s=2.0, write=said.append,
+        )  # fmt: skip
+        took = time.monotonic() - started
+    finally:
+        listener.close()
+    assert took < 3.0, took
+    assert late == ["HANG"] and "rv: notify: secret HANG: no answer within 2 s: not delivered" in said
+    assert any("secret NOT_URL does not hold one http(s) URL" in line for line in said)
     assert "SECRET-TOKEN" not in "".join(said)
 
 

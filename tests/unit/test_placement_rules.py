@@ -86,6 +86,13 @@ def test_options_rv_sets_itself_are_refused_naming_the_rv_flag(text, flag):
         ("--tasks-per-node=2", "--tasks-per-node", "one task per node"),
         ("-F nodes.txt", "--nodefile", "rv run --nodelist"),
         ("--tres-per-task=gres/gpu:2", "--tres-per-task", "rv run -g/-t"),
+        # A short option's value glued on, as getopt reads it (issue 41: "not an sbatch option").
+        ("-N3", "--nodes", "rv run --nodes"),
+        ("-o/tmp/x", "--output", "rv logs"),
+        ("-Jfoo", "--job-name", "rv run --name"),
+        ("-wnode1", "--nodelist", "rv run --nodelist"),
+        ("-Cib", "--constraint", "rv run --constraint"),
+        ("-t1:00", "--time", "rv run --time"),
     ],
 )
 def test_every_spelling_sbatch_reads_as_an_option_rv_sets_is_refused(text, owned, flag):
@@ -125,6 +132,9 @@ def test_a_prefix_several_options_share_is_refused_naming_them_and_other_options
     assert check_sbatch_option("--export=ALL,FOO=1") == "--export=ALL,FOO=1"
     assert check_sbatch_option("--mail-t=END") == "--mail-t=END"  # sbatch reads it; nothing of rv's
     assert check_sbatch_option("-L lic") == "-L lic"  # getopt would read `-L=lic` as "=lic"
+    assert check_sbatch_option("-Llic") == "-L lic"  # glued, as getopt reads it
+    with pytest.raises(UsageError, match="followed by more one-letter options"):
+        check_sbatch_option("-Hk")  # -H takes no value: getopt reads -H -k
     assert check_sbatch_option("--some-newer-option=1") == "--some-newer-option=1"  # sbatch judges it
 
 
@@ -272,6 +282,11 @@ def test_test_only_answers():
     )
     assert bad.start is None and bad.error == "Invalid qos specification; Batch job submission failed: x"
     assert parse_test_only("t", 1, "").error == "sbatch --test-only exit 1"
+    # An option sbatch lacks: its own line, not the one after it (what sbatch 22.05 writes).
+    lacks = parse_test_only(
+        "t", 255, "sbatch: unrecognized option '--bell'\nTry \"sbatch --help\" for more information\n"
+    )
+    assert lacks.error == "unrecognized option '--bell'"
 
 
 # --- the script --------------------------------------------------------------------------------------
@@ -363,6 +378,8 @@ def test_a_bad_defaults_table_says_what_is_valid():
         ({"follow": "yes"}, "project: follow = 'yes' (a string): follow must be true or false"),
         ({"setup": ["a", 1]}, "setup must be a list of strings"),
         ({"type": ["a100", 3]}, "type must be a list of strings"),
+        ({"type": []}, "project: type = [] (a list): type must name at least one GPU type"),
+        ({"type": ["a100", " "]}, "type must name at least one GPU type, each not empty"),
         ({"max-segments": 2, "max_segments": 3}, "project: max-segments and max_segments are one key"),
         ({"python_": "3.11"}, "unknown rv run option 'python_'"),
         ({"python-": "3.11"}, "unknown rv run option 'python-'"),

@@ -120,6 +120,8 @@ def test_reasons_in_words(code, kind, words):
 
 def test_rv_ps_one_line_form():
     assert one_line("Priority") == "Priority: waiting behind jobs of higher priority"
+    # Slurm's "None" (squeue's reason before the scheduler's first look) is no word to show.
+    assert one_line(None) == one_line("None") == "not yet looked at by the scheduler"
     assert one_line("QOSGrpGRES") == "QOSGrpGRES: held by a limit of its QoS: GPUs of all its jobs together"
 
 
@@ -254,6 +256,25 @@ def test_a_run_over_several_types_waits_as_each_candidate():
         "queue:gpu-a6000",
         "queue:gpu-v100",
     }
+
+
+def test_a_job_slurm_has_not_looked_at_yet_is_pending_without_a_none():
+    from rv.cli.why import render
+    from rv.job.records import run_views
+
+    seg = Segment(1, "10", "submitted", "", None, None, None, "", 0, None, None, False, None)
+    run = ClusterRun("run1", {"name": "r"}, (seg,), None, False, False)
+    listing = RunsListing(runs=[run], queued=parse_squeue(squeue_line("10", "None")), now=1000.0)
+    (view,) = [v for v in run_views([run], listing.queued, now=1000.0) if v.run_id]
+    assert view.why == "not yet looked at by the scheduler"  # rv ps, rv wait: "pending (...)"
+    answer = why.explain(run, listing)
+    assert answer.summary == "pending: not yet looked at by the scheduler", answer.summary
+    waiting = why.Waiting(job_id="10", gpu_type="", script="job.sbatch", code="None",
+                          words="not yet looked at by the scheduler", kind="other", limit=None,
+                          partition="gpu", qos=None, expected_start=None, expected_in_s=None, ahead=(),
+                          running=0)  # fmt: skip
+    said = "\n".join(render(why.explain(run, listing, [waiting])))
+    assert "None" not in said and "why: not yet looked at by the scheduler" in said, said
 
 
 # --- rv wait ---------------------------------------------------------------------------------------------
