@@ -79,9 +79,9 @@ COMMANDS: dict[str, Command] = {
         prewarm=True,
     ),
     "ckpt": Command("rv.cli.ckpt", "ckpt", "List and download a run's checkpoints.", served=True),
-    "diff": Command("rv.cli.runcode", "diff", "Show the code difference between two runs.", served=True),
+    "diff": Command("rv.cli.runfiles", "diff", "Show the code difference between two runs.", served=True),
     "checkout": Command(
-        "rv.cli.runcode",
+        "rv.cli.runfiles",
         "checkout",
         "Write the files a run ran into a new folder (or a branch).",
         served=True,

@@ -18,4 +18,34 @@ private (``_``) names.
 
 Every module must run on the oldest ``python3`` a login node has (RHEL 8: 3.6): no dataclasses, no
 walrus, no ``capture_output``, no postponed annotations; a test parses each file as 3.6.
+
+    __main__.py    the entry point: the one table of modes, and how an outcome becomes a reply
+    common.py      plumbing: errors, replies on stdout, paths under the remote root, private writes
+    layout.py      where rv keeps things under the remote root, and what a checkpoint folder holds
+    manifest.py    the snapshot manifest, byte for byte the laptop's format
+    segment.py     what a job records about a segment and about its run's end
+    locks.py       locks under the remote root: flock, or an atomic mkdir where there is none
+    store.py       the snapshot store: a bare git repository (store.git)
+    storecheck.py  the store's repairs: unreadable snapshots named, damaged packs set aside, gc kept working
+    packfile.py    a git pack and its index, written from whole objects as they arrive
+    oldstore.py    the store of earlier rv versions: read and collected
+    transfer.py    `rv sync push` and `pull` on the cluster side: scan, apply, send
+    submit.py      run-check, run-submit, run-arrived, sweep-submit, --from
+    runs.py        runs, run-stop, secrets-sweep, ckpt-ls
+    rundir.py      reading a run's folder and records, the name indexes, checkpoint folders
+    follow.py      a run's output, segment after segment, as frames
+    up.py          `rv up`'s job and its watchdog
+    envs.py        Python environments: env, venv-ls, venv-rm
+    gc.py          gc and usage: what finished runs left, then what nothing uses
+    metrics.py     what runs wrote to RV_METRICS, summed up for a table
+    quota.py       the site's quota tools (lfs, mmlsquota, quota), run bounded
+    slurmcmd.py    running the Slurm commands a call carries
+    why.py         rv why's checks: would sbatch take the run's script with other options?
+    runfiles.py    snap-code: the files a run ran, from the store (rv diff, rv checkout)
+    container.py   container runtimes: which one runs an image, and the line that runs a node's
+                   launcher inside it
+    job.sh         the job runtime every segment sources (shipped beside the agent)
+    ranklabel.py   the rank labeller (shipped beside it)
+    notify.py      the webhook poster (shipped beside it)
+    stats.py       the meter each node's program runs under (shipped beside it)
 """

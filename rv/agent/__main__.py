@@ -15,14 +15,14 @@ import signal
 import sys
 import zlib
 
-from rv.agent import code, common, envs, follow, gc, metrics, runs, store, submit, transfer, up, why
+from rv.agent import common, envs, follow, gc, metrics, runfiles, runs, store, submit, transfer, up, why
 
 # The one table: every mode the agent answers, and the function that answers it.
 MODES = {
     # the snapshot store, a git repository (rv run, rv sync snapshot)
     "snap-put": store.mode_snap_put,
     # rv diff, rv checkout: which commit each run ran, and the diff of two
-    "snap-code": code.mode_snap_code,
+    "snap-code": runfiles.mode_snap_code,
     # rv sync push / pull
     "scan": transfer.mode_scan,
     "apply": transfer.mode_apply,

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 AGENT_MODULES = (
     "manifest", "segment", "layout", "common", "locks", "packfile", "storecheck", "store", "oldstore",
     "transfer", "metrics", "quota", "slurmcmd", "rundir", "runs", "container", "submit", "follow", "up",
-    "envs", "gc", "why", "code", "__main__",
+    "envs", "gc", "why", "runfiles", "__main__",
 )  # fmt: skip
 _AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 

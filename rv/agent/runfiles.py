@@ -25,7 +25,7 @@ def _resolve(root, ref):
     if not found:
         points = rundir.select_runs(root, {"sweeps": [ref]})
         if points:
-            # rv.job.code.sweep_message's words: this file runs on the cluster without rv's package.
+            # rv.job.runfiles.sweep_message's words: this file runs on the cluster without rv's package.
             raise common.AgentError(
                 "%s is a sweep of %d point(s), and rv diff and rv checkout take runs: name points of it, "
                 "e.g. %s/0 and %s/1 (rv sweep results %s lists them)" % (ref, len(points), ref, ref, ref),

@@ -1,4 +1,4 @@
-"""`rv diff RUN_A RUN_B` and `rv checkout RUN DIR | --branch NAME`: the code a run ran (rv.job.code).
+"""`rv diff RUN_A RUN_B` and `rv checkout RUN DIR | --branch NAME`: the code a run ran (rv.job.runfiles).
 
 (`rv code`, the editor on a session's node, is rv.cli.code.)
 """
@@ -17,19 +17,19 @@ def _find(ctx: click.Context, refs: list[str], *, diff: bool):  # type: ignore[n
     """(the runs' commits, their diff or b"", this machine's repository, where they were found)."""
     from rv.config import cache_dir
     from rv.files.gitcmd import Git
-    from rv.job import code
+    from rv.job import runfiles
 
     _, profile = load_profile(ctx)
-    repo = code.local_repo(cache_dir(), Path.cwd(), Git())
+    repo = runfiles.local_repo(cache_dir(), Path.cwd(), Git())
     store = run_store()
-    records = code.resolve_records(store, profile.name, refs)
-    code.refuse_sweeps(refs, records, store, profile.name)
-    found = code.known_here(refs, records, repo)
+    records = runfiles.resolve_records(store, profile.name, refs)
+    runfiles.refuse_sweeps(refs, records, store, profile.name)
+    found = runfiles.known_here(refs, records, repo)
     if found is not None and repo is not None:
-        text = code.diff_here(repo, found[0].commit, found[1].commit) if diff else b""
+        text = runfiles.diff_here(repo, found[0].commit, found[1].commit) if diff else b""
         return found, text, repo, None
     with session(ctx) as s:
-        runs, text = code.ask_cluster(s.transport, s.layout.root, refs, diff=diff)
+        runs, text = runfiles.ask_cluster(s.transport, s.layout.root, refs, diff=diff)
     return runs, text, repo, s
 
 
@@ -69,7 +69,7 @@ def checkout(ctx: click.Context, run: str, dest: Path | None, branch: str | None
     """
     from rv.errors import UsageError
     from rv.files.gitcmd import Git
-    from rv.job import code
+    from rv.job import runfiles
 
     safe = run.replace("/", "-")
     if (dest is None) == (branch is None):
@@ -81,22 +81,22 @@ def checkout(ctx: click.Context, run: str, dest: Path | None, branch: str | None
     git = Git()
     top = None
     if dest is not None:
-        code.check_new_folder(dest)
+        runfiles.check_new_folder(dest)
     else:
         assert branch is not None
-        top = code.check_branch(Path.cwd(), git, branch, run)
+        top = runfiles.check_branch(Path.cwd(), git, branch, run)
     runs, _text, repo, asked = _find(ctx, [run], diff=False)
     (found,) = runs
     if dest is not None:
-        top_made = code.made_folder(dest)
+        top_made = runfiles.made_folder(dest)
         try:
             if asked is None and repo is not None:
-                files = code.checkout_here(repo, found.commit, dest)
+                files = runfiles.checkout_here(repo, found.commit, dest)
             else:
                 with session(ctx) as s:
-                    files = code.checkout_from_cluster(s.transport, s.layout.root, found, dest)
+                    files = runfiles.checkout_from_cluster(s.transport, s.layout.root, found, dest)
         except BaseException:
-            code.unmake_folder(dest, top_made)  # a checkout that fails leaves nothing behind
+            runfiles.unmake_folder(dest, top_made)  # a checkout that fails leaves nothing behind
             raise
         note(f"wrote run {found.name}'s {files} file(s) (snapshot {found.snapshot[:12]}) into {dest}")
         return
@@ -107,7 +107,7 @@ def checkout(ctx: click.Context, run: str, dest: Path | None, branch: str | None
     local = repo or LocalStore(cache_dir() / "git" / store_name(top), git)
     if local.commit_of(found.snapshot) is None:
         with session(ctx) as s:
-            code.fetch_from_cluster(s.transport, s.layout.root, local, found)
-    made = code.make_branch(top, git, local, found, branch)
+            runfiles.fetch_from_cluster(s.transport, s.layout.root, local, found)
+    made = runfiles.make_branch(top, git, local, found, branch)
     note(f"on branch {branch}: commit {made[:12]} holds run {found.name}'s files "
          f"(snapshot {found.snapshot[:12]})")  # fmt: skip
