@@ -535,23 +535,67 @@ def _build(
             f"a MIG slice is one GPU; -g {wanted} cannot use --mig", hint="drop -g, or pick a full GPU type"
         )
 
-    # The partition the job goes to: the one --partition names, its type's, or for a CPU-only job the
-    # cluster's default one. (One rv does not know is left to sbatch --test-only to judge.)
-    known = partitions or {}
-    named, target = partition, None
-    if named is not None:
-        target = known.get(named)
-        where = f"partition {named}"
-    elif gpu is not None:
-        target = known.get(gpu.partition)
-        where = f"partition {gpu.partition}"
-    else:
-        target = next((p for p in known.values() if p.default), None)
-        where = f"partition {target.name} (the default, where CPU-only jobs go)" if target else ""
+    target, where = _target_partition(partitions or {}, partition, gpu)
+    time_seconds = _checked_time(time or DEFAULT_TIME, gpu, target, where)
+    node_count, per_node = _nodes(gpu, wanted, nodes, target, where)
+    cpus_per_task, cpus_source = _cpus(gpu, cpus, per_node)
+    mem_norm, mem_source = _memory(gpu, mem, per_node, is_mig)
+    launch, ranks = _launcher(command, node_count, per_node, each_node, allow_single_process, warnings)
 
-    # Time first: every later message can then quote it. The tightest known limit applies: the
-    # type's (policy, QOS) and its partition's; over either the job pends forever.
-    asked_time = time or DEFAULT_TIME
+    # A name is used exactly as typed or refused: two names must never become one run.
+    job_name = check_run_name(name) if name is not None else default_name(command)
+
+    sig, lead = _parse_signal(signal, time_seconds)
+
+    for line in setup:
+        if "\0" in line:
+            raise UsageError("a --setup line contains a NUL byte")
+    if not probe:
+        check_setup_syntax(setup)
+
+    return JobRequest(
+        command=command,
+        name=job_name,
+        type=gpu,
+        gpus=wanted if gpu is not None else 0,
+        nodes=node_count,
+        gpus_per_node=per_node,
+        time_seconds=time_seconds,
+        mem=mem_norm,
+        cpus_per_task=cpus_per_task,
+        setup=tuple(line for line in setup if line.strip()),
+        outputs=_check_outputs(outputs, start_dir),
+        mig=is_mig,
+        signal=sig,
+        signal_lead_seconds=lead,
+        max_segments=DEFAULT_MAX_SEGMENTS if max_segments is None else max_segments,
+        launch=launch,
+        each_node=each_node,
+        allow_single_process=allow_single_process,
+        ranks=ranks,
+        cpus_source=cpus_source,
+        mem_source=mem_source,
+        warnings=tuple(warnings),
+    )
+
+
+def _target_partition(
+    known: Mapping[str, Partition], named: str | None, gpu: GpuType | None
+) -> tuple[Partition | None, str]:
+    """The partition the job goes to: the one --partition names, its type's, or for a CPU-only job
+    the cluster's default one (one rv does not know is left to sbatch --test-only to judge); and
+    how messages name it."""
+    if named is not None:
+        return known.get(named), f"partition {named}"
+    if gpu is not None:
+        return known.get(gpu.partition), f"partition {gpu.partition}"
+    target = next((p for p in known.values() if p.default), None)
+    return target, f"partition {target.name} (the default, where CPU-only jobs go)" if target else ""
+
+
+def _checked_time(asked_time: str, gpu: GpuType | None, target: Partition | None, where: str) -> int:
+    """--time in seconds. Time first: every later message can then quote it. The tightest known
+    limit applies: the type's (policy, QOS) and its partition's; over either the job pends forever."""
     time_seconds = parse_duration(asked_time)
     if time_seconds // 60 > SLURM_MAX_MINUTES:
         # Slurm keeps minutes in 32 bits and wraps a larger --time silently (99999999d: 8,000 years).
@@ -581,8 +625,14 @@ def _build(
                 tail=" or less",
                 fallback=f"the most it allows is {longest}",
             )
+    return time_seconds
 
-    # Limits before the node split: "at most 8 per job" is the more useful thing to hear.
+
+def _nodes(
+    gpu: GpuType | None, wanted: int, nodes: int | None, target: Partition | None, where: str
+) -> tuple[int, int]:
+    """(nodes, GPUs per node): the type's per-job and per-user limits first ("at most 8 per job" is
+    the more useful thing to hear), then the split, then what the type and the partition have."""
     if gpu is not None:
         if gpu.max_gpus_per_job is not None and wanted > gpu.max_gpus_per_job:
             raise _Unfit(
@@ -634,27 +684,31 @@ def _build(
                     else _fewer_gpus(cap * gpu.gpus_per_node, gpu.gpus_per_node, nodes),
                     fallback=f"at most {cap} node(s) there",
                 )
+    return node_count, per_node
 
-    # CPUs and memory: MIG (and any type with fixed_cpus) forces its own; QOS rejects anything else.
-    cpus_source = mem_source = "default"
+
+def _cpus(gpu: GpuType | None, cpus: int | None, per_node: int) -> tuple[int | None, str]:
+    """CPUs per task and where the number came from: MIG (and any type with fixed_cpus) forces its
+    own, which QOS insists on."""
     if gpu is not None and gpu.fixed_cpus is not None:
         if cpus is not None and cpus != gpu.fixed_cpus:
             raise UsageError(
                 f"--cpus {cpus}: a {gpu.name} job gets exactly {gpu.fixed_cpus} CPU(s)",
                 hint="drop --cpus",
             )
-        cpus_per_task: int | None = gpu.fixed_cpus
-        cpus_source = f"fixed for {gpu.name}"
-    elif cpus is not None:
-        cpus_per_task, cpus_source = cpus, "--cpus"
-    elif gpu is not None and gpu.cpus_per_gpu is not None:
-        cpus_per_task, cpus_source = gpu.cpus_per_gpu * per_node, "catalog"
-    else:
-        cpus_per_task = None
+        return gpu.fixed_cpus, f"fixed for {gpu.name}"
+    if cpus is not None:
+        return cpus, "--cpus"
+    if gpu is not None and gpu.cpus_per_gpu is not None:
+        return gpu.cpus_per_gpu * per_node, "catalog"
+    return None, "default"
 
+
+def _memory(gpu: GpuType | None, mem: str | None, per_node: int, is_mig: bool) -> tuple[str | None, str]:
+    """--mem normalised and where it came from: given, the type's per GPU, or Slurm's default; a MIG
+    slice may not have more than its own."""
     mem_norm = parse_mem(mem) if mem is not None else None
-    if mem_norm is not None:
-        mem_source = "--mem"
+    mem_source = "--mem" if mem_norm is not None else "default"
     if gpu is not None and gpu.mem_per_gpu is not None:
         type_mem = scale_mem(gpu.mem_per_gpu, per_node)
         if mem_norm is None:
@@ -664,71 +718,45 @@ def _build(
                 f"--mem {mem}: a MIG slice job may have at most {type_mem}",
                 hint="drop --mem, or pick a full GPU type for more memory",
             )
+    return mem_norm, mem_source
 
+
+def _launcher(
+    command: tuple[str, ...],
+    node_count: int,
+    per_node: int,
+    each_node: bool,
+    allow_single_process: bool,
+    warnings: list[str],
+) -> tuple[LaunchArgs | None, int | None]:
+    """The command's launcher (torchrun, accelerate) checked against the split, and how many ranks
+    the job runs; a plain command is checked for what it would waste."""
     launch = parse_launcher(command)
-    ranks: int | None
-    if launch is not None:
-        for flag, given in (("--each-node", each_node), ("--allow-single-process", allow_single_process)):
-            if given:
-                raise UsageError(
-                    f"{flag} is for a command without a launcher: {launch.display} already starts one "
-                    "process per GPU on every node",
-                    hint=f"drop {flag}",
-                )
-        if launch.kind == "torchrun":
-            check_torchrun(launch, nodes=node_count, gpus_per_node=per_node)
-        else:
-            check_accelerate(launch, nodes=node_count, gpus_per_node=per_node)
-        if not launch.program:
-            raise UsageError(
-                f"{launch.display} has no training script",
-                hint=f"e.g. rv run -g 2 -- {launch.display} train.py",
-            )
-        if launch.has("run-path"):
-            warnings.append(
-                "torchrun --run-path runs the ranks inside torchrun's own interpreter, where rv cannot "
-                "label their lines: output of different ranks may mix (drop --run-path to label them)"
-            )
-        ranks = launch_ranks(launch, nodes=node_count, gpus_per_node=per_node)
-    else:
+    if launch is None:
         check_plain(
             command, nodes=node_count, gpus_per_node=per_node, each_node=each_node,
             allow_single_process=allow_single_process,
         )  # fmt: skip
-        ranks = node_count if each_node else 1
-
-    # A name is used exactly as typed or refused: two names must never become one run.
-    job_name = check_run_name(name) if name is not None else default_name(command)
-
-    sig, lead = _parse_signal(signal, time_seconds)
-
-    for line in setup:
-        if "\0" in line:
-            raise UsageError("a --setup line contains a NUL byte")
-    if not probe:
-        check_setup_syntax(setup)
-
-    return JobRequest(
-        command=command,
-        name=job_name,
-        type=gpu,
-        gpus=wanted if gpu is not None else 0,
-        nodes=node_count,
-        gpus_per_node=per_node,
-        time_seconds=time_seconds,
-        mem=mem_norm,
-        cpus_per_task=cpus_per_task,
-        setup=tuple(line for line in setup if line.strip()),
-        outputs=_check_outputs(outputs, start_dir),
-        mig=is_mig,
-        signal=sig,
-        signal_lead_seconds=lead,
-        max_segments=DEFAULT_MAX_SEGMENTS if max_segments is None else max_segments,
-        launch=launch,
-        each_node=each_node,
-        allow_single_process=allow_single_process,
-        ranks=ranks,
-        cpus_source=cpus_source,
-        mem_source=mem_source,
-        warnings=tuple(warnings),
-    )
+        return None, node_count if each_node else 1
+    for flag, given in (("--each-node", each_node), ("--allow-single-process", allow_single_process)):
+        if given:
+            raise UsageError(
+                f"{flag} is for a command without a launcher: {launch.display} already starts one "
+                "process per GPU on every node",
+                hint=f"drop {flag}",
+            )
+    if launch.kind == "torchrun":
+        check_torchrun(launch, nodes=node_count, gpus_per_node=per_node)
+    else:
+        check_accelerate(launch, nodes=node_count, gpus_per_node=per_node)
+    if not launch.program:
+        raise UsageError(
+            f"{launch.display} has no training script",
+            hint=f"e.g. rv run -g 2 -- {launch.display} train.py",
+        )
+    if launch.has("run-path"):
+        warnings.append(
+            "torchrun --run-path runs the ranks inside torchrun's own interpreter, where rv cannot "
+            "label their lines: output of different ranks may mix (drop --run-path to label them)"
+        )
+    return launch, launch_ranks(launch, nodes=node_count, gpus_per_node=per_node)
