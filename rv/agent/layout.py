@@ -94,6 +94,8 @@ STORE_QUARANTINE = "rv-incoming-"
 # the last failure of a job's background gc (rv status shows it). storecheck.py spells them too.
 STORE_DAMAGED = "rv-damaged"
 STORE_GC_FAILED = "rv-gc-failed"
+# In the git store: the snapshots found whole, and the files their objects were found in (store.py).
+STORE_VERIFIED = "rv-verified"
 # In snapshots/: a git store snapshot's meta file. Not <id>.json: that is the same snapshot's meta in
 # the store of earlier rv versions, which an older rv (its jobs, its gc) may still read beside it.
 SNAPSHOT_META = ".git.json"

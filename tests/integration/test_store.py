@@ -9,6 +9,7 @@ fix; the next `rv run` must find what the store lacks, send it, and run the prog
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -118,3 +119,55 @@ def test_rv_status_says_which_git_the_cluster_has(layout):
     assert git == {"version": version, "problem": None}  # loopback: the cluster's git is this machine's
     text = layout.run_rv("status").stdout
     assert f"git          {version} on the login node" in text
+
+
+def test_a_snapshot_whose_pack_went_or_was_replaced_after_it_was_verified_is_verified_again(layout, tmp_path):
+    """The store remembers a snapshot it found whole (store.git/rv-verified) while the files its
+    objects were found in stay as they were; a pack gone or replaced since makes it walk again."""
+    proj = git_project(
+        tmp_path / "p",
+        {"main.py": PROGRAM, "app/__init__.py": "", "app/util.py": "X = 42\n", "README": "r\n"},
+    )
+    store = Path(layout.remote_root, "store.git")
+
+    def snapshot() -> str:
+        r = layout.run_rv("sync", "snapshot", cwd=proj)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stderr
+
+    def fsck() -> None:
+        res = layout.ssh.run(f"git --git-dir={shlex.quote(str(store))} fsck --full --strict --no-progress")
+        assert res.exit_code == 0, res.stdout + res.stderr
+
+    def blobs_pack() -> Path:
+        (pack,) = (p for p in store.glob("objects/pack/pack-*.pack") if pack_types(p) == {"blob"})
+        return pack
+
+    assert "4 new objects" in snapshot()
+    assert (store / "rv-verified").exists()  # found whole, remembered
+    assert "already on the cluster, nothing to send" in snapshot()
+
+    # Removed after it was verified: the blobs' pack and its index go (a purge), the ref stays.
+    gone = blobs_pack()
+    for p in store.glob(f"objects/pack/{gone.stem}.*"):
+        p.unlink()
+    assert "4 new objects" in snapshot()  # walked again, found lacking, sent again
+    fsck()
+
+    # Replaced after it was verified: the blobs' pack by one of the same blobs but app/util.py's.
+    util = subprocess.run(
+        ["git", "hash-object", "--stdin"], input="X = 42\n", capture_output=True, text=True, check=True
+    ).stdout.strip()
+    old = blobs_pack()
+    q = shlex.quote
+    replace = (
+        f"cd {q(str(store))} && git show-index < {q(str(old.with_suffix('.idx')))} | cut -d' ' -f2 "
+        f"| grep -v {util} | git --git-dir=. pack-objects -q objects/pack/pack >/dev/null && "
+        f"rm -f {q(str(old))} {q(str(old.with_suffix('.idx')))} {q(str(old.with_suffix('.rev')))}"
+    )
+    res = layout.ssh.run(replace)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert pack_types(blobs_pack()) == {"blob"} and blobs_pack() != old
+    assert "1 new object " in snapshot()  # app/util.py's blob, found lacking by the walk
+    fsck()
+    assert "already on the cluster, nothing to send" in snapshot()
