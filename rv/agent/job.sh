@@ -19,7 +19,8 @@
 # * The end of a segment (EXIT trap): from the program's exit code, the PREEMPTED marker, whether
 #   rv sent the stop signal, rv stop's STOP file and what scontrol says (time limit, requeue,
 #   preemption), why the segment ended; the next segment is submitted when the program stopped
-#   cleanly with progress, otherwise the run ends: ENDED, and no more secrets.
+#   cleanly with progress, otherwise the run ends: ENDED, and no more secrets. rv_end_segment gathers
+#   those facts, rv_end_decide decides (no command, no file: unit-tested case by case), rv_end_act acts.
 # * No #SBATCH --signal: Slurm's warning signal reaches every process of a step, and Python's
 #   default for SIGUSR1 is to die. rv's stop watcher sends RV_STOP_SIGNAL RV_STOP_LEAD seconds before
 #   the limit to the program's processes that handle it (never to a torchrun agent), and to none
@@ -456,105 +457,147 @@ rv_excluded_with() {
     } | sort -u | paste -s -d, -
 }
 
+# rv_end_decide: why this segment ended and what comes next, from the facts alone (no command, no
+# file: a unit test runs it on each case, tests/unit/test_end_decide.py). The shell gathers the
+# facts (rv_end_segment) and acts. Facts, in variables: f_requeued f_stop f_ran f_marker f_step
+# f_start_step f_same_print f_stop_sent f_limit f_preempted f_term f_rc f_failed_at f_segment f_max
+# f_fault f_fault_node f_fault_what f_faults f_max_faults (1/0 flags, f_stop_sent true/false; the rest
+# words or numbers, "" when unknown).
+# Sets rv_go (requeue: Slurm runs this job again; end: the run ends; next: submit the next segment;
+# fault: submit it without f_fault_node), rv_why (the reason; when a segment is submitted, the
+# reason if it is) and rv_fail_why (the reason, less ": <sbatch's words>", if it is not).
+rv_end_decide() {
+    rv_go=end rv_why="" rv_fail_why=""
+    if [ "$f_requeued" = 1 ]; then
+        rv_go=requeue rv_why="requeued by Slurm"
+    elif [ "$f_stop" = 1 ]; then
+        rv_why="cancelled by rv stop"
+    elif [ "$f_ran" = 1 ] && [ "$f_marker" = 1 ]; then
+        # The program stopped cleanly: it saved and wrote the marker.
+        if [ "$f_stop_sent" = true ] || [ "$f_limit" = 1 ]; then
+            rv_why="stopped at time limit"
+        elif [ "$f_preempted" = 1 ]; then
+            rv_why="preempted"
+        elif [ "$f_term" = 1 ]; then
+            rv_why="cancelled"
+            return
+        else
+            rv_why="stopped"
+        fi
+        if [ -n "$f_step" ] && [ -n "$f_start_step" ] && [ "$f_step" -le "$f_start_step" ]; then
+            rv_why="$rv_why with no progress (step $f_step, as when it started): not continued"
+        elif [ -z "$f_step" ] && [ "$f_same_print" = 1 ]; then
+            rv_why="$rv_why with nothing new in the checkpoint folder: not continued"
+        elif [ "$f_segment" -ge "$f_max" ]; then
+            rv_why="$rv_why; all $f_max segments used (--max-segments)"
+        else
+            rv_go=next rv_fail_why="$rv_why; the next segment could not be submitted"
+        fi
+    elif [ "$f_limit" = 1 ]; then
+        rv_why="time limit"
+    elif [ "$f_preempted" = 1 ]; then
+        rv_why="preempted"
+    elif [ "$f_term" = 1 ]; then
+        rv_why="cancelled"
+    elif [ "$f_ran" = 0 ]; then
+        rv_why="failed before the program started: ${f_failed_at:-exit code $f_rc}"
+    elif [ "$f_rc" = 0 ]; then
+        rv_why="finished"
+    elif [ "$f_fault" = 1 ]; then
+        # A GPU or node gave out under the program: another node will do, from the newest checkpoint
+        # (the program resumes as it would after a stop), a bounded number of times per run.
+        local why="gpu fault on $f_fault_node ($f_fault_what)"
+        if [ "$f_faults" -ge "$f_max_faults" ]; then
+            rv_why="crashed: $why; no fault retries left (--max-fault-retries $f_max_faults)"
+        elif [ "$f_segment" -ge "$f_max" ]; then
+            rv_why="crashed: $why; all $f_max segments used (--max-segments)"
+        else
+            rv_go=fault rv_fail_why="crashed: $why; the next segment could not be submitted"
+            rv_why="$why: continued without $f_fault_node (fault retry $((f_faults + 1))/$f_max_faults)"
+        fi
+    else
+        rv_why="crashed"
+    fi
+}
+
+# The end of a segment: the facts (what scontrol says, the markers, the program's exit code, a fault),
+# rv_end_decide's decision, then the records, the next segment or the run's end.
 rv_end_segment() {
-    local rc="$1" slurm restarts why step="" next="" over=1 f fault
+    local rc="$1" slurm f fault="" step="" f_requeued=0 f_stop=0 f_marker=0 f_same_print=0
+    local f_limit=0 f_preempted=0 f_fault=0 f_fault_node="" f_fault_what="" f_faults=0
     rv_ended=$(date +%s)
     rv_work_deletions
     slurm=" $(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null) "
-    restarts="$(printf '%s' "$slurm" | sed -n 's/.* Restarts=\([0-9]*\) .*/\1/p')"
-    if [ "${restarts:-0}" -gt "$rv_attempt" ]; then
+    f="$(printf '%s' "$slurm" | sed -n 's/.* Restarts=\([0-9]*\) .*/\1/p')"
+    if [ "${f:-0}" -gt "$rv_attempt" ]; then
         # Slurm runs this job again (node failure, preemption, scontrol requeue): same job id, same
         # segment. Keep the secrets and the work dir for it.
-        rv_record requeued "requeued by Slurm" "$rc" "" ""
+        f_requeued=1
+    else
+        for f in "$RV_JOB_DIR"/stop-node*; do
+            [ -e "$f" ] || continue
+            case "$(cat -- "$f")" in *' '*) rv_stop_sent=true ;; esac
+        done
+        case "$slurm" in *" Reason=TimeLimit "*) f_limit=1 ;; esac
+        case "$slurm" in *PREEMPT*) f_preempted=1 ;; esac
+        [ ! -e "$RV_RUN_DIR/STOP" ] || f_stop=1
+        f="$RV_CHECKPOINT_DIR/$RV_MARKER"
+        if [ "$f_stop" = 0 ] && [ "$rv_program_ran" = 1 ] && [ -e "$f" ]; then
+            # Its own marker (moved aside before it started): the step it names, if any.
+            f_marker=1
+            step="$(sed -n '1s/^[[:space:]]*\([0-9][0-9]*\)[[:space:]]*$/\1/p; '\
+'s/.*"step"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$f" | sed -n 1p)"
+            [ -n "$step" ] || [ "$(rv_ckpt_print)" != "$rv_start_print" ] || f_same_print=1
+        elif [ "$f_stop$f_limit$f_preempted${rv_got_term:-0}" = 0000 ] && [ "$rv_program_ran" = 1 ] &&
+            [ "$rc" != 0 ] && fault="$(rv_fault)"; then
+            f_fault=1 f_fault_node="${fault%%$'\t'*}" f_fault_what="${fault#*$'\t'}"
+            [ ! -e "$RV_RUN_DIR/faults" ] || f_faults="$(wc -l <"$RV_RUN_DIR/faults")"
+        fi
+    fi
+    local f_ran="$rv_program_ran" f_step="$step" f_start_step="${rv_start_step:-}" f_stop_sent="$rv_stop_sent"
+    local f_term="$rv_got_term" f_rc="$rc" f_failed_at="${rv_failed_at:-}" f_segment="$RV_SEGMENT"
+    local f_max="$RV_MAX_SEGMENTS" f_max_faults="${rv_max_fault_retries:-0}"
+    rv_end_decide
+    rv_end_act "$rc" "$step"
+}
+
+# Acts on rv_end_decide's decision: $1 the program's exit code, $2 the checkpoint's step (the fault's
+# node and line: rv_end_segment's f_fault_node and f_fault_what).
+rv_end_act() {
+    local rc="$1" step="$2" next="" over=1 exclude=""
+    rv_exit_code="$rc"
+    if [ "$rv_go" = requeue ]; then
+        rv_record requeued "$rv_why" "$rc" "" ""
         [ "${rv_work_node:-0}" != 1 ] || rv_node_work_end
-        rv_exit_code="$rc"
         return
     fi
-    for f in "$RV_JOB_DIR"/stop-node*; do
-        [ -e "$f" ] || continue
-        case "$(cat -- "$f")" in *' '*) rv_stop_sent=true ;; esac
-    done
-    local limit=0 preempted=0 marker="$RV_CHECKPOINT_DIR/$RV_MARKER"
-    case "$slurm" in *" Reason=TimeLimit "*) limit=1 ;; esac
-    case "$slurm" in *PREEMPT*) preempted=1 ;; esac
-    if [ -e "$RV_RUN_DIR/STOP" ]; then
-        why="cancelled by rv stop"
-    elif [ "$rv_program_ran" = 1 ] && [ -e "$marker" ]; then
-        # The program stopped cleanly: it saved and wrote the marker (moved aside before it started,
-        # so this one is its own).
-        step="$(sed -n '1s/^[[:space:]]*\([0-9][0-9]*\)[[:space:]]*$/\1/p; '\
-'s/.*"step"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$marker" | sed -n 1p)"
-        if [ "$rv_stop_sent" = true ] || [ "$limit" = 1 ]; then
-            why="stopped at time limit"
-        elif [ "$preempted" = 1 ]; then
-            why="preempted"
-        elif [ "$rv_got_term" = 1 ]; then
-            why="cancelled"
-        else
-            why="stopped"
-        fi
-        if [ "$why" != cancelled ]; then
-            if [ -n "$step" ] && [ -n "${rv_start_step:-}" ] && [ "$step" -le "$rv_start_step" ]; then
-                why="$why with no progress (step $step, as when it started): not continued"
-            elif [ -z "$step" ] && [ "$(rv_ckpt_print)" = "$rv_start_print" ]; then
-                why="$why with nothing new in the checkpoint folder: not continued"
-            elif [ "$RV_SEGMENT" -ge "$RV_MAX_SEGMENTS" ]; then
-                why="$why; all $RV_MAX_SEGMENTS segments used (--max-segments)"
-            elif next="$(rv_submit_next)"; then
-                over=0
-            else
-                why="$why; the next segment could not be submitted: $next"
-                next=""
-            fi
-        fi
-    elif [ "$limit" = 1 ]; then
-        why="time limit"
-    elif [ "$preempted" = 1 ]; then
-        why="preempted"
-    elif [ "$rv_got_term" = 1 ]; then
-        why="cancelled"
-    elif [ "$rv_program_ran" = 0 ]; then
-        why="failed before the program started: ${rv_failed_at:-exit code $rc}"
-    elif [ "$rc" = 0 ]; then
-        why="finished"
-    elif fault="$(rv_fault)"; then
-        # A GPU or node gave out under the program: another node will do, from the newest checkpoint
-        # (the program resumes as it would after a stop), a bounded number of times per run.
-        local node="${fault%%$'\t'*}" what="${fault#*$'\t'}" faults=0
-        [ ! -e "$RV_RUN_DIR/faults" ] || faults="$(wc -l <"$RV_RUN_DIR/faults")"
-        why="gpu fault on $node ($what)"
-        if [ "$faults" -ge "${rv_max_fault_retries:-0}" ]; then
-            why="crashed: $why; no fault retries left (--max-fault-retries ${rv_max_fault_retries:-0})"
-        elif [ "$RV_SEGMENT" -ge "$RV_MAX_SEGMENTS" ]; then
-            why="crashed: $why; all $RV_MAX_SEGMENTS segments used (--max-segments)"
-        elif next="$(rv_submit_next "$(rv_excluded_with "$node")")"; then
-            printf '%s\t%s\t%s\n' "$RV_SEGMENT" "$node" "$what" >>"$RV_RUN_DIR/faults"
-            why="$why: continued without $node (fault retry $((faults + 1))/$rv_max_fault_retries)"
+    if [ "$rv_go" = next ] || [ "$rv_go" = fault ]; then
+        [ "$rv_go" != fault ] || exclude="$(rv_excluded_with "$f_fault_node")"
+        if next="$(rv_submit_next "$exclude")"; then
+            [ "$rv_go" != fault ] ||
+                printf '%s\t%s\t%s\n' "$RV_SEGMENT" "$f_fault_node" "$f_fault_what" >>"$RV_RUN_DIR/faults"
             over=0
         else
-            why="crashed: $why; the next segment could not be submitted: $next"
+            rv_why="$rv_fail_why: $next"
             next=""
         fi
-    else
-        why="crashed"
     fi
-    rv_record ended "$why" "$rc" "$step" "$next"
+    rv_record ended "$rv_why" "$rc" "$step" "$next"
     if [ "$rv_program_ran" = 1 ]; then rv_keep_outputs; fi
     # Before the run's end is written: whoever waits for it finds the node's disk freed.
     [ "${rv_work_node:-0}" != 1 ] || rv_node_work_end
-    rv_exit_code="$rc"
     if [ "$over" = 1 ]; then
         # The run's own exit code: 0 only when the program finished.
         local code="$rc"
-        if [ "$why" != finished ] && [ "$code" = 0 ]; then code=1; fi
+        if [ "$rv_why" != finished ] && [ "$code" = 0 ]; then code=1; fi
         printf '{"reason": %s, "exit_code": %s, "segment": %s, "end": %s}\n' \
-            "$(rv_jstr "$why")" "$code" "$RV_SEGMENT" "$rv_ended" >"$RV_RUN_DIR/ENDED.tmp" \
+            "$(rv_jstr "$rv_why")" "$code" "$RV_SEGMENT" "$rv_ended" >"$RV_RUN_DIR/ENDED.tmp" \
             && mv -f -- "$RV_RUN_DIR/ENDED.tmp" "$RV_RUN_DIR/ENDED"
-        echo "rv: run $RV_RUN_NAME ended after segment $RV_SEGMENT: $why (exit code $code)"
+        echo "rv: run $RV_RUN_NAME ended after segment $RV_SEGMENT: $rv_why (exit code $code)"
         rv_notify_end
         rm -f -- "$RV_RUN_DIR/secrets.env"
     else
-        echo "rv: run $RV_RUN_NAME $why${step:+ at step $step}; segment $((RV_SEGMENT + 1)) is job $next"
+        echo "rv: run $RV_RUN_NAME $rv_why${step:+ at step $step}; segment $((RV_SEGMENT + 1)) is job $next"
     fi
 }
 

@@ -1,7 +1,7 @@
 """What a job records about a segment (``seg/<k>.json``) and about its run's end (``ENDED``).
 
-One format, named here: the job's runtime writes it (``rv_record`` and the end of ``rv_end_segment``
-in ``rv/agent/job.sh``, with exactly these keys, in this order: a unit test holds the two equal), the
+One format, named here: the job's runtime writes it (``rv_record`` and ``rv_end_act`` in
+``rv/agent/job.sh``, with exactly these keys, in this order: a unit test holds the two equal), the
 agent writes it for segments that never started (``rv stop``), and the laptop reads it
 (:func:`rv.job.records.parse_segment`). Values: numbers are integers or null; ``state`` is
 ``running``, ``requeued`` or ``ended``; ``reason`` is why the segment (or run) ended, worded as

@@ -321,3 +321,25 @@ def test_no_function_is_over_120_lines():
             if lines > MAX_FUNCTION_LINES:
                 long.add(f"{path.relative_to(RV.parent)}:{node.name}")
     assert not long, f"over {MAX_FUNCTION_LINES} lines (split by step): {sorted(long)}"
+
+
+MAX_SHELL_FUNCTION_LINES = 60
+
+
+def shell_functions(text: str) -> dict[str, int]:
+    """Each top-level function of a bash file (``name() {`` to the ``}`` that starts a line): its lines."""
+    sizes, name, start = {}, "", 0
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.endswith("() {") and not line.startswith((" ", "#")):
+            name, start = line.split("(")[0], n
+        elif line == "}" and name:
+            sizes[name], name = n - start + 1, ""
+    return sizes
+
+
+def test_no_job_runtime_function_is_over_60_lines():
+    # The decisions are functions of their own (rv_end_decide: tested case by case), not shell ladders.
+    sizes = shell_functions((AGENT / "job.sh").read_text(encoding="utf-8"))
+    assert len(sizes) > 40 and sizes["rv_end_decide"] > 20  # the positive case: it finds them
+    long = sorted(name for name, lines in sizes.items() if lines > MAX_SHELL_FUNCTION_LINES)
+    assert not long, f"rv/agent/job.sh: over {MAX_SHELL_FUNCTION_LINES} lines: {long}"
