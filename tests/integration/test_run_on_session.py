@@ -55,6 +55,12 @@ def test_run_on_a_session_runs_its_own_snapshot_in_the_sessions_job(layout, proj
             60,
         )
         assert queued(layout.ssh, job) == "RUNNING"
+        # -f follows the run to its end, which is not the session's.
+        r = run_rv(
+            "run", "--on", "held", "-f", "--name", "onf", "--", "echo", "followed", cwd=project, timeout=120
+        )
+        assert r.returncode == 0 and "followed" in r.stdout, r.stderr
+        assert queued(layout.ssh, job) == "RUNNING"
     finally:
         run_rv("stop", "held")
         wait_gone(layout.ssh, job)
