@@ -40,6 +40,11 @@ def fit(options: RunOptions, session: RunningJob) -> tuple[RunOptions, OnSession
     """``options`` with the session's shape filled in; UsageError (nothing sent) when the run needs
     more than the session holds."""
     meta = session.run.meta
+    if list(meta.get("command") or [])[3:4] != ["rv-up"]:  # rv.job.up.holder_command: rv up, code, jupyter
+        raise UsageError(
+            f"--on {session.name}: run {session.name} is not a session (rv up --detach, rv code, rv jupyter)",
+            hint="rv ps lists sessions and runs; rv up --detach holds an allocation to run in",
+        )
     gpus = int(meta.get("gpus") or 0)
     gpu_type = meta.get("gpu_type")
     nodes = int(meta.get("nodes") or len(session.nodes) or 1)

@@ -43,6 +43,9 @@ def test_run_on_a_session_runs_its_own_snapshot_in_the_sessions_job(layout, proj
         assert f"job={job}" in out, out
         ps = run_rv("ps").stdout
         assert re.search(r"onrun\s.*running", ps, re.IGNORECASE), ps
+        # A run is not a session: nothing runs in its job.
+        r = run_rv("run", "--on", "onrun", "--", "true", cwd=project)
+        assert r.returncode == 2 and "is not a session" in r.stderr, r.stderr
         # rv stop ends the run, and leaves the session running.
         r = run_rv("stop", "onrun")
         assert r.returncode == 0, r.stderr
