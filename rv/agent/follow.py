@@ -243,6 +243,7 @@ def mode_follow(args):
             for path, _, _ in _segment_files(rdir, job, streams, node):
                 offsets[manifest.dec(path)] = _tail_offset(path, int(args["tail"]))
         frames.send({"t": "segment", "segment": k, "job_id": job, "record": seg["record"]})
+        on_session = bool((common.read_json(common.under(rdir, layout.RUN_FILE)) or {}).get("on"))
         while follow:
             files = _segment_files(rdir, job, streams, node)
             if _pump(frames, files, offsets, k):
@@ -259,8 +260,10 @@ def mode_follow(args):
                     next_poll = now + backoff
                     backoff = min(backoff * 2, 30.0)
                     line = "?"
-                if line is None:
-                    break  # the job is no longer queued or running: drain, then its record
+                if line is None or (on_session and os.path.exists(common.under(rdir, layout.ENDED))):
+                    # The job is no longer queued or running (rv run --on: the session's job goes on
+                    # after the run's step, whose end is the run's ENDED): drain, then its record.
+                    break
                 if line != "?" and line != last_state:
                     frames.send({"t": "state", "segment": k, "job_id": job, "squeue": line})
                     last_state = line

@@ -65,8 +65,16 @@ def mode_run_stop(args):
             for job in [seg["job_id"]] + [c[0] for c in seg.get("candidates") or []]:
                 if job not in ids:
                     ids.append(job)
+        if (info["meta"] or {}).get("on") and ids:
+            # rv run --on: the job is the session's, which goes on; the run is a step of it. TERM, as
+            # scancel of a job sends its steps: srun passes it on to the program's step, and the
+            # batch script's EXIT trap records the end (a step's scancel is a SIGKILL: no record).
+            ids = _steps_of(ids[0], "rv-on-%s" % run_id)
+            if ids:
+                slurmcmd.run_argv(list(args["scancel"]) + ["--signal=TERM"] + ids)
+        else:
+            every += [job for job in ids if job not in every]
         found.append((run_id, rdir, pending, ids))
-        every += [job for job in ids if job not in every]
     error = None
     if every:
         code, _, err = slurmcmd.run_argv(list(args["scancel"]) + every)
@@ -81,6 +89,14 @@ def mode_run_stop(args):
         out.append({"run_id": run_id, "cancelled": ids, "secrets_removed": removed,
                     "error": error if ids else None})  # fmt: skip
     return {"stopped": out}
+
+
+def _steps_of(job, name):
+    """The steps of ``job`` named ``name`` (``JOB.STEP`` ids: scancel ends them and no other)."""
+    code, out, _ = slurmcmd.run_argv(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"])
+    if code != 0:
+        return []
+    return [w[0] for w in (line.split() for line in out.splitlines()) if len(w) == 2 and w[1] == name]
 
 
 def mode_secrets_sweep(args):

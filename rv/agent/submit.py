@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 import zlib
@@ -222,7 +223,10 @@ def submit_run(args, secrets):
             _write_run_file(rdir, args["meta"], run_id)
             if args.get("from"):
                 result["from"] = _start_from(root, args["from"], ckpt)
-            jobs = _sbatch_all(args["sbatch"], rdir, scripts)
+            if args.get("on"):
+                jobs = [(_start_on(args["on"], rdir, scripts[0][0]), scripts[0][1])]
+            else:
+                jobs = _sbatch_all(args["sbatch"], rdir, scripts)
             job = jobs[0][0]
             if len(jobs) > 1:
                 text = "".join("%s %s\n" % pair for pair in jobs)
@@ -293,6 +297,22 @@ def _sbatch_all(argv, rdir, scripts):
 
 
 # --- sweeps: points as runs, run by job arrays ------------------------------------------------------
+
+
+def _start_on(on, rdir, script):
+    """``rv run --on SESSION``: the batch script as a step of the session's running job (``on``:
+    job_id, srun: the step's argv before the script), on its first node; its inner srun (rv_launch)
+    overlaps too (SLURM_OVERLAP). The step outlives this process (a session of its own); its output
+    goes where the script's #SBATCH lines would send a batch job's. The session's job id."""
+    job = on["job_id"]
+    env = dict(os.environ, SLURM_OVERLAP="1", RV_SEGMENT="1")
+    out_path, err_path = (common.under(rdir, layout.log_file(job, stream)) for stream in ("out", "err"))
+    with open(out_path, "ab") as out, open(err_path, "ab") as err:
+        subprocess.Popen(
+            [*on["srun"], "bash", manifest.dec(common.under(rdir, script))],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=rdir, env=env, start_new_session=True,
+        )  # fmt: skip
+    return job
 
 
 def _plain_run_in_the_way(root, project, name):

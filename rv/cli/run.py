@@ -27,7 +27,7 @@ from rv.cli.layered import (
 )
 
 if TYPE_CHECKING:
-    from rv.job.launch import Launched, Plan, SweepLaunched
+    from rv.job.launch import Launched, Plan, RunOptions, SweepLaunched
 
 
 @click.command(
@@ -146,6 +146,11 @@ if TYPE_CHECKING:
     "to --notify): e.g. 15m (the default), 1h, off.",
 )
 @click.option("-f", "--follow", is_flag=True, help="Follow the run, segment by segment; exit with its code.")
+@click.option(
+    "--on", "on", metavar="SESSION",
+    help="Start the command as a step of SESSION's job (a session of rv up --detach, rv code or rv "
+    "jupyter) instead of a job of its own: within what it holds, ended by its time limit (no chains).",
+)  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Print the job script; send nothing.")
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
 @click.option(
@@ -203,6 +208,7 @@ def run(
     container_runtime: str | None,
     idle_gpu: str | None,
     follow: bool,
+    on: str | None,
     dry_run: bool,
     allow_large: bool,
     max_file_size: str,
@@ -240,6 +246,9 @@ def run(
         rv_flags=None if _after_separator(command) else option_words(ctx.command),
     )  # fmt: skip
     view = TerminalLaunch()
+    if on is not None:
+        run_on(ctx, options, on, view, as_json=as_json)
+        return
     # Everything is validated here, before the first network call.
     plan = pipeline.plan_run(options, profile, here=Path.cwd(), view=view)
     if dry_run:
@@ -265,6 +274,26 @@ def run(
                     desktop="desktop" in plan.notify,
                 )
             )  # fmt: skip
+
+
+def run_on(ctx: click.Context, options: RunOptions, on: str, view: TerminalLaunch, *, as_json: bool) -> None:
+    """``rv run --on SESSION``: the session's shape asked first (squeue), then the run as ever, started
+    as a step of the session's job."""
+    from rv.job import launch as pipeline
+    from rv.job import onsession
+    from rv.job.inside import running_job
+
+    onsession.refuse_alone(options)
+    # The session's shape fills what was left out, so the plan waits for it: squeue, nothing sent.
+    with session(ctx) as s:
+        held = running_job(s.transport, run_store(), s.profile.name, s.layout.root, on)
+        fitted, where = onsession.fit(options, held)
+        plan = pipeline.plan_run(fitted, s.profile, here=Path.cwd(), view=view)
+        launched = pipeline.launch(plan, s, run_store(), view, on=where)
+        show_submitted(launched, as_json=as_json, follow=options.follow)
+        if options.follow:
+            req, record = launched.request, launched.submitted.record
+            ctx.exit(follow_to_end(s, record.run_id, req.name, 1, output_to_stderr=as_json))
 
 
 def show_dry_run(ctx: click.Context, plan: Plan, sources: dict[str, str], *, as_json: bool) -> None:

@@ -27,4 +27,5 @@ garbage.
     serve.py      what an `rv up` session serves: an editor's SSH host, a notebook
     editor.py     `rv code`: a session's node reachable by plain OpenSSH
     notebook.py   `rv jupyter`: JupyterLab in a step of a live session's job
+    onsession.py  `rv run --on SESSION`: a run as a step of a session's job, what it may ask
 """

@@ -497,16 +497,20 @@ class Launched:
     request: JobRequest  # the preferred of the candidates sbatch takes
 
 
-def launch(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) -> Launched:
-    """Check, build the environment, upload, submit and record one run."""
+def launch(
+    plan: Plan, remote: Remote, store: RunStore, view: LaunchView, on: submit.OnSession | None = None
+) -> Launched:
+    """Check, build the environment, upload, submit and record one run. ``on``: a step of that
+    session's job (``rv run --on``): no sbatch, so nothing to ask it."""
     layout = remote.layout
     facts = _facts(plan)
     reqs = list(plan.candidates)
     # Before anything is sent: a live run of this name is refused; a finished one is resumed; sbatch
     # judges each candidate (when it would start, or why it refuses it).
+    probes = placement_probes(reqs, plan.context(layout), plan.placement) if on is None else []
     check = submit.check(
         remote.transport, layout, project=plan.snapshot.project, name=plan.request.name,
-        from_run=plan.from_run, probes=placement_probes(reqs, plan.context(layout), plan.placement),
+        from_run=plan.from_run, probes=probes,
         new_files=plan.work.new_files(plan.snapshot.tree.files), container=plan.container_check,
     )  # fmt: skip
     if check.quota_warning:
@@ -528,6 +532,7 @@ def launch(plan: Plan, remote: Remote, store: RunStore, view: LaunchView) -> Lau
         provenance=_provenance(uploaded, env, facts, view),
         from_run=check if plan.from_run is not None else None,
         from_step=plan.from_run.step if plan.from_run is not None else None, alternatives=reqs[1:],
+        on=on,
     )  # fmt: skip
     store.add(submitted.record)
     if submitted.from_step is not None or plan.from_run is not None:

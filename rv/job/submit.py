@@ -232,6 +232,23 @@ def request_summary(req: JobRequest) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class OnSession:
+    """``rv run --on SESSION``: the session's running job and its nodes (Slurm's order)."""
+
+    name: str
+    job_id: str
+    nodes: tuple[str, ...]
+
+    def srun_argv(self, run_id: str) -> list[str]:
+        """The step that runs the batch script: on the session's first node (where its batch script
+        runs), beside what runs there (--overlap), named after the run (rv stop finds it by name)."""
+        return [
+            "srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1",
+            f"--nodelist={self.nodes[0]}", f"--job-name=rv-on-{run_id}", "--kill-on-bad-exit=1",
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Submitted:
     record: RunRecord
     from_step: int | None  # --from: the step the new run starts from
@@ -350,11 +367,16 @@ def submit(
     from_run: Check | None = None,
     from_step: int | None = None,
     alternatives: Sequence[JobRequest] = (),
+    on: OnSession | None = None,
 ) -> Submitted:
-    """Segment 1 of the run, in one round trip; the local record of it."""
+    """Segment 1 of the run, in one round trip; the local record of it. ``on``: started as a step of
+    that session's running job (``rv run --on``) instead of sbatch."""
     args = submit_args(
         layout, req, ctx, provenance=provenance, has_secrets=bool(secrets), alternatives=alternatives
     )
+    if on is not None:
+        args["on"] = {"job_id": on.job_id, "srun": on.srun_argv(ctx.run_id)}
+        args["meta"]["on"] = {"session": on.name, "job_id": on.job_id}
     source = from_run.from_run if from_run is not None else None
     if source is not None:
         args["from"] = {"project": source["project"], "name": source["name"], "step": from_step}

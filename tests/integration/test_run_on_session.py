@@ -1,0 +1,73 @@
+"""Issue 44, its second half: `rv run --on SESSION` starts a run as a step of a held allocation's job."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from test_inside import project, queued, wait_for, wait_gone  # noqa: F401  (project: a fixture)
+
+STEP = ("bash", "-c", "cat marker.txt; echo job=$SLURM_JOB_ID; sleep 300")
+
+
+def runs_under(root: str) -> list[str]:
+    path = Path(root) / "runs"
+    return sorted(os.listdir(path)) if path.is_dir() else []
+
+
+def test_run_on_a_session_runs_its_own_snapshot_in_the_sessions_job(layout, project):  # noqa: F811
+    run_rv = layout.run_rv
+    r = run_rv("up", "--detach", "-g", "0", "--mem", "500M", "--time", "40m", "--name", "held", cwd=project)
+    assert r.returncode == 0, r.stderr
+    job = re.search(r"rv up session held: job (\d+)", r.stderr).group(1)
+    try:
+        before = runs_under(layout.remote_root)
+        # What the session cannot hold is refused before anything is sent, saying what it holds.
+        for extra in (["-g", "1"], ["--nodes", "2"], ["--time", "2h"], ["--sweep", "a=1,2"]):
+            r = run_rv("run", "--on", "held", *extra, "--name", "big", "--", "true", cwd=project)
+            assert r.returncode == 2, (extra, r.stderr)
+            assert "--on" in r.stderr, r.stderr
+        assert (
+            "-g 1 asks more than it holds: job "
+            in run_rv("run", "--on", "held", "-g", "1", "--", "true", cwd=project).stderr
+        )
+        assert runs_under(layout.remote_root) == before
+        # An edited file, not committed: the step sees it, in the session's job.
+        (project / "marker.txt").write_text("edited after the session started\n")
+        r = run_rv("run", "--on", "held", "--name", "onrun", "--", *STEP, cwd=project)
+        assert r.returncode == 0, r.stderr
+        wait_for("the step's first lines", lambda: "job=" in run_rv("logs", "onrun").stdout, 120)
+        out = run_rv("logs", "onrun").stdout
+        assert "edited after the session started" in out, out
+        assert f"job={job}" in out, out
+        ps = run_rv("ps").stdout
+        assert re.search(r"onrun\s.*running", ps, re.IGNORECASE), ps
+        # A run is not a session: nothing runs in its job.
+        r = run_rv("run", "--on", "onrun", "--", "true", cwd=project)
+        assert r.returncode == 2 and "is not a session" in r.stderr, r.stderr
+        # rv stop ends the run, and leaves the session running.
+        r = run_rv("stop", "onrun")
+        assert r.returncode == 0, r.stderr
+        assert f"cancelled job {job}." in r.stderr, r.stderr  # a step of the session's job, not the job
+        wait_for("the run's end", lambda: "running" not in _line(run_rv("ps").stdout, "onrun"), 120)
+        # Its steps are gone with it; the session's own are left.
+        wait_for(
+            "the run's steps' end",
+            lambda: "rv-on-" not in layout.ssh.run(f"squeue -h -s -j {job} -o %j").out,
+            60,
+        )
+        assert queued(layout.ssh, job) == "RUNNING"
+        # -f follows the run to its end, which is not the session's.
+        r = run_rv(
+            "run", "--on", "held", "-f", "--name", "onf", "--", "echo", "followed", cwd=project, timeout=120
+        )
+        assert r.returncode == 0 and "followed" in r.stdout, r.stderr
+        assert queued(layout.ssh, job) == "RUNNING"
+    finally:
+        run_rv("stop", "held")
+        wait_gone(layout.ssh, job)
+
+
+def _line(ps: str, name: str) -> str:
+    return next((line.lower() for line in ps.splitlines() if name in line), "")
