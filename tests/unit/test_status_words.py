@@ -20,7 +20,7 @@ def data(files: int, by_kind: int, freed: int, runs: int) -> dict:
                    "bytes_limit": None, "tool": "quota", "root": True}],
         "quota_errors": [],
         "gc_would_free": {"bytes_freed": 3, "files_freed": freed, "runs": runs, "snapshots": 1, "objects": 1},
-        "git": {}, "jobs": {}, "gpus": {},
+        "git": {}, "jobs": {}, "gpus": {}, "container_runtimes": {"found": {}},
     }  # fmt: skip
 
 
