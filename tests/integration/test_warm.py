@@ -75,9 +75,12 @@ def daemon_pid(rv_env, profile: str, limit: float = 30.0) -> int:
 
 
 def test_commands_reuse_one_connection_and_a_killed_process_is_replaced(run_rv, rv_env, cluster):
-    shared, outputs = warm_connection(run_rv)
-    # The very first command connected directly; a later one started sharing the background one.
-    assert shared.strip() and len(outputs) >= 2 and outputs[0] != shared
+    # warm_connection raises unless two commands in a row shared one connection. Whether the very
+    # first command connected directly depends on whether a command server was already up (alone: it
+    # was not; in the whole suite it is, and the first command may share from the start), so that is
+    # not asserted here.
+    shared, _ = warm_connection(run_rv)
+    assert shared.strip()
     pid = daemon_pid(rv_env, profile_name(cluster))
 
     os.kill(pid, signal.SIGKILL)  # its socket file stays behind, refusing connections
