@@ -21,7 +21,7 @@ import tokenize
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rv.errors import (
     PLACEMENT_HINT,
@@ -32,9 +32,7 @@ from rv.errors import (
     RvError,
     UsageError,
 )
-
-if TYPE_CHECKING:
-    from rv.remote.transport import Transport
+from rv.remote.transport import RunResult, Stdin, Transport
 
 # The cluster-side agent is one program made of these modules of rv/agent/, in this order (each after
 # the ones it imports): each is compiled into a module of its own name there, so they import each
@@ -382,3 +380,22 @@ def agent_reply(mode: str, exit_code: int, stdout: bytes, stderr: bytes | str) -
     if not isinstance(reply, dict):
         raise RemoteError(f"remote {mode} sent a reply that is not an object: {str(reply)[:120]}")
     return reply
+
+
+def run_agent_over(
+    stream: Callable[..., int], mode: str, args: dict[str, Any], *, stdin: Stdin, timeout: float | None
+) -> RunResult:
+    """rv's agent in ``mode``, through ``stream`` of a transport that can hand an agent call to an agent
+    started ahead of time (its ``agent`` option; see rv.remote.ssh's prestart); where it has none of
+    this code, the call runs as any command. The ``run_agent`` of the SSH and warm transports."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    code = stream(
+        agent_command(mode, args),
+        on_stdout=out.append,
+        on_stderr=err.append,
+        stdin=stdin,
+        timeout=timeout,
+        agent={"key": agent_key(), "mode": mode, "args": args},
+    )
+    return RunResult(code, b"".join(out), b"".join(err))

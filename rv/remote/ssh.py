@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rv.errors import AuthError, ConnectError, ConnectionLost, HostKeyError, RemoteError
+from rv.remote.agent_client import run_agent_over
 from rv.remote.sshconfig import SSHTarget
 from rv.remote.transport import (
     _CHUNK,
@@ -36,7 +37,6 @@ from rv.remote.transport import (
     file_mode,
     local_file_mode,
     read_chunks,
-    run_agent_over,
     run_process,
     write_local_atomically,
 )

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from rv.errors import RemoteError
 
@@ -301,27 +301,6 @@ class _Collecting:
         err: list[bytes] = []
         code = self.stream(command, on_stdout=out.append, on_stderr=err.append, stdin=stdin, timeout=timeout)
         return RunResult(code, b"".join(out), b"".join(err))
-
-
-def run_agent_over(
-    stream: Callable[..., int], mode: str, args: dict[str, Any], *, stdin: Stdin, timeout: float | None
-) -> RunResult:
-    """rv's agent in ``mode``, through ``stream`` of a transport that can hand an agent call to an agent
-    started ahead of time (its ``agent`` option; see rv.remote.ssh's prestart); where it has none of
-    this code, the call runs as any command. The ``run_agent`` of the SSH and warm transports."""
-    from rv.remote.agent_client import agent_command, agent_key
-
-    out: list[bytes] = []
-    err: list[bytes] = []
-    code = stream(
-        agent_command(mode, args),
-        on_stdout=out.append,
-        on_stderr=err.append,
-        stdin=stdin,
-        timeout=timeout,
-        agent={"key": agent_key(), "mode": mode, "args": args},
-    )
-    return RunResult(code, b"".join(out), b"".join(err))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from typing import Any
 
 from rv import runtime as rv_runtime
 from rv.errors import ConnectionLost
+from rv.remote.agent_client import run_agent_over
 from rv.remote.sshconfig import SSHTarget
 from rv.remote.transport import (
     PRIVATE_MASK,
@@ -63,7 +64,6 @@ from rv.remote.transport import (
     _discard,
     local_file_mode,
     read_chunks,
-    run_agent_over,
     run_process,
     write_local_atomically,
 )
