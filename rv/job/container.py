@@ -5,14 +5,13 @@ image there, a runtime for it after the profile's setup lines), and the words of
 
 from __future__ import annotations
 
-import posixpath
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rv.agent import container as adapter
 from rv.errors import UsageError
+from rv.slurm.container import Container
 
 NONE = "none"  # --container none: no container, over a project's or profile's default
 
@@ -26,14 +25,6 @@ class ContainerSpec:
 
     def check_args(self, setup: Sequence[str]) -> dict[str, Any]:
         return {"image": self.image, "runtime": self.runtime, "setup": list(setup)}
-
-
-@dataclass(frozen=True)
-class Container:
-    """What the job runs in: the image's path on the cluster and the runtime chosen there."""
-
-    image: str
-    runtime: str
 
 
 def parse_container(image: str | None, runtime: str | None) -> ContainerSpec | None:
@@ -81,72 +72,3 @@ def dry_run_container(spec: ContainerSpec) -> Container:
     """The container a ``--dry-run`` shows: the image as typed, the runtime its format needs (auto's
     first choice; the cluster may have the other one)."""
     return Container(spec.image, adapter.default_runtime(spec.image, spec.runtime))
-
-
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def binds(root: str, others: Sequence[str]) -> list[str]:
-    """The folders bound at their own path: the remote root, and each of ``others`` outside it."""
-    out = [root]
-    for p in others:
-        p = posixpath.normpath(p)
-        if not any(_under(p, b) for b in out):
-            out.append(p)
-    return out
-
-
-DROP_HOST_VENV = adapter.DROP_HOST_VENV
-
-
-def _bind_words(folders: Sequence[str], work_bind: bool) -> list[str]:
-    """The folders as shell words; with ``work_bind`` (--work-dir node) the node's own work dir too,
-    ``"$PWD"`` where the task stands (its folder is the node's: $SLURM_TMPDIR, $TMPDIR, ...)."""
-    return [shlex.quote(f) for f in folders] + (['"$PWD"'] if work_bind else [])
-
-
-def program_lines(
-    c: Container, program: str, *, folders: Sequence[str], gpus: bool, work_bind: bool = False
-) -> list[str]:
-    """The body of ``rv_program`` running ``program`` inside the image (Pyxis: as is, its task is
-    inside already). The work dir is the task's own (``$PWD``), expanded on the node."""
-    if c.runtime == "pyxis":
-        return [f"    exec {program}"]
-    words = adapter.wrap_words(c.runtime, c.image, _bind_words(folders, work_bind), '"$PWD"', gpus)
-    return [f"    {DROP_HOST_VENV}", f"    exec {' '.join(words)} {program}"]
-
-
-# The file beside the job's environment file that `rv ssh` and `rv up` enter the image by
-# (rv.job.inside's ATTACH): a function running its arguments inside, from the current directory.
-ENTER_FILE = "container.sh"
-
-
-def enter_lines(c: Container, *, folders: Sequence[str], gpus: bool, work_bind: bool = False) -> list[str]:
-    """The batch script's lines, after rv_start, that let a shell of the job enter the image: the
-    function in ``$RV_JOB_DIR/container.sh``, and the host venv dropped at the end of the job's
-    environment file (sourced inside). None for Pyxis: a step of its own would need its options."""
-    if c.runtime == "pyxis":
-        return []
-    words = adapter.wrap_words(c.runtime, c.image, _bind_words(folders, work_bind), '"$PWD"', gpus)
-    function = f'rv_in_container() {{ exec {" ".join(words)} "$@"; }}'
-    return [
-        "# rv ssh and rv up enter the image too (rv.job.inside): how, beside the job's environment file.",
-        f'printf "%s\\n" {shlex.quote(function)} >"$RV_JOB_DIR/{ENTER_FILE}"',
-        f'if [ -f "$RV_JOB_DIR/$RV_JOB_ENV_FILE" ]; then printf "%s\\n" {shlex.quote(DROP_HOST_VENV)} '
-        '>>"$RV_JOB_DIR/$RV_JOB_ENV_FILE"; fi',
-    ]
-
-
-def srun_values(c: Container, *, folders: Sequence[str]) -> list[str]:
-    """The batch script's ``rv_srun_container`` (Pyxis: the options of each node's srun), or none."""
-    if c.runtime != "pyxis":
-        return []
-    words = adapter.srun_words(c.image, list(folders), "$PWD")
-    # The work dir is the batch shell's at srun's start ("$PWD" expands there).
-    quoted = [shlex.quote(w) for w in words[:-1]] + ['"--container-workdir=$PWD"']
-    return [f"rv_srun_container=({' '.join(quoted)})"]
-
-
-def describe(c: Container) -> str:
-    return f"{c.runtime} image {c.image}"

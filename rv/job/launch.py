@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rv.errors import PLACEMENT_HINT, UsageError
 from rv.job import submit
-from rv.job.container import DROP_HOST_VENV, Container, ContainerSpec, dry_run_container, parse_container
+from rv.job.container import ContainerSpec, dry_run_container, parse_container
 from rv.job.prepare import job_umask
 from rv.layout import RemoteLayout
 from rv.placement import Estimate, Placement, PlacementOptions
 from rv.request import JobRequest
+from rv.slurm.container import DROP_HOST_VENV, Container
 from rv.slurm.script import ScriptContext
 from rv.timespec import IDLE_GPU_DEFAULT, parse_idle_gpu
 

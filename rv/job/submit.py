@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from rv.agent import layout as remote_layout
 from rv.errors import RemoteError, UsageError
-from rv.job.container import Container, ContainerSpec, resolve
+from rv.job.container import ContainerSpec, resolve
 from rv.job.footprint import quota_warning, read_quota_report
 from rv.job.records import ClusterRun, RunRecord
 from rv.job.workdir import RUN_FILES, shared_files
@@ -38,6 +38,7 @@ from rv.remote.agent_client import call_agent
 from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
+from rv.slurm.container import Container
 from rv.slurm.parse import ArrayLimits, SubmitLimit, parse_array_limits, parse_submit_limit
 from rv.slurm.script import ScriptContext, render_script, run_paths, runtime_files
 from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, ArrayPart, Point, Sweep

@@ -7,4 +7,5 @@ pending.py   why a job waits, in words: pending reasons, the limits they name (r
 options.py   sbatch's own option names, and how sbatch reads a word as one of them (pure)
 script.py    a run's batch script: its #SBATCH lines, values and the user's own lines (pure)
 launch.py    the program's line in the job: the user's command with the launcher's flags
+container.py a run's container in its script: binds, the program inside, rv ssh's way in, Pyxis
 """

@@ -36,11 +36,11 @@ from pathlib import Path
 
 from rv.agent import layout as remote_layout
 from rv.errors import ConfigError, UsageError
-from rv.job import container
-from rv.job.container import Container
 from rv.layout import RemoteLayout
 from rv.placement import Placement
 from rv.request import JobRequest
+from rv.slurm import container
+from rv.slurm.container import Container
 from rv.slurm.launch import program_line
 from rv.timespec import IDLE_GPU_DEFAULT, format_slurm_time
 

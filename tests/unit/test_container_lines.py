@@ -19,8 +19,9 @@ import pytest
 from rv.agent import container as adapter
 from rv.catalog import RIVANNA
 from rv.errors import UsageError
-from rv.job.container import DROP_HOST_VENV, Container, binds, parse_container, resolve
+from rv.job.container import parse_container, resolve
 from rv.request import build_request
+from rv.slurm.container import DROP_HOST_VENV, Container, binds
 from rv.slurm.script import ScriptContext, render_script
 
 ROOT = "/scratch/u/rv"
