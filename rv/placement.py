@@ -2,11 +2,10 @@
 bad GPU. Pure: the CLI fills a :class:`Placement`, the script renderer writes it, nothing here talks
 to the cluster.
 
-* Slurm's own words: ``--partition``, ``--qos``, ``--constraint``, ``--exclude``, ``--nodelist``,
-  ``--reservation``, ``--account`` (each an ``#SBATCH`` line), ``--time-min`` (backfill, for programs
-  that follow the stop protocol), and ``--sbatch OPT`` for anything else, written as on an
-  ``#SBATCH`` line. What rv sets itself is refused in ``--sbatch`` with the rv flag to use instead,
-  so the two never disagree.
+* Slurm's own words, each an ``#SBATCH`` line (the table of rv.slurm.options: ``--partition``,
+  ``--qos``, ...), ``--time-min`` (backfill, for programs that follow the stop protocol), and
+  ``--sbatch OPT`` for anything else, written as on an ``#SBATCH`` line. What rv sets itself is
+  refused in ``--sbatch`` with the rv flag to use instead, so the two never disagree.
 * Several GPU types for one run (``-t a100,a6000``, ``-t any``, or no ``-t`` on a cluster of several
   types): :func:`candidate_types`. The run is submitted once per type; the first job to start claims
   the run on the cluster (rv/agent/job.sh, ``rv_claim``) and cancels the others.
@@ -26,8 +25,8 @@ from typing import TypeVar
 
 from rv.catalog import GpuType
 from rv.errors import UsageError
+from rv.slurm.options import DEFAULT_MAX_FAULT_RETRIES, Placement, PlacementOptions, refused, resolve
 
-DEFAULT_MAX_FAULT_RETRIES = 2
 T = TypeVar("T")
 
 # What may go into an #SBATCH value: sbatch splits directive lines on whitespace and reads quotes and
@@ -40,39 +39,10 @@ _GLUED = re.compile(r"^(-[A-Za-z])([^=\s].*)$")
 # option (-Hk is -H -k), not as a value.
 _SHORT_FLAGS = frozenset("hHkOQsvVW")
 
-# Options rv writes itself (sbatch's long names; rv.slurm.options reads every spelling sbatch takes),
-# with what the user should type instead. A job with both would be rv's guess against the user's:
-# one of them silently loses.
-_RV_OWNS: dict[str, str] = {}
-for _names, _instead in (
-    (("time",), "rv run --time"),
-    (("time-min",), "rv run --time-min"),
-    (("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "tres-per-task", "tres-bind"),
-     "rv run -g/-t"),
-    (("nodes",), "rv run --nodes"),
-    (("ntasks", "ntasks-per-node", "tasks-per-node", "ntasks-per-core", "ntasks-per-socket", "ntasks-per-gpu",
-      "ntasks-per-tres"),
-     "nothing: rv runs one task per node and the launcher starts the ranks"),
-    (("cpus-per-task", "cpus-per-gpu"), "rv run --cpus"),
-    (("mem", "mem-per-cpu", "mem-per-gpu"), "rv run --mem"),
-    (("output", "error", "open-mode", "input"), "nothing: rv keeps each job's logs (rv logs)"),
-    (("signal",), "rv run --signal"),
-    (("requeue", "no-requeue"), "nothing: rv's jobs requeue, and the runtime continues them"),
-    (("dependency", "kill-on-invalid-dep"), "nothing: rv chains a run's segments itself"),
-    (("job-name",), "rv run --name"),
-    (("array",), "rv run --sweep"),
-    (("partition",), "rv run --partition"),
-    (("qos",), "rv run --qos"),
-    (("constraint",), "rv run --constraint"),
-    (("exclude",), "rv run --exclude"),
-    (("nodelist", "nodefile"), "rv run --nodelist"),
-    (("reservation",), "rv run --reservation"),
-    (("account",), "rv run --account"),
-    (("wrap",), "rv run -- COMMAND"),
-    (("parsable", "test-only", "wait"), "nothing: rv submits the job itself"),
-):  # fmt: skip
-    for _name in _names:
-        _RV_OWNS[_name] = _instead
+# Options rv sets itself (rv.slurm.options.TABLE; rv.slurm.options.resolve reads every spelling sbatch
+# takes), with what the user should type instead. A job with both would be rv's guess against the
+# user's: one of them silently loses.
+_REFUSED = refused()
 
 # Options every rv job dies of or is lost to, and why (rv/agent/job.sh needs the login environment,
 # starts the program in the run's work dir, and rv follows jobs on the profile's cluster only).
@@ -88,37 +58,6 @@ _EXPORT_BREAKS = (
     "without ALL the job loses the environment it needs (PATH, HOME: it cannot even start bash)",
     "--sbatch=--export=ALL,NAME=value adds to it",
 )
-
-
-@dataclass(frozen=True)
-class PlacementOptions:
-    """Slurm's placement options as typed (`rv run` and `rv up` take them alike); not checked yet."""
-
-    partition: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    exclude: str | None = None
-    nodelist: str | None = None
-    reservation: str | None = None
-    account: str | None = None
-    sbatch: tuple[str, ...] = ()  # extra #SBATCH option texts, as typed ("--begin=now+1hour")
-
-
-@dataclass(frozen=True)
-class Placement(PlacementOptions):
-    """Slurm's placement options of one run, already checked (``#SBATCH``-safe) by
-    :func:`build_placement`, with what the run adds to them."""
-
-    time_min_seconds: int | None = None
-    max_fault_retries: int = DEFAULT_MAX_FAULT_RETRIES
-
-    def sbatch_judges(self) -> bool:
-        """Whether it holds what only sbatch can judge (a QoS, a node list, nodes to leave out...):
-        then ``sbatch --test-only`` is asked before anything is sent, by ``rv run`` and ``rv up``."""
-        return bool(
-            self.partition or self.qos or self.constraint or self.exclude or self.nodelist or self.reservation
-            or self.account or self.sbatch or self.time_min_seconds
-        )  # fmt: skip
 
 
 def check_value(flag: str, value: str | None) -> str | None:
@@ -159,8 +98,6 @@ def check_sbatch_option(text: str) -> str:
             f"--sbatch {text!r} is not an sbatch option",
             hint="write it as on an #SBATCH line, e.g. --sbatch=--begin=now+1hour",
         )
-    from rv.slurm.options import resolve
-
     option = resolve(word)
     if option.candidates:
         raise UsageError(
@@ -173,7 +110,7 @@ def check_sbatch_option(text: str) -> str:
         if option.name is None or word == f"--{option.name}"
         else f" (sbatch reads {word} as --{option.name})"
     )
-    instead = _RV_OWNS.get(option.name or "")
+    instead = _REFUSED.get(option.name or "")
     if instead is not None:
         raise UsageError(f"--sbatch {text!r}: rv sets --{option.name} itself{spelled}", hint=f"use {instead}")
     breaks = _BREAKS.get(option.name or "")
@@ -193,24 +130,23 @@ def check_sbatch_option(text: str) -> str:
 
 
 def build_placement(
+    typed: PlacementOptions | None = None,
+    /,
     *,
-    partition: str | None = None,
-    qos: str | None = None,
-    constraint: str | None = None,
-    exclude: str | None = None,
-    nodelist: str | None = None,
-    reservation: str | None = None,
-    account: str | None = None,
     sbatch: Sequence[str] = (),
     time_min: str | None = None,
     time_seconds: int | None = None,
     time_typed: bool = True,
     max_fault_retries: int | None = None,
+    **values: str | None,
 ) -> Placement:
     """Check every placement option (before any network call) and return them as a Placement.
+    ``typed``: the options as a command took them; or each as a keyword (``qos="high"``, ``sbatch=``).
     ``time_typed``: whether the job's --time was given (else ``time_seconds`` is rv's default)."""
     from rv.timespec import format_slurm_time, parse_duration
 
+    if typed is None:
+        typed = PlacementOptions(sbatch=sbatch, **values)
     time_min_seconds = None
     if time_min is not None:
         time_min_seconds = parse_duration(time_min, flag="--time-min")
@@ -226,14 +162,8 @@ def build_placement(
             f"--max-fault-retries {max_fault_retries}: must be 0 or more", hint="0 never retries"
         )
     return Placement(
-        partition=check_value("--partition", partition),
-        qos=check_value("--qos", qos),
-        constraint=check_value("--constraint", constraint),
-        exclude=check_value("--exclude", exclude),
-        nodelist=check_value("--nodelist", nodelist),
-        reservation=check_value("--reservation", reservation),
-        account=check_value("--account", account),
-        sbatch=tuple(check_sbatch_option(text) for text in sbatch),
+        **{name: check_value(f"--{name}", value) for name, value in typed.values},
+        sbatch=tuple(check_sbatch_option(text) for text in typed.sbatch),
         time_min_seconds=time_min_seconds,
         max_fault_retries=DEFAULT_MAX_FAULT_RETRIES if max_fault_retries is None else max_fault_retries,
     )

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rv.slurm.options import flag_rows
+
 if TYPE_CHECKING:
     from rv.job.launch import EnvOptions
-    from rv.placement import PlacementOptions
+    from rv.slurm.options import PlacementOptions
 
 # Options that say what this one command does, never defaults of a project. A sweep's values belong
 # to one command; how many of its points run at once (--parallel) may be a project's habit.
@@ -26,9 +28,8 @@ NOT_DEFAULTS = ("name", "from_", "dry_run", "as_json", "sweep_options", "sweep_f
 # lines, the project's environment), so a session is the place a run's program would be. Not its
 # size or length: a project's `gpus = 8, time = "2d"` is for its runs; a shell is sized as typed.
 UP_DEFAULTS = (
-    "partition", "qos", "constraint", "exclude", "nodelist", "reservation", "account", "sbatch_options",
-    "setup", "env_choice", "requirements", "extras", "python_", "system_site_packages", "container",
-    "container_runtime",
+    *(row.param_name for row in flag_rows(up=True)), "setup", "env_choice", "requirements", "extras",
+    "python_", "system_site_packages", "container", "container_runtime",
 )  # fmt: skip
 
 
@@ -37,11 +38,11 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
     these parameters; the other keys are rv run's to check). Returns each option's source."""
     from rv.cli.common import load_profile
     from rv.cli.defaults import Layer, apply_layers, project_layer
-    from rv.config import PLACEMENT_KEYS
     from rv.files.listing import Git, find_repo_top
+    from rv.slurm.options import PROFILE_KEYS
 
     _, profile = load_profile(ctx)
-    own: dict[str, Any] = {k: v for k, v in profile.placement.items() if k in PLACEMENT_KEYS}
+    own: dict[str, Any] = {k: v for k, v in profile.placement.items() if k in PROFILE_KEYS}
     if profile.sbatch:
         own["sbatch"] = list(profile.sbatch)
     if profile.notify:
@@ -67,31 +68,20 @@ class LayeredCommand(click.Command):
         return super().invoke(ctx)
 
 
-def placement_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Slurm's placement options, shared by rv run and rv up."""
-    for option in reversed(
-        [
-            click.option("--partition", help="Slurm partition (default: the GPU type's)."),
-            click.option("--qos", help="Slurm QoS, where the cluster requires or offers one."),
-            click.option("--constraint", help="Node features the job needs, e.g. ib or 'a100_80gb&ib'."),
-            click.option(
-                "--exclude", metavar="NODES", help="Nodes never to run on, e.g. gpu-07,gpu-[10-12]."
-            ),
-            click.option("--nodelist", metavar="NODES", help="Nodes to run on."),
-            click.option("--reservation", help="A Slurm reservation to run in."),
-            click.option("--account", help="Slurm account to charge (default: the profile's)."),
-            click.option(
-                "--sbatch",
-                "sbatch_options",
-                multiple=True,
-                metavar="OPT",
-                help="Any other sbatch option, as on an #SBATCH line, e.g. --sbatch=--begin=now+1hour "
-                "(repeatable). Options rv sets itself are refused with the rv flag to use.",
-            ),
-        ]
-    ):
-        f = option(f)
-    return f
+def placement_options(*, up: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Slurm's options as typed: a flag for each row of rv.slurm.options.TABLE that ``rv run``
+    (``up``: ``rv up``) takes, in the table's order."""
+    options = [
+        click.option(row.flag, row.param_name, help=row.help, metavar=row.metavar, multiple=row.multiple)
+        for row in flag_rows(up=up)
+    ]
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
 
 
 def container_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -148,13 +138,11 @@ def env_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def placement_of(params: Mapping[str, Any]) -> PlacementOptions:
     """The placement options (:func:`placement_options`) of a command's parameters."""
-    from rv.placement import PlacementOptions
+    from rv.slurm.options import PlacementOptions
 
-    return PlacementOptions(
-        partition=params["partition"], qos=params["qos"], constraint=params["constraint"],
-        exclude=params["exclude"], nodelist=params["nodelist"], reservation=params["reservation"],
-        account=params["account"], sbatch=tuple(params["sbatch_options"]),
-    )  # fmt: skip
+    rows = [row for row in flag_rows() if row.param_name in params]  # rv up's: those it takes
+    sbatch = [text for row in rows if row.multiple for text in params[row.param_name]]
+    return PlacementOptions(sbatch=sbatch, **{row.name: params[row.param_name] for row in rows if row.typed})
 
 
 def env_of(params: Mapping[str, Any]) -> EnvOptions:

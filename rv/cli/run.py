@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     help="Start from RUN's newest complete checkpoint at or before STEP; RUN itself is untouched.",
 )
 @env_options
-@placement_options
+@placement_options()
 @click.option(
     "--max-fault-retries",
     type=int,
@@ -168,6 +168,7 @@ if TYPE_CHECKING:
 @click.pass_context
 def run(
     ctx: click.Context,
+    /,
     gpus: int | None,
     gpu_type: str | None,
     vram: float | None,
@@ -188,14 +189,6 @@ def run(
     extras: tuple[str, ...],
     system_site_packages: bool | None,
     python_: str | None,
-    partition: str | None,
-    qos: str | None,
-    constraint: str | None,
-    exclude: str | None,
-    nodelist: str | None,
-    reservation: str | None,
-    account: str | None,
-    sbatch_options: tuple[str, ...],
     max_fault_retries: int | None,
     each_node: bool,
     allow_single_process: bool,
@@ -214,6 +207,7 @@ def run(
     max_file_size: str,
     as_json: bool,
     command: tuple[str, ...],
+    **slurm: Any,  # Slurm's options (rv.slurm.options.TABLE): placement_of(ctx.params) reads them
 ) -> None:
     """Snapshot this repo, sync it, and run COMMAND on the cluster as a run of one or more jobs.
 

@@ -101,7 +101,7 @@ def _require_terminal(*, detach: bool) -> None:
 )
 @env_options
 @container_options
-@placement_options
+@placement_options(up=True)
 @click.option("--allow-large", is_flag=True, help="Send files over --max-file-size anyway.")
 @click.option(
     "--max-file-size", default="100MB", show_default=True, metavar="SIZE",
@@ -110,6 +110,7 @@ def _require_terminal(*, detach: bool) -> None:
 @click.pass_context
 def up(
     ctx: click.Context,
+    /,
     gpus: int | None,
     gpu_type: str | None,
     mig: bool,
@@ -127,16 +128,9 @@ def up(
     python_: str | None,
     container: str | None,
     container_runtime: str | None,
-    partition: str | None,
-    qos: str | None,
-    constraint: str | None,
-    exclude: str | None,
-    nodelist: str | None,
-    reservation: str | None,
-    account: str | None,
-    sbatch_options: tuple[str, ...],
     allow_large: bool,
     max_file_size: str,
+    **slurm: Any,  # Slurm's options (rv.slurm.options.TABLE): placement_of(ctx.params) reads them
 ) -> None:
     """A shell on a new allocation, in the job's environment, in a snapshot of this repo.
 

@@ -16,13 +16,14 @@ import click
 from rv.cli.common import Session, note, run_store, warn
 from rv.cli.layered import UP_DEFAULTS, LayeredCommand
 from rv.errors import UsageError
+from rv.slurm.options import flag_rows
 
 if TYPE_CHECKING:
     from rv.job.inside import RunningJob
 
 # rv up's options that size or place a new session: said to be unused when a live one is reused.
-_SIZING = ("gpus", "gpu_type", "mig", "time_", "mem", "cpus", "nodes", "partition", "qos", "constraint",
-           "exclude", "nodelist", "reservation", "account", "sbatch_options", "setup")  # fmt: skip
+_SIZING = ("gpus", "gpu_type", "mig", "time_", "mem", "cpus", "nodes",
+           *(row.param_name for row in flag_rows(up=True)), "setup")  # fmt: skip
 
 
 class SessionCommand(LayeredCommand):

@@ -36,9 +36,10 @@ from rv.job import submit
 from rv.job.container import ContainerSpec, dry_run_container, parse_container
 from rv.job.prepare import job_umask
 from rv.layout import RemoteLayout
-from rv.placement import Estimate, Placement, PlacementOptions
+from rv.placement import Estimate
 from rv.request import JobRequest
 from rv.slurm.container import DROP_HOST_VENV, Container
+from rv.slurm.options import Placement, PlacementOptions
 from rv.slurm.script import ScriptContext
 from rv.timespec import IDLE_GPU_DEFAULT, parse_idle_gpu
 
@@ -271,7 +272,7 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
         view.note(one_type_note([type_name(r) for r in reqs]))
         reqs = reqs[:1]
     place = build_placement(
-        **dataclasses.asdict(o.placement), time_min=o.time_min, time_seconds=reqs[0].time_seconds,
+        o.placement, time_min=o.time_min, time_seconds=reqs[0].time_seconds,
         time_typed=o.time is not None, max_fault_retries=o.max_fault_retries,
     )  # fmt: skip
     node_dirs = node_work_dir_warning(reqs[0].nodes, work.where)
@@ -328,7 +329,7 @@ def plan_up(options: JobOptions, profile: Profile, *, here: Path, view: LaunchVi
         nodes=o.nodes, setup=(*profile.setup, *o.setup), max_segments=1, each_node=True,
         partitions=profile.partitions, partition=o.placement.partition,
     )  # fmt: skip
-    place = build_placement(**dataclasses.asdict(o.placement), max_fault_retries=0)
+    place = build_placement(o.placement, max_fault_retries=0)
     for message in req.warnings:
         view.warn(message)
     # The shell starts in the folder rv up was typed in, as a run's program would.

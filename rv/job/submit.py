@@ -33,12 +33,13 @@ from rv.job.records import ClusterRun, RunRecord
 from rv.job.workdir import RUN_FILES, shared_files
 from rv.layout import RemoteLayout
 from rv.names import point_name
-from rv.placement import Estimate, Placement, parse_test_only
+from rv.placement import Estimate, parse_test_only
 from rv.remote.agent_client import call_agent
 from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
 from rv.slurm.container import Container
+from rv.slurm.options import Placement
 from rv.slurm.parse import ArrayLimits, SubmitLimit, parse_array_limits, parse_submit_limit
 from rv.slurm.script import ScriptContext, render_script, run_paths, runtime_files
 from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, ArrayPart, Point, Sweep

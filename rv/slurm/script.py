@@ -37,11 +37,11 @@ from pathlib import Path
 from rv.agent import layout as remote_layout
 from rv.errors import ConfigError, UsageError
 from rv.layout import RemoteLayout
-from rv.placement import Placement
 from rv.request import JobRequest
 from rv.slurm import container
 from rv.slurm.container import Container
 from rv.slurm.launch import program_line
+from rv.slurm.options import ACCOUNT, CONSTRAINT, PARTITION, Placement
 from rv.timespec import IDLE_GPU_DEFAULT, format_slurm_time
 
 _AGENT = Path(__file__).resolve().parent.parent / "agent"
@@ -111,7 +111,7 @@ class ScriptContext:
     partition: str | None = None  # overrides the type's partition; the only partition of a CPU job
     env_build: tuple[str, ...] = ()  # lines for the environment-build hook (run after setup)
     umask: str = "077"  # what the job creates is the user's alone; "027" shares it with the group
-    placement: Placement = field(default_factory=Placement)  # Slurm's placement options (rv.placement)
+    placement: Placement = field(default_factory=Placement)  # Slurm's options (rv.slurm.options)
     # A sweep's point: RV_SWEEP_INDEX and RV_SWEEP_<NAME> (rv.sweep.Point.env), its program's values.
     sweep_env: tuple[tuple[str, str], ...] = ()
     # Where the run's end is told (rv.notify: "mail:ADDRESS", "secret:NAME", "desktop"), checked.
@@ -190,28 +190,22 @@ def _directives(req: JobRequest, ctx: ScriptContext) -> list[str]:
     lines = ["#!/bin/bash", _directive("job-name", req.name, "job name")]
     partition = place.partition or ctx.partition or (req.type.partition if req.type else None)
     if partition:
-        lines.append(_directive("partition", partition, "partition"))
+        lines.append(_directive(PARTITION, partition, "partition"))
     if req.type is not None and req.gpus_per_node > 0:
         gres = f"gpu:{req.type.gres}:{req.gpus_per_node}" if req.type.gres else f"gpu:{req.gpus_per_node}"
         lines.append(_directive("gres", gres, "gres"))
     # The type's own feature (how some clusters tell models apart) and the user's, both required.
     features = [f for f in (req.type.constraint if req.type else None, place.constraint) if f]
     if features:
-        lines.append(_directive("constraint", "&".join(features), "constraint"))
+        lines.append(_directive(CONSTRAINT, "&".join(features), CONSTRAINT))
     lines.append(_directive("time", req.time_slurm, "time"))
     if place.time_min_seconds is not None:
         lines.append(_directive("time-min", format_slurm_time(place.time_min_seconds), "time-min"))
     account = place.account or ctx.account
     if account:
-        lines.append(_directive("account", account, "account", ConfigError))
-    for flag, value in (
-        ("qos", place.qos),
-        ("exclude", place.exclude),
-        ("nodelist", place.nodelist),
-        ("reservation", place.reservation),
-    ):
-        if value:
-            lines.append(_directive(flag, value, flag))
+        lines.append(_directive(ACCOUNT, account, "account", ConfigError))
+    # The rest of Slurm's options as typed, in the table's order (rv.slurm.options.TABLE).
+    lines += [_directive(name, value, name) for name, value in place.table_lines()]
     lines.append(f"#SBATCH --nodes={req.nodes}")
     lines.append("#SBATCH --ntasks-per-node=1")
     if req.cpus_per_task is not None:
