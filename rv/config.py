@@ -49,7 +49,7 @@ from typing import Any
 
 from rv.catalog import BUILTIN_CATALOGS, GpuType, Partition
 from rv.errors import ConfigError
-from rv.slurm.options import PROFILE_KEYS, TABLE
+from rv.slurm.options import TABLE, profile_keys
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -114,7 +114,7 @@ class Profile:
     system_site_packages: bool = False  # environments built on top of the interpreter's packages
     python: str | None = None  # interpreter environments are built on (a version or a path)
     # Slurm's placement options every job of this profile gets unless `rv run` says otherwise (a site
-    # that requires a QoS, a reservation, nodes to avoid: rv.slurm.options.PROFILE_KEYS), and extra
+    # that requires a QoS, a reservation, nodes to avoid: rv.slurm.options.profile_keys), and extra
     # #SBATCH options (rv.placement).
     placement: dict[str, str] = field(default_factory=dict)
     sbatch: tuple[str, ...] = ()
@@ -169,7 +169,7 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "system_site_packages": bool,
     "python": str,
     # Slurm's options a profile may set (rv.slurm.options.TABLE), each the default of its flag.
-    **{row.name: row.config_type for row in TABLE if row.name in PROFILE_KEYS},
+    **{row.name: row.config_type for row in TABLE if row.name in profile_keys()},
     "sbatch": list,
     "partitions": dict,
     "notify": list,
@@ -395,7 +395,7 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
         gpus=gpus,
         share_with_group=table.get("share_with_group", False),
         system_site_packages=table.get("system_site_packages", False),
-        placement={k: table[k] for k in PROFILE_KEYS if k in table},
+        placement={k: table[k] for k in profile_keys() if k in table},
         sbatch=tuple(sbatch),
         python=table.get("python"),
         partitions=partitions,

@@ -147,6 +147,8 @@ def build_placement(
 
     if typed is None:
         typed = PlacementOptions(sbatch=sbatch, **values)
+    elif sbatch or values:
+        raise TypeError("build_placement takes the options as one PlacementOptions or as keywords, not both")
     time_min_seconds = None
     if time_min is not None:
         time_min_seconds = parse_duration(time_min, flag="--time-min")

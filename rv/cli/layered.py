@@ -39,10 +39,10 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
     from rv.cli.common import load_profile
     from rv.cli.defaults import Layer, apply_layers, project_layer
     from rv.files.listing import Git, find_repo_top
-    from rv.slurm.options import PROFILE_KEYS
+    from rv.slurm.options import profile_keys
 
     _, profile = load_profile(ctx)
-    own: dict[str, Any] = {k: v for k, v in profile.placement.items() if k in PROFILE_KEYS}
+    own: dict[str, Any] = {k: v for k, v in profile.placement.items() if k in profile_keys()}
     if profile.sbatch:
         own["sbatch"] = list(profile.sbatch)
     if profile.notify:

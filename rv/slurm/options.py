@@ -190,10 +190,17 @@ TABLE: tuple[SlurmOption, ...] = (
     SlurmOption("parsable", instead="nothing: rv submits the job itself", same=("test-only", "wait")),
 )  # fmt: skip
 
-# The options taken as typed, one string each (a PlacementOptions' keys), in the table's order.
-TYPED: tuple[str, ...] = tuple(row.name for row in TABLE if row.typed)
-# The profile keys that are the flags' defaults (rv.config, rv.cli.layered), in the table's order.
-PROFILE_KEYS: tuple[str, ...] = tuple(row.name for row in TABLE if row.help is not None and row.profile)
+# What follows reads TABLE when asked, never a copy made at import: a row added is in every product.
+
+
+def typed_names() -> tuple[str, ...]:
+    """The options taken as typed, one string each (a PlacementOptions' keys), in the table's order."""
+    return tuple(row.name for row in TABLE if row.typed)
+
+
+def profile_keys() -> tuple[str, ...]:
+    """The profile's keys that are flags' defaults (rv.config, rv.cli.layered), in the table's order."""
+    return tuple(row.name for row in TABLE if row.help is not None and row.profile)
 
 
 def flag_rows(*, up: bool = False) -> tuple[SlurmOption, ...]:
@@ -201,9 +208,9 @@ def flag_rows(*, up: bool = False) -> tuple[SlurmOption, ...]:
     return tuple(row for row in TABLE if row.help is not None and (row.up or not up))
 
 
-def refused(table: tuple[SlurmOption, ...] = TABLE) -> dict[str, str]:
+def refused() -> dict[str, str]:
     """The --sbatch guard: each sbatch option rv sets itself, with the rv flag to use instead."""
-    return {name: row.refused_with for row in table if row.refused_with for name in (row.name, *row.same)}
+    return {name: row.refused_with for row in TABLE if row.refused_with for name in (row.name, *row.same)}
 
 
 DEFAULT_MAX_FAULT_RETRIES = 2
@@ -218,10 +225,11 @@ class PlacementOptions:
     sbatch: tuple[str, ...]  # extra #SBATCH option texts, as typed ("--begin=now+1hour")
 
     def __init__(self, *, sbatch: Iterable[str] = (), **values: str | None) -> None:
-        unknown = sorted(set(values) - set(TYPED))
+        names = typed_names()
+        unknown = sorted(set(values) - set(names))
         if unknown:
             raise TypeError(f"{unknown[0]!r} is no option of rv.slurm.options.TABLE")
-        given = tuple((name, value) for name in TYPED if (value := values.get(name)) is not None)
+        given = tuple((name, value) for name in names if (value := values.get(name)) is not None)
         object.__setattr__(self, "values", given)
         object.__setattr__(self, "sbatch", tuple(sbatch))
 

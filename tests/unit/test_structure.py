@@ -4,6 +4,7 @@ node has, and the laptop never loads it."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,65 @@ def test_no_job_runtime_function_is_over_60_lines():
     assert len(sizes) > 40 and sizes["rv_end_decide"] > 20  # the positive case: it finds them
     long = sorted(name for name, lines in sizes.items() if lines > MAX_SHELL_FUNCTION_LINES)
     assert not long, f"rv/agent/job.sh: over {MAX_SHELL_FUNCTION_LINES} lines: {long}"
+
+
+# --- one table of Slurm options (issue 42) ------------------------------------------------------------
+
+# A Slurm option rv knows is spelled (a string in the code: its flag, its config key, its #SBATCH word)
+# in the table of rv.slurm.options, and in at most two modules beside it: the flags, the profile's
+# keys, the script's lines and the --sbatch guard are made from the table's rows. Docstrings and
+# comments may name an option; code that needs one reads it from the table.
+SLURM_OPTION_WORDS = ("constraint", "exclude", "nodelist", "reservation")
+MAX_MODULES_SPELLING_AN_OPTION = 3
+# The same word, no Slurm option's.
+NOT_SLURMS = {
+    ("rv.pyenv.spec", "constraint"): "pip's -c/--constraint, a requirements file",
+    ("rv.files.sync", "exclude"): "git's .git/info/exclude",
+}
+
+
+def spells(path: Path, word: str) -> bool:
+    """Whether a string of ``path``'s code (not a docstring) is ``word`` (a config key, a parameter's
+    name) or holds ``--word`` (a flag; in an f-string too): ``--cluster-constraint`` is another."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    flag = re.compile(rf"--{word}(?![\w-])")
+    return any(
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and (node.value == word or flag.search(node.value))
+        for node in ast.walk(tree)
+    )
+
+
+@pytest.mark.parametrize("word", SLURM_OPTION_WORDS)
+def test_each_slurm_option_is_spelled_in_the_table_and_at_most_two_other_modules(word):
+    modules = [
+        module_name(path)
+        for path in sorted(RV.rglob("*.py"))
+        if spells(path, word) and (module_name(path), word) not in NOT_SLURMS
+    ]
+    assert "rv.slurm.options" in modules  # the positive case: the table itself is found
+    assert len(modules) <= MAX_MODULES_SPELLING_AN_OPTION, (
+        f"--{word} is spelled in {modules}: read it from rv.slurm.options.TABLE"
+    )
+
+
+def test_the_spelling_check_sees_a_flag_a_key_and_an_f_string_but_no_docstring(tmp_path):
+    cases = {
+        'x = ["--exclude", "gpu-07"]\n': True,
+        'x = {"exclude": str}\n': True,
+        'x = f"--exclude={node}"\n': True,
+        '"""Leave out nodes (--exclude)."""\n# --exclude\nx = "--exclude-newer"\n': False,
+    }
+    for n, (text, found) in enumerate(cases.items()):
+        (tmp_path / f"m{n}.py").write_text(text)
+        assert spells(tmp_path / f"m{n}.py", "exclude") is found, text
