@@ -1,6 +1,7 @@
 """Where a run may start: Slurm's placement options, the GPU types it may take, and what to do on a
-bad GPU. Pure: the CLI fills a :class:`Placement`, the script renderer writes it, nothing here talks
-to the cluster.
+bad GPU. Pure: the CLI fills a ``PlacementOptions`` (rv.slurm.options, from its table),
+:func:`build_placement` checks it into a ``Placement``, the script renderer writes it, nothing here
+talks to the cluster.
 
 * Slurm's own words, each an ``#SBATCH`` line (the table of rv.slurm.options: ``--partition``,
   ``--qos``, ...), ``--time-min`` (backfill, for programs that follow the stop protocol), and
