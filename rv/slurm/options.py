@@ -285,4 +285,4 @@ class Placement(PlacementOptions):
     def sbatch_judges(self) -> bool:
         """Whether it holds what only sbatch can judge (a QoS, a node list, nodes to leave out...):
         then ``sbatch --test-only`` is asked before anything is sent, by ``rv run`` and ``rv up``."""
-        return bool(self.values or self.sbatch or self.time_min_seconds)
+        return bool(any(value for _, value in self.values) or self.sbatch or self.time_min_seconds)
