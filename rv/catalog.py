@@ -25,7 +25,7 @@ class GpuType:
     gres: str  # the gres type, as in --gres=gpu:<gres>:N
     gpus_per_node: int
     compute_capability: float | None = None
-    constraint: str | None = None  # --constraint, for clusters that tell models apart by feature
+    constraint: str | None = None  # a node feature it needs, for clusters that tell models apart by feature
     vram_gb: float | None = None
     su_per_gpu_hour: float | None = None  # None: unknown (cost shows "?"); 0: free
     max_gpus_per_job: int | None = None
