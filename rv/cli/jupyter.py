@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rv.cli.common import note, run_store, session, warn
-from rv.cli.upsession import SessionCommand, live_or_new
+from rv.cli.upsession import SessionCommand, check_container, live_or_new
 
 if TYPE_CHECKING:
     import socket
@@ -53,6 +53,7 @@ def jupyter(
     from rv.pyenv.plan import EnvPlan
     from rv.remote.tunnel import bind_local
 
+    check_container(ctx, "jupyter")
     # A port asked for and taken fails here, before anything is started.
     listener = bind_local(local_port) if local_port is not None else None
     store = run_store()
