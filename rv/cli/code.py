@@ -38,6 +38,7 @@ def code(ctx: click.Context, /, path: str | None, editor: str, yes: bool, new: b
     `Include` line for it at the top of ~/.ssh/config), so `ssh HOST`, scp and Remote-SSH reach the
     node through the login node, inside the job: what they run sees its GPUs and its environment.
     PATH: where the editor opens on the node (default: the run's work dir; relative: inside it).
+    With --container IMAGE (rv up's) every connection lands inside the image, in the job's environment.
     The session lasts until `rv stop NAME` or its time limit.
 
     \b
