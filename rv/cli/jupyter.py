@@ -37,6 +37,7 @@ def jupyter(
     one as `rv up --detach` would, with rv up's options (-g, -t, --time, placement, ...). JupyterLab
     comes from the job's environment when it has it, else from a tools environment rv builds once
     per cluster; the kernel runs the job's Python and sees its GPUs, RV_PRECISION and secrets.
+    With --container IMAGE (rv up's) JupyterLab and its kernels run inside the image.
     Prints (and opens) http://127.0.0.1:PORT/lab?token=...; Ctrl-C stops the forward, while the
     session and JupyterLab stay until `rv stop NAME` or the time limit (rv jupyter again reconnects).
 
@@ -67,13 +68,17 @@ def jupyter(
             if server is None:
                 tools = None
                 if not found.has_lab:
+                    # In an image, on the image's Python (built there as a run's environment is).
+                    image = rj.container[0] if rj.container is not None else None
                     note(
                         "JupyterLab is not in the job's environment: it runs from rv's tools environment "
-                        f"(jupyterlab {notebook.JUPYTERLAB_VERSION}, built once per cluster and Python)"
+                        f"(jupyterlab {notebook.JUPYTERLAB_VERSION}, built once per "
+                        + ("image)" if image else "cluster and Python)")
                     )
                     setup = (*s.profile.setup, *ctx.params.get("setup", ()))
-                    plan = EnvPlan(spec=notebook.tools_spec(ctx.params.get("python_") or s.profile.python))
-                    env = environment(s, plan, setup, TerminalLaunch())
+                    python = None if image else (ctx.params.get("python_") or s.profile.python)
+                    plan = EnvPlan(spec=notebook.tools_spec(python))
+                    env = environment(s, plan, setup, TerminalLaunch(), container=image)
                     assert env is not None, "a plan with a spec always has an environment"
                     tools = env.path
                 note(f"starting JupyterLab in session {rj.name} on {rj.nodes[0]}")

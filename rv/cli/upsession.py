@@ -85,18 +85,12 @@ def _release(s: Session, name: str) -> None:
 
 def check_container(ctx: click.Context, base: str) -> None:
     """`--container` (typed, or a project's or profile's default) checked before anything is sent:
-    a Pyxis image is refused (exit 2), and any image for rv jupyter (its kernel in the image is not
-    done yet). rv code's connections land inside the others (rv.remote.nodessh)."""
+    a Pyxis image is refused (exit 2). The others' images are entered by rv code's connections
+    (rv.remote.nodessh) and rv jupyter's server (rv.job.notebook), through the job's container.sh."""
     from rv.agent import container as adapter
     from rv.job.container import parse_container
 
     container = parse_container(ctx.params.get("container"), ctx.params.get("container_runtime"))
-    if container is not None and base == "jupyter":
-        raise UsageError(
-            f"rv jupyter --container {container.image}: JupyterLab does not run inside an image yet",
-            hint=f"rv code --container {container.image}, or rv up --detach --container {container.image} "
-            "then rv ssh NAME; or rv jupyter --container none",
-        )
     if container is not None and adapter.default_runtime(container.image, container.runtime) == "pyxis":
         # The editor's sshd and JupyterLab start in steps of their own, and a Pyxis image is entered
         # only by srun's options, which those steps (an sshd, a server) cannot take from inside.

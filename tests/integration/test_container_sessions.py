@@ -1,23 +1,55 @@
-"""Issue 43: `rv code --container` lands every connection (VS Code's server) inside the image.
+"""Issue 43: `rv jupyter --container` and `rv code --container` land their servers inside the image.
 
 On both loopback layouts with Charliecloud's ch-run and scripts/testcluster's image (a minimal
-Debian 12 with its own python3 and torch 1.13, and /etc/rv-test-image, a file only it has): rv code's
+Debian 12 with its own python3 and torch 1.13, and /etc/rv-test-image, a file only it has): the
+JupyterLab server runs inside the image, so the kernels it starts are the image's Python; rv code's
 sshd hands every connection (VS Code's server, its terminals) to a shell inside the image. Pyxis is
 not in Debian 12: its refusal here, its command lines in tests/unit/test_container_sessions_parts.py.
-`rv jupyter --container` is refused (exit 2) until its kernel runs inside.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from projects import git_project
-from test_code_and_jupyter import _plain_ssh, _session
+from test_code_and_jupyter import _interrupt, _plain_ssh, _run_cell, _session, _start_jupyter
 from test_container import IMAGE_TORCH, image, nothing_sent
 from test_inside import wait_gone
+
+INSIDE = (
+    "import os, sys, torch\n"
+    "print(open('/etc/rv-test-image').read().split()[:3], torch.__version__, sys.executable,\n"
+    "      os.environ['RV_RUN_NAME'], os.environ.get('RV_IN_CONTAINER'), os.getcwd())\n"
+)
+
+
+def test_jupyter_runs_in_the_image_and_its_kernel_is_the_images_python(layout, tmp_path):
+    # The image has no JupyterLab: rv's tools environment is built on the image's Python, in it.
+    proj = git_project(tmp_path / "p", {"notes.txt": "x\n"})
+    proc, url = _start_jupyter(
+        layout, proj, "-g", "0", "--mem", "1G", "--name", "cnb", "--container", image(layout, "sqfs")
+    )
+    try:
+        job = _session(layout.run_rv, "cnb")["job_id"]
+        printed = _run_cell(url, INSIDE)
+        # The kernel is a child of the server: /etc/rv-test-image and the image's /usr/bin/python3
+        # with torch 1.13 (the host's python3 has torch 2.13) mean the server runs inside the image.
+        assert printed.startswith(f"['rv', 'test', 'image'] {IMAGE_TORCH}"), printed
+        words = printed.split()
+        run_id = _session(layout.run_rv, "cnb")["run_id"]
+        assert words[-4:] == ["/usr/bin/python3", "cnb", "1", f"{layout.remote_root}/runs/{run_id}/work"]
+        metas = [json.loads(p.read_text()) for p in Path(layout.remote_root, "envs").glob("*/rv-env.json")]
+        assert any(str(m.get("image", "")).startswith("charliecloud ") for m in metas), metas
+    finally:
+        err = _interrupt(proc)
+    assert proc.returncode == 0, err
+    assert "built once per image" in err, err
+    assert layout.run_rv("stop", "cnb").returncode == 0
+    wait_gone(layout.ssh, job)
 
 
 def test_code_lands_every_connection_inside_the_projects_image(layout, tmp_path):
@@ -77,14 +109,15 @@ def test_code_and_jupyter_refusals_come_before_anything_is_sent(layout, tmp_path
 
     err = refused("code", "--editor", "x", "--container", "/nonexistent/image.sqfs")
     assert "--container /nonexistent/image.sqfs: no such image on the cluster" in err, err
-    # rv jupyter in an image: not yet (its kernel there), said before any connection.
-    err = refused("jupyter", "--no-browser", "--container", image(layout))
-    assert "JupyterLab does not run inside an image yet" in err and "rv code --container" in err, err
+    err = refused("jupyter", "--no-browser", "--container", image(layout), "--container-runtime", "apptainer")
+    assert "--container-runtime apptainer: apptainer is not on the cluster" in err, err
     err = refused("code", "--editor", "x", "--container", image(layout), "--container-runtime", "apptainer")
     assert "--container-runtime apptainer: apptainer is not on the cluster" in err, err
     # A Pyxis image: refused on the laptop, before any connection.
     err = refused("code", "--editor", "x", "--container", "/sw/pt.sqsh")
     assert "do not run inside a Pyxis image yet" in err and "rv ssh" in err, err
+    err = refused("jupyter", "--container", "/sw/pt.sqsh")
+    assert "do not run inside a Pyxis image yet" in err, err
 
 
 @pytest.mark.parametrize("layout", ["default"], indirect=True)  # refused on the laptop: one layout

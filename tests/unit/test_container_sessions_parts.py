@@ -146,3 +146,57 @@ def test_code_hands_each_connection_into_the_image_but_sftp(tmp_path):
     assert log.read_text() == f"bash {login}\n"  # once: inside, login.sh does not enter again
     assert connect("/usr/lib/openssh/sftp-server; echo ${RV_FAKE_IMAGE-outside}").endswith("outside\n")
     assert log.read_text().count("\n") == 1
+
+
+def test_jupyters_node_script_runs_itself_again_inside_the_image(tmp_path):
+    from rv.job.notebook import NODE
+
+    job_dir = tmp_path / "run"
+    job_dir.mkdir()
+    (job_dir / "env.sh").write_text("true\n")
+    log = tmp_path / "entered"
+    _fake_container(job_dir, log)
+    # The script's first lines up to its entering the image, then a line saying where it runs.
+    head = NODE.split("if ! py=", 1)[0].replace("ENV_FILE", shlex.quote(str(job_dir / "env.sh")))
+    head = head.replace("WORK_DIR", shlex.quote(str(tmp_path)))
+    script = tmp_path / "start.sh"
+    script.write_text(head + 'echo "${RV_FAKE_IMAGE-outside} $*"\n')
+    out = subprocess.run(
+        ["bash", str(script), "10.0.0.1", "/tools"], env={"PATH": "/usr/bin:/bin"}, capture_output=True,
+        text=True, check=True,
+    ).stdout  # fmt: skip
+    assert out == "1 10.0.0.1 /tools\n"
+    assert log.read_text() == f"bash {script} 10.0.0.1 /tools\n"
+
+
+def test_the_kernels_tools_packages_come_before_the_interpreters_own(tmp_path):
+    """An image's Python (Debian 12's) has older packages (typing_extensions) that ipykernel cannot
+    use: the tools environment's go before them, after a venv's own."""
+    import json
+    import sys
+
+    from rv.job.notebook import KERNEL_SPEC
+
+    folder = tmp_path / "k"
+    argv = [sys.executable, "-", str(folder), "/tools/site-packages", "s"]
+    subprocess.run(argv, input=KERNEL_SPEC, text=True, check=True)
+    code = json.loads((folder / "kernel.json").read_text())["argv"][2]
+    shown = code.replace(
+        "from ipykernel.kernelapp import launch_new_instance; launch_new_instance()",
+        "import json; print(json.dumps(sys.path))",
+    )
+
+    def sys_path(**env: str) -> list[str]:
+        full = {"PATH": "/usr/bin:/bin", **env}
+        ran = subprocess.run([sys.executable, "-c", shown], capture_output=True, text=True, env=full)
+        assert ran.returncode == 0, ran.stderr
+        return json.loads(ran.stdout)
+
+    # The interpreter's own packages (as an image's /usr/lib/python3/dist-packages) come after.
+    path = sys_path(PYTHONPATH="/image/dist-packages")
+    assert path.index("/tools/site-packages") < path.index("/image/dist-packages"), path
+    path = sys_path()
+    at = path.index("/tools/site-packages")
+    own = [i for i, p in enumerate(path) if p.startswith(sys.prefix + "/") and p.endswith("site-packages")]
+    if sys.prefix != sys.base_prefix:  # a venv (the project's environment): its own packages first
+        assert own and all(i < at for i in own), path
