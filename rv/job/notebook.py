@@ -53,6 +53,7 @@ has_lab='p=$(command -v python3 || command -v python) && "$p" -c "import jupyter
         # A session in an image: its Python is asked, inside (the runtime runs here as for builds).
         . "${2%/*}/container.sh"
         rv_in_container bash -c '. "$1" >/dev/null 2>&1; eval "$2"' rv-jupyter "$2" "$has_lab"
+        exit 0  # the runtime did not start here: not the host's Python's answer (rv builds the tools)
     fi
     eval "$has_lab"
 ) 2>/dev/null

@@ -127,3 +127,24 @@ def test_a_projects_container_default_applies_to_code(layout, tmp_path):
     assert r.returncode == 2 and "Pyxis image" in r.stderr, r.stderr
     r = layout.run_rv("code", "--editor", "x", cwd=proj, timeout=60)  # the project's default: the same
     assert r.returncode == 2 and "Pyxis image" in r.stderr, r.stderr
+
+
+def test_up_without_detach_gives_a_shell_inside_the_image(layout, tmp_path):
+    from terminal import Terminal
+    from test_inside import rv_argv, up_job
+
+    proj = git_project(tmp_path / "p", {"t.py": "print(1)\n"})
+    argv = rv_argv("up", "-g", "0", "--mem", "500M", "--name", "cshell", "--container", image(layout, "sqfs"))
+    term = Terminal(argv, env=layout.rv_env, cwd=proj)
+    try:
+        job = up_job(term)
+        term.expect(r"\(rv cshell\) ", timeout=300)
+        torch = "$(python3 -c 'import torch; print(torch.__version__)')"
+        term.send(f"echo IN $(head -c 13 /etc/rv-test-image) {torch}\r")
+        (version,) = term.expect(r"IN rv test image (\S+)\r\n").groups()
+        assert version.startswith(IMAGE_TORCH), version
+        term.send("exit\r")
+        term.expect(rf"released the allocation \(job {job}\)")
+        assert term.wait() == 0
+    finally:
+        term.close()
