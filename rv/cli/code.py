@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rv.cli.common import note, run_store, session, warn
-from rv.cli.upsession import SessionCommand, held_session
+from rv.cli.upsession import SessionCommand, check_container, held_session
 
 if TYPE_CHECKING:
     from rv.remote.nodessh import SshFiles
@@ -38,6 +38,7 @@ def code(ctx: click.Context, /, path: str | None, editor: str, yes: bool, new: b
     `Include` line for it at the top of ~/.ssh/config), so `ssh HOST`, scp and Remote-SSH reach the
     node through the login node, inside the job: what they run sees its GPUs and its environment.
     PATH: where the editor opens on the node (default: the run's work dir; relative: inside it).
+    With --container IMAGE (rv up's) every connection lands inside the image, in the job's environment.
     The session lasts until `rv stop NAME` or its time limit.
 
     \b
@@ -53,6 +54,7 @@ def code(ctx: click.Context, /, path: str | None, editor: str, yes: bool, new: b
 
     if not editor or any(c.isspace() for c in editor):
         raise UsageError(f"--editor {editor!r}: one command name", hint="e.g. --editor cursor")
+    check_container(ctx, "code")
     files = nodessh.SshFiles.for_home()
     files.check()  # ~/.ssh/config read as ssh reads it, before anything is started
     store = run_store()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rv.cli.common import note, run_store, session, warn
-from rv.cli.upsession import SessionCommand, live_or_new
+from rv.cli.upsession import SessionCommand, check_container, live_or_new
 
 if TYPE_CHECKING:
     import socket
@@ -37,6 +37,7 @@ def jupyter(
     one as `rv up --detach` would, with rv up's options (-g, -t, --time, placement, ...). JupyterLab
     comes from the job's environment when it has it, else from a tools environment rv builds once
     per cluster; the kernel runs the job's Python and sees its GPUs, RV_PRECISION and secrets.
+    With --container IMAGE (rv up's) JupyterLab and its kernels run inside the image.
     Prints (and opens) http://127.0.0.1:PORT/lab?token=...; Ctrl-C stops the forward, while the
     session and JupyterLab stay until `rv stop NAME` or the time limit (rv jupyter again reconnects).
 
@@ -53,6 +54,7 @@ def jupyter(
     from rv.pyenv.plan import EnvPlan
     from rv.remote.tunnel import bind_local
 
+    check_container(ctx, "jupyter")
     # A port asked for and taken fails here, before anything is started.
     listener = bind_local(local_port) if local_port is not None else None
     store = run_store()
@@ -66,13 +68,17 @@ def jupyter(
             if server is None:
                 tools = None
                 if not found.has_lab:
+                    # In an image, on the image's Python (built there as a run's environment is).
+                    image = rj.container[0] if rj.container is not None else None
                     note(
                         "JupyterLab is not in the job's environment: it runs from rv's tools environment "
-                        f"(jupyterlab {notebook.JUPYTERLAB_VERSION}, built once per cluster and Python)"
+                        f"(jupyterlab {notebook.JUPYTERLAB_VERSION}, built once per "
+                        + ("image)" if image else "cluster and Python)")
                     )
                     setup = (*s.profile.setup, *ctx.params.get("setup", ()))
-                    plan = EnvPlan(spec=notebook.tools_spec(ctx.params.get("python_") or s.profile.python))
-                    env = environment(s, plan, setup, TerminalLaunch())
+                    python = None if image else (ctx.params.get("python_") or s.profile.python)
+                    plan = EnvPlan(spec=notebook.tools_spec(python))
+                    env = environment(s, plan, setup, TerminalLaunch(), container=image)
                     assert env is not None, "a plan with a spec always has an environment"
                     tools = env.path
                 note(f"starting JupyterLab in session {rj.name} on {rj.nodes[0]}")

@@ -196,7 +196,13 @@ def _attend(s: Any, dog: Watchdog, record: RunRecord, plan: Plan, *, detach: boo
             f"job {record.job_id} is ready on {node}: a shell in its work dir (exit it to release the "
             "allocation)"
         )
-        line = attach_command(JobPlace(s.layout.root, run_id, record.job_id), node, None, pty=True)
+        place = JobPlace(s.layout.root, run_id, record.job_id)
+        if plan.container is not None:
+            from rv.job.inside import running_job
+
+            # The way into its image, as its record keeps it (Pyxis: srun's options).
+            place = running_job(s.transport, run_store(), s.profile.name, s.layout.root, run_id).place
+        line = attach_command(place, node, None, pty=True)
         cols, rows = terminal_size()
         code = relay(s.connection.open_pty(line, term=term_name(), cols=cols, rows=rows))
         gone, why = session_up.release(dog)

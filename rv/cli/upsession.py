@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 # rv up's options that size or place a new session: said to be unused when a live one is reused.
 _SIZING = ("gpus", "gpu_type", "mig", "time_", "mem", "cpus", "nodes",
-           *(row.param_name for row in flag_rows(up=True)), "setup")  # fmt: skip
+           *(row.param_name for row in flag_rows(up=True)), "setup", "container",
+           "container_runtime")  # fmt: skip
 
 
 class SessionCommand(LayeredCommand):
@@ -83,6 +84,25 @@ def _release(s: Session, name: str) -> None:
     warn(f"stopped session {name}, which this command started: it could not be used")
 
 
+def check_container(ctx: click.Context, base: str) -> None:
+    """`--container` (typed, or a project's or profile's default) checked before anything is sent:
+    a Pyxis image is refused (exit 2). The others' images are entered by rv code's connections
+    (rv.remote.nodessh) and rv jupyter's server (rv.job.notebook), through the job's container.sh."""
+    from rv.agent import container as adapter
+    from rv.job.container import parse_container
+
+    container = parse_container(ctx.params.get("container"), ctx.params.get("container_runtime"))
+    if container is not None and adapter.default_runtime(container.image, container.runtime) == "pyxis":
+        # The editor's sshd and JupyterLab start in steps of their own, and a Pyxis image is entered
+        # only by srun's options, which those steps (an sshd, a server) cannot take from inside.
+        raise UsageError(
+            f"rv {base} --container {container.image}: the editor and the notebook do not run inside a "
+            "Pyxis image yet",
+            hint=f"rv up --detach --container {container.image} then rv ssh NAME; or an Apptainer or "
+            "Charliecloud image",
+        )
+
+
 def live_or_new(
     ctx: click.Context, s: Session, *, base: str, new: bool, started: list[str] | None = None
 ) -> RunningJob:
@@ -93,14 +113,6 @@ def live_or_new(
     from rv.job.inside import running_job
     from rv.job.submit import default_run_name, new_run_id
 
-    container = ctx.params.get("container")
-    if container and container.strip() != "none":
-        # The editor's sshd and the notebook's kernel are steps of their own on the node, started
-        # outside the image: a session in a container is `rv up --container`, entered by `rv ssh`.
-        raise UsageError(
-            f"rv {base} --container {container}: the editor and the notebook do not run inside an image yet",
-            hint=f"rv up --container {container} then rv ssh; or rv {base} --container none",
-        )
     store = run_store()
     profile, root = s.profile.name, s.layout.root
     name: str | None = ctx.params.get("name")
@@ -111,6 +123,12 @@ def live_or_new(
         found = serve.live_session(s.transport, store, profile, root, [record] if record else [])
     else:
         found = serve.live_session(s.transport, store, profile, root, serve.candidates(store, profile, root))
+    if found is not None and found.container is not None and found.container[0].runtime == "pyxis":
+        raise UsageError(
+            f"session {found.name} runs in a Pyxis image: the editor and the notebook do not run inside "
+            "one yet",
+            hint=f"rv ssh {found.name}; or rv {base} --new for a session of its own",
+        )
     if found is not None:
         typed = [p for p in _SIZING if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
         if typed:

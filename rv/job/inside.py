@@ -25,6 +25,7 @@ from rv.job import query
 from rv.job.records import ClusterRun, RunStore
 from rv.layout import RemoteLayout
 from rv.slurm import commands
+from rv.slurm.container import Container, attach_options, from_meta
 from rv.slurm.parse import NodeAddress, QueuedJob, parse_node_addresses, parse_squeue
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class JobPlace:
     root: str
     run_id: str
     job_id: str
+    # srun's options that put a step of the job in its image (Pyxis: rv.slurm.container.attach_options).
+    enter: tuple[str, ...] = ()
 
     @property
     def run_dir(self) -> str:
@@ -105,8 +108,18 @@ class RunningJob:
         return self.nodes[index]
 
     @property
+    def container(self) -> tuple[Container, list[str]] | None:
+        """The image the job runs in and its binds, as its record keeps them (None: no container)."""
+        return from_meta(self.run.meta.get("container"))
+
+    @property
     def place(self) -> JobPlace:
-        return JobPlace(self.root, self.run.run_id, self.job_id)
+        found = self.container
+        enter: list[str] = []
+        if found is not None:
+            run_dir = RemoteLayout(self.root).run_dir(self.run.run_id)
+            enter = attach_options(found[0], folders=found[1], job_id=self.job_id, workdir=run_dir)
+        return JobPlace(self.root, self.run.run_id, self.job_id, tuple(enter))
 
 
 def running_job(
@@ -145,7 +158,7 @@ def attach_command(place: JobPlace, node: str, command: str | None, *, pty: bool
     words = ["bash", "-c", ATTACH, "rv-ssh", place.env_file, place.work_dir]
     if command is not None:
         words.append(command)
-    return commands.shell(commands.srun_attach(place.job_id, node, words, pty=pty))
+    return commands.shell(commands.srun_attach(place.job_id, node, words, pty=pty, options=place.enter))
 
 
 def node_address(transport: Transport, node: str) -> NodeAddress:

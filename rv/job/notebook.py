@@ -46,9 +46,16 @@ if [ -f "$d/srun.pid" ] && kill -0 "$(cat "$d/srun.pid")" 2>/dev/null; then
     if [ -n "$f" ]; then echo running; cat "$f"; exit 0; fi
 fi
 echo stopped
+has_lab='p=$(command -v python3 || command -v python) && "$p" -c "import jupyterlab" && echo has-lab'
 (
     [ -r "$2" ] && . "$2" >/dev/null 2>&1
-    p=$(command -v python3 || command -v python) && "$p" -c 'import jupyterlab' && echo has-lab
+    if [ -r "${2%/*}/container.sh" ]; then
+        # A session in an image: its Python is asked, inside (the runtime runs here as for builds).
+        . "${2%/*}/container.sh"
+        rv_in_container bash -c '. "$1" >/dev/null 2>&1; eval "$2"' rv-jupyter "$2" "$has_lab"
+        exit 0  # the runtime did not start here: not the host's Python's answer (rv builds the tools)
+    fi
+    eval "$has_lab"
 ) 2>/dev/null
 exit 0
 """
@@ -84,6 +91,13 @@ exit 4
 NODE = r"""d=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 addr=$1 tools=$2
 env_file=ENV_FILE
+# A session in an image (rv up --container): this script again, inside it (rv.slurm.container).
+if [ -r "$env_file" ] && [ -r "${env_file%/*}/container.sh" ] && [ -z "${RV_IN_CONTAINER-}" ]; then
+    . "${env_file%/*}/container.sh"
+    cd -- WORK_DIR 2>/dev/null || true
+    export RV_IN_CONTAINER=1
+    rv_in_container bash "${BASH_SOURCE[0]}" "$@"
+fi
 if [ -r "$env_file" ]; then
     . "$env_file" >/dev/null
 else
@@ -105,7 +119,10 @@ if ! "$py" -c 'import jupyterlab' 2>/dev/null; then
         site=$("$server" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     fi
 fi
+# rv's kernel spec first: jupyter_core 5 otherwise prefers a venv's own folders (the tools
+# environment's python3 kernel, which is not the job's Python) to JUPYTER_DATA_DIR.
 export JUPYTER_CONFIG_DIR="$d/config" JUPYTER_DATA_DIR="$d/data" JUPYTER_RUNTIME_DIR="$d/runtime"
+export JUPYTER_PREFER_ENV_PATH=0
 "$py" - "$JUPYTER_DATA_DIR/kernels/python3" "$site" "${RV_RUN_NAME:-session}" <<'EOF' || exit 96
 KERNEL_SPEC
 EOF
@@ -122,8 +139,14 @@ if not os.path.isdir(folder):
     os.makedirs(folder)
 code = "from ipykernel.kernelapp import launch_new_instance; launch_new_instance()"
 if site:
-    # The project's packages first; the tools environment's fill in what it lacks (ipykernel).
-    code = "import sys; sys.path.append(%r); %s" % (site, code)
+    # The project's packages first (a venv's own), then the tools environment's (ipykernel and what
+    # it needs), then the interpreter's own: an image's or a distribution's older packages
+    # (Debian 12's typing_extensions) must not shadow what ipykernel needs.
+    code = ("import sys\n"
+            "venv = sys.prefix != getattr(sys, 'base_prefix', sys.prefix)\n"
+            "at = [i for i, p in enumerate(sys.path) if p.rstrip('/').endswith(('site-packages', "
+            "'dist-packages')) and not (venv and p.startswith(sys.prefix + '/'))]\n"
+            "sys.path.insert(at[0] if at else len(sys.path), %r)\n%s") % (site, code)
 with open(os.path.join(folder, "kernel.json"), "w") as fh:
     json.dump({"argv": [sys.executable, "-c", code, "-f", "{connection_file}"],
                "display_name": "Python (rv %s)" % name, "language": "python",

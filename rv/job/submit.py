@@ -39,9 +39,10 @@ from rv.request import JobRequest
 from rv.secrets import render_env_file
 from rv.slurm import commands
 from rv.slurm.container import Container
+from rv.slurm.container import to_meta as container_meta
 from rv.slurm.options import Placement
 from rv.slurm.parse import ArrayLimits, SubmitLimit, parse_array_limits, parse_submit_limit
-from rv.slurm.script import ScriptContext, render_script, run_paths, runtime_files
+from rv.slurm.script import ScriptContext, container_folders, render_script, run_paths, runtime_files
 from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, ArrayPart, Point, Sweep
 from rv.timespec import IDLE_GPU_DEFAULT
 
@@ -299,6 +300,10 @@ def submit_args(
         # --work-dir: "node" keeps the work dir off the shared filesystem (rv/agent/job.sh).
         "work_dir": ctx.work_dir,
     }
+    if ctx.container is not None:
+        # The image and runtime the cluster chose, and its binds: what later steps enter (rv ssh into
+        # a Pyxis image, rv jupyter's tools environment built on the image's Python).
+        meta["container"] = container_meta(ctx.container, container_folders(req, ctx))
     # What a GPU-hour of each type the run may land on costs (the catalog's rate, None: not known):
     # the notifier's summary of the run's end counts SUs with them (rv/agent/notify.py).
     meta["su_rates"] = {

@@ -91,6 +91,21 @@ env_file=ENV_FILE
 work=WORK_DIR
 [ ! -r "$d/step.sh" ] || . "$d/step.sh"
 cmd=${SSH_ORIGINAL_COMMAND-}
+# A session in an image (rv up --container) left how to enter it beside its environment file: every
+# connection lands inside (VS Code's server, its terminals and extensions), this script run again
+# there; not sftp's server, which is the node's (the files are the same: the remote root is bound).
+c=${env_file%/*}/container.sh
+if [ -r "$c" ] && [ -r "$env_file" ] && [ -z "${RV_IN_CONTAINER-}" ]; then
+    case $cmd in
+        */sftp-server* | internal-sftp*) ;;
+        *)
+            . "$c"
+            cd -- "$work" 2>/dev/null || true
+            export RV_IN_CONTAINER=1
+            rv_in_container bash "${BASH_SOURCE[0]}"
+            ;;
+    esac
+fi
 if [ -r "$env_file" ]; then
     if [ -z "$cmd" ] && [ -t 0 ]; then exec bash --rcfile "$env_file" -i; fi
     . "$env_file" >/dev/null  # stdout is the client's: sftp's protocol, VS Code's installer

@@ -119,16 +119,19 @@ def scontrol_show_nodes(nodes: Sequence[str]) -> list[str]:
     return ["scontrol", "-o", "show", "node", ",".join(nodes)]
 
 
-def srun_attach(job_id: str, node: str, command: Sequence[str], *, pty: bool = False) -> list[str]:
+def srun_attach(
+    job_id: str, node: str, command: Sequence[str], *, pty: bool = False, options: Sequence[str] = ()
+) -> list[str]:
     """A step of the running job ``job_id`` on ``node`` alone, running ``command`` beside the program.
 
     ``--overlap`` shares the job's CPUs, memory and GPUs with its other steps (the program's): without
     it srun waits for them to end. ``--pty``: the command's terminal (an interactive shell).
+    ``options``: more of srun's (Pyxis's, that enter the job's image).
     """
     argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}"]
     if pty:
         argv.append("--pty")
-    return [*argv, *command]
+    return [*argv, *options, *command]
 
 
 def srun_each_node(job_id: str, nodes: int, command: Sequence[str]) -> list[str]:

@@ -242,7 +242,7 @@ class _Transport:
 def _running_job():
     from rv.job.inside import RunningJob
 
-    run = SimpleNamespace(name="ed", run_id="abc123")
+    run = SimpleNamespace(name="ed", run_id="abc123", meta={})
     job = SimpleNamespace(job_id="77", node_list=("gpu-01",))
     return RunningJob(run=run, job=job, root="/scratch/me/rv")  # type: ignore[arg-type]
 

@@ -173,7 +173,7 @@ def test_pyxis_wraps_each_nodes_task_through_srun():
     line = next(x for x in script.splitlines() if x.startswith("rv_srun_container="))
     assert line == (
         "rv_srun_container=(--container-image=/sw/pt.sqsh --container-mounts=/scratch/u/rv:/scratch/u/rv "
-        '"--container-workdir=$PWD")'
+        '"--container-workdir=$PWD" "--container-name=rv-$SLURM_JOB_ID")'
     )
     subprocess.run(["bash", "-n"], input=script.encode(), check=True)
 
