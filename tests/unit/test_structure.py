@@ -4,6 +4,7 @@ node has, and the laptop never loads it."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -326,20 +327,56 @@ def test_no_function_is_over_120_lines():
 MAX_SHELL_FUNCTION_LINES = 60
 
 
+_SHELL_FUNCTION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\(\) \{(.*)")
+
+
 def shell_functions(text: str) -> dict[str, int]:
-    """Each top-level function of a bash file (``name() {`` to the ``}`` that starts a line): its lines."""
+    """Each top-level function of a bash file (``name() {``, a comment after it or not, to the ``}``
+    that starts a line; ``name() { ...; }`` on one line is one line): its lines."""
     sizes, name, start = {}, "", 0
     for n, line in enumerate(text.splitlines(), 1):
-        if line.endswith("() {") and not line.startswith((" ", "#")):
-            name, start = line.split("(")[0], n
+        found = _SHELL_FUNCTION.fullmatch(line)
+        if found and found[2].strip() and not found[2].strip().startswith("#"):
+            sizes[found[1]] = 1
+        elif found:
+            name, start = found[1], n
         elif line == "}" and name:
             sizes[name], name = n - start + 1, ""
     return sizes
 
 
-def test_no_job_runtime_function_is_over_60_lines():
-    # The decisions are functions of their own (rv_end_decide: tested case by case), not shell ladders.
-    sizes = shell_functions((AGENT / "job.sh").read_text(encoding="utf-8"))
-    assert len(sizes) > 40 and sizes["rv_end_decide"] > 20  # the positive case: it finds them
+SHELL_FILES = sorted(AGENT.glob("*.sh"))
+
+
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: p.name)
+def test_no_job_runtime_file_is_over_900_lines_nor_a_function_over_60(path):
+    # The decisions are functions of their own (rv_end_decide: tested case by case), not shell ladders;
+    # a concern of its own is a part of its own (job.sh's header lists them).
+    text = path.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"rv/agent/{path.name}: over {MAX_MODULE_LINES} lines"
+    sizes = shell_functions(text)
+    assert sizes  # the positive case: it finds them
     long = sorted(name for name, lines in sizes.items() if lines > MAX_SHELL_FUNCTION_LINES)
-    assert not long, f"rv/agent/job.sh: over {MAX_SHELL_FUNCTION_LINES} lines: {long}"
+    assert not long, f"rv/agent/{path.name}: over {MAX_SHELL_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_shell_rules_see_the_job_runtime_and_a_long_function():
+    sizes = shell_functions((AGENT / "job.sh").read_text(encoding="utf-8"))
+    assert len(sizes) > 30 and sizes["rv_end_decide"] > 20
+    assert shell_functions("f() {  # f ARG\n" + "    :\n" * 70 + "}\ng() { :; }\n") == {"f": 72, "g": 1}
+
+
+def test_every_part_of_the_job_runtime_is_shipped_in_its_one_file():
+    # The parts are joined into one runtime file (rv.slurm.script.job_runtime): a part left out of
+    # JOB_RUNTIME_PARTS would be missing on the cluster, and a function defined twice would be
+    # silently replaced by the later part's.
+    from rv.slurm.script import JOB_RUNTIME_PARTS, runtime_files
+
+    assert sorted(JOB_RUNTIME_PARTS) == SHELL_FILES and JOB_RUNTIME_PARTS[0].name == "job.sh"
+    (shipped,) = (text for name, text in runtime_files().items() if name.startswith("job-"))
+    names: list[str] = []
+    for part in JOB_RUNTIME_PARTS:
+        text = part.read_text(encoding="utf-8")
+        assert text in shipped, part.name
+        names += shell_functions(text)
+    assert len(names) == len(set(names)) and set(names) == set(shell_functions(shipped))
