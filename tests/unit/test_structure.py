@@ -293,6 +293,69 @@ def test_the_script_context_is_built_in_one_place():
     assert calls == [calls[0]] and calls[0].startswith("rv.job.launch:"), calls
 
 
+# Floors, lowest first: a module imports only modules on its own floor or below (lazy imports and
+# TYPE_CHECKING ones too). So a floor can be read, tested and changed knowing nothing above it, and no
+# circle spans floors (tests/unit/test_import_cycles.py forbids circles within one). Every module of
+# rv/ is on one: a new top module or package fails below until it is placed.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    # the ground: values, checks and formats every wing shares; the agent (standard library only)
+    ("rv", "rv.agent", "rv.contract", "rv.errors", "rv.units", "rv.timespec", "rv.names", "rv.catalog",
+     "rv.launcher", "rv.layout", "rv.runtime", "rv.commands", "rv.gpustat", "rv.config", "rv.secrets",
+     "rv.notify", "rv.sweep", "rv.request", "rv.misplaced"),
+    ("rv.remote",),  # how a command reaches the cluster
+    ("rv.files", "rv.slurm"),  # what a run sends: its files, Slurm's words
+    ("rv.placement", "rv.probe", "rv.pyenv"),  # built on Slurm's words and the connection
+    ("rv.job",),  # a run's life
+    ("rv.ui",),  # the page
+    ("rv.cli",),  # the commands
+    ("rv.entry", "rv.forkserver", "rv.__main__"),  # the program
+)  # fmt: skip
+# Arrows up a floor that a branch is removing now: delete the entry when it lands (a stale one fails).
+# Never add one for new code.
+FLOOR_EXCEPTIONS = {
+    # issue 42: the one table of Slurm options removes rv/slurm/script.py -> rv/placement.py
+    ("rv.slurm.script", "rv.placement"),
+}
+
+
+def floor_of(module: str) -> int:
+    """The floor of ``module``: that of the longest name in FLOORS it is or is under ("rv" is the
+    package's own __init__ only)."""
+    found = [
+        (len(name), n)
+        for n, names in enumerate(FLOORS)
+        for name in names
+        if module == name or (name != "rv" and module.startswith(name + "."))
+    ]
+    assert found, f"{module} is on no floor: place it in FLOORS"
+    return max(found)[1]
+
+
+def imports_up_a_floor() -> set[tuple[str, str]]:
+    """(module, what it imports on a higher floor), for every module of rv/."""
+    up = set()
+    for path in sorted(RV.rglob("*.py")):
+        me = module_name(path)
+        for other in imported_modules(path):
+            if (other == "rv" or other.startswith("rv.")) and floor_of(other) > floor_of(me):
+                up.add((me, other))
+    return up
+
+
+def test_no_module_imports_one_on_a_higher_floor():
+    up = imports_up_a_floor()
+    assert not up - FLOOR_EXCEPTIONS, sorted(up - FLOOR_EXCEPTIONS)
+    stale = sorted(FLOOR_EXCEPTIONS - up)
+    assert not stale, f"gone now: delete these from FLOOR_EXCEPTIONS: {stale}"
+
+
+def test_the_floor_rule_sees_an_arrow_up():
+    assert floor_of("rv.config") == 0 and floor_of("rv.job.workdir") == floor_of("rv.job") > 0
+    assert floor_of("rv.slurm.script") < floor_of("rv.placement") < floor_of("rv.job.launch")
+    with pytest.raises(AssertionError, match="on no floor"):
+        floor_of("rv.newthing")
+
+
 # Each package's docstring is its door: it names every module it holds, one line each, and no module
 # that is gone. A module added or removed without its line fails here.
 DOORS = ("job", "files", "remote", "slurm", "pyenv", "agent")
