@@ -293,6 +293,23 @@ def test_the_script_context_is_built_in_one_place():
     assert calls == [calls[0]] and calls[0].startswith("rv.job.launch:"), calls
 
 
+def test_a_plan_is_built_whole_and_never_patched():
+    # rv.job.launch.Plan is frozen and validated as a whole: plan_run and plan_up build it once, with
+    # every field, never dataclasses.replace(plan, ...) after the checks.
+    patched, built = [], []
+    for path in sorted(RV.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if name == "replace" and node.args and getattr(node.args[0], "id", "").endswith("plan"):
+                patched.append(f"{module_name(path)}:{node.lineno}")
+            if name == "Plan":
+                built.append(module_name(path))
+    assert not patched, patched
+    assert built == ["rv.job.launch", "rv.job.launch"], built  # plan_run's and plan_up's
+
+
 # Floors, lowest first: a module imports only modules on its own floor or below (lazy imports and
 # TYPE_CHECKING ones too). So a floor can be read, tested and changed knowing nothing above it, and no
 # circle spans floors (tests/unit/test_import_cycles.py forbids circles within one). Every module of
