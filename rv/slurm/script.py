@@ -5,9 +5,10 @@
 the network, the clock or the environment, so the same input always gives the same bytes
 (``tests/golden/*.sh``).
 
-What every job does is not here: it is rv's job runtime, the shell file ``rv/agent/job.sh``, which
-rv ships into the remote root once per content (:func:`runtime_files`, ``<root>/runtime/``) and the
-batch script sources. So the script holds only what differs between jobs:
+What every job does is not here: it is rv's job runtime, the shell file ``rv/agent/job.sh`` and its
+parts beside it joined into one (:data:`JOB_RUNTIME_PARTS`), which rv ships into the remote root once
+per content (:func:`runtime_files`, ``<root>/runtime/``) and the batch script sources. So the script
+holds only what differs between jobs:
 
 1. ``#SBATCH`` directives. No ``--signal`` (job.sh says why), never ``--time-min`` (it lets Slurm
    shorten the time limit), ``--requeue`` (after a node failure or a preemption Slurm runs the same
