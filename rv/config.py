@@ -53,6 +53,23 @@ from rv.slurm.options import TABLE, profile_keys
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
+# Where a job's work dir may live (rv.job.workdir: --work-dir, and what each costs in files).
+WORK_DIRS = ("shared", "node")
+_UNSAFE_PATH = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
+def check_node_work_dir(path: str | None, where: str) -> str | None:
+    """A profile's ``node_work_dir``: an absolute folder on each compute node's local disk."""
+    if path is None:
+        return None
+    if not path.startswith("/") or _UNSAFE_PATH.search(path):
+        raise ConfigError(
+            f"{where}: node_work_dir {path!r} must be an absolute path without spaces",
+            hint="e.g. node_work_dir = '/local/scratch' (a folder on each compute node's own disk); leave "
+            "it out to use $SLURM_TMPDIR, else $TMPDIR, else /tmp",
+        )
+    return path
+
 
 def config_path() -> Path:
     if os.environ.get("RV_CONFIG"):
@@ -356,8 +373,6 @@ def _parse_profile(path: Path, name: str, table: Any) -> Profile:
     notify = table.get("notify", [])
     if not all(isinstance(text, str) for text in notify):
         raise ConfigError(f"{where}: notify must be a list of strings, e.g. notify = ['mail:me@example.org']")
-    from rv.job.workdir import WORK_DIRS, check_node_work_dir
-
     work_dir = table.get("work_dir")
     if work_dir is not None and work_dir not in WORK_DIRS:
         raise ConfigError(f"{where}: work_dir must be shared or node, not {work_dir!r}")

@@ -44,7 +44,11 @@ walrus, no ``capture_output``, no postponed annotations; a test parses each file
     runfiles.py    snap-code: the files a run ran, from the store (rv diff, rv checkout)
     container.py   container runtimes: which one runs an image, and the line that runs a node's
                    launcher inside it
-    job.sh         the job runtime every segment sources (shipped beside the agent)
+    job.sh         the job runtime every segment sources (shipped beside the agent, its parts joined to it)
+    job_workdir.sh the runtime's work dir: made from the store, checked, carried across nodes; -o outputs
+    job_store.sh   the runtime's git on the store, its background gc, what a damaged store says
+    job_stop.sh    the runtime's stop watcher: the stop signal before the time limit
+    job_notify.sh  the runtime's --notify: Slurm's mail and the webhooks
     ranklabel.py   the rank labeller (shipped beside it)
     notify.py      the webhook poster (shipped beside it)
     stats.py       the meter each node's program runs under (shipped beside it)

@@ -48,7 +48,8 @@ collected by rv gc:
 <root>/envs/<key>/              the jobs' Python environments (rv.agent.envs)
 <root>/tools/uv, tools/python   uv, installed once when the cluster has none, and the Pythons it fetches
 <root>/tmp/                     staging for uploads; renamed into place when complete
-<root>/runtime/job-<hash>.sh    rv's job runtime (rv/agent/job.sh) that batch scripts source, and
+<root>/runtime/job-<hash>.sh    rv's job runtime (rv/agent/job.sh, its job_*.sh parts joined) that
+                                batch scripts source, and
 <root>/runtime/rank-label-<hash>.py   its rank labeller, notify-<hash>.py its webhook poster and
                                 stats-<hash>.py its meter; named by content, read-only, written once
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from rv.files.progress import Progress, TransferProgress
     from rv.job.records import RunStore
+    from rv.job.secretsweep import SecretsSweep
     from rv.remote.ssh import SSHTransport
     from rv.remote.transport import Transport
 
@@ -125,11 +126,10 @@ class Session:
     direct: bool = False  # a connection of this process's own, not the warm one (rv.remote.connect)
     _transport: Transport | None = field(default=None, repr=False)
     _connection: SSHTransport | None = field(default=None, repr=False)
-    # The secrets sweep (see _sweep): a command whose one call to the cluster can carry it asks for
-    # the ids with sweep_along() and hands the reply to swept(); then no second round trip is made.
-    _sweep_pending: list[Any] = field(default_factory=list, repr=False)
-    _sweep_asked: bool = field(default=False, repr=False)
-    _swept: bool = field(default=False, repr=False)
+    # The secrets sweep (rv.job.secretsweep): a command whose one call to the cluster can carry it
+    # asks for the ids with sweep_along() and hands the reply to swept(); the session's end sweeps
+    # otherwise.
+    _sweep: SecretsSweep | None = field(default=None, repr=False)
 
     @property
     def transport(self) -> Transport:
@@ -176,30 +176,24 @@ class Session:
         self.close()
         return self.transport
 
+    @property
+    def secrets_sweep(self) -> SecretsSweep:
+        if self._sweep is None:
+            from rv.config import state_dir
+            from rv.job.secretsweep import SecretsSweep
+
+            self._sweep = SecretsSweep(
+                state_dir() / "runs.json", self.profile.name, self.layout.root, note=note, warn=warn
+            )
+        return self._sweep
+
     def sweep_along(self) -> list[str]:
         """Run ids whose leftover secrets the command's own call to the cluster should sweep."""
-        from rv.job.cleanup import pending_secrets
-
-        self._sweep_pending = pending_secrets(run_store(), self.profile.name, self.layout.root)
-        self._sweep_asked = True
-        return [r.run_id for r in self._sweep_pending]
+        return self.secrets_sweep.along()
 
     def swept(self, reply: dict[str, Any] | None) -> None:
         """The reply of a sweep that rode along (None: none was asked for, or the call did not take it)."""
-        if not self._sweep_asked:
-            return  # the session's end sweeps on its own call
-        if not self._sweep_pending:
-            self._swept = True
-            return
-        if reply is None:
-            return  # the session's end sweeps on its own call
-        self._swept = True
-        if "error" in reply:
-            warn(f"could not check for leftover secrets of ended runs: {reply['error']}")
-            return
-        from rv.job.cleanup import apply_sweep
-
-        apply_sweep(run_store(), self.profile.name, self._sweep_pending, reply, note)
+        self.secrets_sweep.swept(reply)
 
     def close(self) -> None:
         if self._transport is not None:
@@ -228,48 +222,11 @@ def session(ctx: click.Context, *, direct: bool = False) -> Iterator[Session]:
     s = Session(config, profile, direct=direct)
     try:
         yield s
-        if s.connected and not s._swept:
-            _sweep(s)
+        if s.connected:
+            # Secrets a killed job could not remove: the next command that talks to the cluster does.
+            s.secrets_sweep.at_end(s.transport)
     finally:
         s.close()
-
-
-def _may_have_secrets_left(profile: str, root: str) -> bool:
-    """A first look at the run records, without loading the run machinery (~50 ms of imports).
-
-    True when a run of this profile and root was sent with secrets not yet seen removed, or when the
-    records cannot be read here (the real reader then reports it).
-    """
-    from rv.config import state_dir
-
-    try:
-        data = json.loads((state_dir() / "runs.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return False
-    except (OSError, ValueError):
-        return True
-    runs = data.get("runs", []) if isinstance(data, dict) else None
-    if not isinstance(runs, list):
-        return True
-    return any(
-        not isinstance(r, dict)
-        or (r.get("has_secrets") and not r.get("secrets_cleared") and r.get("profile") == profile
-            and r.get("remote_root") == root)
-        for r in runs
-    )  # fmt: skip
-
-
-def _sweep(s: Session) -> None:
-    """Secrets a killed job could not remove: the next command that talks to the cluster does."""
-    if not _may_have_secrets_left(s.profile.name, s.layout.root):
-        return
-    from rv.errors import RvError
-    from rv.job.cleanup import sweep_secrets
-
-    try:
-        sweep_secrets(s.transport, run_store(), s.profile.name, s.layout.root, note)
-    except RvError as exc:
-        warn(f"could not check for leftover secrets of ended runs: {exc.message}")
 
 
 # --------------------------------------------------------------------------------------------------

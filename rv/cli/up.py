@@ -174,50 +174,42 @@ def _attend(s: Any, dog: Watchdog, record: RunRecord, plan: Plan, *, detach: boo
     from rv.job import up as session_up
 
     req, run_id = plan.request, plan.run_id
-    released = False
-    try:
-        ready = session_up.wait_ready(dog, view)
-        if detach:
-            session_up.detach(dog)
-            released = True  # nothing to release: the job is the user's to end
+    # Whatever is left when this returns without settling the allocation is released (rv.job.up.held).
+    with session_up.held(dog) as hold:
+        try:
+            ready = session_up.wait_ready(dog, view)
+            if detach:
+                hold.detach()
+                note(
+                    f"rv up session {req.name} is ready: job {record.job_id} on {','.join(ready.node_list)}, "
+                    f"kept until `rv stop {req.name}` or its time limit ({req.time_slurm})\n"
+                    f"  rv ssh {req.name}        a shell on its first node\n"
+                    f"  rv ssh {req.name} -- CMD run CMD there\n"
+                    f"  rv stop {req.name}       release it"
+                )
+                return None
+            from rv.job.inside import JobPlace, attach_command
+            from rv.remote.terminal import relay, term_name, terminal_size
+
+            node = ready.node_list[0]
             note(
-                f"rv up session {req.name} is ready: job {record.job_id} on {','.join(ready.node_list)}, "
-                f"kept until `rv stop {req.name}` or its time limit ({req.time_slurm})\n"
-                f"  rv ssh {req.name}        a shell on its first node\n"
-                f"  rv ssh {req.name} -- CMD run CMD there\n"
-                f"  rv stop {req.name}       release it"
+                f"job {record.job_id} is ready on {node}: a shell in its work dir (exit it to release the "
+                "allocation)"
             )
-            return None
-        from rv.job.inside import JobPlace, attach_command
-        from rv.remote.terminal import relay, term_name, terminal_size
+            place = JobPlace(s.layout.root, run_id, record.job_id)
+            if plan.container is not None:
+                from rv.job.inside import running_job
 
-        node = ready.node_list[0]
-        note(
-            f"job {record.job_id} is ready on {node}: a shell in its work dir (exit it to release the "
-            "allocation)"
-        )
-        place = JobPlace(s.layout.root, run_id, record.job_id)
-        if plan.container is not None:
-            from rv.job.inside import running_job
-
-            # The way into its image, as its record keeps it (Pyxis: srun's options).
-            place = running_job(s.transport, run_store(), s.profile.name, s.layout.root, run_id).place
-        line = attach_command(place, node, None, pty=True)
-        cols, rows = terminal_size()
-        code = relay(s.connection.open_pty(line, term=term_name(), cols=cols, rows=rows))
-        gone, why = session_up.release(dog)
-        released = True
-        _said_released(record.job_id, gone, why)
-        return code
-    except KeyboardInterrupt:
-        gone, why = session_up.release(dog)
-        released = True
-        _said_released(record.job_id, gone, why)
-        return 130
-    finally:
-        if not released:
-            # An error on the way (the job ended, the connection failed): whatever is left goes.
-            session_up.release(dog, timeout=30)
+                # The way into its image, as its record keeps it (Pyxis: srun's options).
+                place = running_job(s.transport, run_store(), s.profile.name, s.layout.root, run_id).place
+            line = attach_command(place, node, None, pty=True)
+            cols, rows = terminal_size()
+            code = relay(s.connection.open_pty(line, term=term_name(), cols=cols, rows=rows))
+            _said_released(record.job_id, *hold.release())
+            return code
+        except KeyboardInterrupt:
+            _said_released(record.job_id, *hold.release())
+            return 130
 
 
 def _said_released(job_id: str, gone: bool, why: str | None) -> None:

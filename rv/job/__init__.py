@@ -15,6 +15,7 @@ garbage.
     wait.py       `rv wait`: block until runs end (or run), for scripts
     why.py        `rv why`: why a run waits or ended, and what would start it sooner
     cleanup.py    stop, the secrets sweep, gc, what rv keeps on the cluster
+    secretsweep.py  the secrets sweep a command's session carries along, or makes at its end
     footprint.py  what rv keeps on the cluster and the site's quota: the quota tools' text (pure)
     workdir.py    where a job's work dir lives (--work-dir), and what a run costs in files
     runfiles.py   the files a run ran: `rv diff RUN_A RUN_B`, `rv checkout RUN DIR`

@@ -286,29 +286,33 @@ def plan_run(options: RunOptions, profile: Profile, *, here: Path, view: LaunchV
             f"{o.time_min}; the program must follow the stop protocol (save on ${{RV_STOP_SIGNAL}} and write "
             "PREEMPTED), or a short segment ends it"
         )
-    plan = _prepare(
-        run_id, profile, reqs, place, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
-        env_setup=setup, command=o.command, from_run=from_run, notify=o.notify, here=here, view=view,
+    ready = _prepare(
+        profile, reqs, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
+        notify=o.notify, here=here, view=view,
     )  # fmt: skip
-    plan = dataclasses.replace(plan, work=work, container=container, idle_gpu=idle_gpu)
-    check_container_env(plan)
-    many = many_files_warning(plan.snapshot.tree.files, len(sweep) if sweep is not None else 1, work.where)
+    check_container_env(container, ready.env_plan)
+    many = many_files_warning(ready.snapshot.tree.files, len(sweep) if sweep is not None else 1, work.where)
     if many:
         view.warn(many)
-    if sweep is None:
-        return plan
-    from rv.names import point_name
+    points: dict[int, JobRequest] = {}
+    if sweep is not None:
+        from rv.names import point_name
 
-    req = plan.request
-    # Each point's request: the command with its values, validated like any run's.
-    points = {
-        p.index: dataclasses.replace(
-            build(req.type.name if req.type is not None else None, p.command(o.command)),
-            name=point_name(req.name, p.index), setup=req.setup,
-        )
-        for p in sweep.points
-    }  # fmt: skip
-    return dataclasses.replace(plan, sweep=sweep, points=points)
+        req = ready.candidates[0]
+        # Each point's request: the command with its values, validated like any run's.
+        points = {
+            p.index: dataclasses.replace(
+                build(req.type.name if req.type is not None else None, p.command(o.command)),
+                name=point_name(req.name, p.index), setup=req.setup,
+            )
+            for p in sweep.points
+        }  # fmt: skip
+    return Plan(
+        run_id=run_id, profile=profile, candidates=ready.candidates, placement=place, secrets=ready.secrets,
+        snapshot=ready.snapshot, env_plan=ready.env_plan, env_setup=setup, command=o.command,
+        from_run=from_run, notify=ready.notify, sweep=sweep, points=points, work=work, container=container,
+        idle_gpu=idle_gpu,
+    )  # fmt: skip
 
 
 def plan_up(options: JobOptions, profile: Profile, *, here: Path, view: LaunchView) -> Plan:
@@ -333,25 +337,28 @@ def plan_up(options: JobOptions, profile: Profile, *, here: Path, view: LaunchVi
     for message in req.warnings:
         view.warn(message)
     # The shell starts in the folder rv up was typed in, as a run's program would.
-    plan = _prepare(
-        run_id, profile, [req], place, env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size,
-        env_setup=(*profile.setup, *o.setup), command=req.command, here=here, view=view,
+    ready = _prepare(
+        profile, [req], env=o.env, allow_large=o.allow_large, max_file_size=o.max_file_size, here=here,
+        view=view,
     )  # fmt: skip
-    plan = dataclasses.replace(plan, container=container)
-    check_container_env(plan)
-    return plan
+    check_container_env(container, ready.env_plan)
+    return Plan(
+        run_id=run_id, profile=profile, candidates=ready.candidates, placement=place, secrets=ready.secrets,
+        snapshot=ready.snapshot, env_plan=ready.env_plan, env_setup=(*profile.setup, *o.setup),
+        command=req.command, container=container,
+    )  # fmt: skip
 
 
-def check_container_env(plan: Plan) -> None:
+def check_container_env(container: ContainerSpec | None, env_plan: EnvPlan) -> None:
     """A container runs the image's Python: an environment rv would build on the cluster's Python
     (and activate outside the image) is not one the image can use yet."""
-    if plan.container is not None and plan.env_plan.use is not None:
+    if container is not None and env_plan.use is not None:
         raise UsageError(
-            f"--env {plan.env_plan.use}: an existing environment is the cluster's Python's, not the image's",
+            f"--env {env_plan.use}: an existing environment is the cluster's Python's, not the image's",
             hint="leave --env out (rv builds the project's environment on the image's Python) or "
             "use --env none (the image's own Python and packages)",
         )
-    if plan.container is not None and plan.container.runtime == "pyxis" and plan.env_plan.spec is not None:
+    if container is not None and container.runtime == "pyxis" and env_plan.spec is not None:
         raise UsageError(
             "--container-runtime pyxis: rv cannot build the project's environment in a Pyxis image "
             "(it runs images only inside a job)",
@@ -359,22 +366,30 @@ def check_container_env(plan: Plan) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Ready:
+    """What a plan takes from the laptop's preparation: the requests as they run (the first's setup,
+    with the `cd` into where the command was typed, is every candidate's), the secrets, who is told,
+    the snapshot and the environment plan."""
+
+    candidates: tuple[JobRequest, ...]
+    secrets: Mapping[str, str]
+    notify: tuple[str, ...]
+    snapshot: LocalSnapshot
+    env_plan: EnvPlan
+
+
 def _prepare(
-    run_id: str,
     profile: Profile,
     reqs: Sequence[JobRequest],
-    place: Placement,
     *,
     env: EnvOptions,
     allow_large: bool,
     max_file_size: str,
-    env_setup: tuple[str, ...],
-    command: tuple[str, ...],
-    from_run: submit.FromRun | None = None,
     notify: tuple[str, ...] | None = None,
     here: Path,
     view: LaunchView,
-) -> Plan:
+) -> _Ready:
     """The secrets, the snapshot and the environment plan of requests already validated."""
     from rv.config import cache_dir
     from rv.job.prepare import prepare_local
@@ -398,11 +413,9 @@ def _prepare(
     for message in prepared.notes:
         view.note(message)
     req = prepared.request  # with the `cd` into the folder the command was typed in
-    return Plan(
-        run_id=run_id, profile=profile,
-        candidates=(req, *(dataclasses.replace(r, setup=req.setup) for r in reqs[1:])),
-        placement=place, secrets=secrets, snapshot=prepared.snapshot, env_plan=prepared.env_plan,
-        env_setup=env_setup, command=command, from_run=from_run, notify=told,
+    return _Ready(
+        candidates=(req, *(dataclasses.replace(r, setup=req.setup) for r in reqs[1:])), secrets=secrets,
+        notify=told, snapshot=prepared.snapshot, env_plan=prepared.env_plan,
     )  # fmt: skip
 
 

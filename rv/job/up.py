@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -277,3 +278,33 @@ def detach(dog: Watchdog, timeout: float = 60.0) -> None:
     finally:
         dog.close()
     raise RemoteError("the watchdog did not confirm --detach; the session's job may have been cancelled")
+
+
+class Holding:
+    """The allocation while a command attends it (:func:`held`): settled once handed over to the user
+    (:meth:`detach`) or released (:meth:`release`)."""
+
+    def __init__(self, dog: Watchdog) -> None:
+        self.dog, self.settled = dog, False
+
+    def detach(self) -> None:
+        detach(self.dog)
+        self.settled = True  # nothing to release: the job is the user's to end
+
+    def release(self) -> tuple[bool, str | None]:
+        gone = release(self.dog)
+        self.settled = True
+        return gone
+
+
+@contextmanager
+def held(dog: Watchdog) -> Iterator[Holding]:
+    """The session's allocation while the command waits for it and holds a shell in it: any way out
+    that did not settle it (an error on the way: the job ended, the connection failed) releases
+    whatever is left."""
+    hold = Holding(dog)
+    try:
+        yield hold
+    finally:
+        if not hold.settled:
+            release(dog, timeout=30)

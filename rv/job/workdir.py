@@ -10,11 +10,8 @@ would create many files there, and when it would pass 90% of the user's file quo
 
 from __future__ import annotations
 
-import re
-
-from rv.errors import ConfigError, UsageError
-
-WORK_DIRS = ("shared", "node")
+from rv.config import WORK_DIRS
+from rv.errors import UsageError
 
 # A run or sweep that would create more work-dir files than this on the shared filesystem is told so.
 MANY_FILES = 100_000
@@ -22,8 +19,6 @@ MANY_FILES = 100_000
 # What a run creates on the shared filesystem besides its work dir: run.json, the script, segment
 # records, logs, a job folder per segment (a chain of ten segments: a few dozen).
 RUN_FILES = 30
-
-_UNSAFE_PATH = re.compile(r"[\s\x00-\x1f\x7f]")
 
 
 def check_work_dir(value: str | None) -> str:
@@ -37,19 +32,6 @@ def check_work_dir(value: str | None) -> str:
             hint="rv run --work-dir node -- ...",
         )
     return value
-
-
-def check_node_work_dir(path: str | None, where: str) -> str | None:
-    """A profile's ``node_work_dir``: an absolute folder on each compute node's local disk."""
-    if path is None:
-        return None
-    if not path.startswith("/") or _UNSAFE_PATH.search(path):
-        raise ConfigError(
-            f"{where}: node_work_dir {path!r} must be an absolute path without spaces",
-            hint="e.g. node_work_dir = '/local/scratch' (a folder on each compute node's own disk); leave "
-            "it out to use $SLURM_TMPDIR, else $TMPDIR, else /tmp",
-        )
-    return path
 
 
 def shared_files(files: int, points: int, work_dir: str) -> int:

@@ -5,9 +5,10 @@
 the network, the clock or the environment, so the same input always gives the same bytes
 (``tests/golden/*.sh``).
 
-What every job does is not here: it is rv's job runtime, the shell file ``rv/agent/job.sh``, which
-rv ships into the remote root once per content (:func:`runtime_files`, ``<root>/runtime/``) and the
-batch script sources. So the script holds only what differs between jobs:
+What every job does is not here: it is rv's job runtime, the shell file ``rv/agent/job.sh`` and its
+parts beside it joined into one (:data:`JOB_RUNTIME_PARTS`), which rv ships into the remote root once
+per content (:func:`runtime_files`, ``<root>/runtime/``) and the batch script sources. So the script
+holds only what differs between jobs:
 
 1. ``#SBATCH`` directives. No ``--signal`` (job.sh says why), never ``--time-min`` (it lets Slurm
    shorten the time limit), ``--requeue`` (after a node failure or a preemption Slurm runs the same
@@ -47,6 +48,12 @@ from rv.timespec import IDLE_GPU_DEFAULT, format_slurm_time
 _AGENT = Path(__file__).resolve().parent.parent / "agent"
 # The job's runtime and the rank labeller: shipped beside each other into <root>/runtime/.
 JOB_RUNTIME = _AGENT / "job.sh"
+# The runtime's parts, joined in this order into the one file a job sources (job.sh's header says why
+# one file: a single name hashed over all of them, written whole).
+JOB_RUNTIME_PARTS = (
+    JOB_RUNTIME,
+    *(_AGENT / f"job_{part}.sh" for part in ("workdir", "store", "stop", "notify")),
+)
 RANK_LABELLER = _AGENT / "ranklabel.py"
 # What posts a run's end (or late start) to the user's webhooks, from the compute node.
 NOTIFIER = _AGENT / "notify.py"
@@ -81,10 +88,15 @@ def runtime_files() -> dict[str, str]:
         (STORE_CHECK, "store-check", ".py"),
         (METER, "stats", ".py"),
     ):
-        text = path.read_text(encoding="utf-8")
+        text = job_runtime() if path == JOB_RUNTIME else path.read_text(encoding="utf-8")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         files[f"{stem}-{digest}{suffix}"] = text
     return files
+
+
+def job_runtime() -> str:
+    """The job's runtime as shipped: its parts (:data:`JOB_RUNTIME_PARTS`) joined, in order."""
+    return "\n".join(part.read_text(encoding="utf-8") for part in JOB_RUNTIME_PARTS)
 
 
 def runtime_path(layout: RemoteLayout, stem: str) -> str:

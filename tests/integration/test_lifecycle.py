@@ -137,6 +137,9 @@ class Relay:
         self.port = self.server.getsockname()[1]
         self.pairs: list[tuple[socket.socket, socket.socket]] = []
         self.accepted = 0
+        # The local port of each connection it opened to sshd: sshd puts it in the session's
+        # SSH_CONNECTION, which is how the test knows the cluster-side processes of its own rv.
+        self.ports: set[int] = set()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -148,6 +151,7 @@ class Relay:
                 return
             upstream = socket.create_connection(self.target)
             with self._lock:
+                self.ports.add(upstream.getsockname()[1])
                 self.pairs.append((client, upstream))
                 self.accepted += 1
             for a, b in ((client, upstream), (upstream, client)):
@@ -251,8 +255,23 @@ def test_following_reconnects_after_a_drop_and_loses_no_line_nor_repeats_one(rel
 # --- nothing rv starts on the cluster outlives it ----------------------------------------------------
 
 
-def rv_started_processes(user: str) -> list[str]:
-    """The user's processes on the login node that an SSH session started (not jobs' processes)."""
+def ssh_client_port(pid: str) -> int | None:
+    """The client port of the SSH session a process was started in (its SSH_CONNECTION), or None."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None  # gone meanwhile
+    for entry in environ.split(b"\0"):
+        if entry.startswith(b"SSH_CONNECTION="):
+            return int(entry.split(b"=", 1)[1].split()[1])
+    return None
+
+
+def rv_started_processes(user: str, ports: set[int]) -> list[str]:
+    """The user's processes on the login node started by this test's rv: in an SSH session that came
+    through the test's relay (its SSH_CONNECTION names one of ``ports``), whether its session is still
+    open or it outlived it; never a job's processes (under slurmstepd). Other tests' rv, running
+    beside this one as the same cluster user, never count."""
     ps = subprocess.run(
         ["ps", "-e", "-ww", "-o", "pid=,ppid=,user=,comm=,args="], capture_output=True, text=True
     )
@@ -265,38 +284,38 @@ def rv_started_processes(user: str) -> list[str]:
     for pid, (ppid, owner, comm, args) in rows.items():
         if owner != user or comm.startswith("sshd"):
             continue  # sshd's own per-session process belongs to the connection, not to rv's commands
+        if ssh_client_port(pid) not in ports:
+            continue  # not started through this test's relay: another test's, or no SSH session's
         if "__rv_cmd" in args and pid not in parents:
             continue  # an idle pre-started shell of a warm connection (rv.remote.ssh.HOT_SHELL), no command
         if "H=sys.stdin.buffer;b=H.read(4)" in args and pid not in parents:
             continue  # rv's agent started ahead by a warm connection, waiting; it ends with it
         up, seen = ppid, 0
-        while up in rows and seen < 50:
-            if rows[up][2].startswith("sshd"):
-                found.append(f"{pid} {comm} {args[:120]}")
-                break
-            if rows[up][2].startswith("slurmstepd"):
-                break
+        while up in rows and seen < 50 and not rows[up][2].startswith("slurmstepd"):
             up, seen = rows[up][0], seen + 1
+        if up not in rows or not rows[up][2].startswith("slurmstepd"):
+            found.append(f"{pid} {comm} {args[:120]}")
     return found
 
 
-def assert_none_left(user: str) -> None:
+def assert_none_left(user: str, ports: set[int]) -> None:
     # sshd needs a moment to notice a closed connection and end the session's processes.
     try:
-        wait_for(lambda: not rv_started_processes(user), 10, "rv's remote processes to end", step=0.25)
+        wait_for(lambda: not rv_started_processes(user, ports), 10, "rv's remote processes to end", step=0.25)
     except AssertionError:
         tree = subprocess.run(
             ["ps", "-ww", "-u", user, "-o", "pid,ppid,etime,args", "--forest"], capture_output=True, text=True
         )
-        raise AssertionError(f"left on the login node: {rv_started_processes(user)}\n{tree.stdout}") from None
+        raise AssertionError(
+            f"left on the login node: {rv_started_processes(user, ports)}\n{tree.stdout}"
+        ) from None
 
 
 def test_nothing_rv_starts_outlives_it(relayed, rv_env, tmp_path):
     relay, env = relayed
     user = login_user(rv_env).pw_name
     proj = git_project(tmp_path / "p", {"count.py": COUNTER})
-    # The previous test's sessions (its warm connection's shells among them) may still be closing.
-    assert_none_left(user)
+    ports = relay.ports  # filled as rv connects: the sessions of this test's rv, and no other's
     # A normal end.
     rv = [sys.executable, "-m", "rv", "run", "-g", "0", "--mem", "200M"]
     done = subprocess.run(
@@ -304,7 +323,7 @@ def test_nothing_rv_starts_outlives_it(relayed, rv_env, tmp_path):
         env=env, cwd=proj, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert_none_left(user)
+    assert_none_left(user, ports)
     # A long job, then each way a follow can end early.
     long = subprocess.run(
         [*rv, "--name", "long", "--", "python3", "count.py", "600", "0.5", "0"],
@@ -315,7 +334,7 @@ def test_nothing_rv_starts_outlives_it(relayed, rv_env, tmp_path):
         proc = rv_process(env, "logs", "-f", "long", cwd=proj)
         reader = Reader(proc)
         reader.wait_for(r"line \d+")
-        assert rv_started_processes(user), "the follower should be running now"
+        assert rv_started_processes(user, ports), "the follower should be running now"
         if how == "ctrl-c":
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=30) == 130
@@ -325,11 +344,11 @@ def test_nothing_rv_starts_outlives_it(relayed, rv_env, tmp_path):
         else:
             # The connection drops and rv reconnects: the old session's follower must end, and
             # only the new one remain; then rv goes, and that one ends too.
-            old = set(rv_started_processes(user))
+            old = set(rv_started_processes(user, ports))
             relay.cut()
 
             def survivors(old=old):
-                return sorted(set(rv_started_processes(user)) & old)
+                return sorted(set(rv_started_processes(user, ports)) & old)
 
             # A liveness bound, not a timing claim: 15 s ran out twice in full CI runs, and 30 s once
             # (never alone, in a dozen tries and three more after that); a follower that never ends
@@ -343,12 +362,12 @@ def test_nothing_rv_starts_outlives_it(relayed, rv_env, tmp_path):
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=30)
         reader.join()
-        assert_none_left(user)
+        assert_none_left(user, ports)
     stop = subprocess.run(
         [sys.executable, "-m", "rv", "stop", "long"], env=env, capture_output=True, text=True
     )
     assert stop.returncode == 0, stop.stderr
-    assert_none_left(user)
+    assert_none_left(user, ports)
 
 
 # --- cleanup that is true ---------------------------------------------------------------------------------

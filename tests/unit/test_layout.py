@@ -12,8 +12,10 @@ import rv
 from rv.agent import common, oldstore, rundir, store
 from rv.agent import layout as names
 from rv.layout import RemoteLayout
+from rv.slurm.script import job_runtime
 
-JOB_SH = (Path(rv.__file__).resolve().parent / "agent" / "job.sh").read_text(encoding="utf-8")
+# The runtime as shipped: job.sh and its parts joined (rv.slurm.script.job_runtime).
+JOB_SH = job_runtime()
 
 # What a run's folder may hold (rv/agent/layout.py's tree).
 RUN_ENTRIES = {

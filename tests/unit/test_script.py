@@ -37,7 +37,7 @@ from rv.placement import build_placement
 from rv.request import build_request
 from rv.secrets import render_env_file
 from rv.slurm.launch import program_line
-from rv.slurm.script import JOB_RUNTIME, ScriptContext, render_script, runtime_files
+from rv.slurm.script import JOB_RUNTIME_PARTS, ScriptContext, job_runtime, render_script, runtime_files
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -138,7 +138,7 @@ def test_golden_and_runtime_pass_shellcheck():
         "shellcheck is missing: scripts/test installs it (apt-get install shellcheck)"
     )
     result = subprocess.run(
-        ["shellcheck", "-s", "bash", str(JOB_RUNTIME), *map(str, sorted(GOLDEN.glob("*.sh")))],
+        ["shellcheck", "-s", "bash", *map(str, JOB_RUNTIME_PARTS), *map(str, sorted(GOLDEN.glob("*.sh")))],
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout
@@ -1146,7 +1146,7 @@ def test_the_stop_watcher_ends_with_the_program_however_soon_and_leaves_nothing_
     # for a minute (a flaky hang of the property tests above), and under load bash 5.2 lost the trap
     # itself, so the watcher lived on and rv_task waited for it. The watcher and rv_task's lines
     # that end it, thousands of times, run into neither.
-    lines = JOB_RUNTIME.read_text().splitlines()
+    lines = job_runtime().splitlines()
     start = lines.index(next(line for line in lines if line.startswith("rv_stop_watch() {")))
     watcher = "\n".join(lines[start : lines.index("}", start) + 1])
     end_it = "; ".join(
@@ -1182,13 +1182,13 @@ def test_the_job_writes_its_records_in_the_one_format(box):
 def test_the_job_and_the_contract_agree_on_the_precision_rule():
     from rv.contract import BF16_MIN_MAJOR
 
-    assert f'"${{RV_GPU_CC%%.*}}" -ge {BF16_MIN_MAJOR} ]' in JOB_RUNTIME.read_text()
+    assert f'"${{RV_GPU_CC%%.*}}" -ge {BF16_MIN_MAJOR} ]' in job_runtime()
 
 
 def test_the_job_refuses_the_secret_names_rv_env_refuses():
     from rv.secrets import RESERVED_GLOBS
 
-    text = JOB_RUNTIME.read_text()
+    text = job_runtime()
     body = text[text.index("rv_reserved_name() {") :]
     pattern = body[body.index('case "$1" in') + len('case "$1" in') : body.index(")\n")]
     globs = {g.strip() for g in pattern.replace("\\\n", " ").split("|")}

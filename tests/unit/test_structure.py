@@ -293,6 +293,85 @@ def test_the_script_context_is_built_in_one_place():
     assert calls == [calls[0]] and calls[0].startswith("rv.job.launch:"), calls
 
 
+def test_a_plan_is_built_whole_and_never_patched():
+    # rv.job.launch.Plan is frozen and validated as a whole: plan_run and plan_up build it once, with
+    # every field, never dataclasses.replace(plan, ...) after the checks.
+    patched, built = [], []
+    for path in sorted(RV.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if name == "replace" and node.args and getattr(node.args[0], "id", "").endswith("plan"):
+                patched.append(f"{module_name(path)}:{node.lineno}")
+            if name == "Plan":
+                built.append(module_name(path))
+    assert not patched, patched
+    assert built == ["rv.job.launch", "rv.job.launch"], built  # plan_run's and plan_up's
+
+
+# Floors, lowest first: a module imports only modules on its own floor or below (lazy imports and
+# TYPE_CHECKING ones too). So a floor can be read, tested and changed knowing nothing above it, and no
+# circle spans floors (tests/unit/test_import_cycles.py forbids circles within one). Every module of
+# rv/ is on one: a new top module or package fails below until it is placed.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    # the ground: values, checks and formats every wing shares; the agent (standard library only)
+    ("rv", "rv.agent", "rv.contract", "rv.errors", "rv.units", "rv.timespec", "rv.names", "rv.catalog",
+     "rv.launcher", "rv.layout", "rv.runtime", "rv.commands", "rv.gpustat", "rv.config", "rv.secrets",
+     "rv.notify", "rv.sweep", "rv.request", "rv.misplaced",
+     # the one table of Slurm options is data (it imports nothing of rv): config reads its keys
+     "rv.slurm.options"),
+    ("rv.remote",),  # how a command reaches the cluster
+    ("rv.files", "rv.slurm"),  # what a run sends: its files, Slurm's words
+    ("rv.placement", "rv.probe", "rv.pyenv"),  # built on Slurm's words and the connection
+    ("rv.job",),  # a run's life
+    ("rv.ui",),  # the page
+    ("rv.cli",),  # the commands
+    ("rv.entry", "rv.forkserver", "rv.__main__"),  # the program
+)  # fmt: skip
+# Arrows up a floor that a branch is removing now: delete the entry when it lands (a stale one fails).
+# Never add one for new code.
+FLOOR_EXCEPTIONS: set[tuple[str, str]] = set()
+
+
+def floor_of(module: str) -> int:
+    """The floor of ``module``: that of the longest name in FLOORS it is or is under ("rv" is the
+    package's own __init__ only)."""
+    found = [
+        (len(name), n)
+        for n, names in enumerate(FLOORS)
+        for name in names
+        if module == name or (name != "rv" and module.startswith(name + "."))
+    ]
+    assert found, f"{module} is on no floor: place it in FLOORS"
+    return max(found)[1]
+
+
+def imports_up_a_floor() -> set[tuple[str, str]]:
+    """(module, what it imports on a higher floor), for every module of rv/."""
+    up = set()
+    for path in sorted(RV.rglob("*.py")):
+        me = module_name(path)
+        for other in imported_modules(path):
+            if (other == "rv" or other.startswith("rv.")) and floor_of(other) > floor_of(me):
+                up.add((me, other))
+    return up
+
+
+def test_no_module_imports_one_on_a_higher_floor():
+    up = imports_up_a_floor()
+    assert not up - FLOOR_EXCEPTIONS, sorted(up - FLOOR_EXCEPTIONS)
+    stale = sorted(FLOOR_EXCEPTIONS - up)
+    assert not stale, f"gone now: delete these from FLOOR_EXCEPTIONS: {stale}"
+
+
+def test_the_floor_rule_sees_an_arrow_up():
+    assert floor_of("rv.config") == 0 and floor_of("rv.job.workdir") == floor_of("rv.job") > 0
+    assert floor_of("rv.slurm.script") < floor_of("rv.placement") < floor_of("rv.job.launch")
+    with pytest.raises(AssertionError, match="on no floor"):
+        floor_of("rv.newthing")
+
+
 # Each package's docstring is its door: it names every module it holds, one line each, and no module
 # that is gone. A module added or removed without its line fails here.
 DOORS = ("job", "files", "remote", "slurm", "pyenv", "agent")
@@ -327,23 +406,59 @@ def test_no_function_is_over_120_lines():
 MAX_SHELL_FUNCTION_LINES = 60
 
 
+_SHELL_FUNCTION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\(\) \{(.*)")
+
+
 def shell_functions(text: str) -> dict[str, int]:
-    """Each top-level function of a bash file (``name() {`` to the ``}`` that starts a line): its lines."""
+    """Each top-level function of a bash file (``name() {``, a comment after it or not, to the ``}``
+    that starts a line; ``name() { ...; }`` on one line is one line): its lines."""
     sizes, name, start = {}, "", 0
     for n, line in enumerate(text.splitlines(), 1):
-        if line.endswith("() {") and not line.startswith((" ", "#")):
-            name, start = line.split("(")[0], n
+        found = _SHELL_FUNCTION.fullmatch(line)
+        if found and found[2].strip() and not found[2].strip().startswith("#"):
+            sizes[found[1]] = 1
+        elif found:
+            name, start = found[1], n
         elif line == "}" and name:
             sizes[name], name = n - start + 1, ""
     return sizes
 
 
-def test_no_job_runtime_function_is_over_60_lines():
-    # The decisions are functions of their own (rv_end_decide: tested case by case), not shell ladders.
-    sizes = shell_functions((AGENT / "job.sh").read_text(encoding="utf-8"))
-    assert len(sizes) > 40 and sizes["rv_end_decide"] > 20  # the positive case: it finds them
+SHELL_FILES = sorted(AGENT.glob("*.sh"))
+
+
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: p.name)
+def test_no_job_runtime_file_is_over_900_lines_nor_a_function_over_60(path):
+    # The decisions are functions of their own (rv_end_decide: tested case by case), not shell ladders;
+    # a concern of its own is a part of its own (job.sh's header lists them).
+    text = path.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"rv/agent/{path.name}: over {MAX_MODULE_LINES} lines"
+    sizes = shell_functions(text)
+    assert sizes  # the positive case: it finds them
     long = sorted(name for name, lines in sizes.items() if lines > MAX_SHELL_FUNCTION_LINES)
-    assert not long, f"rv/agent/job.sh: over {MAX_SHELL_FUNCTION_LINES} lines: {long}"
+    assert not long, f"rv/agent/{path.name}: over {MAX_SHELL_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_shell_rules_see_the_job_runtime_and_a_long_function():
+    sizes = shell_functions((AGENT / "job.sh").read_text(encoding="utf-8"))
+    assert len(sizes) > 30 and sizes["rv_end_decide"] > 20
+    assert shell_functions("f() {  # f ARG\n" + "    :\n" * 70 + "}\ng() { :; }\n") == {"f": 72, "g": 1}
+
+
+def test_every_part_of_the_job_runtime_is_shipped_in_its_one_file():
+    # The parts are joined into one runtime file (rv.slurm.script.job_runtime): a part left out of
+    # JOB_RUNTIME_PARTS would be missing on the cluster, and a function defined twice would be
+    # silently replaced by the later part's.
+    from rv.slurm.script import JOB_RUNTIME_PARTS, runtime_files
+
+    assert sorted(JOB_RUNTIME_PARTS) == SHELL_FILES and JOB_RUNTIME_PARTS[0].name == "job.sh"
+    (shipped,) = (text for name, text in runtime_files().items() if name.startswith("job-"))
+    names: list[str] = []
+    for part in JOB_RUNTIME_PARTS:
+        text = part.read_text(encoding="utf-8")
+        assert text in shipped, part.name
+        names += shell_functions(text)
+    assert len(names) == len(set(names)) and set(names) == set(shell_functions(shipped))
 
 
 # --- one table of Slurm options (issue 42) ------------------------------------------------------------

@@ -167,6 +167,28 @@ def test_detach_keeps_the_job_and_tells_the_holder(cluster):
     assert (run_dir / "up.detached").exists()
 
 
+def test_an_error_while_the_session_is_held_releases_it_and_a_detached_one_is_kept(cluster):
+    # rv.job.up.held: what `rv up` attends is released on any way out it did not settle itself.
+    stubs = cluster[0]
+    dog, view, run_dir = start(cluster)
+    with pytest.raises(RuntimeError, match="on the way"), up.held(dog) as hold:
+        job_ready(run_dir)
+        up.wait_ready(dog, view)
+        raise RuntimeError("the connection failed on the way")
+    assert not hold.settled and cancelled(stubs) == [JOB]
+    wait_ended(run_dir)
+    (stubs / "scancel.log").unlink()
+    (run_dir / "ENDED").unlink()
+    dog, view, _ = start(cluster)
+    (run_dir / "jobs" / JOB).mkdir(parents=True, exist_ok=True)
+    (run_dir / "jobs" / JOB / "env.sh").write_text("export X=1\n")
+    with up.held(dog) as hold:
+        up.wait_ready(dog, view)
+        hold.detach()
+    dog._worker.join(timeout=30)
+    assert hold.settled and not (stubs / "scancel.log").exists()
+
+
 def test_a_job_that_ends_before_the_shell_is_reported_with_its_reason(cluster):
     stubs = cluster[0]
     dog, view, run_dir = start(cluster)
