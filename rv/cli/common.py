@@ -107,6 +107,11 @@ def stream_writer(stream: BinaryIO) -> Callable[[bytes], None]:
     return write
 
 
+def node_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--node I`` of a command that reaches one node of a running job (0, the first, by default)."""
+    return click.option("--node", type=click.IntRange(min=0), default=0, show_default=True, help=help_text)
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 

@@ -6,20 +6,14 @@ import sys
 
 import click
 
-from rv.cli.common import note, run_store, session
+from rv.cli.common import node_option, note, run_store, session
 from rv.cli.forwarding import serve_forward
 
 
 @click.command()
 @click.argument("ports", metavar="PORT[:LOCALPORT]")
 @click.argument("run", required=False)
-@click.option(
-    "--node",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Which node of the job: 0 is the first.",
-)
+@node_option("Which node of the job: 0 is the first.")
 @click.pass_context
 def forward(ctx: click.Context, ports: str, run: str | None, node: int) -> None:
     """Forward PORT on a node of RUN's running job to LOCALPORT here (default: the same; 0: any

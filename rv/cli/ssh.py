@@ -8,18 +8,12 @@ from collections.abc import Callable
 
 import click
 
-from rv.cli.common import SeparatedCommand, run_store, session, stream_writer
+from rv.cli.common import SeparatedCommand, node_option, run_store, session, stream_writer
 
 
 @click.command(cls=SeparatedCommand)
 @click.argument("run", required=False)
-@click.option(
-    "--node",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Which node of the job: 0 is the first (rank 0's).",
-)
+@node_option("Which node of the job: 0 is the first (rank 0's).")
 @click.option("-t", "--tty", "tty", is_flag=True, help="A terminal for CMD too (htop, vim, a REPL).")
 @click.pass_context
 def ssh(ctx: click.Context, run: str | None, node: int, tty: bool) -> None:

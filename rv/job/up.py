@@ -242,41 +242,43 @@ def wait_ready(dog: Watchdog, view: UpView) -> QueuedJob:
             raise ConnectError("the cluster heard nothing from rv for a minute and released the allocation")
 
 
-def release(dog: Watchdog, timeout: float = 90.0) -> tuple[bool, str | None]:
-    """Cancel the job and wait until its allocation is gone: (gone, why not)."""
-    dog.send("release")
+def _ask(dog: Watchdog, request: str, settles: tuple[str, ...], timeout: float) -> dict[str, Any] | None:
+    """Send ``request`` to the watchdog and return the first frame of a kind in ``settles``, or None
+    when none came in ``timeout``; the watchdog is closed after either way."""
+    dog.send(request)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
             frame = dog.next(deadline - time.monotonic())
             if frame is None:
-                break
-            if frame["t"] == "released":
-                return bool(frame.get("gone")), frame.get("error")
-            if frame["t"] in ("ended", "lost"):
-                return True, None
-    except (RemoteError, ConnectError) as exc:
-        return False, exc.message
+                return None
+            if frame["t"] in settles:
+                return frame
+        return None
     finally:
         dog.close()
-    return False, f"no answer from the watchdog in {timeout:.0f} s"
+
+
+def release(dog: Watchdog, timeout: float = 90.0) -> tuple[bool, str | None]:
+    """Cancel the job and wait until its allocation is gone: (gone, why not)."""
+    try:
+        frame = _ask(dog, "release", ("released", "ended", "lost"), timeout)
+    except (RemoteError, ConnectError) as exc:
+        return False, exc.message
+    if frame is None:
+        return False, f"no answer from the watchdog in {timeout:.0f} s"
+    if frame["t"] == "released":
+        return bool(frame.get("gone")), frame.get("error")
+    return True, None  # it ended (or was lost) on its own: nothing left to release
 
 
 def detach(dog: Watchdog, timeout: float = 60.0) -> None:
     """Leave the job running without a watchdog: the holder keeps it until rv stop or the limit."""
-    dog.send("detach")
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            frame = dog.next(deadline - time.monotonic())
-            if frame is None:
-                break
-            if frame["t"] == "detached":
-                return
-            if frame["t"] == "ended":
-                raise SessionEnded(f"job {dog.job_id} ended before it could be detached")
-    finally:
-        dog.close()
+    frame = _ask(dog, "detach", ("detached", "ended"), timeout)
+    if frame is not None and frame["t"] == "detached":
+        return
+    if frame is not None and frame["t"] == "ended":
+        raise SessionEnded(f"job {dog.job_id} ended before it could be detached")
     raise RemoteError("the watchdog did not confirm --detach; the session's job may have been cancelled")
 
 
