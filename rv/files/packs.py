@@ -3,14 +3,16 @@
 rv keeps a bare repository of its own per work tree under the cache folder (``git/<name>``), whose
 alternates are the object folders of the repository and its submodules and nested repositories: a
 clean tracked file's blob is already there and is read in place; the blobs of edited and untracked
-files (the listing hashed those) are written into rv's folder (``git hash-object -w --no-filters``),
-never into the user's ``.git``.
+files (the listing hashed those) are written into rv's folder, never into the user's ``.git``.
 
 The tree is built by git from an index of rv's own (``rv-index``), kept from one snapshot to the
 next: a resubmit updates the rows that changed (``update-index --index-info``) and ``write-tree``
 writes only the trees above them (git's cache-tree keeps the rest). The commit is a function of the
 tree alone (fixed author, date and message, no parent), so the same files make the same commit here
 and on the cluster, whoever sent them.
+
+The blobs of edited and untracked files go into one pack of rv's folder, written here from the files
+(rv.agent.packfile's writer, each blob checked against the listing's id), not a loose file each.
 
 What to send is a list of objects: what the snapshot's commit reaches and the root trees of the
 snapshots the cluster is known to hold do not (``rev-list --objects C --not T...``: only the part
@@ -41,10 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rv.agent import manifest
+from rv.agent import manifest, packfile
 from rv.errors import RemoteError
 from rv.files.gitcmd import Git, GitError
-from rv.files.tmpdirs import temp_dir
 from rv.files.tree import MODE_GITLINK, MODE_LINK, LocalTree
 
 if TYPE_CHECKING:
@@ -281,33 +282,38 @@ class LocalStore:
         return changes if len(changes) < max(64, tree.files // 2) else None
 
     def write_blobs(self, root: Path, rows: Sequence[Sequence[Any]]) -> None:
-        """Write the blobs of ``rows`` (files under ``root``) into rv's folder; each must hash to
-        its row's id (else the file changed since it was listed)."""
-        if not rows:
+        """Write the blobs of ``rows`` (files under ``root``) into one pack of rv's folder; each must
+        hash to its row's id (else the file changed since it was listed).
+
+        One pack written here (rv.agent.packfile, level 0 as the sends are) rather than a loose
+        object per file (``hash-object -w``): 500 edited files took 0.03 s against 0.14 s. The
+        packs pile up one per snapshot with edits; git's gc --auto (tidy) joins them past 50.
+        """
+        unique = list({str(r[2]): r for r in rows}.values())
+        if not unique:
             return
-        with temp_dir("links") as tmp:
-            paths = []
-            for i, (path, mode, _oid, _size) in enumerate(rows):
-                full = os.path.join(root, path)
-                if mode == MODE_LINK:
-                    # A symlink's blob is its target: hash-object would follow the link.
-                    stand_in = os.path.join(tmp, str(i))
-                    try:
-                        target = os.fsencode(os.readlink(full))
-                    except OSError:
-                        target = b""
-                    with open(stand_in, "wb") as fh:
-                        fh.write(target)
-                    full = stand_in
-                paths.append(os.fsencode(full))
-            proc = self.run(
-                ["hash-object", "-w", "--no-filters", "--stdin-paths"],
-                input=b"".join(_c_quoted(p) + b"\n" for p in paths),
-                ok=(0, 128),
-            )
-        got = proc.stdout.decode("ascii", "replace").split()
-        changed = [r[0] for i, r in enumerate(rows) if i >= len(got) or got[i] != r[2]]
-        if proc.returncode != 0 or changed:
+        folder = self.path / "objects" / "pack"
+        folder.mkdir(parents=True, exist_ok=True)
+        writer = packfile.PackWriter(os.fsencode(folder), len(unique))
+        changed: list[str] = []
+        try:
+            for path, mode, oid, size in unique:
+                data = _BlobReader(os.path.join(root, path), int(mode), int(size))
+                try:
+                    writer.add(TYPE_CODES[b"blob"], int(size), str(oid), data.read)
+                except (packfile.BadPack, _Changed):
+                    changed.append(str(path))
+                    break
+                finally:
+                    data.close()
+            if not changed:
+                writer.finish()
+        finally:
+            if changed or not writer.fh.closed:
+                writer.discard()
+        if changed:
+            more = [str(r[0]) for r in rows if str(r[0]) not in changed and _differs(root, r)]
+            changed += more
             shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
             raise RemoteError(
                 f"{len(changed)} file(s) changed while being sent: {shown}",
@@ -615,20 +621,51 @@ def _chunks(sends: Sends) -> list[list[Obj]]:
     return out
 
 
-def _c_quoted(path: bytes) -> bytes:
-    """A path as a line git reads back (``--stdin-paths`` unquotes C-style quoted lines): quoted only
-    when it holds a newline, a quote or a backslash at its start, or other control bytes."""
-    if not any(b < 0x20 or b == 0x7F for b in path) and not path.startswith((b'"', b"\\")):
-        return path
-    out = bytearray(b'"')
-    for b in path:
-        if b in (0x22, 0x5C):
-            out += b"\\" + bytes([b])
-        elif b < 0x20 or b >= 0x7F:
-            out += b"\\%03o" % b
+class _Changed(Exception):
+    """A file no longer holds the bytes it was listed with (it shrank)."""
+
+
+class _BlobReader:
+    """A blob's bytes as listed: a file's, or a symlink's target (its blob; hash-object would
+    follow the link). ``read(n)`` gives exactly ``n`` bytes, and nothing may follow the last of
+    them, or it raises _Changed."""
+
+    def __init__(self, full: str, mode: int, size: int) -> None:
+        self.fh: Any = None
+        self.left = size
+        if mode == MODE_LINK:
+            try:
+                target = os.fsencode(os.readlink(full))
+            except OSError:
+                target = b""
+            self.fh = io.BytesIO(target)
         else:
-            out.append(b)
-    return bytes(out + b'"')
+            try:
+                self.fh = open(full, "rb")  # noqa: SIM115 (closed by close())
+            except OSError:
+                self.fh = io.BytesIO()
+
+    def read(self, n: int) -> bytes:
+        data = self.fh.read(n)
+        self.left -= len(data)
+        if len(data) != n or (self.left == 0 and self.fh.read(1)):
+            raise _Changed  # shrank, or grew
+        return bytes(data)
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _differs(root: Path, row: Sequence[Any]) -> bool:
+    """Does the file of ``row`` (after one was found changed) no longer hash to its id?"""
+    reader = _BlobReader(os.path.join(root, row[0]), int(row[1]), int(row[3]))
+    try:
+        data = reader.read(int(row[3])) if int(row[3]) else b""
+    except _Changed:
+        return True
+    finally:
+        reader.close()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() != str(row[2])
 
 
 def _listing(objects: Sequence[Obj], prefix: str = "") -> bytes:
