@@ -12,7 +12,7 @@ tree alone (fixed author, date and message, no parent), so the same files make t
 and on the cluster, whoever sent them.
 
 The blobs of edited and untracked files go into one pack of rv's folder, written here from the files
-(rv.agent.packfile's writer, each blob checked against the listing's id), not a loose file each.
+(rv.agent.packformat's writer, each blob checked against the listing's id), not a loose file each.
 
 What to send is a list of objects: what the snapshot's commit reaches and the root trees of the
 snapshots the cluster is known to hold do not (``rev-list --objects C --not T...``: only the part
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rv.agent import manifest, packfile
+from rv.agent import manifest, packformat
 from rv.errors import RemoteError
 from rv.files.gitcmd import Git, GitError
 from rv.files.tree import MODE_GITLINK, MODE_LINK, LocalTree
@@ -285,7 +285,7 @@ class LocalStore:
         """Write the blobs of ``rows`` (files under ``root``) into one pack of rv's folder; each must
         hash to its row's id (else the file changed since it was listed).
 
-        One pack written here (rv.agent.packfile, level 0 as the sends are) rather than a loose
+        One pack written here (rv.agent.packformat, level 0 as the sends are) rather than a loose
         object per file (``hash-object -w``): 500 edited files took 0.03 s against 0.14 s. The
         packs pile up one per snapshot with edits; git's gc --auto (tidy) joins them past 50.
         """
@@ -294,14 +294,14 @@ class LocalStore:
             return
         folder = self.path / "objects" / "pack"
         folder.mkdir(parents=True, exist_ok=True)
-        writer = packfile.PackWriter(os.fsencode(folder), len(unique))
+        writer = packformat.PackWriter(os.fsencode(folder), len(unique))
         changed: list[str] = []
         try:
             for path, mode, oid, size in unique:
                 data = _BlobReader(os.path.join(root, path), int(mode), int(size))
                 try:
                     writer.add(TYPE_CODES[b"blob"], int(size), str(oid), data.read)
-                except (packfile.BadPack, _Changed):
+                except (packformat.BadPack, _Changed):
                     changed.append(str(path))
                     break
                 finally:
