@@ -8,11 +8,13 @@ table is in :mod:`rv.agent.__main__`; the job's shell runtime (``job.sh``), the 
 also a module of the agent) and the meter (``stats.py``: what the program used, on each node) are
 shipped beside it into the remote root, once per content.
 
-Laptop code imports four modules of this package, the formats both sides share:
+Laptop code imports five modules of this package, the formats both sides share:
 :mod:`rv.agent.manifest` (a snapshot's file list), :mod:`rv.agent.segment` (what a job records
 about a segment), :mod:`rv.agent.layout` (where things are under the remote root, and in a
-checkpoint folder) and :mod:`rv.agent.container` (each container runtime's command line, which the
-laptop writes into the job's script and the agent uses to build environments). Nothing else here
+checkpoint folder), :mod:`rv.agent.container` (each container runtime's command line, which the
+laptop writes into the job's script and the agent uses to build environments) and
+:mod:`rv.agent.packformat` (a git pack written from whole objects: the agent's packs of what the
+laptop sends, the laptop's of edited files). Nothing else here
 is imported on the laptop (``tests/unit/test_structure.py``), and no module here uses another's
 private (``_``) names.
 
@@ -27,7 +29,8 @@ walrus, no ``capture_output``, no postponed annotations; a test parses each file
     locks.py       locks under the remote root: flock, or an atomic mkdir where there is none
     store.py       the snapshot store: a bare git repository (store.git)
     storecheck.py  the store's repairs: unreadable snapshots named, damaged packs set aside, gc kept working
-    packfile.py    a git pack and its index, written from whole objects as they arrive
+    packformat.py  a git pack and its index, written from whole objects (a format both sides share)
+    packfile.py    the packs of whole objects a send carries, written as they arrive
     oldstore.py    the store of earlier rv versions: read and collected
     transfer.py    `rv sync push` and `pull` on the cluster side: scan, apply, send
     submit.py      run-check, run-submit, run-arrived, sweep-submit, --from

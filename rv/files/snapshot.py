@@ -302,8 +302,8 @@ class _Shipping:
     def everything(self) -> Sends:
         """Every object of the snapshot: its commit and trees, and its blobs (listed once)."""
         if self._everything is None:
-            sizes = {r[2]: r[3] for r in manifest.manifest_rows(self.snap.tree.manifest)}
-            self._everything = self.local.objects(self.commit, [], sizes)
+            rows = manifest.manifest_rows(self.snap.tree.manifest)
+            self._everything = self.local.everything(self.commit, rows)
         return self._everything
 
     def missing(self, oids: list[str]) -> Sends:
@@ -469,7 +469,7 @@ def _finish_upload(
         if status in ("exists", "created"):
             break
         if status == "bad-pack":
-            if not call.sends.bases:
+            if not call.sends.thin:
                 raise RemoteError(
                     f"the cluster's store refused a pack of snapshot {snap.id}: {reply.get('refused')}"
                 )

@@ -244,10 +244,17 @@ class OnSession:
 
     def srun_argv(self, run_id: str) -> list[str]:
         """The step that runs the batch script: on the session's first node (where its batch script
-        runs), beside what runs there (--overlap), named after the run (rv stop finds it by name)."""
+        runs), beside what runs there (--overlap), named after the run (rv stop finds it by name).
+
+        A step's task sees its own nodes as the job's (SLURM_JOB_NODELIST, SLURM_NNODES: the one node
+        of this step), and an srun inside it then refuses more ("Only allocated 1 nodes asked for 2"):
+        the script gets the session's nodes back, as a batch script has them."""
+        nodes, count = ",".join(self.nodes), str(len(self.nodes))
         return [
             "srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1",
             f"--nodelist={self.nodes[0]}", f"--job-name=rv-on-{run_id}", "--kill-on-bad-exit=1",
+            "env", f"SLURM_JOB_NODELIST={nodes}", f"SLURM_NODELIST={nodes}", f"SLURM_NNODES={count}",
+            f"SLURM_JOB_NUM_NODES={count}",
         ]  # fmt: skip
 
 

@@ -38,9 +38,9 @@ from rv.remote.transport import RunResult, Stdin, Transport
 # the ones it imports): each is compiled into a module of its own name there, so they import each
 # other as they do here. Their files are read, never imported: the laptop does not load the agent.
 AGENT_MODULES = (
-    "manifest", "segment", "layout", "common", "locks", "packfile", "storecheck", "store", "oldstore",
-    "transfer", "metrics", "quota", "slurmcmd", "rundir", "runs", "container", "submit", "follow", "up",
-    "envs", "gc", "why", "runfiles", "__main__",
+    "manifest", "segment", "layout", "common", "locks", "packformat", "packfile", "storecheck", "store",
+    "oldstore", "transfer", "metrics", "quota", "slurmcmd", "rundir", "runs", "container", "submit", "follow",
+    "up", "envs", "gc", "why", "runfiles", "__main__",
 )  # fmt: skip
 _AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 

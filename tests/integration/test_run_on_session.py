@@ -71,3 +71,28 @@ def test_run_on_a_session_runs_its_own_snapshot_in_the_sessions_job(layout, proj
 
 def _line(ps: str, name: str) -> str:
     return next((line.lower() for line in ps.splitlines() if name in line), "")
+
+
+def test_run_on_a_two_node_session_starts_one_launcher_per_node_in_its_job(layout, project):  # noqa: F811
+    run_rv = layout.run_rv
+    r = run_rv(
+        "up", "--detach", "-g", "0", "--nodes", "2", "--mem", "300M", "--time", "30m", "--name", "held2",
+        cwd=project,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = re.search(r"rv up session held2: job (\d+)", r.stderr).group(1)
+    try:
+        (project / "marker.txt").write_text("edited for both nodes\n")
+        step = "echo node=$SLURM_NODEID job=$SLURM_JOB_ID $(cat marker.txt)"
+        r = run_rv(
+            "run", "--on", "held2", "--each-node", "-f", "--name", "on2", "--", "bash", "-c", step,
+            cwd=project, timeout=180,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        # One launcher per node of the session, each in the session's job, each on the edited snapshot.
+        seen = sorted(re.findall(r"node=(\d+) job=(\d+) edited for both nodes", r.stdout))
+        assert seen == [("0", job), ("1", job)], r.stdout
+        assert queued(layout.ssh, job) == "RUNNING"  # the run ended; the session goes on
+    finally:
+        run_rv("stop", "held2")
+        wait_gone(layout.ssh, job)

@@ -9,6 +9,7 @@ from rv.job.inside import RunningJob
 from rv.job.launch import RunOptions
 from rv.job.onsession import fit, refuse_alone
 from rv.job.records import ClusterRun
+from rv.job.submit import OnSession
 from rv.job.up import holder_command
 from rv.slurm.parse import QueuedJob, parse_job_id
 
@@ -60,3 +61,14 @@ def test_a_run_that_is_not_a_session_a_sweep_and_a_chain_are_refused():
         refuse_alone(options(sweep=("a=1,2",)))
     with pytest.raises(UsageError, match="no chains"):
         refuse_alone(options(max_segments=3))
+
+
+def test_the_step_gives_the_script_the_sessions_nodes_back():
+    # A step's task sees its one node as the job's: the run's own srun over the session's two nodes
+    # would be refused ("Only allocated 1 nodes asked for 2") without the session's list and count.
+    on = OnSession("held", "42", ("node1", "node2"))
+    argv = on.srun_argv("abc")
+    assert argv[argv.index("--nodelist=node1") :][-5:] == [
+        "env", "SLURM_JOB_NODELIST=node1,node2", "SLURM_NODELIST=node1,node2", "SLURM_NNODES=2",
+        "SLURM_JOB_NUM_NODES=2",
+    ]  # fmt: skip

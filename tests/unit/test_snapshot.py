@@ -279,6 +279,43 @@ def test_what_goes_against_a_snapshot_the_store_holds_is_only_what_it_lacks(tmp_
     assert other.build(second.tree) == c2
 
 
+def test_edited_files_blobs_go_into_one_pack_of_rvs_repository_none_loose(tmp_path):
+    repo = new_repo(tmp_path / "repo", {f"d/f{i}.txt": f"{i}\n" for i in range(20)})
+    first = prepare_snapshot(repo)
+    local = packs.open_local_store(tmp_path / "cache", first.tree, first.git)
+    local.build(first.tree)
+    for i in range(5):
+        write(repo / f"d/f{i}.txt", f"edited {i}\n")
+    write(repo / "d/f6.txt", "edited 0\n")  # the same bytes as another edit: one object
+    os.symlink("d/f1.txt", repo / "link")
+    second = prepare_snapshot(repo)
+    commit = local.build(second.tree)
+    objects = local.path / "objects"
+    loose = "".join(f"{p.parent.name}{p.name}\n" for p in objects.glob("??/*"))
+    kinds = subprocess.run(
+        ["git", "--git-dir", str(local.path), "cat-file", "--batch-check=%(objecttype)"],
+        input=loose, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert "blob" not in kinds and "tree" in kinds  # git's write-tree writes the trees loose
+    assert len(list((objects / "pack").glob("pack-*.pack"))) == 1
+    got = subprocess.run(
+        ["git", "--git-dir", str(local.path), "cat-file", "-p", f"{commit}:d/f3.txt"],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    assert got == b"edited 3\n"
+    target = subprocess.run(
+        ["git", "--git-dir", str(local.path), "cat-file", "-p", f"{commit}:link"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert target == b"d/f1.txt"
+    fsck = subprocess.run(
+        ["git", "--git-dir", str(local.path), "fsck", "--full", "--strict", "--no-dangling"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert fsck.returncode == 0, fsck.stderr
+
+
 def test_manifest_text_splices_like_a_rebuild():
     rows = [[f"d{i % 7}/f{i}", MODE_FILE, blob_id(str(i).encode()), i] for i in range(200)]
     text = manifest.manifest_text(rows)

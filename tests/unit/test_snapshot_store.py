@@ -227,6 +227,33 @@ def test_one_changed_file_sends_only_that_file_in_one_round_trip(tmp_path, trans
     }
 
 
+def test_an_edits_blobs_go_whole_and_its_trees_as_deltas(tmp_path, transport, layout, monkeypatch):
+    # A fast link: no delta search for an edit's files (here and on the cluster); its trees still
+    # go as deltas against the snapshot the store holds (a 300-file folder costs a few bytes).
+    repo = sample_repo(tmp_path)
+    for i in range(300):
+        write(repo / "many" / f"f{i}.txt", f"file {i}\n" * 50)
+    big = "".join(f"line {i} of a long file\n" for i in range(5000))
+    write(repo / "many/big.txt", big)
+    cache_dir = tmp_path / "cache"
+    make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    write(repo / "many/big.txt", big + "one more line\n")
+    second = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    size = len(big) + len("one more line\n")
+    assert (second.new_objects, second.new_bytes) == (1, size)
+    assert size < second.sent_bytes < size + 4000  # the file whole; the folder's 300 entries a delta
+    assert (
+        (job_copy(layout, second.id, tmp_path / "w") / "many/big.txt").read_text().endswith("one more line\n")
+    )
+    # A slow link (RV_PACK_COMPRESSION): the file as a delta too.
+    monkeypatch.setattr(packs, "DELTAS", True)
+    write(repo / "many/big.txt", big + "two more lines\n\n")
+    third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    assert third.new_objects == 1 and third.sent_bytes < size / 4
+    assert (job_copy(layout, third.id, tmp_path / "w3") / "many/big.txt").read_text().endswith("lines\n\n")
+    assert store_is_sound(layout) > 0
+
+
 def test_a_base_the_store_does_not_have_costs_calls_never_a_wrong_snapshot(tmp_path, transport, layout):
     # This machine believes the store holds a snapshot it never had (another store's cache, a store
     # emptied by hand): the thin pack's deltas cannot be resolved, or what it left out is missing;

@@ -121,3 +121,63 @@ def test_a_new_snapshot_is_walked_against_the_last_one_found_whole(packed, monke
     assert bases == [(), (first_tree,)]
     assert agent_store.whole_snapshot_missing(store, first) == []  # both remembered
     assert len(bases) == 2
+
+
+# -- a store holding fewer objects than the snapshot has files: listed once, not looked up --------
+
+
+def test_the_index_sizes_count_the_objects_of_the_packs(packed):
+    store, _, _ = packed
+    count = agent_store.run_git(store, ["count-objects", "-v"])[1].decode()
+    in_pack = int(next(line.split()[1] for line in count.splitlines() if line.startswith("in-pack:")))
+    assert (
+        agent_store.stored_objects(agent_store.object_files(store)) == in_pack == 7
+    )  # 2 commits, trees; 3 blobs
+
+
+def test_a_store_with_fewer_objects_than_files_is_listed_and_finds_what_the_walk_finds(packed, monkeypatch):
+    store, _, (_, second) = packed
+    # The second commit's objects without its two blobs (its trees there): what a first send's
+    # trees leave, as the walk and the listing both see it.
+    blobs = {
+        agent_store.run_git(store, ["rev-parse", f"{second}:{name}"])[1].decode().strip()
+        for name in ("a.txt", "b.txt")
+    }
+    listed_all = agent_store.run_git(store, ["rev-list", "--objects", "--all"])[1].decode().split()
+    keep = [o for o in listed_all if len(o) == 40 and o not in blobs]
+    for p in the_pack(store).parent.glob("pack-*"):
+        data = p.read_bytes() if p.suffix == ".pack" else None
+        p.unlink()
+        if data is not None:
+            agent_store.run_git(store, ["unpack-objects", "-q"], stdin=data)
+    for oid in blobs:
+        Path(os.fsdecode(store), "objects", oid[:2], oid[2:]).unlink()
+    packed_again = os.fsdecode(store) + "/objects/pack/pack"
+    agent_store.run_git(
+        store, ["pack-objects", "-q", packed_again], stdin="".join(o + "\n" for o in keep).encode()
+    )
+    agent_store.run_git(store, ["prune-packed"])
+    held = agent_store.run_git(store, ["cat-file", "--batch-all-objects", "--batch-check=%(objectname)"])[1]
+    assert set(keep) == set(held.decode().split())
+    walked = agent_store._walk(store, second)
+    listed = agent_store._walk_listed(store, second)
+    assert sorted(listed[0]) == sorted(walked[0]) == sorted(blobs) and listed[1] == walked[1]
+    used: list[str] = []
+    real = agent_store._walk_listed
+    monkeypatch.setattr(agent_store, "_walk_listed", lambda s, c: used.append(c) or real(s, c))
+    # 5 objects here against a snapshot of 1,000 files: listed; of 10 files: walked.
+    assert sorted(agent_store.whole_snapshot_missing(store, second, files=1000)) == sorted(blobs)
+    assert sorted(agent_store.whole_snapshot_missing(store, second, files=10)) == sorted(blobs)
+    assert used == [second]
+
+
+def test_a_tree_missing_from_a_listed_store_is_named_as_the_walk_names_it(packed):
+    store, _, (_, second) = packed
+    tree = agent_store.run_git(store, ["rev-parse", second + "^{tree}"])[1].decode().strip()
+    for p in the_pack(store).parent.glob("pack-*"):
+        data = p.read_bytes() if p.suffix == ".pack" else None
+        p.unlink()
+        if data is not None:
+            agent_store.run_git(store, ["unpack-objects", "-q"], stdin=data)
+    Path(os.fsdecode(store), "objects", tree[:2], tree[2:]).unlink()
+    assert agent_store._walk_listed(store, second)[0] == agent_store._walk(store, second)[0] == [tree]

@@ -15,7 +15,9 @@ RV = Path(rv.__file__).resolve().parent
 AGENT = RV / "agent"
 # The formats both sides share: the only modules of rv/agent/ that laptop code may import.
 # rv.agent.container: the runtimes' command lines, which the laptop writes into the script.
-SHARED_FORMATS = {"rv.agent.manifest", "rv.agent.segment", "rv.agent.layout", "rv.agent.container"}
+SHARED_FORMATS = {
+    "rv.agent.manifest", "rv.agent.segment", "rv.agent.layout", "rv.agent.container", "rv.agent.packformat",
+}  # fmt: skip
 
 
 def module_name(path: Path) -> str:
