@@ -40,7 +40,7 @@ from rv.remote.transport import RunResult, Stdin, Transport
 AGENT_MODULES = (
     "manifest", "segment", "layout", "common", "locks", "packfile", "storecheck", "store", "oldstore",
     "transfer", "metrics", "quota", "slurmcmd", "rundir", "runs", "container", "submit", "follow", "up",
-    "envs", "gc", "why", "runfiles", "__main__",
+    "envs", "images", "gc", "why", "runfiles", "__main__",
 )  # fmt: skip
 _AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 
@@ -282,6 +282,7 @@ ON_LOST: dict[str, bool | str | Callable[[dict[str, Any]], bool]] = {
     "env": False,  # a build
     "venv-ls": True,
     "venv-rm": False,  # a repeat would say it is not there
+    "image-pull": True,  # under the key's lock: a repeat waits for the first and reuses its image
 }
 
 
