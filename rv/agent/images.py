@@ -19,7 +19,6 @@ each use; ``rv gc`` removes an image no run it keeps names (run.json's ``image``
 ``--older-than``.
 """
 
-import collections
 import contextlib
 import hashlib
 import json
@@ -27,7 +26,6 @@ import os
 import re
 import shutil
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -130,7 +128,7 @@ def resolve_digest(reference):
                     "usage",
                 ) from None
             return None, "the registry answered HTTP %d" % exc.code
-        except (urllib.error.URLError, OSError, ssl.SSLError, socket.timeout) as exc:
+        except (urllib.error.URLError, OSError, socket.timeout) as exc:  # ssl's errors are OSErrors
             return None, "the registry did not answer (%s)" % getattr(exc, "reason", exc)
     return None, "the registry wants credentials"
 
@@ -192,14 +190,14 @@ def _run_streamed(argv, env, cwd):
                                 stderr=subprocess.STDOUT, env=env, cwd=cwd)  # fmt: skip
     except OSError as exc:
         return 127, ["%s: %s" % (argv[0], exc)]
-    tail = collections.deque(maxlen=12)
+    tail = []
     for raw in proc.stdout:
         # A progress bar redraws with \r: its last state is the line.
         line = raw.decode("utf-8", "replace").rstrip("\r\n").split("\r")[-1]
-        tail.append(line)
+        tail = (tail + [line])[-12:]
         sys.stderr.write("| %s\n" % line)
         sys.stderr.flush()
-    return proc.wait(), list(tail)
+    return proc.wait(), tail
 
 
 def _pull(root, key, reference, runtime, env, filename, squash, digest):
