@@ -123,7 +123,7 @@ def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: 
             f"  store gc   FAILED in a job: {git['background_gc_failed']} (`rv gc` repairs what it can)"
         )
     lines.append("containers   " + runtimes_text(data["container_runtimes"]))
-    lines += image_lines(data["container_images"])
+    lines += image_lines(data.get("container_images") or [])
     jobs = data["jobs"]
     lines.append("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
     lines.append("GPUs         idle/total")

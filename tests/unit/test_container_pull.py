@@ -2,7 +2,7 @@
 options (Apptainer/Singularity `pull`, enroot `import`, Charliecloud `ch-image pull` + `ch-convert`),
 how a reference is read and keyed, and the cache's collection. Apptainer, Singularity and enroot are
 not in Debian 12: their lines are checked here; Charliecloud's run for real in
-tests/integration/test_container_pull.py."""
+tests/integration/test_container_registry.py."""
 
 from __future__ import annotations
 
