@@ -200,6 +200,19 @@ def _run_streamed(argv, env, cwd):
     return proc.wait(), tail
 
 
+def tool_environment(env):
+    """The pull tools' environment: the setup lines' own, without a venv they activated for the jobs
+    (ch-image is ``#!/usr/bin/env python3`` and needs the system's lark and requests, not a venv's)."""
+    venv = env.get("VIRTUAL_ENV")
+    if not venv:
+        return env
+    out = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}
+    out["PATH"] = ":".join(
+        p for p in env.get("PATH", "").split(":") if p.rstrip("/") != venv.rstrip("/") + "/bin"
+    )
+    return out
+
+
 def _pull(root, key, reference, runtime, env, filename, squash, digest):
     """Pull into a temporary folder, renamed to ``images/<key>`` when whole; the entry's record."""
     base = images_dir(root)
@@ -254,7 +267,7 @@ def mode_image_pull(args):
     root = common.root_path(args["root"])
     reference, runtime = args["reference"], args["runtime"]
     try:
-        env = container.setup_environment(args.get("setup") or [])
+        env = tool_environment(container.setup_environment(args.get("setup") or []))
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         raise common.AgentError("--container: %s" % e, "usage") from None
     squash = runtime != "charliecloud" or bool(shutil.which("mksquashfs", path=env.get("PATH", os.defpath)))

@@ -126,3 +126,9 @@ def test_gc_keeps_an_image_a_kept_run_names_and_one_used_lately(tmp_path):
     assert os.path.exists(named) and os.path.exists(lately) and freed.bytes >= 5000
     dry = images.gc_images(root.encode(), 0, {}, Freed(), dry=True)[0]
     assert sorted(r["key"] for r in dry) == ["a" * 16, "b" * 16] and os.path.exists(named)
+
+
+def test_the_pull_tools_run_without_the_venv_the_setup_lines_activated():
+    env = {"PATH": "/r/venv/bin:/usr/local/bin:/usr/bin", "VIRTUAL_ENV": "/r/venv", "HOME": "/h"}
+    assert images.tool_environment(env) == {"PATH": "/usr/local/bin:/usr/bin", "HOME": "/h"}
+    assert images.tool_environment({"PATH": "/usr/bin"}) == {"PATH": "/usr/bin"}
