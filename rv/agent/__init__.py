@@ -39,6 +39,7 @@ walrus, no ``capture_output``, no postponed annotations; a test parses each file
     follow.py      a run's output, segment after segment, as frames
     up.py          `rv up`'s job and its watchdog
     envs.py        Python environments: env, venv-ls, venv-rm
+    images.py      container images pulled from registries: image-pull, and their cache for status and gc
     gc.py          gc and usage: what finished runs left, then what nothing uses
     metrics.py     what runs wrote to RV_METRICS, summed up for a table
     quota.py       the site's quota tools (lfs, mmlsquota, quota), run bounded

@@ -15,7 +15,21 @@ import signal
 import sys
 import zlib
 
-from rv.agent import common, envs, follow, gc, metrics, runfiles, runs, store, submit, transfer, up, why
+from rv.agent import (
+    common,
+    envs,
+    follow,
+    gc,
+    images,
+    metrics,
+    runfiles,
+    runs,
+    store,
+    submit,
+    transfer,
+    up,
+    why,
+)
 
 # The one table: every mode the agent answers, and the function that answers it.
 MODES = {
@@ -50,6 +64,8 @@ MODES = {
     "env": envs.mode_env,
     "venv-ls": envs.mode_venv_ls,
     "venv-rm": envs.mode_venv_rm,
+    # container images pulled from registries (rv run --container docker://...)
+    "image-pull": images.mode_image_pull,
 }
 
 

@@ -56,6 +56,76 @@ def is_reference(image):
     return bool(_REFERENCE.match(image))
 
 
+# --- registry references: what each runtime takes, and its own tool that pulls it -----------------
+
+# The schemes each runtime's pull tool takes (Apptainer's and Singularity's `pull`: docker, oras,
+# library, shub; enroot's `import` and Charliecloud's `ch-image pull`: a registry's docker://).
+SCHEMES = {
+    "apptainer": ("docker", "oras", "library", "shub"),
+    "singularity": ("docker", "oras", "library", "shub"),
+    "charliecloud": ("docker",),
+    "pyxis": ("docker",),
+}
+# The tool each runtime pulls with on the login node (Pyxis: enroot, whose images Pyxis runs).
+PULLERS = {
+    "apptainer": "apptainer", "singularity": "singularity", "charliecloud": "ch-image", "pyxis": "enroot",
+}  # fmt: skip
+# What a pull leaves in the cache, by runtime: the format that runtime runs (Charliecloud: SquashFS,
+# one file on a shared filesystem, or an unpacked directory where mksquashfs is missing).
+PULLED = {
+    "apptainer": "image.sif", "singularity": "image.sif", "charliecloud": "image.sqfs", "pyxis": "image.sqsh",
+}  # fmt: skip
+PULLED_DIR = "image"
+
+
+def scheme_of(reference):
+    return reference.split("://", 1)[0].lower()
+
+
+def reference_runners(reference):
+    """The runtimes whose tool pulls ``reference``, auto's preference first."""
+    return tuple(r for r in RUNTIMES if scheme_of(reference) in SCHEMES[r])
+
+
+def enroot_uri(reference):
+    """``docker://[REGISTRY/]IMAGE[:TAG]`` in enroot's (and Pyxis's) spelling, which puts ``#`` after
+    the registry: ``docker://REGISTRY#IMAGE[:TAG]``. A first part without a dot, a colon or
+    ``localhost`` is Docker Hub's path, as Docker reads it."""
+    rest = reference[len("docker://") :]
+    first, sep, tail = rest.partition("/")
+    if "#" not in rest and sep and ("." in first or ":" in first or first == "localhost"):
+        return "docker://%s#%s" % (first, tail)
+    return reference
+
+
+def pull_steps(runtime, reference, tmp, out, squash=True):
+    """[(argv, extra environment)] that pull ``reference`` into ``out`` with the runtime's own tool,
+    its scratch (and any cache it keeps) in ``tmp``, off the home quota and gone with it.
+
+    - apptainer/singularity: ``pull --disable-cache OUT.sif REF`` (their documented options; TMPDIR
+      through APPTAINER_TMPDIR / SINGULARITY_TMPDIR).
+    - pyxis: ``enroot import --output OUT.sqsh docker://REGISTRY#IMAGE:TAG`` (ENROOT_TEMP_PATH,
+      ENROOT_CACHE_PATH); Pyxis runs the .sqsh file (``--container-image=PATH``).
+    - charliecloud: ``ch-image --no-cache pull REF`` into a storage directory of its own
+      (CH_IMAGE_STORAGE), then ``ch-convert -i ch-image -o squash REF OUT.sqfs`` (``-o dir`` where
+      ``squash`` is false: no mksquashfs).
+    """
+    if runtime in ("apptainer", "singularity"):
+        return [([runtime, "pull", "--disable-cache", out, reference], {runtime.upper() + "_TMPDIR": tmp})]
+    if runtime == "pyxis":
+        env = {"ENROOT_TEMP_PATH": tmp, "ENROOT_CACHE_PATH": tmp + "/cache"}
+        return [(["enroot", "import", "--output", out, enroot_uri(reference)], env)]
+    if runtime == "charliecloud":
+        name = reference[len("docker://") :]
+        env = {"CH_IMAGE_STORAGE": tmp + "/storage"}
+        fmt = "squash" if squash else "dir"
+        return [
+            (["ch-image", "--no-cache", "pull", name], env),
+            (["ch-convert", "--tmp", tmp, "-i", "ch-image", "-o", fmt, name, out], env),
+        ]
+    raise ValueError("no pull for runtime %r" % runtime)
+
+
 def image_format(image):
     """ "sif", "squashfs", "enroot" or "dir" (anything else: an unpacked image directory)."""
     low = image.lower().rstrip("/")
@@ -238,6 +308,8 @@ def check(image, runtime, setup):
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         return {"error": "--container: %s" % e, "hint": "fix the profile's setup lines (rv init)"}
     found = find_runtimes(env)
+    if is_reference(image):
+        return _check_reference(image, runtime, env, found)
     path = expand_image(image, env)
     if not path.startswith("/") and not is_reference(image):
         return {
@@ -263,3 +335,30 @@ def check(image, runtime, setup):
             "name one that is there with --container-runtime",
         }
     return {"image": path, "runtime": chosen, "found": found}
+
+
+def _check_reference(image, runtime, env, found):
+    """A registry reference: the runtime that runs it and whose own tool pulls it (the pull itself
+    is the agent's ``image-pull``, which streams its progress)."""
+    runners = reference_runners(image)
+    path = env.get("PATH", os.defpath)
+    pullable = [r for r in runners if r in found and shutil.which(PULLERS[r], path=path)]
+    scheme = scheme_of(image)
+    hint = ("load the runtime and its pull tool in the profile's setup lines (e.g. module load apptainer), "
+            "or pull the image on the cluster and give its path")  # fmt: skip
+    if runtime != "auto" and runtime not in runners:
+        takes = ", ".join(s + "://" for s in SCHEMES[runtime])
+        return {"error": "--container-runtime %s does not pull %s:// references (it takes %s)"
+                % (runtime, scheme, takes), "hint": hint}  # fmt: skip
+    if runtime != "auto" and runtime not in found:
+        return {"error": "--container-runtime %s: %s is not on the cluster; runtimes found: %s"
+                % (runtime, PROGRAMS[runtime], describe(found)), "hint": hint}  # fmt: skip
+    if runtime != "auto" and runtime not in pullable:
+        return {"error": "--container %s: %s, the tool %s pulls with, is not on the cluster"
+                % (image, PULLERS[runtime], runtime), "hint": hint}  # fmt: skip
+    if not pullable:
+        tools = ", ".join("%s (%s)" % (PULLERS[r], r) for r in runners)
+        return {"error": "--container %s: nothing here pulls it (it needs one of %s); runtimes found: %s"
+                % (image, tools, describe(found)), "hint": hint}  # fmt: skip
+    return {"image": image, "runtime": runtime if runtime != "auto" else pullable[0], "found": found,
+            "reference": True}  # fmt: skip

@@ -13,6 +13,7 @@ from rv.agent import (
     common,
     container,
     envs,
+    images,
     layout,
     locks,
     manifest,
@@ -278,6 +279,7 @@ KINDS = (
     ("checkpoints", layout.CHECKPOINTS, False),
     ("outputs", layout.OUTPUTS, False),
     ("environments", layout.ENVS, False),
+    ("images", layout.IMAGES, False),
 )
 
 
@@ -347,6 +349,8 @@ def mode_usage(args):
             add(kind, count(common.under(root, folder)))
     add("other", count(root))  # run records, scripts, caches, workspaces: whatever is left
     out.update(kinds=sizes, total=sum(sizes.values()), files=counts, files_total=sum(counts.values()))
+    if args.get("sinfo"):
+        out["images"] = _image_listing(root, live)
     if args.get("quota"):
         out["quota"] = quota.report(root)
     version = store.git_version()
@@ -368,6 +372,15 @@ def mode_usage(args):
     return out
 
 
+def _image_listing(root, live):
+    """rv status: each pulled image, its size, and the runs that name it."""
+    using = images.runs_using(root, live)
+    return [{"key": e["key"], "reference": e["meta"].get("reference"), "digest": e["meta"].get("digest"),
+             "runtime": e["meta"].get("runtime"), "image": e["image"], "bytes": common.tree_bytes(
+                 manifest.enc(e["path"]))[0], "last_used": e["last_used"], "runs": using.get(e["key"], [])}
+            for e in images.list_images(root)]  # fmt: skip
+
+
 def mode_gc(args):
     """``rv gc``: what runs, snapshots and objects left, then environments no live run uses."""
     report = runs_and_store_gc(args)
@@ -375,6 +388,12 @@ def mode_gc(args):
     freed = Freed()
     in_use = envs.envs_in_use(root, args["squeue"], float(args.get("grace", 900)))
     removed, kept = envs.gc_envs(root, float(args["older_than"]), in_use, freed, bool(args.get("dry_run")))
-    report.update(envs_removed=removed, envs_kept=kept, bytes_freed=report["bytes_freed"] + freed.bytes,
+    # Images: kept while a run gc keeps names one (as snapshots are), or used within --older-than.
+    used = images.images_in_use(root, [k["run_id"] for k in report["runs_kept"]])
+    images_removed, images_kept = images.gc_images(
+        root, float(args["older_than"]), used, freed, bool(args.get("dry_run"))
+    )
+    report.update(envs_removed=removed, envs_kept=kept, images_removed=images_removed,
+                  images_kept=images_kept, bytes_freed=report["bytes_freed"] + freed.bytes,
                   files_freed=report["files_freed"] + freed.files)  # fmt: skip
     return report

@@ -46,6 +46,7 @@ collected by rv gc:
 <root>/outputs/<project>/<name>/        RV_OUTPUT_DIR: likewise; metrics.jsonl is RV_METRICS's default
 <root>/cache/{hf,torch,triton,pip,wandb,xdg,uv}   caches kept off the home quota
 <root>/envs/<key>/              the jobs' Python environments (rv.agent.envs)
+<root>/images/<key>/            images pulled from registries, by reference and digest (rv.agent.images)
 <root>/tools/uv, tools/python   uv, installed once when the cluster has none, and the Pythons it fetches
 <root>/tmp/                     staging for uploads; renamed into place when complete
 <root>/runtime/job-<hash>.sh    rv's job runtime (rv/agent/job.sh, its job_*.sh parts joined) that
@@ -81,6 +82,7 @@ CHECKPOINTS = "checkpoints"
 OUTPUTS = "outputs"
 CACHE = "cache"
 ENVS = "envs"
+IMAGES = "images"  # container images pulled from registries (rv run --container docker://...)
 TOOLS = "tools"
 TMP = "tmp"
 RUNTIME = "runtime"

@@ -30,6 +30,8 @@ def summary(report: dict[str, Any]) -> str:
     parts.append(f"{len(report['removed'])} snapshot(s), {report['objects_removed']} object(s)")
     if report.get("envs_removed"):
         parts.append(f"{len(report['envs_removed'])} environment(s)")
+    if report.get("images_removed"):
+        parts.append(f"{len(report['images_removed'])} pulled image(s)")
     kept = report["runs_kept"]
     live = sum(1 for k in kept if k["why"].startswith("live"))
     freed = human_size(report["bytes_freed"])
@@ -58,7 +60,8 @@ def summary(report: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (bytes_freed, measured).")
 @click.pass_context
 def gc(ctx: click.Context, older_than: float, checkpoints: bool, dry_run: bool, as_json: bool) -> None:
-    """Remove finished runs' work dirs, scripts, logs and records, then snapshots and objects no run uses.
+    """Remove finished runs' work dirs, scripts, logs and records, then snapshots, objects, environments
+    and pulled container images no run uses.
 
     Never anything of a live run. Checkpoints and outputs only with --checkpoints.
     """
@@ -91,6 +94,10 @@ def gc(ctx: click.Context, older_than: float, checkpoints: bool, dry_run: bool, 
             click.echo(f"{verb}  snapshot {row['id']}{size}")
         for row in report.get("envs_removed", []):
             click.echo(f"{verb}  environment {row['key']} ({row.get('files')})  {human_size(row['bytes'])}")
+        for row in report.get("images_removed", []):
+            click.echo(f"{verb}  image {row['reference']} ({row['key']})  {human_size(row['bytes'])}")
+        for row in report.get("images_kept", []):
+            click.echo(f"keep    image {row['reference']} ({row['key']}): {row['why']}")
         for row in report["runs_kept"]:
             click.echo(f"keep    run {row['name'] or '?'} {row['run_id']}: {row['why']}")
     note(summary(report))

@@ -21,18 +21,22 @@ _SUMMARY = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Audited ")
 
 
 class BuildDisplay:
-    """Lines from the cluster while an environment is found or built."""
+    """Lines from the cluster while an environment is found or built, or an image pulled: rv's own
+    lines printed, the tool's (uv's, the runtime's pull tool's) as a status line on a terminal."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.status: Any = None
+        self.what = "building the environment"
 
     def __call__(self, line: str) -> None:
         if line.startswith("rv: "):
             self._print(line[4:])
-            if line.startswith("rv: building") and err_console.is_terminal and self.status is None:
-                self.status = err_console.status("building the environment")
-                self.status.start()
+            for start, what in (("rv: building", "building the environment"), ("rv: pulling", "pulling")):
+                if line.startswith(start) and err_console.is_terminal and self.status is None:
+                    self.what = what
+                    self.status = err_console.status(what)
+                    self.status.start()
             return
         text = line[2:] if line.startswith("| ") else line
         if text.startswith(_SUMMARY):
@@ -41,7 +45,7 @@ class BuildDisplay:
             from rich.markup import escape
 
             elapsed = time.monotonic() - self.started
-            self.status.update(f"building the environment ({elapsed:.0f} s): {escape(text.strip()[:100])}")
+            self.status.update(f"{self.what} ({elapsed:.0f} s): {escape(text.strip()[:100])}")
 
     def _print(self, text: str) -> None:
         if self.status is not None:

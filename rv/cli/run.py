@@ -315,6 +315,7 @@ def show_dry_run(ctx: click.Context, plan: Plan, sources: dict[str, str], *, as_
         for line in settings_lines(ctx, sources):
             note(line)
         note(resources_line(req) + " (each point)")
+        _show_pull(plan)
         note(
             f"dry run: nothing was sent (sweep {name}, {len(sweep)} point(s), snapshot {snap.id[:12]}; "
             f"arrays split at MaxArraySize {SLURM_DEFAULT_MAX_ARRAY_SIZE}, Slurm's default: the cluster's "
@@ -337,7 +338,24 @@ def show_dry_run(ctx: click.Context, plan: Plan, sources: dict[str, str], *, as_
             "script but for its #SBATCH lines and GPU values; the first to start takes the run"
         )
     note(resources_line(req))
+    _show_pull(plan)
     note(f"dry run: nothing was sent (run {req.name}, snapshot {snap.id[:12]}, {snap.tree.files} files)")
+
+
+def _show_pull(plan: Plan) -> None:
+    """A registry reference: the pull `rv run` would do on the login node before submitting."""
+    from rv.job.container import dry_run_pull
+
+    if plan.container is None:
+        return
+    lines = dry_run_pull(plan.container, plan.profile.require_remote_root())
+    if lines:
+        note(
+            f"would pull {plan.container.image} on the cluster before submitting, once (reused while "
+            "the registry's digest is the same), with auto's first runtime (the cluster may pick another):"
+        )
+        for line in lines:
+            note(f"  $ {line}")
 
 
 def show_submitted(launched: Launched, *, as_json: bool, follow: bool = False) -> None:

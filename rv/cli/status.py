@@ -64,6 +64,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "gc_would_free": kept["gc"],
         "git": st.git,
         "container_runtimes": st.runtimes,
+        # Images pulled from registries (rv.agent.images): reference, size, the runs that name them.
+        "container_images": kept.get("images") or [],
         "jobs": dict(jobs),
         "may_use": {
             "accounts": accounts,
@@ -121,11 +123,27 @@ def status_lines(data: dict[str, Any], may_use: list[tuple[str, str]], catalog: 
             f"  store gc   FAILED in a job: {git['background_gc_failed']} (`rv gc` repairs what it can)"
         )
     lines.append("containers   " + runtimes_text(data["container_runtimes"]))
+    lines += image_lines(data.get("container_images") or [])
     jobs = data["jobs"]
     lines.append("jobs         " + (", ".join(f"{n} {state.lower()}" for state, n in jobs.items()) or "none"))
     lines.append("GPUs         idle/total")
     for name, counts in sorted(data["gpus"].items(), key=lambda kv: -kv[1]["idle"]):
         lines.append(f"  {name:<10} {counts['idle']:>3}/{counts['total']:<3} {catalog[name].partition}")
+    return lines
+
+
+def image_lines(images: list[dict[str, Any]]) -> list[str]:
+    """Each image pulled into the cluster's cache: its reference, size, and the runs that name it."""
+    from rv.units import human_size
+
+    lines = []
+    for im in images:
+        runs = im.get("runs") or []
+        live = [r["name"] for r in runs if r.get("live")]
+        used = f"used by {len(runs)} run(s)" if runs else "used by no run"
+        used += f" (live: {', '.join(live[:3])})" if live else ""
+        size = human_size(im["bytes"])
+        lines.append(f"  image      {im['reference']} ({im['runtime']}, {size}, {im['key']}): {used}")
     return lines
 
 

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rv.agent.container import is_reference
 from rv.errors import PLACEMENT_HINT, UsageError
 from rv.job import submit
-from rv.job.container import ContainerSpec, dry_run_container, parse_container
+from rv.job.container import ContainerSpec, Pulled, dry_run_container, parse_container, pull
 from rv.job.prepare import job_umask
 from rv.layout import RemoteLayout
 from rv.placement import Estimate
@@ -487,7 +488,7 @@ def dry_run(plan: Plan) -> DryRun:
         env_build = (DROP_HOST_VENV, *env_build)
     # The image as typed and the runtime its format needs: the cluster expands one and may choose the
     # other (apptainer or singularity).
-    shown = dry_run_container(plan.container) if plan.container is not None else None
+    shown = dry_run_container(plan.container, layout.root) if plan.container is not None else None
     if plan.sweep is None:
         context = plan.context(layout, env_build=env_build, container=shown)
         scripts = {type_name(r): render_script(r, context) for r in plan.candidates}
@@ -537,14 +538,14 @@ def launch(
     elif plan.from_run is None and check.resume_files:
         view.note(f"resuming {req.name}: its checkpoint folder holds what an earlier run saved")
     # Before the upload: a requirement that cannot be resolved fails here, and nothing is queued.
-    env = environment(remote, plan.env_plan, plan.env_setup, view, container=check.container)
+    pulled = image(remote, plan, check.container, view)
+    container = pulled.container if pulled is not None else None
+    env = environment(remote, plan.env_plan, plan.env_setup, view, container=container)
     uploaded = upload(remote, plan, view)
-    context = plan.context(
-        layout, uploaded=uploaded, env_build=_env_lines(plan, env), container=check.container
-    )
+    context = plan.context(layout, uploaded=uploaded, env_build=_env_lines(plan, env), container=container)
     submitted = submit.submit(
         remote.transport, layout, req, context, profile=plan.profile.name, secrets=plan.secrets,
-        provenance=_provenance(uploaded, env, facts, view),
+        provenance=_provenance(uploaded, env, facts, view, pulled),
         from_run=check if plan.from_run is not None else None,
         from_step=plan.from_run.step if plan.from_run is not None else None, alternatives=reqs[1:],
         on=on,
@@ -606,17 +607,19 @@ def launch_sweep(
     )  # fmt: skip
     if resumed:
         view.note(f"sweep {name} exists: point(s) {_indexes(resumed)} resume from their checkpoints")
-    env = environment(remote, plan.env_plan, plan.env_setup, view, container=check.container)
+    pulled = image(remote, plan, check.container, view)
+    container = pulled.container if pulled is not None else None
+    env = environment(remote, plan.env_plan, plan.env_setup, view, container=container)
     uploaded = upload(remote, plan, view)
     sweep_id = submit.new_run_id()
-    provenance = _provenance(uploaded, env, facts, view)
+    provenance = _provenance(uploaded, env, facts, view, pulled)
     points = {p.index: p for p in sweep.points}
 
     def make(index: int, run_id: str) -> submit.PointRun:
         point = points[index]
         context = plan.context(
             layout, run_id=run_id, uploaded=uploaded, env_build=_env_lines(plan, env), sweep_env=point.env(),
-            container=check.container,
+            container=container,
         )  # fmt: skip
         args = submit.submit_args(
             layout, plan.points[index], context, provenance=provenance, has_secrets=bool(plan.secrets)
@@ -662,17 +665,32 @@ def start_up(plan: Plan, remote: Remote, store: RunStore, view: StartUpView) -> 
     if refused:
         raise sbatch_refuses(refused)
     # The project's environment, as rv run has it: built (or found) before anything is queued.
-    env = environment(remote, plan.env_plan, plan.env_setup, view, container=check.container)
+    pulled = image(remote, plan, check.container, view)
+    container = pulled.container if pulled is not None else None
+    env = environment(remote, plan.env_plan, plan.env_setup, view, container=container)
     uploaded = upload(remote, plan, view)
-    context = plan.context(
-        layout, uploaded=uploaded, env_build=_env_lines(plan, env), container=check.container
-    )
+    context = plan.context(layout, uploaded=uploaded, env_build=_env_lines(plan, env), container=container)
     dog, record = up.start(
         remote.transport, layout, req, context, profile=plan.profile.name, secrets=dict(plan.secrets),
-        view=view, provenance=_provenance(uploaded, env, facts, view),
+        view=view, provenance=_provenance(uploaded, env, facts, view, pulled),
     )  # fmt: skip
     store.add(record)
     return dog, record
+
+
+def image(remote: Remote, plan: Plan, chosen: Container | None, view: LaunchView) -> Pulled | None:
+    """The run's image as its job runs it: a path as the cluster found it, or a registry reference
+    pulled once into the cluster's cache (before anything is submitted: a failed pull sends nothing),
+    the pull's own output said through ``view``."""
+    if chosen is None:
+        return None
+    if not is_reference(chosen.image):
+        return Pulled(chosen)
+    with view.building() as on_line:
+        got = pull(remote.transport, remote.layout.agent_args(), chosen, plan.env_setup, on_line)
+    if not got.pulled:
+        view.note(f"image {got.reference}: pulled before, reused from the cluster's cache ({got.key})")
+    return got
 
 
 def environment(
@@ -785,7 +803,11 @@ def _facts(plan: Plan) -> Soon:
 
 
 def _provenance(
-    uploaded: SnapshotResult, env: Environment | None, facts: Soon, view: LaunchView
+    uploaded: SnapshotResult,
+    env: Environment | None,
+    facts: Soon,
+    view: LaunchView,
+    pulled: Pulled | None = None,
 ) -> dict[str, Any]:
     """Where the run came from, as run.json and this machine's record keep it."""
     from rv.files.repo import FactsUnreadable
@@ -799,6 +821,7 @@ def _provenance(
     return {
         "branch": uploaded.branch, "commit": uploaded.commit, "dirty": uploaded.dirty,
         "env": env.key if env else None, "git": found.to_json() if found is not None else None,
+        "image": pulled.key if pulled is not None else None,
     }  # fmt: skip
 
 

@@ -297,6 +297,7 @@ def submit_args(
         "commit": provenance.get("commit"),
         "dirty": bool(provenance.get("dirty")),
         "env": provenance.get("env"),  # the environment's key: rv gc keeps it while this run lives
+        "image": provenance.get("image"),  # a pulled image's key (rv.agent.images): rv gc keeps it likewise
         "git": provenance.get("git"),  # the repository's facts (rv.files.repo): rv ps --json shows them
         "submitted_from": socket.gethostname(),
         "has_secrets": has_secrets,

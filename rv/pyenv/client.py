@@ -32,7 +32,7 @@ class Environment:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-class _Lines:
+class Lines:
     """Splits a byte stream into lines for ``on_line``."""
 
     def __init__(self, on_line: Callable[[str], None]) -> None:
@@ -73,7 +73,7 @@ def ensure(
         raise ValueError("ensure() needs a spec or a path to use")
     out: list[bytes] = []
     err: list[bytes] = []
-    lines = _Lines(on_line)
+    lines = Lines(on_line)
 
     def on_stderr(data: bytes) -> None:
         err.append(data)

@@ -69,7 +69,9 @@ def cluster_status(
         round_trip_ms=max(0.0, elapsed - float(reply.get("work_ms") or 0.0)),
         jobs=[] if squeue.get("error") else parse_squeue(squeue.get("text") or ""),
         nodes=[] if sinfo.get("error") else parse_sinfo_nodes(sinfo.get("text") or ""),
-        usage={key: reply.get(key) for key in ("kinds", "total", "gc", "files", "files_total", "quota")},
+        usage={
+            key: reply.get(key) for key in ("kinds", "total", "gc", "files", "files_total", "quota", "images")
+        },
         git=reply.get("git") or {},
         squeue_error=squeue.get("error"),
         sinfo_error=sinfo.get("error"),

@@ -154,7 +154,19 @@ def test_each_refusal_comes_before_anything_is_sent(layout, tmp_path):
     assert "module load apptainer" in err
     # Before any network call at all: a relative path, a registry reference.
     assert "must be absolute" in refused("--container", "image.sqfs")
-    assert "registry references" in refused("--container", "docker://debian:12")
+    # A scheme no runtime pulls, and one the runtime named does not (docker:// references are pulled:
+    # tests/integration/test_container_registry.py).
+    assert "rv pulls no oci-archive:// references" in refused("--container", "oci-archive:///a.tar")
+    assert "does not pull oras://" in refused(
+        "--container", "oras://ghcr.io/a/b:1", "--container-runtime", "charliecloud"
+    )
+    # oras:// needs Apptainer or Singularity, which the cluster lacks: refused there, before the pull.
+    err = refused("--container", "oras://ghcr.io/a/b:1")
+    assert (
+        "--container oras://ghcr.io/a/b:1: nothing here pulls it (it needs one of apptainer (apptainer), "
+        in err
+    )
+    assert re.search(r"runtimes found: charliecloud \(0\.\d+", err), err
 
 
 def test_dry_run_shows_the_container_line_and_none_overrides_a_projects_default(layout, tmp_path):

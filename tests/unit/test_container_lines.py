@@ -114,7 +114,9 @@ def test_none_or_nothing_is_no_container():
     "image, runtime, words",
     [
         ("pytorch.sif", None, "must be absolute"),
-        ("docker://nvcr.io/nvidia/pytorch:24.01-py3", None, "registry references are not pulled"),
+        ("oci-archive:///a.tar", None, "rv pulls no oci-archive:// references"),
+        ("oras://ghcr.io/a/b:1", "charliecloud", "--container-runtime charliecloud does not pull oras://"),
+        ("docker://", None, "names no image"),
         (None, "apptainer", "--container-runtime apptainer without --container"),
         ("/a.sif", "docker", "not a runtime rv knows"),
     ],

@@ -228,7 +228,14 @@ def test_facts_gitpython_cannot_read_are_said_and_the_run_goes_on():
 
     heard = Heard()
     provenance = pipeline._provenance(Uploaded(), None, Soon(unreadable), heard)
-    assert provenance == {"branch": "main", "commit": "c" * 40, "dirty": False, "env": None, "git": None}
+    assert provenance == {
+        "branch": "main",
+        "commit": "c" * 40,
+        "dirty": False,
+        "env": None,
+        "git": None,
+        "image": None,
+    }
     assert heard.said == [
         (
             "warn",
