@@ -267,6 +267,38 @@ def remove_stale(folder, prefix, older_than):
                         )
 
 
+# A cache entry's (an environment's, a pulled image's) use stamp: gc keeps what was used lately.
+LAST_USED = b".last-used"
+
+
+def touch(path):
+    with contextlib.suppress(OSError):
+        with open(path, "ab"):
+            pass
+        os.utime(path, None)
+
+
+def cache_entries(base, read_meta, made_key):
+    """[{key, path, meta, last_used}] of the whole entries of the cache folder ``base`` (those
+    ``read_meta`` gives a record for), newest use first; an entry never stamped counts from its
+    record's ``made_key`` time."""
+    out = []
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        path = join(base, name)
+        if name.startswith(b".") or not os.path.isdir(path):
+            continue
+        meta = read_meta(path)
+        if meta is None:
+            continue
+        try:
+            last = os.stat(join(path, LAST_USED)).st_mtime
+        except OSError:
+            last = meta.get(made_key, 0)
+        out.append({"key": manifest.dec(name), "path": manifest.dec(path), "meta": meta, "last_used": last})
+    out.sort(key=lambda e: -e["last_used"])
+    return out
+
+
 def human_age(seconds):
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:

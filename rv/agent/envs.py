@@ -42,7 +42,7 @@ META = b"rv-env.json"
 # purge deletes files and leaves folders, so an environment is used only while all of them are there.
 FILES = b"rv-env-files"
 
-LAST_USED = b".last-used"
+LAST_USED = common.LAST_USED
 
 BUILD_PREFIX = b".build-"
 
@@ -191,13 +191,6 @@ def finish_key(spec, facts, environ):
         with contextlib.suppress(OSError), open(os.path.expanduser(conf), "rb") as fh:
             h.update(fh.read())
     return h.hexdigest()[:16]
-
-
-def _touch(path):
-    with contextlib.suppress(OSError):
-        with open(path, "ab"):
-            pass
-        os.utime(path, None)
 
 
 def _listing(path):
@@ -502,7 +495,7 @@ def build(root, key, spec, facts, uv, environ, image=None):
         os.rename(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        _touch(common.join(final, LAST_USED))
+        common.touch(common.join(final, LAST_USED))
         return meta
     finally:
         shutil.rmtree(src, ignore_errors=True)
@@ -543,7 +536,7 @@ def mode_env(args):
     if holes:
         meta = None  # purged: rebuilt like --force, never used with holes
     if meta is not None:
-        _touch(common.join(path, LAST_USED))
+        common.touch(common.join(path, LAST_USED))
         return {"key": key, "path": manifest.dec(path), "built": False, "exists": True, "meta": meta}
     common.makedirs(envs_dir(root), 0o700)
     lock_path = common.join(envs_dir(root), key.encode() + manifest.enc(layout.LOCK))
@@ -554,7 +547,7 @@ def mode_env(args):
         if meta is not None and _holes(path, key):
             meta = None
         if meta is not None:
-            _touch(common.join(path, LAST_USED))
+            common.touch(common.join(path, LAST_USED))
             return {"key": key, "path": manifest.dec(path), "built": False, "exists": True, "meta": meta,
                     "waited": True}  # fmt: skip
         installed_uv = False
@@ -644,22 +637,7 @@ def _size(path):
 
 def list_envs(root):
     """[{key, path, meta, last_used}] of complete environments, newest use first."""
-    base = envs_dir(root)
-    out = []
-    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        path = common.join(base, name)
-        if name.startswith(b".") or not os.path.isdir(path):
-            continue
-        meta = read_meta(path)
-        if meta is None:
-            continue
-        try:
-            last = os.stat(common.join(path, LAST_USED)).st_mtime
-        except OSError:
-            last = meta.get("built_at", 0)
-        out.append({"key": manifest.dec(name), "path": manifest.dec(path), "meta": meta, "last_used": last})
-    out.sort(key=lambda e: -e["last_used"])
-    return out
+    return common.cache_entries(envs_dir(root), read_meta, "built_at")
 
 
 def envs_in_use(root, squeue_argv, grace=900.0):

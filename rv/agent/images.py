@@ -36,7 +36,7 @@ import urllib.request
 from rv.agent import common, container, layout, locks, manifest, rundir
 
 META = b"rv-image.json"
-LAST_USED = b".last-used"
+LAST_USED = common.LAST_USED
 PULL_PREFIX = b".pull-"
 
 # What a manifest HEAD accepts: a multi-platform index or list, or one image's manifest.
@@ -150,35 +150,15 @@ def read_meta(path):
 
 def list_images(root):
     """[{key, path, image, meta, last_used}] of whole cache entries, newest use first."""
-    base = images_dir(root)
-    out = []
-    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        path = common.join(base, name)
-        if name.startswith(b".") or not os.path.isdir(path):
-            continue
-        meta = read_meta(path)
-        if meta is None:
-            continue
-        try:
-            last = os.stat(common.join(path, LAST_USED)).st_mtime
-        except OSError:
-            last = meta.get("pulled_at", 0)
-        out.append({"key": manifest.dec(name), "path": manifest.dec(path),
-                    "image": manifest.dec(common.join(path, manifest.enc(meta["file"]))), "meta": meta,
-                    "last_used": last})  # fmt: skip
-    out.sort(key=lambda e: -e["last_used"])
+    out = common.cache_entries(images_dir(root), read_meta, "pulled_at")
+    for entry in out:
+        path = manifest.enc(entry["path"])
+        entry["image"] = manifest.dec(common.join(path, manifest.enc(entry["meta"]["file"])))
     return out
 
 
-def _touch(path):
-    with contextlib.suppress(OSError):
-        with open(path, "ab"):
-            pass
-        os.utime(path, None)
-
-
 def _reply(entry_path, key, meta, **more):
-    _touch(common.join(entry_path, LAST_USED))
+    common.touch(common.join(entry_path, LAST_USED))
     image = manifest.dec(common.join(entry_path, manifest.enc(meta["file"])))
     return dict({"key": key, "image": image, "meta": meta, "pulled": False}, **more)
 

@@ -141,22 +141,10 @@ def pull(
     the cluster (the agent's ``image-pull``), the tool's output reaching ``on_line`` as it comes."""
     if not adapter.is_reference(chosen.image):
         return Pulled(chosen)
-    from rv.pyenv.client import Lines
-    from rv.remote.agent_client import agent_command, agent_reply
+    from rv.remote.agent_client import agent_call_telling
 
     args = dict(agent_args, reference=chosen.image, runtime=chosen.runtime, setup=list(setup))
-    out: list[bytes] = []
-    err: list[bytes] = []
-    lines = Lines(on_line)
-
-    def on_stderr(data: bytes) -> None:
-        err.append(data)
-        lines.feed(data)
-
-    code = transport.stream(
-        agent_command("image-pull", args), on_stdout=out.append, on_stderr=on_stderr, timeout=7200
-    )
-    reply = agent_reply("image-pull", code, b"".join(out), b"".join(err))
+    reply = agent_call_telling(transport, "image-pull", args, on_line, timeout=7200)
     meta = reply.get("meta") or {}
     return Pulled(
         Container(str(reply["image"]), chosen.runtime), str(reply["key"]), bool(reply.get("pulled")),

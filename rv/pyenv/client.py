@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rv.errors import RemoteError
 from rv.layout import RemoteLayout
 from rv.pyenv.spec import EnvSpec
-from rv.remote.agent_client import agent_command, agent_reply, call_agent
+from rv.remote.agent_client import agent_call_telling, call_agent
 from rv.slurm import commands
 
 if TYPE_CHECKING:
@@ -30,20 +30,6 @@ class Environment:
     installed_uv: bool = False
     waited: bool = False  # another rv was building it; this call waited and reused it
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-class Lines:
-    """Splits a byte stream into lines for ``on_line``."""
-
-    def __init__(self, on_line: Callable[[str], None]) -> None:
-        self.on_line = on_line
-        self.buf = b""
-
-    def feed(self, data: bytes) -> None:
-        self.buf += data
-        *lines, self.buf = self.buf.split(b"\n")
-        for line in lines:
-            self.on_line(line.decode("utf-8", "replace"))
 
 
 def ensure(
@@ -71,18 +57,7 @@ def ensure(
             args["container"] = dict(image)
     else:
         raise ValueError("ensure() needs a spec or a path to use")
-    out: list[bytes] = []
-    err: list[bytes] = []
-    lines = Lines(on_line)
-
-    def on_stderr(data: bytes) -> None:
-        err.append(data)
-        lines.feed(data)
-
-    code = transport.stream(
-        agent_command("env", args), on_stdout=out.append, on_stderr=on_stderr, timeout=3600
-    )
-    reply = agent_reply("env", code, b"".join(out), b"".join(err))
+    reply = agent_call_telling(transport, "env", args, on_line, timeout=3600)
     if not reply.get("path"):
         raise RemoteError(f"the cluster named no environment: {json.dumps(reply)[:200]}")
     return Environment(

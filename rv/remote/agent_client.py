@@ -349,6 +349,39 @@ def _note(text: str) -> None:
     sys.stderr.flush()
 
 
+class Lines:
+    """Splits a byte stream into lines for ``on_line``."""
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self.on_line = on_line
+        self.buf = b""
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            self.on_line(line.decode("utf-8", "replace"))
+
+
+def agent_call_telling(
+    transport: Transport, mode: str, args: dict[str, Any], on_line: Callable[[str], None], timeout: float
+) -> dict[str, Any]:
+    """One long agent call (an environment's build, an image's pull) whose stderr reaches ``on_line``
+    line by line as it comes, so the laptop shows the tool's progress; its reply as agent_reply."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    lines = Lines(on_line)
+
+    def on_stderr(data: bytes) -> None:
+        err.append(data)
+        lines.feed(data)
+
+    code = transport.stream(
+        agent_command(mode, args), on_stdout=out.append, on_stderr=on_stderr, timeout=timeout
+    )
+    return agent_reply(mode, code, b"".join(out), b"".join(err))
+
+
 def agent_reply(mode: str, exit_code: int, stdout: bytes, stderr: bytes | str) -> dict[str, Any]:
     """The reply of one agent call, from its exit code and output; failures become rv errors."""
     if isinstance(stderr, bytes):
