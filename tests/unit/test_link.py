@@ -164,7 +164,7 @@ def entries(pack: bytes) -> list[tuple[int, bool]]:
     return list(zip(types, stored, strict=True))
 
 
-def test_an_edit_goes_as_deltas_on_a_slow_link_and_whole_on_a_fast_one(tmp_path):
+def test_an_edit_goes_as_deltas_on_a_slow_link_and_whole_on_a_fast_one(tmp_path, monkeypatch):
     text = "".join(f"line {i} of a long file\n" for i in range(5000))  # 120 KB
     small = "".join(f"x{i} = {i}\n" for i in range(100))
     repo = new_repo(tmp_path / "repo", {"big.txt": text, "small.txt": small})
@@ -195,6 +195,11 @@ def test_an_edit_goes_as_deltas_on_a_slow_link_and_whole_on_a_fast_one(tmp_path)
     # Not measured: by size (130 KB: whole), stored.
     unknown, unknown_whole = read_stream(list(store.stream(after, sends)))
     assert unknown_whole == [1] and all(stored for _, stored in entries(unknown[0]))
+
+    # RV_PACK_COMPRESSION=0 on the slow link: whole and stored, as the user said.
+    monkeypatch.setattr(packs, "PACK_COMPRESSION", 0)
+    told, told_whole = read_stream(list(store.stream(after, sends, rate=1e6)))
+    assert told_whole == [1] and all(stored for _, stored in entries(told[0]))
 
 
 def test_a_large_upload_measures_the_link_for_the_next(tmp_path, layout):
