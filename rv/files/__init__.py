@@ -10,6 +10,7 @@
     provenance.py  where a snapshot came from, and the diff of a dirty tree
     snapshot.py    a snapshot: prepared locally (listing, size guard, provenance), then shipped
     packs.py       the laptop's half of the git store: a snapshot as a commit, the packs that carry it
+    link.py        the link's rate measured by uploads, and how the packs are made for it
     sync.py        `rv sync push` and `watch`: plans are pure, applying one is one round trip
     pull.py        `rv sync pull`: a remote file or folder into a local one
     progress.py    progress of a transfer, reported by the core to a renderer

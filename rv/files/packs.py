@@ -16,14 +16,15 @@ The blobs of edited and untracked files go into one pack of rv's folder, written
 
 What to send is a list of objects: what the snapshot's commit reaches and the root trees of the
 snapshots the cluster is known to hold do not (``rev-list --objects C --not T...``: only the part
-that changed is walked). Blobs go whole, no deltas (a delta search here and its resolution on the
-cluster cost more than sending an edit's files on a fast link: docs/measured.md); the commit and
-trees of an edit go as a thin pack of deltas against those snapshots' trees (a folder of many
-files with one edited costs a few bytes; ``index-pack --fix-thin`` on the cluster takes the bases
-from its store). With RV_PACK_COMPRESSION set (a slow link) the blobs go as deltas too. A
-large send goes as several packs, the commit and its trees first, each taken in whole on the
-cluster as it arrives: a dropped link costs the pack in flight only, and the cluster can tell what
-is still missing.
+that changed is walked). The commit and trees of an edit go as a thin pack of deltas against those
+snapshots' trees (a folder of many files with one edited costs a few bytes; ``index-pack
+--fix-thin`` on the cluster takes the bases from its store). Its blobs go whole where the link is
+fast (a delta search here and its resolution on the cluster cost more than the bytes they save:
+docs/measured.md) and as deltas too where it is slow; the zlib level likewise (rv.files.link
+chooses both from the link's rate, measured by earlier uploads; RV_PACK_COMPRESSION set decides
+alone). A large send goes as several packs, the commit and its trees first, each taken in whole on
+the cluster as it arrives: a dropped link costs the pack in flight only, and the cluster can tell
+what is still missing.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from rv.agent import manifest, packformat
 from rv.errors import RemoteError
+from rv.files import link
 from rv.files.gitcmd import Git, GitError
 from rv.files.tree import MODE_GITLINK, MODE_LINK, LocalTree
 
@@ -56,15 +58,12 @@ if TYPE_CHECKING:
 _WHO = {"NAME": "rv", "EMAIL": "rv@localhost", "DATE": "@0 +0000"}
 COMMIT_ENV = {f"GIT_{role}_{k}": v for role in ("AUTHOR", "COMMITTER") for k, v in _WHO.items()}
 
-# pack-objects' zlib level. 0 (stored) measured fastest end to end on the loopback cluster, where
-# the link is not what limits (benchmarks/sync.py; README "Measured, Sync"): level 1 cost 4.3 s of
-# CPU for 200 MB that level 0 packs in 1.1 s. RV_PACK_COMPRESSION overrides it for slow links.
-PACK_COMPRESSION = int(os.environ.get("RV_PACK_COMPRESSION", "0"))
-
-# Blobs as deltas against what the cluster holds only where the link is what limits (compression
-# asked for): 500 edited files of 50,000 took 0.37 s as a thin pack (delta search here 0.13 s, the
-# cluster resolving the deltas 0.23 s) against 0.15 s whole, 9.8 MB instead of 0.8 MB on the wire.
-DELTAS = PACK_COMPRESSION > 0
+# pack-objects' zlib level and whether an edit's blobs go as deltas, as the user set them: None (unset)
+# leaves both to rv.files.link's choice by the link's measured rate. 0 (stored) measured fastest end
+# to end on the loopback cluster, where the link is not what limits (benchmarks/sync.py; README
+# "Measured, Sync"): level 1 cost 4.3 s of CPU for 200 MB that level 0 packs in 1.1 s.
+_LEVEL = os.environ.get("RV_PACK_COMPRESSION", "").strip()
+PACK_COMPRESSION: int | None = int(_LEVEL) if _LEVEL else None
 
 # A send larger than this goes as several packs (each one a whole pack on the cluster once it has
 # arrived): what a dropped link costs, against a pack's overhead (a pack-objects and an index-pack,
@@ -285,7 +284,7 @@ class LocalStore:
         """Write the blobs of ``rows`` (files under ``root``) into one pack of rv's folder; each must
         hash to its row's id (else the file changed since it was listed).
 
-        One pack written here (rv.agent.packformat, level 0 as the sends are) rather than a loose
+        One pack written here (rv.agent.packformat, stored: level 0) rather than a loose
         object per file (``hash-object -w``): 500 edited files took 0.03 s against 0.14 s. The
         packs pile up one per snapshot with edits; git's gc --auto (tidy) joins them past 50.
         """
@@ -410,10 +409,17 @@ class LocalStore:
         )
 
     # -- packs ------------------------------------------------------------------------------------
-    def stream(self, commit: str, sends: Sends, progress: ProgressCounter | None = None) -> Iterator[bytes]:
-        """The packs of ``sends`` framed for the agent (rv.agent.store.receive_packs).
+    def stream(
+        self,
+        commit: str,
+        sends: Sends,
+        progress: ProgressCounter | None = None,
+        rate: float | None = None,
+    ) -> Iterator[bytes]:
+        """The packs of ``sends`` framed for the agent (rv.agent.store.receive_packs), made as suits a
+        link of ``rate`` bytes/s (None: not measured; rv.files.link.choose).
 
-        An edit of a snapshot the cluster holds (``sends.bases``) on a slow link (DELTAS): one thin
+        An edit of a snapshot the cluster holds (``sends.bases``) where deltas pay: one thin
         pack, made by pack-objects' own walk from ``commit`` minus what the bases reach (--thin
         needs that walk: the bases' objects are what a delta may refer to and the pack leave out).
         An edit otherwise: its trees as deltas and its blobs whole (below). Anything else (a first
@@ -423,13 +429,15 @@ class LocalStore:
         rv.agent.packfile (index-pack's collision-detecting SHA-1 over their bytes cost as much as
         the whole tar stream a user compares with; the agent's Python costs per object instead).
         """
-        if sends.bases and DELTAS:
+        choice = link.choose(sends.blob_bytes, rate, PACK_COMPRESSION)
+        level = choice.level
+        if sends.bases and choice.deltas:
             revs = f"{commit}\n" + "".join(f"^{b}\n" for b in sends.bases)
             count = len(sends.blobs) + len(sends.structure)
             # --shallow: pack-objects' walk with aggressive edges (its plain --thin one leaves out
             # only what a parent reaches).
             shown = _Shown(progress, sends.blob_bytes)
-            yield from self._pack(["--revs", "--thin", "--shallow"], revs.encode(), count, shown)
+            yield from self._pack(["--revs", "--thin", "--shallow"], revs.encode(), count, shown, level)
             shown.finish(len(sends.blobs))
         elif sends.bases:
             # One thin pack: the commit and trees as deltas against the bases' trees at the same
@@ -443,16 +451,16 @@ class LocalStore:
             edges = "".join(f"-{b}\n" for b in sends.bases).encode("ascii")
             listing = edges + _listing(sends.structure) + _listing(small, NO_DELTA)
             shown = _Shown(progress, sum(o.size for o in small))
-            yield from self._pack(["--thin-list"], listing, len(sends.structure) + len(small), shown)
+            yield from self._pack(["--thin-list"], listing, len(sends.structure) + len(small), shown, level)
             shown.finish(len(small))
-            yield from self._whole(Sends(blobs=large), progress)
+            yield from self._whole(Sends(blobs=large), progress, level)
         elif sends:
-            yield from self._whole(sends, progress)
+            yield from self._whole(sends, progress, level)
         yield PACKS_END
         if progress:
             progress.done()
 
-    def _whole(self, sends: Sends, progress: ProgressCounter | None) -> Iterator[bytes]:
+    def _whole(self, sends: Sends, progress: ProgressCounter | None, level: int) -> Iterator[bytes]:
         """The packs of ``sends``, whole objects, by chunks."""
         blobs = {o.oid for o in sends.blobs}
         chunks = _chunks(sends)
@@ -462,7 +470,7 @@ class LocalStore:
                 shown = _Shown(progress, sum(o.size for o in chunk if o.oid in blobs))
                 small = [o for o in chunk if o.size < WHOLE_MIN_BYTES]  # the commit and trees too
                 if small:
-                    yield from self._pack([], _listing(small), len(small), shown)
+                    yield from self._pack([], _listing(small), len(small), shown, level)
                 if len(small) < len(chunk):
                     yield from _whole_pack([o for o in chunk if o.size >= WHOLE_MIN_BYTES], read, shown)
                 shown.finish(sum(1 for o in chunk if o.oid in blobs))
@@ -491,14 +499,14 @@ class LocalStore:
             proc.wait()
             feeder.join()
 
-    def _pack(self, how: list[str], listing: bytes, count: int, shown: _Shown) -> Iterator[bytes]:
+    def _pack(self, how: list[str], listing: bytes, count: int, shown: _Shown, level: int) -> Iterator[bytes]:
         thin = "--thin" in how or "--thin-list" in how
         window = 10 if thin and count <= DELTA_OBJECTS else 0
         # --thin-list: a list of objects after "-<commit>" lines, whose trees are preferred bases
         # (deltas against them; they are left out). pack-objects' --thin would read revisions.
         how = [h for h in how if h != "--thin-list"]
         args = [
-            "-c", f"pack.compression={PACK_COMPRESSION}", "pack-objects", "--stdout", "-q",
+            "-c", f"pack.compression={level}", "pack-objects", "--stdout", "-q",
             "--delta-base-offset", f"--window={window}", *how,
         ]  # fmt: skip
         proc = subprocess.Popen(

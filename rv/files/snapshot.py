@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from rv.agent import manifest
 from rv.errors import RemoteError, UsageError
+from rv.files.link import LinkRate, Meter
 from rv.files.packs import LocalStore, Sends, open_local_store
 from rv.files.progress import Progress, ProgressCounter
 from rv.files.tmpdirs import temp_dir
@@ -272,6 +274,7 @@ class _Shipping:
     local: LocalStore
     commit: str
     on_progress: Progress | None = None
+    link: LinkRate | None = None  # the rate measured to the cluster (rv.files.link), kept per store
     sent: list[int] = field(default_factory=lambda: [0])
     _everything: Sends | None = None
     _provenance: Soon | None = None
@@ -352,10 +355,15 @@ class _Shipping:
         self.sent[0] += len(header)
         yield header
         if call.packs:
-            chunks = self.local.stream(self.commit, call.sends, progress)
+            rate = self.link.read() if self.link is not None else None
+            chunks = self.local.stream(self.commit, call.sends, progress, rate)
+            meter = Meter()  # the link's rate: the time the connection spends taking each chunk
             for chunk in _read_ahead(chunks) if call.sends.blob_bytes > READ_AHEAD_MIN_BYTES else chunks:
                 self.sent[0] += len(chunk)
+                start = time.perf_counter()
                 yield chunk
+                meter.add(len(chunk), time.perf_counter() - start)
+            meter.keep(self.link)
         if call.build:
             trailer = frame({"provenance": self.provenance()})
             self.sent[0] += len(trailer)
@@ -448,7 +456,8 @@ def _shipping(
     folder = cache_dir if cache_dir is not None else Path(stack.enter_context(temp_dir("git")))
     local = open_local_store(folder, snap.tree, snap.git)
     commit = local.build(snap.tree, snap.texts)
-    return _Shipping(transport, layout, snap, cache, local, commit, on_progress)
+    link = LinkRate(cache.directory, cache.key) if cache is not None else None
+    return _Shipping(transport, layout, snap, cache, local, commit, on_progress, link)
 
 
 def _finish_upload(

@@ -1,6 +1,6 @@
 """What this machine remembers between listings and uploads, so a resubmit costs what changed.
 
-Three things, all under the cache folder (``rv.config.cache_dir()``) and all safe to delete (the
+Several things, all under the cache folder (``rv.config.cache_dir()``) and all safe to delete (the
 next command is then as slow as a first one, never wrong):
 
 * ``trees/<repo>``: the last listing of each repository (see rv.files.listing.scan_tree): the index
@@ -8,6 +8,8 @@ next command is then as slow as a first one, never wrong):
 * ``texts/<id>``: manifests by snapshot id (rv.agent.manifest's text format).
 * ``git-stores/<store>``: per remote store and project, the snapshots known to be there and their
   commits (what a thin pack may leave out).
+* ``links/<store>``: the rate last measured to each remote store's cluster (rv.files.link), by
+  which an upload's packs are made.
 * ``git/<repo>``: rv's own git repository for each work tree (rv.files.packs): its index, trees,
   commits and the blobs of files git's index does not hold.
 * ``diffs/<repo>``: the last provenance diff of each repository, file by file, with what each file's
@@ -163,6 +165,7 @@ class StoreCache:
 
     def __init__(self, directory: Path, store_key: str) -> None:
         self.directory = directory  # the cache folder: rv's repositories of snapshots are there too
+        self.key = store_key
         self.path = directory / "git-stores" / _name(store_key)
 
     def _load(self) -> dict[str, list[list[str]]]:

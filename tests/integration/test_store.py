@@ -171,3 +171,61 @@ def test_a_snapshot_whose_pack_went_or_was_replaced_after_it_was_verified_is_ver
     assert "1 new object " in snapshot()  # app/util.py's blob, found lacking by the walk
     fsck()
     assert "already on the cluster, nothing to send" in snapshot()
+
+
+def blob_entry(store: Path, oid: str) -> list[str]:
+    """The store's pack entry of object ``oid`` as verify-pack lists it: 7 fields for a delta (its
+    depth and base last), 5 for an object stored whole."""
+    for pack in store.glob("objects/pack/pack-*.pack"):
+        out = subprocess.run(
+            ["git", "verify-pack", "-v", str(pack.with_suffix(".idx"))], capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        for line in out.stdout.splitlines():
+            if line.startswith(oid + " "):
+                return line.split()
+    raise AssertionError(f"{oid} is in no pack of {store}")
+
+
+def test_an_edit_goes_as_the_measured_link_wants(layout, tmp_path):
+    """A first upload large enough measures the link and keeps its rate in the cache folder; an edit
+    then goes whole where the link is fast and as a delta where it is slow, and the store is sound."""
+    text = "".join(f"{i:08x} {i * 2654435761 % 2**32:08x}\n" for i in range(300_000))  # 5.1 MB
+    proj = git_project(tmp_path / "p", {"main.py": PROGRAM, "data/big.txt": text})
+    store = Path(layout.remote_root, "store.git")
+
+    def snapshot() -> dict:
+        r = layout.run_rv("sync", "snapshot", "--json", cwd=proj)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+
+    def edit(line: str) -> str:
+        with open(proj / "data/big.txt", "a") as fh:
+            fh.write(line)
+        got = subprocess.run(["git", "hash-object", "data/big.txt"], cwd=proj, capture_output=True, text=True)
+        return got.stdout.strip()
+
+    snapshot()
+    (rate_file,) = Path(layout.rv_env["HOME"]).glob(".cache/rv/links/*")
+    measured = json.loads(rate_file.read_text())
+    assert measured["bytes"] >= 5_000_000 and measured["bytes_per_s"] > 0
+
+    def link(rate: float) -> None:  # what an upload over such a link would have measured
+        rate_file.write_text(json.dumps({**measured, "bytes_per_s": rate}))
+
+    link(1e9)  # a fast link: the edited file whole, no delta work on either side
+    fast = edit("one more line\n")
+    first_edit = snapshot()
+    assert len(blob_entry(store, fast)) == 5
+    link(1e6)  # a slow one: the file as a delta of the version the store holds
+    slow = edit("two more lines\n\n")
+    second_edit = snapshot()
+    entry = blob_entry(store, slow)
+    assert len(entry) == 7 and int(entry[3]) < 1000
+    res = layout.ssh.run(f"git --git-dir={shlex.quote(str(store))} fsck --full --strict --no-progress")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    for result, oid in ((first_edit, fast), (second_edit, slow)):
+        res = layout.ssh.run(
+            f"git --git-dir={shlex.quote(str(store))} rev-parse {result['ref']}:data/big.txt"
+        )
+        assert res.out.strip() == oid

@@ -21,6 +21,7 @@ from test_snapshot import git, new_repo, write
 
 from rv.errors import RemoteError, UsageError
 from rv.files import packs
+from rv.files.link import LinkRate
 from rv.files.listing import blob_id
 from rv.files.snapshot import make_snapshot, prepare_snapshot
 from rv.files.treecache import StoreCache
@@ -227,7 +228,7 @@ def test_one_changed_file_sends_only_that_file_in_one_round_trip(tmp_path, trans
     }
 
 
-def test_an_edits_blobs_go_whole_and_its_trees_as_deltas(tmp_path, transport, layout, monkeypatch):
+def test_an_edits_blobs_go_whole_and_its_trees_as_deltas(tmp_path, transport, layout):
     # A fast link: no delta search for an edit's files (here and on the cluster); its trees still
     # go as deltas against the snapshot the store holds (a 300-file folder costs a few bytes).
     repo = sample_repo(tmp_path)
@@ -245,8 +246,8 @@ def test_an_edits_blobs_go_whole_and_its_trees_as_deltas(tmp_path, transport, la
     assert (
         (job_copy(layout, second.id, tmp_path / "w") / "many/big.txt").read_text().endswith("one more line\n")
     )
-    # A slow link (RV_PACK_COMPRESSION): the file as a delta too.
-    monkeypatch.setattr(packs, "DELTAS", True)
+    # A slow link (measured by an earlier upload): the file as a delta too.
+    LinkRate(cache_dir, layout.root).write(1 << 20, 1.0)
     write(repo / "many/big.txt", big + "two more lines\n\n")
     third = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
     assert third.new_objects == 1 and third.sent_bytes < size / 4
