@@ -148,6 +148,39 @@ def warm_pids(runtime: Path = RUNTIME) -> dict[str, int]:
     return pids
 
 
+def ssh_client_port(pid: str) -> int | None:
+    """The client port of the SSH session a process was started in (its SSH_CONNECTION), or None."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None  # gone meanwhile
+    for entry in environ.split(b"\0"):
+        if entry.startswith(b"SSH_CONNECTION="):
+            return int(entry.split(b"=", 1)[1].split()[1])
+    return None
+
+
+def warm_ports() -> set[int]:
+    """The local TCP ports of this session's warm connections (their sockets, read from /proc): the
+    client port each one's SSH sessions on the loopback cluster see in their SSH_CONNECTION."""
+    inodes = set()
+    for pid in warm_pids().values():
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def stop_warm(*, server: bool = False) -> None:
     """End every background connection and wait for it: tests run one at a time, so each test's
     sessions on the cluster end with it and the next test sees only its own. The command server

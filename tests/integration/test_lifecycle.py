@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import ssh_client_port
 from test_runs import git_project, submitted, wait_for
 
 from rv.config import load_config, save_config
@@ -253,18 +254,6 @@ def test_following_reconnects_after_a_drop_and_loses_no_line_nor_repeats_one(rel
 
 
 # --- nothing rv starts on the cluster outlives it ----------------------------------------------------
-
-
-def ssh_client_port(pid: str) -> int | None:
-    """The client port of the SSH session a process was started in (its SSH_CONNECTION), or None."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return None  # gone meanwhile
-    for entry in environ.split(b"\0"):
-        if entry.startswith(b"SSH_CONNECTION="):
-            return int(entry.split(b"=", 1)[1].split()[1])
-    return None
 
 
 def rv_started_processes(user: str, ports: set[int]) -> list[str]:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import warm_pids
+from conftest import ssh_client_port, warm_pids, warm_ports
 from projects import store_state
 
 from rv.remote.ssh import AGENT_SPARES
@@ -416,14 +416,16 @@ def test_a_resubmit_after_edits_ships_a_thin_pack_and_the_job_runs_the_edited_tr
 HOT_AGENT = "H[.]read[(]4"  # a regex matching the pre-started agent's command line, not this one
 
 
-def hot_agents(transport) -> list[str]:
+def hot_agents(transport, ports: set[int]) -> list[str]:
+    """The pre-started agents waiting on this session's warm connections (their SSH sessions' client
+    ports are ``ports``): other rv processes on the machine (another test run's) keep their own."""
     r = transport.run(f'pgrep -u "$(id -u)" -f {shlex.quote(HOT_AGENT)} || true')
-    return r.out.split()
+    return [pid for pid in r.out.split() if ssh_client_port(pid) in ports]
 
 
 def spares(transport) -> list[str]:
     """The agents waiting on the warm connection, once there are as many as it keeps."""
-    got = hot_agents(transport)
+    got = hot_agents(transport, warm_ports())
     return got if len(got) == AGENT_SPARES else []
 
 
@@ -454,7 +456,7 @@ def test_the_agent_started_ahead_serves_the_next_call_and_its_death_costs_nothin
     assert r.returncode == 0 and "connecting directly" not in r.stderr, r.stderr
     # Waiting agents did the work (they are gone: the upload took one or two calls) and others wait
     # in their place.
-    wait_for(lambda: set(before) - set(hot_agents(bare_ssh_transport)))
+    wait_for(lambda: set(before) - set(hot_agents(bare_ssh_transport, warm_ports())))
     after = wait_for(lambda: spares(bare_ssh_transport))
     assert set(after) - set(before)
     bare_ssh_transport.run(f"kill -9 {' '.join(after)}").check("killing the waiting agents")
@@ -463,7 +465,8 @@ def test_the_agent_started_ahead_serves_the_next_call_and_its_death_costs_nothin
     assert r.returncode == 0 and "connecting directly" not in r.stderr, r.stderr
     assert json.loads(r.stdout)["created"]
     # A waiting agent belongs to its warm connection: when that goes, however it goes, so does the agent.
-    wait_for(lambda: hot_agents(bare_ssh_transport))
+    ports = warm_ports()  # before the connection goes: the ports its agents' sessions name
+    wait_for(lambda: hot_agents(bare_ssh_transport, ports))
     for pid in warm_pids().values():
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not hot_agents(bare_ssh_transport))
+    wait_for(lambda: not hot_agents(bare_ssh_transport, ports))
