@@ -5,7 +5,9 @@ The run is a run of its own (its folder, snapshot, records, logs: ``rv ps``, ``r
 ``rv stop`` know it); only where it runs differs. So what would need another allocation is refused
 here, before anything is sent: more GPUs or nodes than the session holds, another GPU type, a sweep,
 more than one segment (no chains: the session's end is the run's end), a time limit past the
-session's end. What the user left out is taken from the session.
+session's end. What the user left out is taken from the session: its GPUs, type, nodes, time left
+and its container (a step of a session in an image runs in that image, unless ``--container`` says
+another or ``none``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from rv.errors import UsageError
 from rv.job.submit import OnSession
+from rv.slurm.container import from_meta
 from rv.timespec import format_slurm_time, parse_duration
 
 if TYPE_CHECKING:
@@ -74,6 +77,11 @@ def fit(options: RunOptions, session: RunningJob) -> tuple[RunOptions, OnSession
         raise UsageError(f"--on {session.name}: --time {time} runs past its end: {holds}", hint=HINT)
     if time is None and left is not None:
         time = format_slurm_time(max(60, left))
+    container, runtime = options.container, options.container_runtime
+    held_image = from_meta(meta.get("container"))
+    if container is None and held_image is not None:
+        # The session's image as the cluster resolved it (a pulled reference: its cached file).
+        container, runtime = held_image[0].image, held_image[0].runtime
     fitted = replace(
         options,
         gpus=gpus if options.gpus is None else options.gpus,
@@ -81,5 +89,7 @@ def fit(options: RunOptions, session: RunningJob) -> tuple[RunOptions, OnSession
         nodes=nodes if options.nodes is None else options.nodes,
         time=time,
         max_segments=1,
+        container=container,
+        container_runtime=runtime,
     )
     return fitted, OnSession(session.name, session.job_id, session.nodes)

@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+from test_container import image
 from test_inside import project, queued, wait_for, wait_gone  # noqa: F401  (project: a fixture)
 
 STEP = ("bash", "-c", "cat marker.txt; echo job=$SLURM_JOB_ID; sleep 300")
@@ -95,4 +96,31 @@ def test_run_on_a_two_node_session_starts_one_launcher_per_node_in_its_job(layou
         assert queued(layout.ssh, job) == "RUNNING"  # the run ended; the session goes on
     finally:
         run_rv("stop", "held2")
+        wait_gone(layout.ssh, job)
+
+
+def test_a_run_on_a_session_in_an_image_runs_in_that_image(layout, project):  # noqa: F811
+    # The session's job runs in the test image (a file only it has, its own python3); a step of it
+    # runs there too, unless --container none asks for the host.
+    run_rv = layout.run_rv
+    r = run_rv(
+        "up", "--detach", "-g", "0", "--mem", "500M", "--time", "30m", "--name", "imgheld",
+        "--container", image(layout), cwd=project,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = re.search(r"rv up session imgheld: job (\d+)", r.stderr).group(1)
+    where = ("bash", "-c", "test -e /etc/rv-test-image && echo IN-IMAGE || echo ON-HOST; command -v python3")
+    try:
+        r = run_rv("run", "--on", "imgheld", "-f", "--name", "inimg", "--", *where, cwd=project, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "IN-IMAGE" in r.stdout and "/usr/bin/python3" in r.stdout, r.stdout
+        r = run_rv(
+            "run", "--on", "imgheld", "--container", "none", "-f", "--name", "onhost", "--", *where,
+            cwd=project, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert "ON-HOST" in r.stdout, r.stdout
+        assert queued(layout.ssh, job) == "RUNNING"
+    finally:
+        run_rv("stop", "imgheld")
         wait_gone(layout.ssh, job)

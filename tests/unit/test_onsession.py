@@ -14,9 +14,11 @@ from rv.job.up import holder_command
 from rv.slurm.parse import QueuedJob, parse_job_id
 
 
-def held(command=None, gpus=2, gpu_type="a6000", nodes=1, limit=3600, elapsed=600) -> RunningJob:
+def held(command=None, gpus=2, gpu_type="a6000", nodes=1, limit=3600, elapsed=600, container=None):
     meta = {"name": "held", "command": command or holder_command(), "gpus": gpus, "gpu_type": gpu_type,
             "nodes": nodes}  # fmt: skip
+    if container is not None:
+        meta["container"] = container
     run = ClusterRun("r1", meta, (), None, False, False)
     job = QueuedJob(parse_job_id("42"), "RUNNING", None, elapsed, limit, nodes, ("node1",) * nodes, (), "gpu",
                     None, None, "held")  # fmt: skip
@@ -34,6 +36,16 @@ def test_what_is_left_out_is_the_sessions_and_its_time_left_bounds_the_run():
     assert (on.job_id, on.nodes) == ("42", ("node1",))
     assert on.srun_argv("abc")[:3] == ["srun", "--jobid=42", "--overlap"]
     assert fit(options(gpus=1, gpu_type="A6000"), held())[0].gpus == 1
+
+
+def test_a_step_of_a_session_in_an_image_runs_in_that_image_unless_told_otherwise():
+    image = {"runtime": "apptainer", "image": "/r/images/k1/image.sif", "binds": ["/r"]}
+    fitted = fit(options(), held(container=image))[0]
+    assert (fitted.container, fitted.container_runtime) == ("/r/images/k1/image.sif", "apptainer")
+    assert fit(options(container="none"), held(container=image))[0].container == "none"
+    other = fit(options(container="/other.sqfs"), held(container=image))[0]
+    assert (other.container, other.container_runtime) == ("/other.sqfs", None)
+    assert fit(options(), held())[0].container is None  # a session on the host: its steps too
 
 
 @pytest.mark.parametrize(
