@@ -124,3 +124,25 @@ def test_a_run_on_a_session_in_an_image_runs_in_that_image(layout, project):  # 
     finally:
         run_rv("stop", "imgheld")
         wait_gone(layout.ssh, job)
+
+
+def test_a_run_on_a_session_takes_a_node_work_dir(layout, project):  # noqa: F811
+    run_rv = layout.run_rv
+    r = run_rv("up", "--detach", "-g", "0", "--mem", "500M", "--time", "30m", "--name", "wdheld", cwd=project)
+    assert r.returncode == 0, r.stderr
+    job = re.search(r"rv up session wdheld: job (\d+)", r.stderr).group(1)
+    show = ("bash", "-c", "echo dir=$PWD; cat marker.txt")
+    try:
+        (project / "marker.txt").write_text("sent to the node\n")
+        r = run_rv(
+            "run", "--on", "wdheld", "--work-dir", "node", "-f", "--name", "onnode", "--", *show,
+            cwd=project, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        node_dir = re.search(r"dir=(\S+)", r.stdout).group(1)
+        # The node's own folder, not the shared remote root (nor the session's), with the edit.
+        assert not node_dir.startswith(layout.remote_root) and "sent to the node" in r.stdout, r.stdout
+        assert queued(layout.ssh, job) == "RUNNING"
+    finally:
+        run_rv("stop", "wdheld")
+        wait_gone(layout.ssh, job)
