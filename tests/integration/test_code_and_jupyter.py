@@ -40,6 +40,15 @@ def _plain_ssh(home: Path, config: Path, *args: str) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
+def _scp_up(home: Path, config: Path, alias: str, local: Path, folder: str) -> None:
+    """OpenSSH's scp (the sftp protocol) of ``local`` into ``folder`` on the alias's node."""
+    sent = subprocess.run(
+        ["scp", "-F", str(config), "-o", "BatchMode=yes", str(local), f"{alias}:{folder}/"],
+        env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+
+
 @pytest.fixture
 def project(tmp_path) -> Path:
     return git_project(tmp_path / "proj", {"notes.txt": "from the snapshot\n"})
@@ -83,11 +92,7 @@ def test_code_makes_the_node_reachable_by_plain_ssh_inside_the_job(layout, proje
         assert ran.stdout.split() == [job, node, "ed", work], ran.stderr
         # scp (the sftp protocol) both ways, into and out of the run's work dir.
         (tmp_path / "up.txt").write_text("sent by scp\n")
-        sent = subprocess.run(
-            ["scp", "-F", str(config), "-o", "BatchMode=yes", str(tmp_path / "up.txt"), f"{alias}:{work}/"],
-            env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert sent.returncode == 0, sent.stderr
+        _scp_up(home, config, alias, tmp_path / "up.txt", work)
         back = _plain_ssh(home, config, alias, "cat up.txt notes.txt")
         assert back.stdout == "sent by scp\nfrom the snapshot\n", back.stderr
         # The node's host key is checked: a different key under the alias is refused, never accepted.

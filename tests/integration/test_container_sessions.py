@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from projects import git_project
-from test_code_and_jupyter import _interrupt, _plain_ssh, _run_cell, _session, _start_jupyter
+from test_code_and_jupyter import _interrupt, _plain_ssh, _run_cell, _scp_up, _session, _start_jupyter
 from test_container import IMAGE_TORCH, image, nothing_sent
 from test_inside import wait_gone
 
@@ -84,11 +83,7 @@ def test_code_lands_every_connection_inside_the_projects_image(layout, tmp_path)
         # scp (sftp's server is the node's, outside the image) reaches the same work dir.
         work = f"{layout.remote_root}/runs/{_session(layout.run_rv, 'ced')['run_id']}/work"
         (tmp_path / "up.txt").write_text("sent by scp\n")
-        sent = subprocess.run(
-            ["scp", "-F", str(config), "-o", "BatchMode=yes", str(tmp_path / "up.txt"), f"{alias}:{work}/"],
-            env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert sent.returncode == 0, sent.stderr
+        _scp_up(home, config, alias, tmp_path / "up.txt", work)
         back = _plain_ssh(home, config, alias, "cat up.txt; test -e /etc/rv-test-image && echo inside")
         assert back.stdout == "sent by scp\ninside\n", back.stderr
     finally:

@@ -20,7 +20,7 @@ from rv.job.records import ClusterRun
 from rv.job.submit import submit_args
 from rv.layout import RemoteLayout
 from rv.remote.nodessh import login_script
-from rv.request import build_request
+from rv.request import JobRequest, build_request
 from rv.slurm.container import Container, attach_options, from_meta, to_meta
 from rv.slurm.parse import QueuedJob, parse_job_id
 from rv.slurm.script import ScriptContext, render_script
@@ -45,7 +45,8 @@ def held(meta_container=None) -> RunningJob:
     return RunningJob(run=run, job=job, root=ROOT)
 
 
-def test_the_jobs_tasks_run_in_a_pyxis_container_named_after_the_job():
+def _pyxis_run() -> tuple[JobRequest, ScriptContext]:
+    """A one-GPU run's request and script context, in a Pyxis image."""
     req = build_request(RIVANNA, command=["python", "t.py"], gpus=1, gpu_type="a6000")
     ctx = ScriptContext(
         remote_root=ROOT,
@@ -54,6 +55,11 @@ def test_the_jobs_tasks_run_in_a_pyxis_container_named_after_the_job():
         run_id="run0a1b2",
         container=Container("/sw/pt.sqsh", "pyxis"),
     )
+    return req, ctx
+
+
+def test_the_jobs_tasks_run_in_a_pyxis_container_named_after_the_job():
+    req, ctx = _pyxis_run()
     line = next(x for x in render_script(req, ctx).splitlines() if x.startswith("rv_srun_container="))
     assert line.endswith('"--container-workdir=$PWD" "--container-name=rv-$SLURM_JOB_ID")'), line
     # bash expands the name in the batch shell, where SLURM_JOB_ID is the job's.
@@ -65,14 +71,7 @@ def test_the_jobs_tasks_run_in_a_pyxis_container_named_after_the_job():
 
 
 def test_the_runs_record_keeps_its_image_runtime_and_binds():
-    req = build_request(RIVANNA, command=["python", "t.py"], gpus=1, gpu_type="a6000")
-    ctx = ScriptContext(
-        remote_root=ROOT,
-        snapshot_id="s",
-        project="p",
-        run_id="run0a1b2",
-        container=Container("/sw/pt.sqsh", "pyxis"),
-    )
+    req, ctx = _pyxis_run()
     args = submit_args(RemoteLayout(ROOT), req, ctx, provenance={}, has_secrets=False)
     kept = args["meta"]["container"]
     assert kept == {"runtime": "pyxis", "image": "/sw/pt.sqsh", "binds": [ROOT]}
