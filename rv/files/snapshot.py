@@ -25,7 +25,7 @@ from rv.errors import RemoteError, UsageError
 from rv.files.link import LinkRate, Meter
 from rv.files.packs import LocalStore, Sends, open_local_store
 from rv.files.progress import Progress, ProgressCounter
-from rv.files.tmpdirs import temp_dir
+from rv.files.tmpdirs import sweep_once, temp_dir
 from rv.layout import RemoteLayout
 
 if TYPE_CHECKING:
@@ -126,6 +126,7 @@ def prepare_snapshot(
     With ``cache_dir`` the last listing of the repo is reused (see scan_tree) and the root commit is
     remembered.
     """
+    sweep_once()  # what a killed rv left in the temporary folder: its folders' names say whose
     git = git or Git()
     texts = None
     if cache_dir is not None:

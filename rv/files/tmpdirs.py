@@ -26,12 +26,19 @@ _swept: set[str] = set()  # the temporary folders this process has swept already
 def temp_dir(kind: str) -> Iterator[str]:
     """A private temporary folder (0700) for one use, removed after it; stale ones swept first."""
     assert kind in KINDS, kind
+    sweep_once()
+    with tempfile.TemporaryDirectory(prefix=f"rv-{kind}-{os.getpid()}-") as tmp:
+        yield tmp
+
+
+def sweep_once() -> None:
+    """Sweep the temporary folder of what killed rvs left, once per process and folder: on the first
+    temporary folder a process makes, and where a snapshot starts (an upload of edited files may
+    make none, and the next rv must still clean up after a killed one)."""
     root = tempfile.gettempdir()
     if root not in _swept:
         _swept.add(root)
         sweep_stale(Path(root))
-    with tempfile.TemporaryDirectory(prefix=f"rv-{kind}-{os.getpid()}-") as tmp:
-        yield tmp
 
 
 def sweep_stale(root: Path) -> list[Path]:
