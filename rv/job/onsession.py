@@ -81,7 +81,7 @@ def fit(options: RunOptions, session: RunningJob) -> tuple[RunOptions, OnSession
     held_image = from_meta(meta.get("container"))
     if container is None and held_image is not None:
         # The session's image as the cluster resolved it (a pulled reference: its cached file).
-        container, runtime = held_image[0].image, held_image[0].runtime
+        container, runtime = held_image[0].image, runtime or held_image[0].runtime
     fitted = replace(
         options,
         gpus=gpus if options.gpus is None else options.gpus,
