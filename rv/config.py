@@ -49,7 +49,7 @@ from typing import Any
 
 from rv.catalog import BUILTIN_CATALOGS, GpuType, Partition
 from rv.errors import ConfigError
-from rv.slurm.options import TABLE, profile_keys
+from rv.slurmoptions import TABLE, profile_keys
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -131,7 +131,7 @@ class Profile:
     system_site_packages: bool = False  # environments built on top of the interpreter's packages
     python: str | None = None  # interpreter environments are built on (a version or a path)
     # Slurm's placement options every job of this profile gets unless `rv run` says otherwise (a site
-    # that requires a QoS, a reservation, nodes to avoid: rv.slurm.options.profile_keys), and extra
+    # that requires a QoS, a reservation, nodes to avoid: rv.slurmoptions.profile_keys), and extra
     # #SBATCH options (rv.placement).
     placement: dict[str, str] = field(default_factory=dict)
     sbatch: tuple[str, ...] = ()
@@ -185,7 +185,7 @@ _PROFILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "share_with_group": bool,
     "system_site_packages": bool,
     "python": str,
-    # Slurm's options a profile may set (rv.slurm.options.TABLE), each the default of its flag.
+    # Slurm's options a profile may set (rv.slurmoptions.TABLE), each the default of its flag.
     **{row.name: row.config_type for row in TABLE if row.name in profile_keys()},
     "sbatch": list,
     "partitions": dict,

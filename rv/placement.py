@@ -1,9 +1,9 @@
 """Where a run may start: Slurm's placement options, the GPU types it may take, and what to do on a
-bad GPU. Pure: the CLI fills a ``PlacementOptions`` (rv.slurm.options, from its table),
+bad GPU. Pure: the CLI fills a ``PlacementOptions`` (rv.slurmoptions, from its table),
 :func:`build_placement` checks it into a ``Placement``, the script renderer writes it, nothing here
 talks to the cluster.
 
-* Slurm's own words, each an ``#SBATCH`` line (the table of rv.slurm.options: ``--partition``,
+* Slurm's own words, each an ``#SBATCH`` line (the table of rv.slurmoptions: ``--partition``,
   ``--qos``, ...), ``--time-min`` (backfill, for programs that follow the stop protocol), and
   ``--sbatch OPT`` for anything else, written as on an ``#SBATCH`` line. What rv sets itself is
   refused in ``--sbatch`` with the rv flag to use instead, so the two never disagree.
@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from rv.catalog import GpuType
 from rv.errors import UsageError
-from rv.slurm.options import DEFAULT_MAX_FAULT_RETRIES, Placement, PlacementOptions, refused, resolve
+from rv.slurmoptions import DEFAULT_MAX_FAULT_RETRIES, Placement, PlacementOptions, refused, resolve
 
 T = TypeVar("T")
 
@@ -40,7 +40,7 @@ _GLUED = re.compile(r"^(-[A-Za-z])([^=\s].*)$")
 # option (-Hk is -H -k), not as a value.
 _SHORT_FLAGS = frozenset("hHkOQsvVW")
 
-# Options rv sets itself (rv.slurm.options.TABLE; rv.slurm.options.resolve reads every spelling sbatch
+# Options rv sets itself (rv.slurmoptions.TABLE; rv.slurmoptions.resolve reads every spelling sbatch
 # takes), with what the user should type instead. A job with both would be rv's guess against the
 # user's: one of them silently loses.
 _REFUSED = refused()

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rv.slurm.options import flag_rows
+from rv.slurmoptions import flag_rows
 
 if TYPE_CHECKING:
     from rv.job.launch import EnvOptions
-    from rv.slurm.options import PlacementOptions
+    from rv.slurmoptions import PlacementOptions
 
 # Options that say what this one command does, never defaults of a project. A sweep's values belong
 # to one command; how many of its points run at once (--parallel) may be a project's habit.
@@ -39,7 +39,7 @@ def apply_defaults(ctx: click.Context, only: Collection[str] | None = None) -> d
     from rv.cli.common import load_profile
     from rv.cli.defaults import Layer, apply_layers, project_layer
     from rv.files.listing import Git, find_repo_top
-    from rv.slurm.options import profile_keys
+    from rv.slurmoptions import profile_keys
 
     _, profile = load_profile(ctx)
     own: dict[str, Any] = {k: v for k, v in profile.placement.items() if k in profile_keys()}
@@ -69,7 +69,7 @@ class LayeredCommand(click.Command):
 
 
 def placement_options(*, up: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Slurm's options as typed: a flag for each row of rv.slurm.options.TABLE that ``rv run``
+    """Slurm's options as typed: a flag for each row of rv.slurmoptions.TABLE that ``rv run``
     (``up``: ``rv up``) takes, in the table's order."""
     options = [
         click.option(row.flag, row.param_name, help=row.help, metavar=row.metavar, multiple=row.multiple)
@@ -138,7 +138,7 @@ def env_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def placement_of(params: Mapping[str, Any]) -> PlacementOptions:
     """The placement options (:func:`placement_options`) of a command's parameters."""
-    from rv.slurm.options import PlacementOptions
+    from rv.slurmoptions import PlacementOptions
 
     rows = [row for row in flag_rows() if row.param_name in params]  # rv up's: those it takes
     sbatch = [text for row in rows if row.multiple for text in params[row.param_name]]

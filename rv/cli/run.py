@@ -207,7 +207,7 @@ def run(
     max_file_size: str,
     as_json: bool,
     command: tuple[str, ...],
-    **slurm: Any,  # Slurm's options (rv.slurm.options.TABLE): placement_of(ctx.params) reads them
+    **slurm: Any,  # Slurm's options (rv.slurmoptions.TABLE): placement_of(ctx.params) reads them
 ) -> None:
     """Snapshot this repo, sync it, and run COMMAND on the cluster as a run of one or more jobs.
 

@@ -130,7 +130,7 @@ def up(
     container_runtime: str | None,
     allow_large: bool,
     max_file_size: str,
-    **slurm: Any,  # Slurm's options (rv.slurm.options.TABLE): placement_of(ctx.params) reads them
+    **slurm: Any,  # Slurm's options (rv.slurmoptions.TABLE): placement_of(ctx.params) reads them
 ) -> None:
     """A shell on a new allocation, in the job's environment, in a snapshot of this repo.
 

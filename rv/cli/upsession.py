@@ -16,7 +16,7 @@ import click
 from rv.cli.common import Session, note, run_store, warn
 from rv.cli.layered import UP_DEFAULTS, LayeredCommand
 from rv.errors import UsageError
-from rv.slurm.options import flag_rows
+from rv.slurmoptions import flag_rows
 
 if TYPE_CHECKING:
     from rv.job.inside import RunningJob

@@ -40,8 +40,8 @@ from rv.layout import RemoteLayout
 from rv.placement import Estimate
 from rv.request import JobRequest
 from rv.slurm.container import DROP_HOST_VENV, Container
-from rv.slurm.options import Placement, PlacementOptions
 from rv.slurm.script import ScriptContext
+from rv.slurmoptions import Placement, PlacementOptions
 from rv.timespec import IDLE_GPU_DEFAULT, parse_idle_gpu
 
 if TYPE_CHECKING:

@@ -40,9 +40,9 @@ from rv.secrets import render_env_file
 from rv.slurm import commands
 from rv.slurm.container import Container
 from rv.slurm.container import to_meta as container_meta
-from rv.slurm.options import Placement
 from rv.slurm.parse import ArrayLimits, SubmitLimit, parse_array_limits, parse_submit_limit
 from rv.slurm.script import ScriptContext, container_folders, render_script, run_paths, runtime_files
+from rv.slurmoptions import Placement
 from rv.sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, ArrayPart, Point, Sweep
 from rv.timespec import IDLE_GPU_DEFAULT
 

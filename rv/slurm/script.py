@@ -42,7 +42,7 @@ from rv.request import JobRequest
 from rv.slurm import container
 from rv.slurm.container import Container
 from rv.slurm.launch import program_line
-from rv.slurm.options import ACCOUNT, CONSTRAINT, PARTITION, Placement
+from rv.slurmoptions import ACCOUNT, CONSTRAINT, PARTITION, Placement
 from rv.timespec import IDLE_GPU_DEFAULT, format_slurm_time
 
 _AGENT = Path(__file__).resolve().parent.parent / "agent"
@@ -123,7 +123,7 @@ class ScriptContext:
     partition: str | None = None  # overrides the type's partition; the only partition of a CPU job
     env_build: tuple[str, ...] = ()  # lines for the environment-build hook (run after setup)
     umask: str = "077"  # what the job creates is the user's alone; "027" shares it with the group
-    placement: Placement = field(default_factory=Placement)  # Slurm's options (rv.slurm.options)
+    placement: Placement = field(default_factory=Placement)  # Slurm's options (rv.slurmoptions)
     # A sweep's point: RV_SWEEP_INDEX and RV_SWEEP_<NAME> (rv.sweep.Point.env), its program's values.
     sweep_env: tuple[tuple[str, str], ...] = ()
     # Where the run's end is told (rv.notify: "mail:ADDRESS", "secret:NAME", "desktop"), checked.
@@ -216,7 +216,7 @@ def _directives(req: JobRequest, ctx: ScriptContext) -> list[str]:
     account = place.account or ctx.account
     if account:
         lines.append(_directive(ACCOUNT, account, "account", ConfigError))
-    # The rest of Slurm's options as typed, in the table's order (rv.slurm.options.TABLE).
+    # The rest of Slurm's options as typed, in the table's order (rv.slurmoptions.TABLE).
     lines += [_directive(name, value, name) for name, value in place.table_lines()]
     lines.append(f"#SBATCH --nodes={req.nodes}")
     lines.append("#SBATCH --ntasks-per-node=1")

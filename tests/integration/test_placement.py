@@ -140,7 +140,7 @@ def test_glued_short_options_an_option_sbatch_lacks_and_an_empty_type_list_say_w
 
 def test_rvs_list_of_sbatch_options_is_the_clusters_own(layout):
     # Each one-letter prefix names the options that start with it (ambiguous), or the one that does.
-    from rv.slurm.options import LONG_OPTIONS
+    from rv.slurmoptions import LONG_OPTIONS
 
     names = []
     for letter in "abcdefghijklmnopqrstuvwxyz":

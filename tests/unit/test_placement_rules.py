@@ -141,7 +141,7 @@ def test_a_prefix_several_options_share_is_refused_naming_them_and_other_options
 def test_the_long_option_list_is_sbatchs_own():
     # What sbatch 22.05 answers for each one-letter prefix (tests/captured): every option it names is
     # in rv's list and rv's list names no other (integration: the cluster's sbatch is asked again).
-    from rv.slurm.options import LONG_OPTIONS, SHORT_OPTIONS
+    from rv.slurmoptions import LONG_OPTIONS, SHORT_OPTIONS
 
     captured = (Path(__file__).parents[1] / "captured" / "sbatch_long_options_22.05.txt").read_text()
     assert sorted(LONG_OPTIONS) == sorted(options_in_sbatch_answers(captured))

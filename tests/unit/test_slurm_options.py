@@ -1,4 +1,4 @@
-"""The one table of Slurm options (rv.slurm.options.TABLE): each product is made from its rows, so a
+"""The one table of Slurm options (rv.slurmoptions.TABLE): each product is made from its rows, so a
 row added is a flag of rv run (and of rv up, rv code and rv jupyter when the row says so), a profile
 key, an #SBATCH line and an entry of the --sbatch guard, with nothing else written."""
 
@@ -17,18 +17,18 @@ from rv.cli.up import up
 from rv.config import parse_config
 from rv.errors import ConfigError
 from rv.placement import check_sbatch_option
-from rv.slurm.options import TABLE, flag_rows, profile_keys, refused, typed_names
+from rv.slurmoptions import TABLE, flag_rows, profile_keys, refused, typed_names
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # Run in a fresh interpreter: the table is given two rows before anything of rv reads it, as if they
-# had been written into rv/slurm/options.py. --licenses is a row rv up takes too, --wckey one it does
+# had been written into rv/slurmoptions.py. --licenses is a row rv up takes too, --wckey one it does
 # not. What each product then holds comes back as JSON.
 ADD_ROWS = r"""
 import json, sys
 from pathlib import Path
 
-import rv.slurm.options as o
+import rv.slurmoptions as o
 
 o.TABLE = (
     *o.TABLE[:6],
@@ -169,7 +169,7 @@ def test_the_table_s_products_as_rv_has_them():
     assert guard["nodefile"] == guard["nodelist"] == "rv run --nodelist"
     assert guard["tres-bind"] == "rv run -g/-t" and "sbatch" not in guard and "begin" not in guard
     # Every name a row spells is sbatch's own (or a later Slurm's): a typo would be a flag sbatch refuses.
-    from rv.slurm.options import LATER_OPTIONS, LONG_OPTIONS
+    from rv.slurmoptions import LATER_OPTIONS, LONG_OPTIONS
 
     names = {name for row in TABLE if row.name != "sbatch" for name in (row.name, *row.same)}
     assert names <= {*LONG_OPTIONS, *LATER_OPTIONS}, names - {*LONG_OPTIONS, *LATER_OPTIONS}

@@ -322,7 +322,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
      "rv.launcher", "rv.layout", "rv.runtime", "rv.commands", "rv.gpustat", "rv.config", "rv.secrets",
      "rv.notify", "rv.sweep", "rv.request", "rv.misplaced",
      # the one table of Slurm options is data (it imports nothing of rv): config reads its keys
-     "rv.slurm.options"),
+     "rv.slurmoptions"),
     ("rv.remote",),  # how a command reaches the cluster
     ("rv.files", "rv.slurm"),  # what a run sends: its files, Slurm's words
     ("rv.placement", "rv.probe", "rv.pyenv"),  # built on Slurm's words and the connection
@@ -466,7 +466,7 @@ def test_every_part_of_the_job_runtime_is_shipped_in_its_one_file():
 # --- one table of Slurm options (issue 42) ------------------------------------------------------------
 
 # A Slurm option rv knows is spelled (a string in the code: its flag, its config key, its #SBATCH word)
-# in the table of rv.slurm.options, and in at most two modules beside it: the flags, the profile's
+# in the table of rv.slurmoptions, and in at most two modules beside it: the flags, the profile's
 # keys, the script's lines and the --sbatch guard are made from the table's rows. Docstrings and
 # comments may name an option; code that needs one reads it from the table.
 SLURM_OPTION_WORDS = ("constraint", "exclude", "nodelist", "reservation")
@@ -507,9 +507,9 @@ def test_each_slurm_option_is_spelled_in_the_table_and_at_most_two_other_modules
         for path in sorted(RV.rglob("*.py"))
         if spells(path, word) and (module_name(path), word) not in NOT_SLURMS
     ]
-    assert "rv.slurm.options" in modules  # the positive case: the table itself is found
+    assert "rv.slurmoptions" in modules  # the positive case: the table itself is found
     assert len(modules) <= MAX_MODULES_SPELLING_AN_OPTION, (
-        f"--{word} is spelled in {modules}: read it from rv.slurm.options.TABLE"
+        f"--{word} is spelled in {modules}: read it from rv.slurmoptions.TABLE"
     )
 
 

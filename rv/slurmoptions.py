@@ -228,7 +228,7 @@ class PlacementOptions:
         names = typed_names()
         unknown = sorted(set(values) - set(names))
         if unknown:
-            raise TypeError(f"{unknown[0]!r} is no option of rv.slurm.options.TABLE")
+            raise TypeError(f"{unknown[0]!r} is no option of rv.slurmoptions.TABLE")
         given = tuple((name, value) for name in names if (value := values.get(name)) is not None)
         object.__setattr__(self, "values", given)
         object.__setattr__(self, "sbatch", tuple(sbatch))
