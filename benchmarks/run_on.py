@@ -7,7 +7,9 @@
 Each case is timed from starting `rv` to the program's first line on rv's stdout, with rv's connection
 warm (one untimed call first) and nothing changed in the project between rounds; the cases take turns
 so that the machine's load falls on each alike. The session is `rv up --detach -g 0`, stopped at the
-end. Prints the median of each and its ratio to `rv ssh`.
+end. Prints the median of each and its ratio to `rv ssh`. The rv timed is the `rv` program beside this
+Python (as a user types it: its front end hands each command to rv's command server, so no command
+imports rv); `--python-m` times `python -m rv` instead, which pays the imports every time.
 """
 
 from __future__ import annotations
@@ -25,10 +27,20 @@ MARK = "BENCH-FIRST"
 SESSION = "bench-held"
 
 
+def rv_program(python_m: bool) -> list[str]:
+    """The `rv` a user types (its front end hands the command to rv's command server, imports done),
+    or `python -m rv` (every command imports rv itself)."""
+    script = Path(sys.executable).parent / "rv"
+    return [sys.executable, "-m", "rv"] if python_m or not script.exists() else [str(script)]
+
+
+RV: list[str] = []
+
+
 def first_line(env: dict, args: list[str], cwd: Path) -> float:
     """Seconds from starting rv to MARK on its stdout; rv is then left to end by itself."""
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "rv", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*RV, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -44,7 +56,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--python-m", action="store_true", help="run `python -m rv` instead of the rv program")
     o = ap.parse_args()
+    RV[:] = rv_program(o.python_m)
     env = dict(os.environ)
     if o.profile:
         env["RV_PROFILE"] = o.profile
@@ -54,9 +68,7 @@ def main() -> None:
                                                              "commit", "-q", "-m", "init"]):  # fmt: skip
         subprocess.run(["git", *cmd], cwd=project, check=True)
     up = ["up", "--detach", "-g", "0", "--mem", "300M", "--time", "30m", "--name", SESSION]
-    r = subprocess.run(
-        [sys.executable, "-m", "rv", *up], cwd=project, env=env, capture_output=True, text=True
-    )
+    r = subprocess.run([*RV, *up], cwd=project, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"rv up --detach failed: {r.stderr}")
     cases = {
@@ -96,14 +108,11 @@ def main() -> None:
             for name, argv in cases.items():
                 times[name].append(first_line(env, argv(i), project))
     finally:
-        subprocess.run(
-            [sys.executable, "-m", "rv", "stop", SESSION], cwd=project, env=env, capture_output=True
-        )
+        subprocess.run([*RV, "stop", SESSION], cwd=project, env=env, capture_output=True)
     base = statistics.median(times["rv ssh SESSION -- CMD"])
     load = os.getloadavg()
-    print(
-        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; {o.rounds} rounds"
-    )
+    loads = " ".join(f"{x:.2f}" for x in load)
+    print(f"load average {loads} on {os.cpu_count()} CPUs; {o.rounds} rounds; {' '.join(RV)}")
     for name, ts in times.items():
         med = statistics.median(ts)
         shown = " ".join(f"{t:.2f}" for t in ts)

@@ -626,6 +626,30 @@ def _count(value):
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
+def held_whole(root, snapshot):
+    """run-check's word on a snapshot the laptop believes the store holds (``id``, ``commit``,
+    ``files``): True when its ref names that commit and every object it reaches is here, what
+    snap-put would answer "exists" to (its "last used" touched, as snap-put does), so that the laptop
+    need not ask snap-put. False on anything else (no git, no store, no ref, an object missing, no
+    meta: a purge, which snap-put mends): the laptop then sends its snapshot as ever."""
+    sid, commit = check_sid(snapshot["id"]), check_oid(snapshot["commit"])
+    store = store_path(root)
+    meta = meta_path(root, sid)
+    if (
+        git_problem() is not None
+        or not os.path.isdir(common.join(store, b"objects"))
+        or not os.path.exists(meta)
+    ):
+        return False
+    with locks.store_lock(root, exclusive=False):
+        if resolve(store, sid) != commit or whole_snapshot_missing(
+            store, commit, _count(snapshot.get("files"))
+        ):
+            return False
+        touch(meta)
+    return True
+
+
 def has_snapshot(root, sid):
     """Is there a ref for ``sid`` in the store, or an old store's folder (:mod:`rv.agent.oldstore`)?"""
     if not re.match(r"^[0-9A-Za-z_-]+$", sid or ""):

@@ -90,6 +90,9 @@ def _run_check(args):
         out["from"] = dict(src, checkpoint=rundir.checkpoint_listing(path))
     if args.get("probes"):
         out["probes"] = _probes(args)
+    if args.get("snapshot"):
+        # Held whole already (nothing changed since the last run): the laptop skips its snap-put call.
+        out["snapshot_held"] = store.held_whole(root, args["snapshot"])
     return out
 
 

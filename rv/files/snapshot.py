@@ -421,6 +421,7 @@ def upload_snapshot(
     on_summary: Callable[[str], None] | None = None,
     on_progress: Progress | None = None,
     _first: tuple[_Shipping, _Call, dict[str, Any]] | None = None,
+    held: str | None = None,
 ) -> SnapshotResult:
     """Make ``snap`` exist on the cluster: one round trip when the store holds it, or holds a snapshot
     it can be sent against (the new objects go with the call); two otherwise (the commit and trees,
@@ -431,6 +432,9 @@ def upload_snapshot(
     is given, else a temporary one): kept, its index makes the next snapshot's commit cheap, and it
     is where ``rv diff`` and ``rv checkout`` find the snapshots this machine sent.
     (``_first``: the shipping, its first call and that call's reply, when make_snapshot made them.)
+    ``held``: the commit the store said, in the run's check, it holds whole under this snapshot's
+    ref: when this machine would only ask whether it is there, and its commit is that one, no call
+    is made at all.
     """
     if cache_dir is None and cache is not None:
         cache_dir = cache.directory
@@ -438,7 +442,10 @@ def upload_snapshot(
         if _first is None:
             ship = _shipping(transport, layout, snap, cache, cache_dir, on_progress, stack)
             call = ship.first()
-            reply = ship.call(call, _progress(on_progress, call.sends))
+            if held is not None and not (call.packs or call.build) and ship.commit == held:
+                reply = {"status": "exists"}
+            else:
+                reply = ship.call(call, _progress(on_progress, call.sends))
         else:
             ship, call, reply = _first
         return _finish_upload(ship, call, reply, on_summary, on_progress)

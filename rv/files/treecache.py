@@ -189,6 +189,12 @@ class StoreCache:
         """``(snapshot id, commit)`` of each snapshot known to be there whose commit is known."""
         return [(sid, commit) for sid, commit in self._pairs(self._load(), project) if commit]
 
+    def held(self, project: str, sid: str, files: int) -> tuple[str, str, int] | None:
+        """``(sid, commit, files)`` when ``sid`` is known to be there with its commit: what the run's
+        check asks the store to confirm (rv.job.submit.check)."""
+        commit = dict(self.commits(project)).get(sid)
+        return (sid, commit, files) if commit else None
+
     def add(self, project: str, sid: str, commit: str = "") -> None:
         data = self._load()
         pairs = [(sid, commit), *(p for p in self._pairs(data, project) if p[0] != sid)][:KEEP_IDS]

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from rv.files.listing import Soon
     from rv.files.progress import Progress
     from rv.files.snapshot import LocalSnapshot, SnapshotResult
+    from rv.files.treecache import StoreCache
     from rv.job.interrupt import SubmitStage
     from rv.job.records import RunRecord, RunStore
     from rv.job.up import Watchdog
@@ -524,10 +525,12 @@ def launch(
     # Before anything is sent: a live run of this name is refused; a finished one is resumed; sbatch
     # judges each candidate (when it would start, or why it refuses it).
     probes = placement_probes(reqs, plan.context(layout), plan.placement) if on is None else []
+    cache = store_cache(plan.profile, layout)
     check = submit.check(
         remote.transport, layout, project=plan.snapshot.project, name=plan.request.name,
         from_run=plan.from_run, probes=probes,
         new_files=plan.work.new_files(plan.snapshot.tree.files), container=plan.container_check,
+        snapshot=cache.held(plan.snapshot.project, plan.snapshot.id, plan.snapshot.tree.files),
     )  # fmt: skip
     if check.quota_warning:
         view.warn(check.quota_warning)
@@ -541,7 +544,7 @@ def launch(
     pulled = image(remote, plan, check.container, view)
     container = pulled.container if pulled is not None else None
     env = environment(remote, plan.env_plan, plan.env_setup, view, container=container)
-    uploaded = upload(remote, plan, view)
+    uploaded = upload(remote, plan, view, cache, held=check.snapshot_held)
     context = plan.context(layout, uploaded=uploaded, env_build=_env_lines(plan, env), container=container)
     submitted = submit.submit(
         remote.transport, layout, req, context, profile=plan.profile.name, secrets=plan.secrets,
@@ -734,18 +737,26 @@ def environment_line(env: Environment, env_plan: EnvPlan) -> str | None:
     return None
 
 
-def upload(remote: Remote, plan: Plan, view: LaunchView) -> SnapshotResult:
-    """The snapshot on the cluster: only what its store lacks is sent."""
+def store_cache(profile: Profile, layout: RemoteLayout) -> StoreCache:
+    """What this machine knows the cluster's store holds: it lets a snapshot travel as a delta."""
     from rv.config import cache_dir
-    from rv.files.snapshot import upload_snapshot
     from rv.files.treecache import StoreCache
 
-    # What this machine knows the store holds lets the file list travel as a delta.
-    cache = StoreCache(cache_dir(), f"{plan.profile.name}:{remote.layout.root}")
+    return StoreCache(cache_dir(), f"{profile.name}:{layout.root}")
+
+
+def upload(
+    remote: Remote, plan: Plan, view: LaunchView, cache: StoreCache | None = None, held: str | None = None
+) -> SnapshotResult:
+    """The snapshot on the cluster: only what its store lacks is sent. ``held``: the commit the run's
+    check found the store holding whole (nothing is asked again)."""
+    from rv.files.snapshot import upload_snapshot
+
     with view.uploading() as progress:
         return upload_snapshot(
-            remote.transport, remote.layout, plan.snapshot, cache=cache, on_summary=view.note,
-            on_progress=progress,
+            remote.transport, remote.layout, plan.snapshot,
+            cache=cache or store_cache(plan.profile, remote.layout), on_summary=view.note,
+            on_progress=progress, held=held,
         )  # fmt: skip
 
 

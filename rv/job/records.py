@@ -71,7 +71,8 @@ class RunRecord:
         return [self.job_id, *(j for j in self.jobs if j != self.job_id)]
 
 
-_FIELDS = {f.name for f in fields(RunRecord)}
+_FIELD_NAMES = tuple(f.name for f in fields(RunRecord))
+_FIELDS = set(_FIELD_NAMES)
 
 
 class RunStore:
@@ -95,10 +96,14 @@ class RunStore:
         return [RunRecord(**{k: v for k, v in row.items() if k in _FIELDS}) for row in data.get("runs", [])]
 
     def _write(self, runs: Sequence[RunRecord]) -> None:
+        # One run per line, each by json's C encoder: every `rv run` rewrites the file between its
+        # submission and following it, and asdict's deep copies with indent's pure-Python encoder
+        # took 15 ms for 215 runs (2 ms this way; a field holds JSON's own types, nothing to copy).
+        rows = (json.dumps({name: getattr(r, name) for name in _FIELD_NAMES}) for r in runs)
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"runs": [asdict(r) for r in runs]}, fh, indent=1)
+            fh.write('{"runs": [\n' + ",\n".join(rows) + "\n]}\n")
         os.replace(tmp, self.path)
 
     def all(self, profile: str | None = None) -> list[RunRecord]:

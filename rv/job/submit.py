@@ -92,6 +92,7 @@ class Check:
     estimates: tuple[Estimate, ...] = ()  # sbatch --test-only's word on each candidate, when asked
     quota_warning: str | None = None  # the run would pass 90% of the user's file quota
     container: Container | None = None  # the image and runtime the cluster chose (--container)
+    snapshot_held: str | None = None  # the snapshot's commit, when the store holds it whole already
 
 
 def check(
@@ -104,12 +105,15 @@ def check(
     probes: Sequence[tuple[str, str]] = (),
     new_files: int = 0,
     container: tuple[ContainerSpec, Sequence[str]] | None = None,
+    snapshot: tuple[str, str, int] | None = None,
 ) -> Check:
     """Refuse a second live run of ``name``; say what its checkpoint folder (and --from's) hold.
 
     ``probes``: (GPU type, probe script) of each candidate: sbatch --test-only says, in the same round
     trip, when each would start, or why sbatch would refuse it (nothing is submitted). ``new_files``:
     the files the run will create on the shared filesystem, weighed against the user's file quota.
+    ``snapshot``: (id, commit, files) of a snapshot this machine believes the store holds: the store
+    says, in the same round trip, whether it holds it whole (then no upload call is needed).
     """
     args: dict[str, Any] = {
         "root": layout.root,
@@ -125,6 +129,8 @@ def check(
         args["from"] = from_run.run
     if container is not None:
         args["container"] = container[0].check_args(container[1])
+    if snapshot is not None:
+        args["snapshot"] = {"id": snapshot[0], "commit": snapshot[1], "files": snapshot[2]}
     reply = call_agent(transport, "run-check", args)
     # A missing image or runtime is refused first (rv.agent.container), before anything is sent.
     chosen = resolve(container[0], reply.get("container")) if container is not None else None
@@ -158,6 +164,7 @@ def check(
         estimates=tuple(parse_test_only(p["type"], p["code"], p["text"]) for p in reply.get("probes") or ()),
         quota_warning=quota_warning(read_quota_report(reply.get("quota")).root, new_files),
         container=chosen,
+        snapshot_held=snapshot[1] if snapshot is not None and reply.get("snapshot_held") is True else None,
     )
 
 

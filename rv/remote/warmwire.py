@@ -45,9 +45,23 @@ def _stat_sig(path: str) -> list[int] | None:
 
 
 def _code_stamp() -> list[Any]:
+    """The files whose code a warm process runs: one changed (an editable install updated) makes it
+    stale. The agent's too: the process pre-starts agents of the code it read, which a command of
+    other agent code cannot use (each of its calls would start an agent of its own)."""
+    from rv.remote.agent_client import AGENT_MODULES
+
     here = Path(__file__).parent
-    modules = ("warm.py", "warmd.py", "warmwire.py", "ssh.py", "sshconfig.py", "transport.py")
-    return [sys.executable, *(_stat_sig(str(here / n)) for n in modules)]
+    modules = (
+        "warm.py",
+        "warmd.py",
+        "warmwire.py",
+        "ssh.py",
+        "sshconfig.py",
+        "transport.py",
+        "agent_client.py",
+    )
+    files = [here / n for n in modules] + [here.parent / "agent" / f"{m}.py" for m in AGENT_MODULES]
+    return [sys.executable, *(_stat_sig(str(p)) for p in files)]
 
 
 def identity(target: SSHTarget, mask: int, channels: dict[str, bool]) -> dict[str, Any]:

@@ -9,8 +9,10 @@ fix; the next `rv run` must find what the store lacks, send it, and run the prog
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 from projects import git_project, wait_for
@@ -109,6 +111,42 @@ def test_a_purged_store_stops_the_job_before_its_program_and_the_next_run_mends_
     )
     assert third.returncode == 0 and "program ran: 42" in third.stdout
     assert "already on the cluster, nothing to send" in third.stderr
+
+
+def test_a_run_with_nothing_changed_checks_the_snapshot_is_whole_before_it_sends_nothing(layout, tmp_path):
+    """A run with nothing changed asks the store, in its check, whether it holds the snapshot whole,
+    and then sends nothing; a pack gone since the snapshot was verified (its ref and meta stay) makes
+    the check walk again, find the blobs lacking, and the run send them before its job starts."""
+    proj = git_project(
+        tmp_path / "p",
+        {"main.py": PROGRAM, "app/__init__.py": "", "app/util.py": "X = 42\n", "README": "r\n"},
+    )
+    store = Path(layout.remote_root, "store.git")
+
+    def run() -> subprocess.CompletedProcess:
+        r = layout.run_rv(
+            "run", "-g", "0", "--mem", "200M", "-f", "--", "python3", "main.py", cwd=proj, timeout=300
+        )
+        assert r.returncode == 0 and "program ran: 42" in r.stdout, r.stderr[-2000:]
+        return r
+
+    first = run().stderr
+    assert "4 new objects" in first
+    sid = re.search(r"snapshot ([0-9a-f]{12}):", first).group(1)  # type: ignore[union-attr]
+    (meta,) = Path(layout.remote_root, "snapshots").glob(f"{sid}*.json")
+    used = meta.stat().st_mtime
+    time.sleep(1.1)
+    assert "already on the cluster, nothing to send" in run().stderr
+    assert meta.stat().st_mtime > used  # "last used", for rv gc, as an upload would mark it
+
+    (blobs,) = (p for p in store.glob("objects/pack/pack-*.pack") if pack_types(p) == {"blob"})
+    for p in store.glob(f"objects/pack/{blobs.stem}.*"):
+        p.unlink()
+    assert list(store.glob("refs/rv/snapshots/*")) or (store / "packed-refs").exists()
+    assert "4 new objects" in run().stderr  # found lacking by the check's walk, sent again
+    res = layout.ssh.run(f"git --git-dir={shlex.quote(str(store))} fsck --full --strict --no-progress")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert "already on the cluster, nothing to send" in run().stderr
 
 
 def test_rv_status_says_which_git_the_cluster_has(layout):

@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 from test_snapshot import git, new_repo, write
 
+from rv.agent import common as agent_common
+from rv.agent import store as agent_store
 from rv.errors import RemoteError, UsageError
 from rv.files import packs
 from rv.files.link import LinkRate
 from rv.files.listing import blob_id
-from rv.files.snapshot import make_snapshot, prepare_snapshot
+from rv.files.snapshot import make_snapshot, prepare_snapshot, upload_snapshot
 from rv.files.treecache import StoreCache
 from rv.job.cleanup import collect_garbage
 from rv.layout import RemoteLayout
@@ -840,3 +842,57 @@ def test_a_store_made_by_the_previous_rv_still_serves_its_jobs_and_is_collected(
     assert not Path(layout.snapshot(old_id)).exists()
     assert not [p for p in Path(layout.objects).rglob("*") if p.is_file() and not p.name.startswith(".")]
     assert snapshot_refs(layout) == {} and stored_blobs(layout) == set()
+
+
+# -- a run's check confirming the snapshot (rv run with nothing changed) -----------------------------
+
+
+def test_a_snapshot_the_runs_check_found_whole_is_not_asked_for_again(tmp_path, transport, layout):
+    """The run's check asks the store whether it holds the snapshot this machine believes it holds
+    (rv.agent.store.held_whole); yes, and the upload makes no call. Each way the store may have lost
+    it says no, and the upload asks snap-put as ever."""
+    repo = sample_repo(tmp_path)
+    cache_dir = tmp_path / "cache"
+    first = make_snapshot(transport, layout, repo, cache_dir=cache_dir)
+    cache = StoreCache(cache_dir, layout.root)
+    snap = prepare_snapshot(repo, cache_dir=cache_dir)
+    held = cache.held(snap.project, snap.id, snap.tree.files)
+    assert held == (first.id, first.snapshot_commit, snap.tree.files)
+    root = agent_common.root_path(layout.root)
+    asked = {"id": held[0], "commit": held[1], "files": held[2]}
+    meta = Path(layout.snapshot_meta(first.id))
+    os.utime(meta, (1, 1))
+    assert agent_store.held_whole(root, asked) is True
+    assert meta.stat().st_mtime > 1  # "last used", as snap-put marks it: rv gc measures age from it
+
+    transport.calls.clear()
+    result = upload_snapshot(transport, layout, snap, cache=cache, held=first.snapshot_commit)
+    assert transport.calls == [] and result.id == first.id and not result.created
+    assert "already on the cluster, nothing to send" in result.summary
+    # A commit that is not this snapshot's is no answer for it: the upload asks.
+    upload_snapshot(transport, layout, snap, cache=cache, held="0" * 40)
+    assert len(transport.calls) == 1 and "snap-put" in transport.calls[0]
+
+    assert agent_store.held_whole(root, dict(asked, commit="1" * 40)) is False
+    meta.rename(meta.with_suffix(".away"))  # a purge took the meta: snap-put writes it back
+    assert agent_store.held_whole(root, asked) is False
+    meta.with_suffix(".away").rename(meta)
+    ref = Path(layout.store, "refs", "rv", "snapshots", first.id)
+    assert ref.exists()
+    commit = ref.read_text()
+    ref.unlink()
+    assert agent_store.held_whole(root, asked) is False
+    ref.write_text(commit)
+    assert agent_store.held_whole(root, asked) is True
+    # The blobs' pack gone after the snapshot was verified: walked again, found lacking.
+    (blobs,) = (
+        p
+        for p in Path(layout.store, "objects", "pack").glob("pack-*.pack")
+        if "blob" in store_git(layout, "verify-pack", "-v", str(p.with_suffix(".idx")))
+    )
+    for p in blobs.parent.glob(blobs.stem + ".*"):
+        p.unlink()
+    assert agent_store.held_whole(root, asked) is False
+    again = upload_snapshot(transport, layout, snap, cache=cache, held=None)
+    assert again.new_objects > 0 and store_is_sound(layout) > 0
+    assert agent_store.held_whole(root, asked) is True

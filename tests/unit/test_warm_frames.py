@@ -42,3 +42,19 @@ def test_a_frame_cut_short_reads_as_the_other_side_gone():
         a.sendall(HEADER.pack(b"D", size) + os.urandom(cut))
         a.close()
         assert SocketFrameReader(b).read() is None
+
+
+def test_a_change_to_the_agents_code_makes_a_warm_process_stale(monkeypatch):
+    """The warm process pre-starts agents of the code it read; a command of other agent code (an
+    editable install updated) could use none of them, so every agent file is in its code stamp."""
+    from pathlib import Path
+
+    from rv.remote import warmwire
+    from rv.remote.agent_client import AGENT_MODULES
+
+    seen: list[str] = []
+    monkeypatch.setattr(warmwire, "_stat_sig", lambda path: seen.append(path) or [len(seen)])
+    warmwire._code_stamp()
+    names = {(Path(p).parent.name, Path(p).name) for p in seen}
+    assert {("agent", f"{m}.py") for m in AGENT_MODULES} <= names
+    assert ("remote", "agent_client.py") in names and all(Path(p).is_file() for p in seen)
