@@ -126,7 +126,7 @@ def test_a_run_on_a_session_in_an_image_runs_in_that_image(layout, project):  # 
         wait_gone(layout.ssh, job)
 
 
-def test_a_run_on_a_session_takes_a_node_work_dir(layout, project):  # noqa: F811
+def test_a_run_on_a_session_takes_a_node_work_dir_and_starts_from_a_checkpoint(layout, project):  # noqa: F811
     run_rv = layout.run_rv
     r = run_rv("up", "--detach", "-g", "0", "--mem", "500M", "--time", "30m", "--name", "wdheld", cwd=project)
     assert r.returncode == 0, r.stderr
@@ -143,6 +143,19 @@ def test_a_run_on_a_session_takes_a_node_work_dir(layout, project):  # noqa: F81
         # The node's own folder, not the shared remote root (nor the session's), with the edit.
         assert not node_dir.startswith(layout.remote_root) and "sent to the node" in r.stdout, r.stdout
         assert queued(layout.ssh, job) == "RUNNING"
+        # --from RUN@STEP in the session: the new run starts from that run's checkpoint, in the job.
+        save = "for s in 5 10 15; do d=$RV_CHECKPOINT_DIR/step_$(printf %07d $s); mkdir -p $d; "
+        save += 'echo "saved at $s" > $d/state.json; touch $d/COMPLETE; done; echo saved'
+        r = run_rv("run", "--on", "wdheld", "-f", "--name", "saver", "--", "bash", "-c", save, cwd=project)
+        assert r.returncode == 0 and "saved" in r.stdout, r.stderr
+        show_ckpt = "ls $RV_CHECKPOINT_DIR; cat $RV_CHECKPOINT_DIR/step_*/state.json; echo job=$SLURM_JOB_ID"
+        r = run_rv(
+            "run", "--on", "wdheld", "--from", "saver@12", "-f", "--name", "fromsaver", "--", "bash", "-c",
+            show_ckpt, cwd=project, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert "fromsaver starts from saver at step 10" in r.stderr, r.stderr
+        assert r.stdout.split() == ["step_0000010", "saved", "at", "10", f"job={job}"], r.stdout
     finally:
         run_rv("stop", "wdheld")
         wait_gone(layout.ssh, job)
