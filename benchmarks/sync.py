@@ -11,6 +11,8 @@ large incompressible binaries), against the loopback cluster, in four situations
   (b) resync, no change     the same tree again
   (c) one file changed      one text file edited (uncommitted)
   (d) 1% of files changed   files // 100 files edited (uncommitted)
+  (e) 1% right after (a)    the same, timed right after each round of (a), before any other sync:
+                            what the first edit pays for caches a first sync could leave warm
 
 Methods, interleaved within each round so that load on this shared machine hits them alike:
 
@@ -355,9 +357,9 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=10, help="samples of (b), (c) and (d) per method")
     ap.add_argument("--first-rounds", type=int, default=3, help="samples of (a) per method")
-    ap.add_argument("--phases", default="abcd", help="which situations to measure (default abcd)")
+    ap.add_argument("--phases", default="abcde", help="which situations to measure (default abcde)")
     ap.add_argument("--tar-everywhere", action="store_true", help="time the tar stream in (b)-(d) too")
-    ap.add_argument("--no-flush", action="store_true", help="(a): no sync before each method")
+    ap.add_argument("--no-flush", action="store_true", help="(a), (e): no sync before each method")
     ap.add_argument("--repo-dir", type=Path, help="keep the synthetic repo here and reuse it next time")
     ap.add_argument("--json", type=Path, help="also write every sample to this file")
     ap.add_argument("--code", type=Path, help="measure the rv of this checkout instead (see above)")
@@ -399,9 +401,11 @@ def main() -> None:
         if args.compare:
             methods["main warm"] = bench.main_warm
         n_changed = max(1, args.files // 100)
-        phases = [p for p in "abcd" if p in args.phases]
+        phases = [p for p in "abcde" if p in args.phases]
+        if "e" in phases and "a" not in phases:
+            raise SystemExit("(e) is timed right after (a): --phases needs a too")
         results: dict[str, dict[str, list[float]]] = {p: {} for p in phases}
-        sent: dict[str, list[tuple[int, int, int]]] = {"c": [], "d": []}
+        sent: dict[str, list[tuple[int, int, int]]] = {"c": [], "d": [], "e": []}
         created: list[dict[str, int]] = []
         rng = random.Random(99)
 
@@ -419,10 +423,10 @@ def main() -> None:
                 fn = methods[name]
                 if name == "tar" and phase != "a" and not args.tar_everywhere:
                     continue
-                if phase == "a" and not args.no_flush:
+                if phase in "ae" and not args.no_flush:
                     # The last method's hundreds of MB still being written back would slow this
                     # one's writes (the loopback disk writes at tens of MB/s): start every first
-                    # sync with nothing dirty, untimed.
+                    # sync, and every edit right after one, with nothing dirty, untimed.
                     subprocess.run(["sync"], check=True)
                 results[phase].setdefault(name, []).append(timed(fn))
 
@@ -435,13 +439,18 @@ def main() -> None:
                     bench.fresh()
                     one_round("a")
                     created.append(bench.files_created())
+                    if "e" in phases:
+                        changed_bytes = edit(text_files, rng, n_changed)
+                        one_round("e")
+                        api = bench.last_api
+                        sent["e"].append((changed_bytes, api.new_bytes, api.sent_bytes))
                     print(f"  (a) round {rep + 1}/{args.first_rounds} done", flush=True)
             else:
                 bench.fresh()
                 for fn in methods.values():
                     fn()  # every destination holds the tree before (b)-(d)
             for rep in range(args.rounds):
-                for phase in phases:
+                for phase in (p for p in phases if p != "e"):
                     if phase == "b":
                         one_round("b")
                     elif phase in "cd":
@@ -471,6 +480,7 @@ def main() -> None:
         "b": "(b) resync, nothing changed",
         "c": "(c) one file changed",
         "d": f"(d) 1% changed ({n_changed} files)",
+        "e": f"(e) 1% changed right after (a) ({n_changed} files)",
     }
     print(
         f"\n{n_files:,} files, {size / 1e6:.0f} MB; {args.first_rounds} rounds of (a), "
@@ -494,7 +504,7 @@ def main() -> None:
                     line += f"   {statistics.median(r):5.2f}x {yard} ({min(r):.2f}-{max(r):.2f})"
             print(line)
         report["phases"][p] = {"title": titles[p], "reference": ref, "samples": rows}  # type: ignore[index]
-    for phase in "cd":
+    for phase in "cde":
         if phase in phases and sent[phase]:
             changed, objects, wire = sent[phase][-1]
             n = 1 if phase == "c" else n_changed
@@ -532,10 +542,10 @@ def main() -> None:
         share = rv_files / n_files * 100
         met = "met" if share <= 1.0 else "NOT met"
         print(f"  (a) files created <= 1% of the repo's: {share:.2f}%  {met}")
-    for p, limit in (("b", 0.35), ("c", 0.35), ("d", 0.5)):
+    for p, limit in (("b", 0.35), ("c", 0.35), ("d", 0.5), ("e", 0.5)):
         if p in phases and results[p].get("rsync"):
             print(f"  {titles[p]}: rv warm <= {limit}x rsync: {verdict(ratio(p, 'rv warm', 'rsync'), limit)}")
-    for phase in "cd":
+    for phase in "cde":
         if phase in phases and sent[phase]:
             changed, objects, _ = sent[phase][-1]
             print(
