@@ -16,10 +16,11 @@ import time
 from rv.agent import common, layout, manifest, rundir, runs, slurmcmd
 
 POLL_S = 2.0  # how often a follower asks squeue
-# How often the logs are read: every QUICK_S for QUICK_FOR_S after a segment is found or its last
-# output came (a program's first lines, a burst of output: what a user waits to see), else every
-# SLOW_S. A read is a listdir and a seek per log (~0.1 ms): 250 of them cost a few ms of the login
-# node in 5 s, and the first line reaches the laptop ~0.1 s sooner than at SLOW_S alone.
+# How often the logs are read: every QUICK_S for the first QUICK_FOR_S of following a segment (its
+# program's first lines: what a user of `rv run -f` waits for), then every SLOW_S. A read is a
+# listdir and a seek per log (~0.1 ms): 250 of them cost a few ms of the login node once per
+# segment, and the first line reaches the laptop ~0.1 s sooner than at SLOW_S alone. Not longer:
+# a chatty program followed for hours would cost the shared login node ten times the reads.
 QUICK_S, QUICK_FOR_S, SLOW_S = 0.02, 5.0, 0.2
 
 
@@ -249,11 +250,10 @@ def mode_follow(args):
                 offsets[manifest.dec(path)] = _tail_offset(path, int(args["tail"]))
         frames.send({"t": "segment", "segment": k, "job_id": job, "record": seg["record"]})
         on_session = bool((common.read_json(common.under(rdir, layout.RUN_FILE)) or {}).get("on"))
-        lively_until = time.time() + QUICK_FOR_S
+        quick_until = time.time() + QUICK_FOR_S
         while follow:
             files = _segment_files(rdir, job, streams, node)
             if _pump(frames, files, offsets, k):
-                lively_until = time.time() + QUICK_FOR_S
                 continue
             now = time.time()
             if now >= next_poll:
@@ -275,7 +275,7 @@ def mode_follow(args):
                     frames.send({"t": "state", "segment": k, "job_id": job, "squeue": line})
                     last_state = line
             frames.beat()
-            if _client_gone(QUICK_S if now < lively_until else SLOW_S):
+            if _client_gone(QUICK_S if now < quick_until else SLOW_S):
                 return None
         _drain(frames, rdir, job, streams, node, offsets, k, settle=follow)
         record = common.read_json(common.under(rdir, layout.segment_file(k, "json")))
