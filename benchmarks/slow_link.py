@@ -5,11 +5,11 @@ that gives the loopback cluster's sshd the link of a laptop away from the cluste
     .venv/bin/python benchmarks/slow_link.py [--mbit 50] [--rtt-ms 30] [--files 2000] [--mb 40]
                                              [--rounds 3]
 
-The relay (asyncio, on a thread of this process) passes the bytes of each connection at --mbit each
-way and holds each chunk --rtt-ms / 2, with 128 kB of buffer each way (a router's), so TCP and SSH
-windows push back as on a real link. It is not a real slow link: no loss, no jitter, nobody else's
-traffic. It counts the bytes it carries, which are what each case put on the link, SSH's own
-included.
+The relay (tests/integration/slowlink.py, on a thread of this process) passes the bytes of each
+connection at --mbit each way and holds each chunk --rtt-ms / 2, with 128 kB of buffer each way (a
+router's), so TCP and SSH windows push back as on a real link. It is not a real slow link: no loss,
+no jitter, nobody else's traffic. It counts the bytes it carries, which are what each case put on the
+link, SSH's own included.
 
 One synthetic repo (benchmarks/sync.py's, by default 2,000 files, ~40 MB), all through the relay:
 
@@ -32,7 +32,6 @@ measured.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -40,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,69 +46,8 @@ from pathlib import Path
 from loopback import read_env, stop_warm  # benchmarks/, this script's folder
 from sync import edit, make_repo
 
-CHUNK = 16 << 10
-BUFFER_CHUNKS = 8  # 128 kB each way
-
-
-class Relay:
-    """127.0.0.1:<port> -> 127.0.0.1:<target>, at ``rate`` bytes/s each way, each chunk held ``delay``
-    seconds; ``carried`` counts the bytes it passed (both ways)."""
-
-    def __init__(self, target: int, rate: float, delay: float) -> None:
-        self.target, self.rate, self.delay = target, rate, delay
-        self.carried = 0
-        self.port = 0
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
-        ready.wait(10)
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
-        ready.set()
-        self.loop.run_forever()
-
-    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target)
-        await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(BUFFER_CHUNKS)
-        loop = asyncio.get_running_loop()
-
-        async def read() -> None:
-            while data := await reader.read(CHUNK):
-                await queue.put((loop.time(), data))
-            await queue.put((loop.time(), b""))
-
-        async def write() -> None:
-            free_at = 0.0  # when the link has sent what it was given
-            while True:
-                arrived, data = await queue.get()
-                if not data:
-                    writer.close()
-                    return
-                free_at = max(loop.time(), free_at) + len(data) / self.rate
-                await asyncio.sleep(max(0.0, max(arrived + self.delay, free_at) - loop.time()))
-                writer.write(data)
-                self.carried += len(data)
-                await writer.drain()
-
-        try:
-            await asyncio.gather(read(), write())
-        except (ConnectionError, OSError):
-            writer.close()
-
-
-def known_hosts_for(port: int, cluster: dict[str, str], dest: Path) -> Path:
-    """The cluster's host keys, listed for the relay's port too (OpenSSH and paramiko key them by
-    [host]:port)."""
-    lines = Path(cluster["RV_TESTCLUSTER_KNOWN_HOSTS"]).read_text().splitlines()
-    relay = [f"[127.0.0.1]:{port} " + line.split(" ", 1)[1] for line in lines if line.strip()]
-    dest.write_text("\n".join(lines + relay) + "\n")
-    return dest
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+from slowlink import Relay, known_hosts_for
 
 
 def main() -> None:
@@ -127,7 +64,7 @@ def main() -> None:
     repo = work / "repo"
     size, text_files = make_repo(repo, o.files, o.mb)
     user, key = cluster.get("RV_TESTCLUSTER_USER", "root"), cluster["RV_TESTCLUSTER_KEY"]
-    known = known_hosts_for(relay.port, cluster, work / "known_hosts")
+    known = known_hosts_for(relay.port, cluster["RV_TESTCLUSTER_KNOWN_HOSTS"], work / "known_hosts")
     base = f"{cluster['RV_TESTCLUSTER_REMOTE_ROOT']}/slow-link-{os.getpid()}"
     ssh = f"ssh -p {relay.port} -i {key} -o UserKnownHostsFile={known} -o BatchMode=yes"
     home = work / "home"

@@ -1,5 +1,6 @@
 """A git pack and its index, written from whole objects (format 2, each object one zlib stream of
-stored blocks: level 0; index version 2), both as git writes them (gitformat-pack).
+stored blocks: level 0, or the stream the laptop deflated; index version 2), both as git writes them
+(gitformat-pack).
 
 A format both sides share (standard library only): the agent writes what the laptop sends into
 packs of its store (:mod:`rv.agent.packfile`), and the laptop writes the blobs of edited files into
@@ -91,6 +92,45 @@ class PackWriter:
             raise BadPack(
                 "object %s arrived as %s (its file changed while being sent?)" % (oid, hasher.hexdigest())
             )
+        self.entries.append((bytes.fromhex(oid), crc & 0xFFFFFFFF, start))
+
+    def add_deflated(self, kind, size, oid, pieces):
+        """One object sent deflated (a slow link: rv.files.packs): ``pieces`` gives its zlib stream
+        (header, deflate, adler32), written into the pack as it came (git reads any level) and
+        inflated here to check it is ``size`` bytes of object ``oid``. Every piece is read whatever
+        happens; then BadPack when the stream was not that."""
+        start = self.offset
+        head = _entry_header(kind, size)
+        crc = zlib.crc32(head)
+        self._write(head)
+        hasher = hashlib.sha1(TYPES[kind] + b" %d\0" % size)
+        inflate = zlib.decompressobj()
+        got, problem = 0, None
+        for piece in pieces:
+            crc = zlib.crc32(piece, crc)
+            self._write(piece)
+            rest = piece
+            while rest and problem is None:
+                try:
+                    out = inflate.decompress(rest, PIECE)  # bounded: a stream cannot blow up here
+                except zlib.error as exc:
+                    problem = "is not a zlib stream (%s)" % exc
+                    break
+                rest = inflate.unconsumed_tail
+                got += len(out)
+                hasher.update(out)
+                if got > size:
+                    problem = "holds more than its %d bytes" % size
+                elif inflate.eof and (rest or inflate.unused_data):
+                    problem = "has bytes after its end"
+        if problem is None and not inflate.eof:
+            problem = "ended before its zlib stream did"
+        if problem is None and got != size:
+            problem = "holds %d bytes, not %d" % (got, size)
+        if problem is None and hasher.hexdigest() != oid:
+            problem = "arrived as %s (its file changed while being sent?)" % hasher.hexdigest()
+        if problem is not None:
+            raise BadPack("object %s sent deflated %s" % (oid, problem))
         self.entries.append((bytes.fromhex(oid), crc & 0xFFFFFFFF, start))
 
     def finish(self):

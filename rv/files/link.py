@@ -76,6 +76,16 @@ def choose(blob_bytes: int, rate: float | None, explicit_level: int | None = Non
     return PackChoice(deltas=not whole_is_faster(blob_bytes, rate), level=1 if compression_pays(rate) else 0)
 
 
+def level_now(kept: float | None, measured: float | None, explicit_level: int | None = None) -> int:
+    """The zlib level for what an upload packs next: ``explicit_level`` (RV_PACK_COMPRESSION) decides
+    alone; else the rate measured so far in this upload (``measured``: the link now), else the one
+    kept from an earlier upload; with neither, 0 (a first upload's first packs measure the link)."""
+    if explicit_level is not None:
+        return explicit_level
+    rate = measured if measured is not None else kept
+    return 1 if rate is not None and compression_pays(rate) else 0
+
+
 class LinkRate:
     """The last rate measured to one cluster (per store key: a profile and its remote root), in
     ``<cache>/links/<store>``. A file missing, damaged or of another shape is a link not measured."""
@@ -111,6 +121,12 @@ class Meter:
     def add(self, n: int, seconds: float) -> None:
         self.sent += n
         self.seconds += seconds
+
+    def rate(self) -> float | None:
+        """Bytes per second so far, once enough has gone to measure the link (None before)."""
+        if self.sent < MEASURE_MIN_BYTES or self.seconds <= 0:
+            return None
+        return self.sent / self.seconds
 
     def keep(self, link: LinkRate | None) -> bool:
         """Record the rate in ``link`` when this stream was large enough to measure it."""

@@ -39,7 +39,8 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,7 +83,10 @@ NO_DELTA = "rv-whole-blobs/"
 ATTRIBUTES = f"/{NO_DELTA}** -delta\n".encode()
 
 PACK_DATA, PACK_END, PACKS_END = b"D", b"N", b"E"
-WHOLE_PACK, OBJECT = b"W", b"O"  # a pack of whole objects, written on the cluster by rv.agent.packfile
+WHOLE_PACK, OBJECT, DEFLATED = b"W", b"O", b"Z"  # a pack of whole objects, written by rv.agent.packfile
+# Over a slow link whole objects go deflated at level 1, each one that compresses: its first
+# TRIAL_BYTES must shrink below TRIAL_RATIO (random or already compressed files go as they are).
+TRIAL_BYTES, TRIAL_RATIO = 64 << 10, 0.9
 
 # Blobs from this size go whole (rv.agent.packfile); smaller objects in packs of pack-objects. The
 # agent's Python costs ~55 us an object; index-pack's two collision-detecting SHA-1 passes cost ~6.5
@@ -415,9 +419,13 @@ class LocalStore:
         sends: Sends,
         progress: ProgressCounter | None = None,
         rate: float | None = None,
+        measured: Callable[[], float | None] | None = None,
     ) -> Iterator[bytes]:
         """The packs of ``sends`` framed for the agent (rv.agent.store.receive_packs), made as suits a
-        link of ``rate`` bytes/s (None: not measured; rv.files.link.choose).
+        link of ``rate`` bytes/s (None: not measured; rv.files.link.choose). ``measured`` gives the
+        rate this upload has measured so far, which the packs of whole objects follow as they are
+        made (each pack of small objects as it starts, each large object as it is read): a first
+        send, with no rate kept, compresses once its first megabytes have shown the link slow.
 
         An edit of a snapshot the cluster holds (``sends.bases``) where deltas pay: one thin
         pack, made by pack-objects' own walk from ``commit`` minus what the bases reach (--thin
@@ -431,6 +439,10 @@ class LocalStore:
         """
         choice = link.choose(sends.blob_bytes, rate, PACK_COMPRESSION)
         level = choice.level
+
+        def level_now() -> int:
+            return link.level_now(rate, measured() if measured is not None else None, PACK_COMPRESSION)
+
         if sends.bases and choice.deltas:
             revs = f"{commit}\n" + "".join(f"^{b}\n" for b in sends.bases)
             count = len(sends.blobs) + len(sends.structure)
@@ -453,26 +465,31 @@ class LocalStore:
             shown = _Shown(progress, sum(o.size for o in small))
             yield from self._pack(["--thin-list"], listing, len(sends.structure) + len(small), shown, level)
             shown.finish(len(small))
-            yield from self._whole(Sends(blobs=large), progress, level)
+            yield from self._whole(Sends(blobs=large), progress, level_now)
         elif sends:
-            yield from self._whole(sends, progress, level)
+            yield from self._whole(sends, progress, level_now)
         yield PACKS_END
         if progress:
             progress.done()
 
-    def _whole(self, sends: Sends, progress: ProgressCounter | None, level: int) -> Iterator[bytes]:
-        """The packs of ``sends``, whole objects, by chunks."""
+    def _whole(
+        self, sends: Sends, progress: ProgressCounter | None, level_now: Callable[[], int]
+    ) -> Iterator[bytes]:
+        """The packs of ``sends``, whole objects, by chunks, each at the level ``level_now`` says as
+        it starts."""
         blobs = {o.oid for o in sends.blobs}
         chunks = _chunks(sends)
         whole = [o.oid for chunk in chunks for o in chunk if o.size >= WHOLE_MIN_BYTES]
         with self._objects(whole) as read:
             for chunk in chunks:
+                level = level_now()
                 shown = _Shown(progress, sum(o.size for o in chunk if o.oid in blobs))
                 small = [o for o in chunk if o.size < WHOLE_MIN_BYTES]  # the commit and trees too
                 if small:
                     yield from self._pack([], _listing(small), len(small), shown, level)
                 if len(small) < len(chunk):
-                    yield from _whole_pack([o for o in chunk if o.size >= WHOLE_MIN_BYTES], read, shown)
+                    large = [o for o in chunk if o.size >= WHOLE_MIN_BYTES]
+                    yield from _whole_pack(large, read, shown, level_now)
                 shown.finish(sum(1 for o in chunk if o.oid in blobs))
 
     @contextlib.contextmanager
@@ -588,26 +605,45 @@ class _ObjectReader:
         return bytes(data)
 
 
-def _whole_pack(chunk: list[Obj], read: _ObjectReader, shown: _Shown) -> Iterator[bytes]:
+def _whole_pack(
+    chunk: list[Obj], read: _ObjectReader, shown: _Shown, level_now: Callable[[], int] = lambda: 0
+) -> Iterator[bytes]:
     """One ``W`` pack: its count, then each object of ``chunk`` as ``O <type> <size> <id> <bytes>``,
-    in frames of about FRAME_MAX (many small objects go in one)."""
+    in frames of about FRAME_MAX (many small objects go in one). Where ``level_now`` says a level
+    above 0 as an object starts (a slow link; asked for each: the packs are made ahead of the link,
+    which a first send measures as it goes), an object whose first bytes compress goes as ``Z <type>
+    <size> <id>`` and its zlib stream at that level in pieces (``<len:4> <bytes>``..., a length of 0
+    after the last); the agent writes the stream into its pack as it came, once inflated to check
+    the object's id."""
     out = bytearray(WHOLE_PACK + struct.pack(">I", len(chunk)))
     for o in chunk:
+        level = level_now()
         kind, size = read.header(o.oid)
-        out += OBJECT + struct.pack(">BQ", kind, size) + bytes.fromhex(o.oid)
-        left = size
-        while left:
-            piece = read.read(min(FRAME_MAX, left))
-            left -= len(piece)
-            out += piece
+        first = read.read(min(FRAME_MAX, size))
+        head = struct.pack(">BQ", kind, size) + bytes.fromhex(o.oid)
+        trial = first[:TRIAL_BYTES]
+        deflate = level > 0 and len(zlib.compress(trial, level)) < TRIAL_RATIO * len(trial)
+        out += (DEFLATED if deflate else OBJECT) + head
+        packer = zlib.compressobj(level) if deflate else None
+        left, piece = size - len(first), first
+        while True:
+            shown.add(len(piece))
+            if packer is None:
+                out += piece
+            elif packed := packer.compress(piece) + (b"" if left else packer.flush()):
+                out += struct.pack(">I", len(packed)) + packed
             if len(out) >= FRAME_MAX:
                 yield bytes(out)
-                shown.add(len(out))
                 out.clear()
+            if not left:
+                break
+            piece = read.read(min(FRAME_MAX, left))
+            left -= len(piece)
+        if packer is not None:
+            out += struct.pack(">I", 0)
         read.read(1)  # the newline after each object
     out += PACK_END
     yield bytes(out)
-    shown.add(len(out))
 
 
 def _chunks(sends: Sends) -> list[list[Obj]]:

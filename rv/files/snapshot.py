@@ -357,8 +357,9 @@ class _Shipping:
         yield header
         if call.packs:
             rate = self.link.read() if self.link is not None else None
-            chunks = self.local.stream(self.commit, call.sends, progress, rate)
             meter = Meter()  # the link's rate: the time the connection spends taking each chunk
+            # The packs still to make follow what the meter has measured of the link so far.
+            chunks = self.local.stream(self.commit, call.sends, progress, rate, meter.rate)
             for chunk in _read_ahead(chunks) if call.sends.blob_bytes > READ_AHEAD_MIN_BYTES else chunks:
                 self.sent[0] += len(chunk)
                 start = time.perf_counter()

@@ -215,3 +215,87 @@ def test_a_large_upload_measures_the_link_for_the_next(tmp_path, layout):
     git(repo, "commit", "-qam", "edit")
     make_snapshot(LocalTransport(env=local_python_first()), layout, repo, cache_dir=cache_dir)
     assert LinkRate(cache_dir, layout.root).read() == rate
+
+
+# -- a first send over a slow link ---------------------------------------------------------------------
+
+
+def whole_objects(frames: list[bytes]) -> list[tuple[bytes, int]]:
+    """Each object of the stream's W packs: its tag (O as it is, Z deflated) and its size."""
+    data = b"".join(frames)
+    out: list[tuple[bytes, int]] = []
+    i = 0
+    while data[i : i + 1] != packs.PACKS_END:
+        tag = data[i : i + 1]
+        if tag == packs.PACK_DATA:
+            (n,) = struct.unpack(">I", data[i + 1 : i + 5])
+            i += 5 + n
+        elif tag == packs.PACK_END:
+            i += 1
+        else:
+            (count,) = struct.unpack(">I", data[i + 1 : i + 5])
+            i += 5
+            for _ in range(count):
+                kind_tag = data[i : i + 1]
+                _kind, size = struct.unpack(">BQ", data[i + 1 : i + 10])
+                i += 30
+                if kind_tag == packs.OBJECT:
+                    i += size
+                else:
+                    assert kind_tag == packs.DEFLATED
+                    while (n := struct.unpack(">I", data[i : i + 4])[0]) != 0:
+                        i += 4 + n
+                    i += 4
+                out.append((kind_tag, size))
+            assert data[i : i + 1] == packs.PACK_END
+            i += 1
+    return out
+
+
+def test_a_first_send_deflates_whole_objects_once_the_link_is_measured_slow(tmp_path):
+    rng = random.Random(3)
+    texts = {f"src/{i}.py": "".join(f"value_{i}_{j} = {j}\n" for j in range(6000)) for i in range(4)}
+    repo = new_repo(tmp_path / "repo", texts)
+    write(repo / "weights.bin", rng.randbytes(100_000))  # incompressible: goes as it is
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "weights")
+    tree = prepare_snapshot(repo).tree
+    store = open_local_store(tmp_path / "cache", tree, Git())
+    commit = store.build(tree)
+    sends = store.everything(commit, manifest.manifest_rows(tree.manifest))
+    large = sorted(o.size for o in sends.blobs if o.size >= packs.WHOLE_MIN_BYTES)
+    assert len(large) == 5
+
+    # Nothing measured at first (the small objects' pack and the first large object: as they are),
+    # then 1 MB/s: the text files deflated, the random one as it is.
+    asked = [0]
+
+    def measured() -> float | None:
+        asked[0] += 1
+        return None if asked[0] <= 2 else 1e6
+
+    sent = whole_objects(list(store.stream(commit, sends, measured=measured)))
+    assert sorted(size for _t, size in sent) == large
+    assert sent[0][0] == packs.OBJECT
+    tags = {size: tag for tag, size in sent[1:]}
+    assert tags.pop(100_000) == packs.OBJECT and set(tags.values()) == {packs.DEFLATED}
+    # A fast link, or a rate kept fast: all as they are.
+    fast = whole_objects(list(store.stream(commit, sends, measured=lambda: 500e6)))
+    assert {tag for tag, _ in fast} == {packs.OBJECT}
+    assert {tag for tag, _ in whole_objects(list(store.stream(commit, sends, rate=500e6)))} == {packs.OBJECT}
+
+
+def test_a_first_sync_over_a_slow_link_lands_whole_and_smaller(tmp_path, layout, monkeypatch):
+    """Through the real agent: the deflated objects go into the store as they came, and the snapshot
+    is what the repo holds."""
+    from test_snapshot_store import job_copy, store_is_sound
+
+    texts = {f"src/{i}.py": "".join(f"value_{i}_{j} = {j}\n" for j in range(6000)) for i in range(8)}
+    repo = new_repo(tmp_path / "repo", texts)
+    monkeypatch.setattr(Meter, "rate", lambda self: 1e6)
+    result = make_snapshot(LocalTransport(env=local_python_first()), layout, repo, cache_dir=tmp_path / "c")
+    assert result.created and store_is_sound(layout) == 8
+    total = sum(len(t) for t in texts.values())
+    assert result.sent_bytes < total / 3  # deflated at level 1: numbered lines shrink 4-6x
+    copy = job_copy(layout, result.id, tmp_path / "w")
+    assert {f"src/{i}.py": (copy / f"src/{i}.py").read_text() for i in range(8)} == texts

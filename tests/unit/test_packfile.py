@@ -11,6 +11,7 @@ import io
 import os
 import struct
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,69 @@ def test_an_object_sent_twice_refuses_the_pack(source, store, feed):
     feed(framed([*objects, objects[0]]))
     name, _received, error = packfile.receive(os.fsencode(store / "objects" / "pack"), len(objects) + 1)
     assert name is None and "twice" in error
+
+
+def deflated(kind: int, oid: str, data: bytes, stream: bytes | None = None, piece: int = 50_000) -> bytes:
+    """``Z`` framing: the object's zlib stream (``stream``, else ``data`` at level 1) in pieces."""
+    stream = zlib.compress(data, 1) if stream is None else stream
+    pieces = [stream[i : i + piece] for i in range(0, len(stream), piece)]
+    body = b"".join(struct.pack(">I", len(p)) + p for p in pieces)
+    return packfile.DEFLATED + struct.pack(">BQ", kind, len(data)) + bytes.fromhex(oid) + body + b"\0" * 4
+
+
+def test_objects_sent_deflated_go_into_the_pack_as_they_came_and_git_reads_them(source, store, feed):
+    """Over a slow link the laptop deflates whole objects (rv.files.packs): the agent writes each
+    zlib stream into the pack as it came (git reads any level), once it has inflated it to check it."""
+    objects = objects_of(source)
+    plain = [o for o in objects if o[0] != 3]
+    blobs = [o for o in objects if o[0] == 3]
+    body = framed(plain)[:-1] + b"".join(deflated(k, o, d) for k, o, d in blobs) + packfile.END
+    feed(body)
+    folder = store / "objects" / "pack"
+    name, received, error = packfile.receive(os.fsencode(folder), len(objects))
+    assert error is None, error
+    streams = sum(len(zlib.compress(d, 1)) for _k, _o, d in blobs)
+    assert received == sum(len(d) for _k, _o, d in plain) + streams  # the bytes that came
+    git(store, "verify-pack", str(folder / f"{name.decode()}.pack"))
+    git(store, "fsck", "--full", "--strict", "--no-dangling")
+    for kind, oid, data in objects:
+        assert git(store, "cat-file", {1: "commit", 2: "tree", 3: "blob"}[kind], oid) == data
+    text = next(d for _k, _o, d in blobs if d.startswith(b"x\n"))
+    assert (folder / f"{name.decode()}.pack").stat().st_size < sum(len(d) for *_, d in objects) - len(
+        text
+    ) // 2
+
+
+@pytest.mark.parametrize(
+    "what, stream, says",
+    [
+        ("other bytes", zlib.compress(b"x\n" * 999 + b"y\n", 1), "changed while being sent"),
+        ("not zlib", b"not a zlib stream at all", "is not a zlib stream"),
+        ("cut short", zlib.compress(b"x\n" * 1000, 1)[:-9], "ended before its zlib stream did"),
+        ("bytes after its end", zlib.compress(b"x\n" * 1000, 1) + b"more", "has bytes after its end"),
+        ("more than its size", zlib.compress(b"x\n" * 1001, 1), "holds more than its 2000 bytes"),
+        ("less than its size", zlib.compress(b"x\n" * 999, 1), "holds 1998 bytes, not 2000"),
+    ],
+)
+def test_a_deflated_object_that_is_not_what_it_says_refuses_the_pack_and_the_stream_goes_on(
+    store, feed, what, stream, says
+):
+    data = b"x\n" * 1000
+    oid = oid_of(b"blob", data)
+    feed(deflated(3, oid, data, stream, piece=700) + packfile.END + b"next")
+    folder = store / "objects" / "pack"
+    name, _received, error = packfile.receive(os.fsencode(folder), 1)
+    assert name is None and oid in error and says in error, (what, error)
+    assert list(folder.iterdir()) == []
+    assert common.read_exact(4) == b"next"  # every piece was read
+
+
+def test_a_refused_pack_s_deflated_objects_are_skipped_to_its_end(source, store, feed):
+    data = b"x\n" * 1000
+    oid = oid_of(b"blob", data)
+    feed(deflated(3, oid, data) + deflated(3, oid, data) + packfile.END + b"next")
+    packfile.skip_objects()
+    assert common.read_exact(4) == b"next"
 
 
 def test_offsets_past_2_gib_go_in_the_index_s_table_of_8_byte_offsets(tmp_path):
