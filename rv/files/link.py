@@ -130,7 +130,7 @@ class Meter:
 
     def keep(self, link: LinkRate | None) -> bool:
         """Record the rate in ``link`` when this stream was large enough to measure it."""
-        if link is None or self.sent < MEASURE_MIN_BYTES or self.seconds <= 0:
+        if link is None or self.rate() is None:
             return False
         link.write(self.sent, self.seconds)
         return True
